@@ -1,0 +1,42 @@
+# Set-up and everyday commands. Every target creates .venv when it is missing.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+DATA_DIR ?= ./data
+
+.PHONY: run test lint proto bench crashtest clean
+
+$(BIN)/python:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; set PYTHON=..."; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@
+
+# Until the standalone broker exists, `make run` runs the quick storage benchmark in ./data.
+run: $(VENV)/.installed-run
+	$(BIN)/magnetar bench storage --quick --dir $(DATA_DIR)
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check storage broker codec tests tools benchmarks
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check storage broker codec tests tools benchmarks
+	$(BIN)/mypy
+
+bench: $(VENV)/.installed-run
+	$(BIN)/magnetar bench storage --json bench-storage.json --plot bench-storage.png
+
+crashtest: $(VENV)/.installed-run
+	$(BIN)/magnetar crashtest --data-dir $$(mktemp -d) --iterations 200 --mode both
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

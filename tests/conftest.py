@@ -1,0 +1,25 @@
+"""Shared pytest configuration: seeds for simulation tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--seed",
+        action="store",
+        type=int,
+        default=None,
+        help="seed for the seeded simulation tests (default: a fixed seed per test)",
+    )
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """The simulation seed: --seed when given, else a fixed per-test default. Printed so a
+    failing run can be reproduced."""
+    given = request.config.getoption("--seed")
+    value = int(given) if given is not None else 20261122
+    print(f"seed={value}")
+    return value
