@@ -1,6 +1,55 @@
-"""Magnetar storage: a BookKeeper-style ledger store (journal, entry logs, LMDB index).
+"""Magnetar storage: a BookKeeper-style ledger store (journal with group commit, write cache,
+entry logs, LMDB index, LastLogMark checkpoints, recovery, GC).
 
 The public surface is re-exported here; modules with a leading underscore are internal.
 """
 
-__all__: list[str] = []
+from ._check import CheckReport, InspectReport
+from ._completion import Completion
+from ._config import StorageConfig
+from ._errors import (
+    CorruptionError,
+    DataDirLockedError,
+    EntryTooLargeError,
+    LedgerClosedError,
+    LedgerExistsError,
+    LedgerFencedError,
+    LedgerNotFoundError,
+    NoSuchEntryError,
+    StorageClosedError,
+    StorageError,
+    StorageFailedError,
+    StorageFullError,
+)
+from ._fs import FileHandle, FileSystem, OsFileSystem
+from ._journal import JournalMark
+from ._ledger import LedgerInfo
+from ._metadata import MetadataStore, MetadataTransaction
+from ._storage import Storage
+
+__all__ = [
+    "CheckReport",
+    "Completion",
+    "CorruptionError",
+    "DataDirLockedError",
+    "EntryTooLargeError",
+    "FileHandle",
+    "FileSystem",
+    "InspectReport",
+    "JournalMark",
+    "LedgerClosedError",
+    "LedgerExistsError",
+    "LedgerFencedError",
+    "LedgerInfo",
+    "LedgerNotFoundError",
+    "MetadataStore",
+    "MetadataTransaction",
+    "NoSuchEntryError",
+    "OsFileSystem",
+    "Storage",
+    "StorageClosedError",
+    "StorageConfig",
+    "StorageError",
+    "StorageFailedError",
+    "StorageFullError",
+]

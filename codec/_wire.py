@@ -1,0 +1,173 @@
+"""Protobuf wire-format helpers shared by the codec's modules.
+
+Two kinds of help live here:
+
+* `parse_message` wraps the generated protobuf classes so that every way a message can be bad
+  becomes a `RemoteProtocolError`: corrupt wire format (`DecodeError`), a missing proto2 `required`
+  field (the runtime parses those without complaint; `IsInitialized` finds them), and a string field
+  that is not UTF-8 (the runtime hands those back as `bytes`, which no caller expects).
+* Varint encoding and decoding for the hand-written `SingleMessageMetadata` codec in
+  `_batching.py`, which is the one hot path where the protobuf runtime's per-object cost matters.
+
+Varint layout (protobuf base-128): seven payload bits per byte, least significant group first, the
+high bit set on every byte but the last. A 64-bit value takes at most 10 bytes; a negative int32 or
+int64 is written as its 64-bit two's complement, so it always takes 10.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeVar
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, EncodeError, Message
+
+from ._errors import LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "VARINT_BYTES_MAX",
+    "decode_varint",
+    "encode_varint",
+    "parse_message",
+    "serialize_message",
+]
+
+VARINT_BYTES_MAX: Final = 10
+UINT64_MASK: Final = (1 << 64) - 1
+
+M = TypeVar("M", bound=Message)
+
+# Precomputed encodings of the values below 2**14 (one or two bytes): payload sizes and small
+# sequence ids hit this table instead of the loop.
+_VARINT_CACHE_LIMIT: Final = 1 << 14
+
+
+def _encode_varint_slow(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_VARINT_CACHE: Final = tuple(_encode_varint_slow(v) for v in range(_VARINT_CACHE_LIMIT))
+
+
+def encode_varint(value: int) -> bytes:
+    """Encode `value` as a protobuf varint; negative values as 64-bit two's complement.
+
+    Args:
+        value: an integer in [-2**63, 2**64).
+
+    Returns:
+        1 to 10 bytes.
+    """
+    if 0 <= value < _VARINT_CACHE_LIMIT:
+        return _VARINT_CACHE[value]
+    return _encode_varint_slow(value & UINT64_MASK)
+
+
+def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode an unsigned varint from `buf[pos:end]`.
+
+    Args:
+        buf: the buffer.
+        pos: where the varint starts.
+        end: where the readable region ends.
+
+    Returns:
+        `(value, position after the varint)`; the value is in [0, 2**64).
+
+    Raises:
+        RemoteProtocolError: the varint runs past `end` or is longer than 10 bytes.
+    """
+    result = 0
+    shift = 0
+    limit = min(end, pos + VARINT_BYTES_MAX)
+    while pos < limit:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result & UINT64_MASK, pos
+        shift += 7
+    if pos >= end:
+        raise RemoteProtocolError("truncated varint")
+    raise RemoteProtocolError("varint longer than 10 bytes")
+
+
+def _string_fields(descriptor: Descriptor) -> bool:
+    """Whether messages of this type can hold a string anywhere inside them."""
+    found = _HAS_STRINGS.get(descriptor.full_name)
+    if found is not None:
+        return found
+    _HAS_STRINGS[descriptor.full_name] = False  # breaks recursion (MessageIdData holds itself)
+    result = False
+    for field in descriptor.fields:
+        if field.type == FieldDescriptor.TYPE_STRING:
+            result = True
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and _string_fields(field.message_type):
+            result = True
+    _HAS_STRINGS[descriptor.full_name] = result
+    return result
+
+
+_HAS_STRINGS: dict[str, bool] = {}
+
+
+def _check_strings(message: Message, what: str) -> None:
+    if not _string_fields(message.DESCRIPTOR):
+        return
+    for field, value in message.ListFields():
+        if field.type == FieldDescriptor.TYPE_STRING:
+            values: Any = value if _is_repeated(field) else (value,)
+            for item in values:
+                if not isinstance(item, str):
+                    raise RemoteProtocolError(f"{what}: field {field.name} is not valid UTF-8")
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            children: Any = value if _is_repeated(field) else (value,)
+            for child in children:
+                _check_strings(child, what)
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
+
+
+def parse_message(cls: type[M], data: bytes | memoryview, what: str) -> M:
+    """Parse `data` as a message of type `cls`, checking what the runtime does not.
+
+    Args:
+        cls: the generated message class.
+        data: exactly the serialized message.
+        what: a name for error messages ("BaseCommand", "MessageMetadata", ...).
+
+    Returns:
+        The parsed message, with every required field present and every string valid UTF-8.
+
+    Raises:
+        RemoteProtocolError: the bytes are not a valid, complete message of that type.
+    """
+    message = cls()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        raise RemoteProtocolError(f"{what} is not valid protobuf ({exc})") from None
+    if not message.IsInitialized():
+        missing = ", ".join(message.FindInitializationErrors())
+        raise RemoteProtocolError(f"{what} lacks required fields: {missing}")
+    _check_strings(message, what)
+    return message
+
+
+def serialize_message(message: Message, what: str) -> bytes:
+    """Serialize `message`, refusing one that lacks a required field.
+
+    Raises:
+        LocalProtocolError: a required field is missing.
+    """
+    try:
+        return message.SerializeToString()
+    except EncodeError:
+        missing = ", ".join(message.FindInitializationErrors())
+        raise LocalProtocolError(f"{what} lacks required fields: {missing}") from None

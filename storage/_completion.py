@@ -1,0 +1,121 @@
+"""A small thread-safe completion, awaitable from asyncio.
+
+`concurrent.futures.Future` allocates a condition variable per future; an add path that
+completes hundreds of thousands of futures a second cannot afford that. A `Completion`
+allocates its `threading.Event` only when somebody blocks on it, runs callbacks in the
+thread that completes it, and bridges to asyncio through `call_soon_threadsafe` when
+awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Completion"]
+
+T = TypeVar("T")
+
+_PENDING = object()
+
+
+class Completion(Generic[T]):
+    """The outcome of an operation that finishes in another thread."""
+
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_value")
+
+    _state_lock = threading.Lock()  # one lock for all: completions are short-lived
+
+    def __init__(self) -> None:
+        self._value: Any = _PENDING
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Completion[T]], None]] | None = None
+        self._event: threading.Event | None = None
+
+    @classmethod
+    def resolved(cls, value: T) -> Completion[T]:
+        done: Completion[T] = cls()
+        done._value = value
+        return done
+
+    @classmethod
+    def failed(cls, error: BaseException) -> Completion[T]:
+        done: Completion[T] = cls()
+        done._error = error
+        done._value = None
+        return done
+
+    def done(self) -> bool:
+        return self._value is not _PENDING
+
+    def set_result(self, value: T) -> None:
+        self._finish(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._finish(None, error)
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
+        with Completion._state_lock:
+            assert self._value is _PENDING, "a completion finishes once"
+            self._error = error
+            self._value = value
+            callbacks, self._callbacks = self._callbacks, None
+            event = self._event
+        if event is not None:
+            event.set()
+        if callbacks:
+            for callback in callbacks:
+                callback(self)
+
+    def add_done_callback(self, callback: Callable[[Completion[T]], None]) -> None:
+        """Call `callback(self)` once done: at once if already done, else in the thread
+        that completes it. Callbacks must be quick and must not raise."""
+        with Completion._state_lock:
+            if self._value is _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def result(self, timeout: float | None = None) -> T:
+        """Block until done and return the value.
+
+        Raises:
+            TimeoutError: not done within `timeout` seconds (the operation goes on).
+            The operation's own error, when it failed.
+        """
+        if self._value is _PENDING:
+            with Completion._state_lock:
+                if self._value is _PENDING and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError("operation still pending")
+        if self._error is not None:
+            raise self._error
+        value: T = self._value
+        return value
+
+    def exception(self) -> BaseException | None:
+        assert self.done()
+        return self._error
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if not self.done():
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+
+            def wake(_: Completion[T]) -> None:
+                loop.call_soon_threadsafe(_set_if_pending, waiter)
+
+            self.add_done_callback(wake)
+            yield from waiter.__await__()
+        return self.result()
+
+
+def _set_if_pending(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

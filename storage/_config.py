@@ -1,0 +1,67 @@
+"""Storage configuration: every limit the engine enforces, each named with its unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["StorageConfig"]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Tunables of a `Storage`. The defaults suit one broker on one disk.
+
+    Durability: with `journal_sync=True` (the default) an add completes only after the
+    fdatasync that covers it. `journal_sync=False` acknowledges after the write reaches the
+    OS and syncs every `journal_sync_interval_ms`: a power loss (not a process crash) can
+    then lose up to that interval of acknowledged adds.
+    """
+
+    # Entries.
+    entry_size_bytes_max: int = 5 * MiB + 10 * KiB
+
+    # Journal.
+    journal_sync: bool = True
+    journal_sync_interval_ms: int = 1000
+    journal_segment_bytes_max: int = 512 * MiB
+    journal_prealloc_bytes: int = 16 * MiB
+    journal_alignment_bytes: int = 4096
+    journal_batch_bytes_max: int = 512 * KiB
+    journal_queue_requests_max: int = 10_000
+    journal_record_bytes_max: int = 8 * MiB
+    journal_segments_kept_max: int = 2
+    skip_corrupt_journal_segments: bool = False
+
+    # Write cache and checkpoints.
+    write_cache_bytes_max: int = 64 * MiB
+    write_cache_wait_ms_max: int = 10_000
+    checkpoint_interval_ms: int = 1000
+
+    # Entry logs, reads, GC.
+    entry_log_bytes_max: int = 512 * MiB
+    open_entry_logs_max: int = 64
+    read_batch_bytes_max: int = 4 * MiB
+    compaction_live_ratio_min: float = 0.5
+    gc_interval_ms: int = 10_000
+
+    # LMDB.
+    lmdb_map_bytes: int = 32 * GiB
+
+    # Run the journal and checkpoint threads (False: the caller pumps I/O itself, for
+    # deterministic simulation).
+    background_threads: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.entry_size_bytes_max > 0
+        assert self.journal_alignment_bytes >= 512
+        assert self.journal_alignment_bytes & (self.journal_alignment_bytes - 1) == 0
+        assert self.journal_record_bytes_max >= self.entry_size_bytes_max + 64
+        assert self.journal_prealloc_bytes % self.journal_alignment_bytes == 0
+        assert self.journal_segment_bytes_max >= self.journal_alignment_bytes * 4
+        assert self.write_cache_bytes_max >= 2 * self.entry_size_bytes_max
+        assert 0.0 <= self.compaction_live_ratio_min <= 1.0
+        assert self.entry_log_bytes_max < 2**32, "locations keep a 32-bit offset"

@@ -1,0 +1,339 @@
+"""Entry logs: where entries live once a checkpoint has flushed them from the write cache.
+
+File `entrylogs/<08x log id>.log`. Header, the first 1024 bytes:
+
+| offset | size | field                                             |
+|--------|------|---------------------------------------------------|
+| 0      | 4    | magic "PELG"                                      |
+| 4      | 4    | version (1)                                       |
+| 8      | 8    | ledgers-map offset (0 until the log is sealed)    |
+| 16     | 4    | ledgers-map count                                 |
+| 20     | 8    | log id                                            |
+| 28     | 4    | CRC32C of bytes 0..27                             |
+
+Records follow back to back:
+
+| offset | size | field                                             |
+|--------|------|---------------------------------------------------|
+| 0      | 4    | size S of what follows the CRC (16 + data length) |
+| 4      | 4    | CRC32C of the S bytes that follow                 |
+| 8      | 8    | ledger id                                         |
+| 16     | 8    | entry id                                          |
+| 24     | S-16 | the entry's bytes                                 |
+
+A location is `log id << 32 | offset of the record`. When a log is sealed, a ledgers map is
+appended as one more record with ledger id 2**64-1 and entry id 2**64-2, whose data is a
+count u32 and `count` pairs (ledger u64, bytes u64); then the header is rewritten to point
+at it. The LMDB `entrylogs` table is the authority on how much of a log is committed: bytes
+past that size were written by a checkpoint that never committed, and nothing points at
+them.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ._crc import crc32c
+from ._errors import CorruptionError
+from ._fs import FileHandle, FileSystem
+
+__all__ = [
+    "ENTRY_LOG_HEADER_BYTES",
+    "EntryLogReader",
+    "EntryLogWriter",
+    "LogRecord",
+    "entry_log_name",
+    "location_of",
+    "parse_entry_log_name",
+    "scan_entry_log",
+    "split_location",
+]
+
+ENTRY_LOG_HEADER_BYTES = 1024
+MAGIC = b"PELG"
+VERSION = 1
+_HEADER = struct.Struct(">4sIQIQ")
+assert _HEADER.size == 28
+_RECORD = struct.Struct(">IIQQ")
+RECORD_HEADER_BYTES = _RECORD.size
+assert RECORD_HEADER_BYTES == 24
+_SIZE_CRC = struct.Struct(">II")
+_IDS = struct.Struct(">QQ")
+MAP_LEDGER_ID = 2**64 - 1
+MAP_ENTRY_ID = 2**64 - 2
+OFFSET_BITS = 32
+
+
+def entry_log_name(log_id: int) -> str:
+    return f"{log_id:08x}.log"
+
+
+def parse_entry_log_name(name: str) -> int | None:
+    stem, dot, ext = name.partition(".")
+    if ext != "log" or not dot or len(stem) != 8:
+        return None
+    try:
+        return int(stem, 16)
+    except ValueError:
+        return None
+
+
+def location_of(log_id: int, offset: int) -> int:
+    assert 0 <= offset < 2**OFFSET_BITS
+    assert log_id >= 1
+    return (log_id << OFFSET_BITS) | offset
+
+
+def split_location(location: int) -> tuple[int, int]:
+    return location >> OFFSET_BITS, location & (2**OFFSET_BITS - 1)
+
+
+def _encode_header(log_id: int, map_offset: int, map_count: int) -> bytes:
+    fields = _HEADER.pack(MAGIC, VERSION, map_offset, map_count, log_id)
+    block = fields + struct.pack(">I", crc32c(fields))
+    return block + bytes(ENTRY_LOG_HEADER_BYTES - len(block))
+
+
+def encode_entry(out: bytearray, ledger_id: int, entry_id: int, data: bytes) -> None:
+    ids = _IDS.pack(ledger_id, entry_id)
+    out += _SIZE_CRC.pack(16 + len(data), crc32c(data, crc32c(ids)))
+    out += ids
+    out += data
+
+
+class EntryLogWriter:
+    """Appends to one entry log. Not thread-safe: the checkpoint owns it."""
+
+    def __init__(self, fs: FileSystem, directory: str, log_id: int):
+        self.log_id = log_id
+        self.path = os.path.join(directory, entry_log_name(log_id))
+        self._fs = fs
+        self._handle = fs.open(self.path, create=True)
+        try:
+            self._handle.pwrite(_encode_header(log_id, 0, 0), 0)
+            self._handle.fdatasync()
+            fs.fsync_dir(directory)
+        except BaseException:
+            self._handle.close()
+            raise
+        self.position = ENTRY_LOG_HEADER_BYTES
+        self.ledger_bytes: dict[int, int] = {}
+
+    def append(self, entries: list[tuple[int, int, bytes]]) -> list[int]:
+        """Write records for (ledger, entry, data) triples; returns their locations. Not
+        durable until `sync`."""
+        out = bytearray()
+        locations = []
+        base = self.position
+        ledger_bytes = self.ledger_bytes
+        for ledger_id, entry_id, data in entries:
+            start = base + len(out)
+            locations.append(location_of(self.log_id, start))
+            encode_entry(out, ledger_id, entry_id, data)
+            ledger_bytes[ledger_id] = (ledger_bytes.get(ledger_id, 0)
+                                       + RECORD_HEADER_BYTES + len(data))
+        if out:
+            self._handle.pwrite(out, base)
+            self.position = base + len(out)
+        return locations
+
+    def sync(self) -> None:
+        self._handle.fdatasync()
+
+    def seal(self) -> None:
+        """Append the ledgers map, sync, then point the header at it and sync again."""
+        pairs = sorted(self.ledger_bytes.items())
+        body = struct.pack(">I", len(pairs)) + b"".join(struct.pack(">QQ", k, v)
+                                                        for k, v in pairs)
+        out = bytearray()
+        encode_entry(out, MAP_LEDGER_ID, MAP_ENTRY_ID, body)
+        map_offset = self.position
+        self._handle.pwrite(out, map_offset)
+        self.position += len(out)
+        self._handle.fdatasync()
+        self._handle.pwrite(_encode_header(self.log_id, map_offset, len(pairs)), 0)
+        self._handle.fdatasync()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    offset: int
+    ledger_id: int
+    entry_id: int
+    data: bytes
+
+    @property
+    def record_bytes(self) -> int:
+        return RECORD_HEADER_BYTES + len(self.data)
+
+
+def _parse_record(buffer: bytes | memoryview, at: int, path: str, file_offset: int,
+                  ) -> tuple[int, int, bytes, int]:
+    """Parse the record at `buffer[at:]`; returns (ledger, entry, data, next position).
+
+    Raises CorruptionError naming `path` and `file_offset` on any inconsistency.
+    """
+    if len(buffer) - at < RECORD_HEADER_BYTES:
+        raise CorruptionError("entry-log record is truncated", path=path, offset=file_offset)
+    size, crc, ledger_id, entry_id = _RECORD.unpack_from(buffer, at)
+    end = at + 8 + size
+    if size < 16 or end > len(buffer):
+        raise CorruptionError(f"entry-log record size {size} is invalid", path=path,
+                              offset=file_offset)
+    body = buffer[at + 8:end]
+    if crc32c(body) != crc:
+        raise CorruptionError("entry-log record fails its CRC", path=path, offset=file_offset)
+    return ledger_id, entry_id, bytes(body[16:]), end
+
+
+def scan_entry_log(handle: FileHandle, path: str, end: int | None = None,
+                   chunk_bytes: int = 4 * 1024 * 1024) -> Iterator[LogRecord]:
+    """Yield the valid records of a log up to `end` (default: the file's size), skipping
+    the ledgers map. Stops quietly at the first short or invalid record (a tail a
+    checkpoint wrote but never committed)."""
+    limit = handle.size() if end is None else min(end, handle.size())
+    offset = ENTRY_LOG_HEADER_BYTES
+    while offset + RECORD_HEADER_BYTES <= limit:
+        buffer = handle.pread(min(chunk_bytes, limit - offset), offset)
+        at = 0
+        while at + RECORD_HEADER_BYTES <= len(buffer):
+            (size,) = struct.unpack_from(">I", buffer, at)
+            if at + 8 + size > len(buffer):
+                if at == 0:  # one record larger than the chunk
+                    buffer = handle.pread(8 + size, offset)
+                    if len(buffer) < 8 + size:
+                        return
+                    continue
+                break
+            try:
+                ledger_id, entry_id, data, nxt = _parse_record(buffer, at, path, offset + at)
+            except CorruptionError:
+                return
+            if ledger_id != MAP_LEDGER_ID:
+                yield LogRecord(offset + at, ledger_id, entry_id, data)
+            at = nxt
+        if at == 0:
+            return
+        offset += at
+
+
+def read_header(handle: FileHandle, path: str) -> tuple[int, int, int]:
+    """(log id, map offset, map count) from a log's header.
+
+    Raises CorruptionError (offset 0) on a short header, bad magic, version or CRC.
+    """
+    raw = handle.pread(_HEADER.size + 4, 0)
+    if len(raw) < _HEADER.size + 4:
+        raise CorruptionError("entry-log header is truncated", path=path, offset=0)
+    (stored,) = struct.unpack_from(">I", raw, _HEADER.size)
+    if crc32c(raw[: _HEADER.size]) != stored:
+        raise CorruptionError("entry-log header fails its CRC", path=path, offset=0)
+    magic, version, map_offset, map_count, log_id = _HEADER.unpack_from(raw)
+    if magic != MAGIC or version != VERSION:
+        raise CorruptionError("not an entry log", path=path, offset=0)
+    return log_id, map_offset, map_count
+
+
+class EntryLogReader:
+    """Reads entries by location, keeping up to `open_logs_max` logs open (LRU)."""
+
+    def __init__(self, fs: FileSystem, directory: str, open_logs_max: int):
+        assert open_logs_max >= 1
+        self._fs = fs
+        self._dir = directory
+        self._open_logs_max = open_logs_max
+        self._handles: OrderedDict[int, FileHandle] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def path(self, log_id: int) -> str:
+        return os.path.join(self._dir, entry_log_name(log_id))
+
+    def _handle(self, log_id: int) -> FileHandle:
+        with self._lock:
+            handle = self._handles.get(log_id)
+            if handle is not None:
+                self._handles.move_to_end(log_id)
+                return handle
+            handle = self._fs.open_read(self.path(log_id))
+            self._handles[log_id] = handle
+            while len(self._handles) > self._open_logs_max:
+                _, evicted = self._handles.popitem(last=False)
+                evicted.close()
+            return handle
+
+    def forget(self, log_id: int) -> None:
+        """Close a log's handle (before the log is deleted)."""
+        with self._lock:
+            handle = self._handles.pop(log_id, None)
+        if handle is not None:
+            handle.close()
+
+    def read(self, location: int, ledger_id: int, entry_id: int) -> bytes:
+        """The entry at `location`, checked against its CRC and ids.
+
+        Raises CorruptionError naming the log file and offset.
+        """
+        log_id, offset = split_location(location)
+        handle = self._handle(log_id)
+        head = handle.pread(8, offset)
+        if len(head) < 8:
+            raise CorruptionError("entry-log record is truncated", path=handle.path,
+                                  offset=offset)
+        (size,) = struct.unpack_from(">I", head)
+        raw = handle.pread(8 + size, offset) if 16 <= size < 2**31 else head
+        found_ledger, found_entry, data, _ = _parse_record(raw, 0, handle.path, offset)
+        self._check_ids(handle.path, offset, (ledger_id, entry_id), (found_ledger, found_entry))
+        return data
+
+    def read_run(self, ledger_id: int, wanted: list[tuple[int, int]],
+                 read_bytes_max: int) -> list[bytes]:
+        """Entries for (entry id, location) pairs, in order. Locations that follow each
+        other in one log are fetched with one read of up to `read_bytes_max` bytes."""
+        out: list[bytes] = []
+        index = 0
+        while index < len(wanted):
+            log_id, offset = split_location(wanted[index][1])
+            handle = self._handle(log_id)
+            buffer = handle.pread(read_bytes_max, offset)
+            at = 0
+            while index < len(wanted):
+                entry_id, location = wanted[index]
+                next_log, next_offset = split_location(location)
+                if next_log != log_id or next_offset != offset + at:
+                    break
+                if at + 8 > len(buffer) or at + 8 + struct.unpack_from(">I", buffer, at)[0] \
+                        > len(buffer):
+                    if at == 0:  # larger than one read: fall back to a single read
+                        out.append(self.read(location, ledger_id, entry_id))
+                        index += 1
+                    break
+                found_ledger, found_entry, data, at = _parse_record(
+                    buffer, at, handle.path, next_offset)
+                self._check_ids(handle.path, next_offset, (ledger_id, entry_id),
+                                (found_ledger, found_entry))
+                out.append(data)
+                index += 1
+        return out
+
+    @staticmethod
+    def _check_ids(path: str, offset: int, wanted: tuple[int, int],
+                   found: tuple[int, int]) -> None:
+        if wanted != found:
+            raise CorruptionError(
+                f"entry-log record holds ledger {found[0]} entry {found[1]}, "
+                f"index expects ledger {wanted[0]} entry {wanted[1]}", path=path, offset=offset)
+
+    def close(self) -> None:
+        with self._lock:
+            handles = list(self._handles.values())
+            self._handles.clear()
+        for handle in handles:
+            handle.close()

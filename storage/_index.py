@@ -1,0 +1,277 @@
+"""The LMDB environment: entry locations, ledger records, entry-log metadata, the persisted
+LastLogMark, and the metadata store the broker keeps its state in.
+
+Named databases (keys big-endian, so byte order is numeric order):
+
+| db          | key                          | value                                          |
+|-------------|------------------------------|------------------------------------------------|
+| `locations` | ledger u64 ‖ entry u64       | location u64 = entry-log id << 32 ‖ offset      |
+| `ledgers`   | ledger u64                   | JSON: state, last entry, metadata               |
+| `entrylogs` | entry-log id u64             | JSON: committed size, live bytes per ledger     |
+| `meta`      | b"lastMark"                  | segment u64 ‖ offset u64 ‖ LSN u64 ‖ CRC32C u32 |
+| `meta`      | b"nextLedgerId", ...         | u64 counters                                    |
+| `kv`        | the caller's key             | the caller's value (the metadata store)         |
+
+LMDB commits are atomic, and with `sync=True` durable once `commit()` returns. A checkpoint
+writes the locations of a whole write-cache flush, the ledger records, the entry-log
+metadata and the new mark in ONE transaction, so the index and the mark never disagree.
+The persisted mark never goes backwards: `commit_checkpoint` asserts it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+
+from ._crc import crc32c
+from ._journal import JournalMark
+
+__all__ = ["CheckpointWrite", "EntryLogRecord", "Index", "LedgerRecord", "MetaOp"]
+
+_U64 = struct.Struct(">Q")
+_KEY = struct.Struct(">QQ")
+_MARK = struct.Struct(">QQQ")
+_MARK_BYTES = _MARK.size + 4
+U64_MAX = 2**64 - 1
+
+# A metadata-store operation: (key, value) puts, (key, None) deletes.
+MetaOp = tuple[bytes, bytes | None]
+
+
+def location_key(ledger_id: int, entry_id: int) -> bytes:
+    return _KEY.pack(ledger_id, entry_id)
+
+
+@dataclass
+class LedgerRecord:
+    """What the index remembers of a ledger. `state` is open, fenced, closed or deleted
+    (a tombstone, kept so that journal replay skips the ledger's old records)."""
+
+    ledger_id: int
+    state: str = "open"
+    last_entry_id: int = -1
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        body = {"state": self.state, "last": self.last_entry_id, "meta": self.metadata}
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, ledger_id: int, raw: bytes) -> LedgerRecord:
+        body = json.loads(raw)
+        return cls(ledger_id, body["state"], body["last"], dict(body["meta"]))
+
+
+@dataclass
+class EntryLogRecord:
+    """GC metadata of one entry log: bytes committed so far and live bytes per ledger."""
+
+    log_id: int
+    size: int
+    ledgers: dict[int, int] = field(default_factory=dict)
+    total_bytes: int = 0
+    sealed: bool = False
+
+    def encode(self) -> bytes:
+        body = {"size": self.size, "total": self.total_bytes, "sealed": self.sealed,
+                "ledgers": {str(k): v for k, v in self.ledgers.items()}}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, log_id: int, raw: bytes) -> EntryLogRecord:
+        body = json.loads(raw)
+        ledgers = {int(k): int(v) for k, v in body["ledgers"].items()}
+        return cls(log_id, body["size"], ledgers, body["total"], body["sealed"])
+
+    def live_bytes(self) -> int:
+        return sum(self.ledgers.values())
+
+
+@dataclass
+class CheckpointWrite:
+    """Everything one checkpoint commits, in one transaction."""
+
+    mark: JournalMark | None
+    locations: list[tuple[bytes, int]] = field(default_factory=list)
+    ledgers: list[LedgerRecord] = field(default_factory=list)
+    purge_ledgers: list[int] = field(default_factory=list)
+    entry_logs: list[EntryLogRecord] = field(default_factory=list)
+    drop_entry_logs: list[int] = field(default_factory=list)
+    meta_ops: list[MetaOp] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    relocations: list[tuple[bytes, int, int]] = field(default_factory=list)
+
+
+def encode_mark(mark: JournalMark) -> bytes:
+    body = _MARK.pack(mark.segment_id, mark.offset, mark.lsn)
+    return body + struct.pack(">I", crc32c(body))
+
+
+def decode_mark(raw: bytes | None) -> JournalMark | None:
+    """The mark, or None when missing or corrupt (then recovery replays every segment)."""
+    if raw is None or len(raw) != _MARK_BYTES:
+        return None
+    body = raw[: _MARK.size]
+    (stored,) = struct.unpack_from(">I", raw, _MARK.size)
+    if crc32c(body) != stored:
+        return None
+    return JournalMark(*_MARK.unpack(body))
+
+
+class Index:
+    """The LMDB environment of a data directory."""
+
+    def __init__(self, path: str, map_bytes: int):
+        self.path = path
+        self._env = lmdb.open(path, map_size=map_bytes, max_dbs=8, sync=True, metasync=True,
+                              writemap=False, readahead=False, subdir=True)
+        self._locations = self._env.open_db(b"locations")
+        self._ledgers = self._env.open_db(b"ledgers")
+        self._entrylogs = self._env.open_db(b"entrylogs")
+        self._meta = self._env.open_db(b"meta")
+        self.kv = self._env.open_db(b"kv")
+        self._write_lock = threading.Lock()
+        self.persisted_mark = self.load_mark()
+
+    @property
+    def env(self) -> lmdb.Environment:
+        return self._env
+
+    def close(self) -> None:
+        self._env.close()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def load_mark(self) -> JournalMark | None:
+        with self._env.begin(db=self._meta) as txn:
+            return decode_mark(txn.get(b"lastMark"))
+
+    def raw_mark(self) -> bytes | None:
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(b"lastMark")
+            return None if raw is None else bytes(raw)
+
+    def counter(self, name: str) -> int:
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(name.encode())
+            return 0 if raw is None else int(_U64.unpack(raw)[0])
+
+    def load_ledgers(self) -> dict[int, LedgerRecord]:
+        found = {}
+        with self._env.begin(db=self._ledgers) as txn:
+            for key, value in txn.cursor():
+                ledger_id = _U64.unpack(key)[0]
+                found[ledger_id] = LedgerRecord.decode(ledger_id, value)
+        return found
+
+    def load_entry_logs(self) -> dict[int, EntryLogRecord]:
+        found = {}
+        with self._env.begin(db=self._entrylogs) as txn:
+            for key, value in txn.cursor():
+                log_id = _U64.unpack(key)[0]
+                found[log_id] = EntryLogRecord.decode(log_id, value)
+        return found
+
+    def location(self, ledger_id: int, entry_id: int) -> int | None:
+        with self._env.begin(db=self._locations) as txn:
+            raw = txn.get(_KEY.pack(ledger_id, entry_id))
+            return None if raw is None else int(_U64.unpack(raw)[0])
+
+    def locations(self, ledger_id: int, first: int, last: int) -> list[tuple[int, int]]:
+        """(entry id, location) for the indexed entries of a ledger in [first, last]."""
+        found: list[tuple[int, int]] = []
+        end_key = _KEY.pack(ledger_id, last)
+        with self._env.begin(db=self._locations) as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(_KEY.pack(ledger_id, first)):
+                return found
+            for key, value in cursor:
+                if key > end_key:
+                    break
+                found.append((_KEY.unpack(key)[1], _U64.unpack(value)[0]))
+        return found
+
+    def last_indexed_entry(self, ledger_id: int) -> int:
+        """Highest indexed entry id of a ledger, -1 when none."""
+        with self._env.begin(db=self._locations) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(_KEY.pack(ledger_id, U64_MAX)):
+                if not cursor.prev():
+                    return -1
+            elif not cursor.last():
+                return -1
+            found_ledger, entry_id = _KEY.unpack(cursor.key())
+            return int(entry_id) if found_ledger == ledger_id else -1
+
+    def iter_locations(self) -> Iterator[tuple[int, int, int]]:
+        """Every (ledger, entry, location), in key order."""
+        with self._env.begin(db=self._locations) as txn:
+            for key, value in txn.cursor():
+                ledger_id, entry_id = _KEY.unpack(key)
+                yield ledger_id, entry_id, _U64.unpack(value)[0]
+
+    # -- the checkpoint commit -----------------------------------------------------------
+
+    def commit_checkpoint(self, write: CheckpointWrite) -> None:
+        """Apply one checkpoint atomically and durably.
+
+        On error nothing of it is applied (LMDB aborts the transaction).
+        """
+        with self._write_lock, self._env.begin(write=True) as txn:
+            self._apply(txn, write)
+        if write.mark is not None:
+            self.persisted_mark = write.mark
+
+    def _apply(self, txn: Any, write: CheckpointWrite) -> None:
+        for key, location in write.locations:
+            txn.put(key, _U64.pack(location), db=self._locations)
+        for key, old, new in write.relocations:
+            current = txn.get(key, db=self._locations)
+            if current is not None and _U64.unpack(current)[0] == old:
+                txn.put(key, _U64.pack(new), db=self._locations)
+        for ledger_id in write.purge_ledgers:
+            self._delete_ledger_range(txn, ledger_id)
+        for record in write.ledgers:
+            txn.put(_U64.pack(record.ledger_id), record.encode(), db=self._ledgers)
+        for log_record in write.entry_logs:
+            txn.put(_U64.pack(log_record.log_id), log_record.encode(), db=self._entrylogs)
+        for log_id in write.drop_entry_logs:
+            txn.delete(_U64.pack(log_id), db=self._entrylogs)
+        for key, value in write.meta_ops:
+            if value is None:
+                txn.delete(key, db=self.kv)
+            else:
+                txn.put(key, value, db=self.kv)
+        for name, value in write.counters.items():
+            raw = txn.get(name.encode(), db=self._meta)
+            if raw is None or _U64.unpack(raw)[0] < value:
+                txn.put(name.encode(), _U64.pack(value), db=self._meta)
+        if write.mark is not None:
+            persisted = decode_mark(txn.get(b"lastMark", db=self._meta))
+            assert persisted is None or write.mark >= persisted, (
+                f"mark would regress from {persisted} to {write.mark}")
+            txn.put(b"lastMark", encode_mark(write.mark), db=self._meta)
+
+    def _delete_ledger_range(self, txn: Any, ledger_id: int) -> None:
+        cursor = txn.cursor(db=self._locations)
+        prefix = _U64.pack(ledger_id)
+        if not cursor.set_range(prefix):
+            return
+        while cursor.key()[:8] == prefix:
+            if not cursor.delete():
+                break
+
+    def write_mark_raw(self, raw: bytes | None) -> None:
+        """Overwrite or remove the stored mark as is (crash tests and operator repair)."""
+        with self._write_lock, self._env.begin(write=True, db=self._meta) as txn:
+            if raw is None:
+                txn.delete(b"lastMark")
+            else:
+                txn.put(b"lastMark", raw)
+        self.persisted_mark = self.load_mark()

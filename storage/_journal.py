@@ -1,0 +1,471 @@
+"""The journal: an append-only log of records with group commit.
+
+Theory of operation
+-------------------
+Every change to storage (an entry added, a ledger created, fenced, closed or deleted, a
+metadata-store batch) is first applied in memory and then submitted here as a record. A
+record's completion finishes only after the fdatasync that covers it.
+
+Two threads do the work (or, with `background_threads=False`, the caller pumps both steps
+in its own thread, deterministically):
+
+* The writer takes every queued request (up to `journal_batch_bytes_max`), encodes them
+  into one buffer, ends it with a PAD record to the alignment boundary, and issues one
+  `pwrite`. It then hands the batch to the syncer and goes on with the next batch.
+* The syncer takes every batch handed over, issues ONE fdatasync for all of them, moves the
+  in-memory mark to the end of the last one and calls `on_durable` with their requests.
+
+While the syncer waits on the disk, requests pile up, so the next batch is larger: the
+group grows with the load without any artificial delay, and a single request in flight
+costs one write and one fdatasync.
+
+Segments are preallocated with zeros (`journal_prealloc_bytes` at a time) so that a sync
+does not have to update the file's size, and a zero record header marks the end of data.
+A segment rolls over at `journal_segment_bytes_max`: the writer waits for the syncer to
+drain, syncs and closes the old segment, and only then creates the next one, so that only
+the newest segment can ever end in a torn record. A new segment is created on every open;
+the journal never appends to a segment written by an earlier run.
+
+Failure: an OSError from a write or a sync is fatal. Every request not yet durable fails
+with `StorageFailedError`, later submissions fail at once, and the journal writes nothing
+more. Reopening the data directory recovers from what is on disk.
+"""
+
+from __future__ import annotations
+
+import errno as errno_codes
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ._completion import Completion
+from ._config import StorageConfig
+from ._errors import StorageClosedError, StorageFailedError, StorageFullError
+from ._fs import FileHandle, FileSystem
+from ._journal_format import RECORD_HEADER_BYTES, SegmentHeader, encode_record, pad_record
+
+__all__ = ["Journal", "JournalMark", "JournalRequest", "segment_file_name", "parse_segment_name"]
+
+log = logging.getLogger(__name__)
+
+_ZERO_CHUNK_BYTES = 1024 * 1024
+_ZEROS = bytes(_ZERO_CHUNK_BYTES)
+
+
+class JournalMark(NamedTuple):
+    """A position in the journal: everything before (segment_id, offset) — the records
+    up to `lsn` — is durable."""
+
+    segment_id: int
+    offset: int
+    lsn: int
+
+
+class JournalRequest:
+    """One record to journal, with what to finish when it is durable."""
+
+    __slots__ = ("completion", "entry_id", "kind", "ledger", "payload")
+
+    def __init__(self, kind: int, payload: bytes, completion: Completion[int] | None,
+                 ledger: object = None, entry_id: int = -1):
+        self.kind = kind
+        self.payload = payload
+        self.completion = completion
+        self.ledger = ledger
+        self.entry_id = entry_id
+
+
+@dataclass
+class _Batch:
+    segment: _Segment
+    end_offset: int
+    last_lsn: int
+    requests: list[JournalRequest]
+
+
+class _Segment:
+    def __init__(self, segment_id: int, handle: FileHandle, position: int, allocated: int):
+        self.segment_id = segment_id
+        self.handle = handle
+        self.position = position
+        self.allocated = allocated
+
+
+def segment_file_name(segment_id: int) -> str:
+    return f"{segment_id:016x}.jnl"
+
+
+def parse_segment_name(name: str) -> int | None:
+    stem, dot, ext = name.partition(".")
+    if ext != "jnl" or not dot or len(stem) != 16:
+        return None
+    try:
+        return int(stem, 16)
+    except ValueError:
+        return None
+
+
+def _as_storage_error(exc: OSError, path: str) -> StorageFailedError:
+    if isinstance(exc, StorageFailedError):
+        return exc
+    cls = StorageFullError if exc.errno == errno_codes.ENOSPC else StorageFailedError
+    return cls(f"journal I/O failed on {path}: {exc.strerror or exc}", path=path,
+               errno=exc.errno)
+
+
+DurableCallback = Callable[[list[JournalRequest]], None]
+FailedCallback = Callable[[list[JournalRequest], BaseException], None]
+
+
+class Journal:
+    """The write-ahead journal of one data directory (see the module comment)."""
+
+    def __init__(self, fs: FileSystem, directory: str, config: StorageConfig, *,
+                 segment_id: int, last_lsn: int, on_durable: DurableCallback,
+                 on_failed: FailedCallback):
+        assert segment_id >= 1
+        assert last_lsn >= 0
+        self._fs = fs
+        self._dir = directory
+        self._config = config
+        self._on_durable = on_durable
+        self._on_failed = on_failed
+        self._lock = threading.Condition()
+        self._queue: deque[JournalRequest] = deque()
+        self._queue_bytes = 0
+        self._sync_queue: deque[_Batch] = deque()
+        self._sync_busy = False
+        self._failed: StorageFailedError | None = None
+        self._closing = False
+        self._writer_done = False
+        self._sync_now = False
+        self._next_lsn = last_lsn + 1
+        self._segment = self._create_segment(segment_id)
+        self.synced_mark = JournalMark(segment_id, self._segment.position, last_lsn)
+        self._last_sync_monotonic = time.monotonic()
+        self._threads: list[threading.Thread] = []
+        if config.background_threads:
+            self._threads = [
+                threading.Thread(target=self._writer_loop, name="journal-writer", daemon=True),
+                threading.Thread(target=self._syncer_loop, name="journal-syncer", daemon=True),
+            ]
+            for thread in self._threads:
+                thread.start()
+
+    # -- segments ------------------------------------------------------------------------
+
+    @property
+    def current_segment_id(self) -> int:
+        return self._segment.segment_id
+
+    def _create_segment(self, segment_id: int) -> _Segment:
+        path = os.path.join(self._dir, segment_file_name(segment_id))
+        alignment = self._config.journal_alignment_bytes
+        handle = self._fs.open(path, create=True)
+        try:
+            header = SegmentHeader(segment_id, self._next_lsn, alignment)
+            handle.pwrite(header.encode(), 0)
+            allocated = self._preallocate(handle, alignment, alignment)
+            handle.fdatasync()
+            self._fs.fsync_dir(self._dir)
+        except BaseException:
+            handle.close()
+            raise
+        log.debug("journal segment %s created (first LSN %d)", path, self._next_lsn)
+        return _Segment(segment_id, handle, alignment, allocated)
+
+    def _preallocate(self, handle: FileHandle, start: int, need_end: int) -> int:
+        """Write zeros from `start` in `journal_prealloc_bytes` steps until `need_end` is
+        covered; returns the new allocated end."""
+        end = start
+        step = self._config.journal_prealloc_bytes
+        while end < need_end or end == start:
+            stop = end + step
+            position = end
+            while position < stop:
+                chunk = min(_ZERO_CHUNK_BYTES, stop - position)
+                handle.pwrite(_ZEROS[:chunk], position)
+                position += chunk
+            end = stop
+        return end
+
+    def _roll_over(self) -> None:
+        """Close the full segment once everything in it is durable, then open the next."""
+        self._wait_syncer_idle()
+        old = self._segment
+        old.handle.fdatasync()
+        old.handle.close()
+        self._segment = self._create_segment(old.segment_id + 1)
+        log.info("journal rolled over to segment %d", self._segment.segment_id)
+
+    def _wait_syncer_idle(self) -> None:
+        if not self._threads:
+            self._sync_once()
+            return
+        with self._lock:
+            self._sync_now = True
+            self._lock.notify_all()
+            while (self._sync_queue or self._sync_busy) and self._failed is None:
+                self._lock.wait()
+            if self._failed is not None:
+                raise self._failed
+
+    def segments(self) -> list[tuple[int, str]]:
+        """(segment id, path) of every segment file on disk, oldest first."""
+        found = []
+        for name in self._fs.listdir(self._dir):
+            segment_id = parse_segment_name(name)
+            if segment_id is not None:
+                found.append((segment_id, os.path.join(self._dir, name)))
+        return sorted(found)
+
+    def delete_segments_before(self, mark_segment_id: int) -> list[int]:
+        """Delete segments older than the persisted mark's segment, keeping the newest
+        `journal_segments_kept_max` of them. Never touches the marked or current one."""
+        assert mark_segment_id <= self._segment.segment_id
+        older = [(sid, path) for sid, path in self.segments() if sid < mark_segment_id]
+        keep = self._config.journal_segments_kept_max
+        doomed = older[:-keep] if keep > 0 else older
+        for segment_id, path in doomed:
+            self._fs.point("journal:delete-segment")
+            self._fs.remove(path)
+            log.debug("journal segment %d deleted (mark in segment %d)", segment_id,
+                      mark_segment_id)
+        return [segment_id for segment_id, _ in doomed]
+
+    # -- submitting ----------------------------------------------------------------------
+
+    def submit(self, request: JournalRequest) -> None:
+        """Queue a record. Its completion (if any) finishes once the record is durable, or
+        fails with `StorageFailedError`. Blocks while `journal_queue_requests_max` requests
+        are queued."""
+        with self._lock:
+            if self._failed is not None:
+                self._fail_requests([request], self._failed)
+                return
+            if self._closing:
+                self._fail_requests([request], StorageClosedError("journal is closed"))
+                return
+            while len(self._queue) >= self._config.journal_queue_requests_max:
+                self._lock.wait()
+                if self._failed is not None:
+                    self._fail_requests([request], self._failed)
+                    return
+            self._queue.append(request)
+            self._queue_bytes += len(request.payload)
+            self._lock.notify_all()
+
+    def pump(self) -> bool:
+        """Without background threads: write and sync what is queued. Returns True if
+        anything was done."""
+        assert not self._threads
+        wrote = self._write_once()
+        synced = self._sync_once()
+        return wrote or synced
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue) + sum(len(b.requests) for b in self._sync_queue)
+
+    # -- the writer ----------------------------------------------------------------------
+
+    def _take_batch(self) -> list[JournalRequest]:
+        """Take queued requests up to the batch byte limit (at least one). Lock held."""
+        taken: list[JournalRequest] = []
+        size = 0
+        limit = self._config.journal_batch_bytes_max
+        while self._queue and (not taken or size + len(self._queue[0].payload) <= limit):
+            request = self._queue.popleft()
+            size += len(request.payload)
+            taken.append(request)
+        self._queue_bytes -= size
+        self._lock.notify_all()
+        return taken
+
+    def _writer_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing and self._failed is None:
+                    self._lock.wait()
+                if self._failed is not None or (self._closing and not self._queue):
+                    self._writer_done = True
+                    self._lock.notify_all()
+                    return
+                requests = self._take_batch()
+            self._write_requests(requests)
+
+    def _write_once(self) -> bool:
+        with self._lock:
+            if not self._queue or self._failed is not None:
+                return False
+            requests = self._take_batch()
+        self._write_requests(requests)
+        return True
+
+    def _write_requests(self, requests: list[JournalRequest]) -> None:
+        segment = self._segment
+        try:
+            batch = self._encode(requests, segment)
+            self._fs.point("journal:before-write")
+            self._write_batch_bytes(segment, batch)
+        except OSError as exc:
+            self._fail(requests, _as_storage_error(exc, segment.handle.path))
+            return
+        done = _Batch(segment, segment.position, self._next_lsn - 1, requests)
+        if not self._config.journal_sync:
+            self._on_durable(requests)
+            done.requests = []
+        with self._lock:
+            self._sync_queue.append(done)
+            self._lock.notify_all()
+        if segment.position >= self._config.journal_segment_bytes_max:
+            try:
+                self._roll_over()
+            except OSError as exc:
+                self._fail([], _as_storage_error(exc, segment.handle.path))
+
+    def _encode(self, requests: list[JournalRequest], segment: _Segment) -> bytearray:
+        out = bytearray()
+        segment_id = segment.segment_id
+        lsn = self._next_lsn
+        for request in requests:
+            encode_record(out, segment_id, lsn, request.kind, request.payload)
+            lsn += 1
+        if pad_record(out, segment_id, lsn, segment.position,
+                      self._config.journal_alignment_bytes):
+            lsn += 1
+        self._next_lsn = lsn
+        return out
+
+    def _write_batch_bytes(self, segment: _Segment, batch: bytearray) -> None:
+        end = segment.position + len(batch)
+        if end + RECORD_HEADER_BYTES > segment.allocated:
+            segment.allocated = self._preallocate(segment.handle, segment.allocated,
+                                                  end + RECORD_HEADER_BYTES)
+        segment.handle.pwrite(batch, segment.position)
+        segment.position = end
+
+    # -- the syncer ----------------------------------------------------------------------
+
+    def _syncer_loop(self) -> None:
+        while self._wait_for_sync_work():
+            self._sync_once()
+
+    def _wait_for_sync_work(self) -> bool:
+        """Block until there is a batch to sync now; False when the syncer should stop.
+        With `journal_sync=False` batches wait until `journal_sync_interval_ms` has passed
+        since the last sync, unless a rollover or close asks for a sync at once."""
+        interval = self._config.journal_sync_interval_ms / 1000.0
+        with self._lock:
+            while True:
+                if self._failed is not None:
+                    return False
+                if self._sync_queue:
+                    if self._config.journal_sync or self._closing or self._sync_now:
+                        self._sync_now = False
+                        return True
+                    remaining = interval - (time.monotonic() - self._last_sync_monotonic)
+                    if remaining <= 0:
+                        return True
+                    self._lock.wait(remaining)
+                    continue
+                if self._closing and self._writer_done:
+                    return False
+                self._lock.wait()
+
+    def _sync_once(self) -> bool:
+        with self._lock:
+            if not self._sync_queue or self._failed is not None:
+                return False
+            batches = list(self._sync_queue)
+            self._sync_queue.clear()
+            self._sync_busy = True
+        last = batches[-1]
+        try:
+            self._fs.point("journal:before-sync")
+            last.segment.handle.fdatasync()
+        except OSError as exc:
+            with self._lock:
+                self._sync_busy = False
+            self._fail([r for b in batches for r in b.requests],
+                       _as_storage_error(exc, last.segment.handle.path))
+            return True
+        self._fs.point("journal:after-sync")
+        self._last_sync_monotonic = time.monotonic()
+        assert last.end_offset >= self.synced_mark.offset or \
+            last.segment.segment_id > self.synced_mark.segment_id
+        self.synced_mark = JournalMark(last.segment.segment_id, last.end_offset, last.last_lsn)
+        requests = [r for b in batches for r in b.requests]
+        if requests:
+            self._on_durable(requests)
+        with self._lock:
+            self._sync_busy = False
+            self._lock.notify_all()
+        return True
+
+    # -- failure and shutdown ------------------------------------------------------------
+
+    @property
+    def failed(self) -> StorageFailedError | None:
+        return self._failed
+
+    def fail(self, error: StorageFailedError) -> None:
+        """Stop writing: another part of the engine hit a fatal I/O error."""
+        self._fail([], error)
+
+    def _fail(self, requests: list[JournalRequest], error: StorageFailedError) -> None:
+        with self._lock:
+            first = self._failed is None
+            if first:
+                self._failed = error
+            pending = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
+            self._queue.clear()
+            self._sync_queue.clear()
+            self._lock.notify_all()
+        if first:
+            log.error("journal failed, refusing further writes: %s", error)
+        self._fail_requests(requests + pending, self._failed or error)
+
+    def _fail_requests(self, requests: list[JournalRequest], error: BaseException) -> None:
+        if requests:
+            self._on_failed(requests, error)
+
+    def close(self) -> None:
+        """Write and sync everything queued, stop the threads and close the segment."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        if self._threads:
+            for thread in self._threads:
+                thread.join()
+        else:
+            while self.pump():
+                pass
+        with self._lock:
+            leftovers = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
+            self._queue.clear()
+            self._sync_queue.clear()
+        self._fail_requests(leftovers, self._failed or StorageClosedError("journal is closed"))
+        try:
+            if self._failed is None:
+                self._segment.handle.fdatasync()
+        except OSError as exc:
+            log.error("final journal sync failed: %s", exc)
+        finally:
+            self._segment.handle.close()
+
+    def abandon(self) -> None:
+        """Stop the threads without writing anything more (a simulated crash)."""
+        with self._lock:
+            if self._failed is None:
+                self._failed = StorageFailedError("journal abandoned")
+            self._closing = True
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join()
+        self._segment.handle.close()

@@ -1,0 +1,229 @@
+"""Journal segment and record formats, and the scanner that reads them back.
+
+Segment file `journal/<016x segment id>.jnl`. The first block is the header:
+
+| offset | size | field                                   |
+|--------|------|-----------------------------------------|
+| 0      | 4    | magic "PJNL"                            |
+| 4      | 2    | format version (1)                      |
+| 6      | 2    | flags (0)                               |
+| 8      | 8    | segment id (u64)                        |
+| 16     | 8    | first LSN expected in this segment      |
+| 24     | 4    | alignment A in bytes                    |
+| 28     | 4    | CRC32C of bytes 0..27                   |
+| 32     | A-32 | zeros                                   |
+
+Records follow, each with a 24-byte header (all integers big-endian):
+
+| offset | size | field                                                        |
+|--------|------|--------------------------------------------------------------|
+| 0      | 4    | CRC32C over segment id (8 B) ‖ bytes 4..23 ‖ payload         |
+| 4      | 4    | payload length L (0 only for PAD)                            |
+| 8      | 8    | LSN: +1 per record, PAD included, continuous across segments |
+| 16     | 1    | record type                                                  |
+| 17     | 1    | flags (0)                                                    |
+| 18     | 2    | reserved (0)                                                 |
+| 20     | 4    | L XOR 0xFFFFFFFF, a torn-length check before the payload     |
+| 24     | L    | payload                                                      |
+
+Seeding the CRC with the segment id rejects records left over from another segment. Every
+group-commit batch ends with a PAD record that reaches the next alignment boundary, so a
+later batch never rewrites a block that holds acknowledged records.
+
+The scanner reads records in order and stops at the first one that is not valid: a zero
+header is the clean end of the preallocated region; anything else (bad length check, bad
+CRC, wrong LSN, short read) is reported with its offset, and the caller decides whether it
+is a torn tail (allowed) or corruption (refused); see `_recovery.py`.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ._crc import crc32c
+from ._errors import CorruptionError
+from ._fs import FileHandle
+
+__all__ = [
+    "RECORD_HEADER_BYTES",
+    "RecordType",
+    "ScanResult",
+    "SegmentHeader",
+    "encode_record",
+    "pad_record",
+    "scan_segment",
+]
+
+MAGIC = b"PJNL"
+VERSION = 1
+HEADER_FMT = ">4sHHQQI"
+HEADER_CRC_FMT = ">I"
+HEADER_FIELDS_BYTES = struct.calcsize(HEADER_FMT)
+assert HEADER_FIELDS_BYTES == 28
+
+RECORD_HEADER_FMT = ">IIQBBHI"
+RECORD_HEADER_BYTES = struct.calcsize(RECORD_HEADER_FMT)
+assert RECORD_HEADER_BYTES == 24
+_RECORD_TAIL = struct.Struct(">IQBBHI")  # bytes 4..23
+_U32 = struct.Struct(">I")
+_SEGMENT_ID = struct.Struct(">Q")
+_ZERO_HEADER = bytes(RECORD_HEADER_BYTES)
+
+
+class RecordType(enum.IntEnum):
+    ADD_ENTRY = 1  # ledger u64 ‖ entry u64 ‖ data
+    LEDGER_CREATE = 2  # ledger u64 ‖ metadata (JSON object, UTF-8)
+    FENCE = 3  # ledger u64
+    LEDGER_CLOSE = 4  # ledger u64 ‖ last entry i64
+    LEDGER_DELETE = 5  # ledger u64
+    META_BATCH = 6  # metadata-store operations, see _index.encode_meta_ops
+    PAD = 0xFF  # L zero bytes
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    segment_id: int
+    first_lsn: int
+    alignment: int
+
+    def encode(self) -> bytes:
+        fields = struct.pack(HEADER_FMT, MAGIC, VERSION, 0, self.segment_id, self.first_lsn,
+                             self.alignment)
+        block = fields + _U32.pack(crc32c(fields))
+        return block + bytes(self.alignment - len(block))
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> SegmentHeader:
+        """Raises CorruptionError (offset 0) when the header is short, has the wrong magic
+        or version, or fails its CRC."""
+        if len(data) < HEADER_FIELDS_BYTES + 4:
+            raise CorruptionError("journal segment header is truncated", path=path, offset=0)
+        fields = data[:HEADER_FIELDS_BYTES]
+        (stored,) = _U32.unpack_from(data, HEADER_FIELDS_BYTES)
+        if crc32c(fields) != stored:
+            raise CorruptionError("journal segment header fails its CRC", path=path, offset=0)
+        magic, version, _flags, segment_id, first_lsn, alignment = struct.unpack(
+            HEADER_FMT, fields)
+        if magic != MAGIC or version != VERSION:
+            raise CorruptionError(f"not a journal segment (magic {magic!r}, version {version})",
+                                  path=path, offset=0)
+        return cls(segment_id, first_lsn, alignment)
+
+
+def encode_record(out: bytearray, segment_id: int, lsn: int, kind: int,
+                  payload: bytes | bytearray | memoryview) -> None:
+    """Append one record to `out`."""
+    length = len(payload)
+    assert length > 0 or kind == RecordType.PAD
+    tail = _RECORD_TAIL.pack(length, lsn, kind, 0, 0, length ^ 0xFFFFFFFF)
+    crc = crc32c(payload, crc32c(tail, crc32c(_SEGMENT_ID.pack(segment_id))))
+    out += _U32.pack(crc)
+    out += tail
+    out += payload
+
+
+def pad_record(out: bytearray, segment_id: int, lsn: int, position: int, alignment: int) -> bool:
+    """Append a PAD record so that `position + len(out)` reaches an alignment boundary.
+    Returns False (appending nothing) when already aligned."""
+    end = position + len(out)
+    gap = -end % alignment
+    if gap == 0:
+        return False
+    while gap < RECORD_HEADER_BYTES:
+        gap += alignment
+    encode_record(out, segment_id, lsn, RecordType.PAD, bytes(gap - RECORD_HEADER_BYTES))
+    assert (position + len(out)) % alignment == 0
+    return True
+
+
+@dataclass
+class ScanResult:
+    """How a segment scan ended.
+
+    `end_offset` is the offset just past the last valid record, `last_lsn` that record's
+    LSN (or the LSN before the scan when none). `clean` is True when the scan reached a zero
+    header or the end of the file; otherwise `problem` says what was found at `end_offset`.
+    """
+
+    end_offset: int
+    last_lsn: int
+    records: int
+    clean: bool
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class Record:
+    lsn: int
+    kind: int
+    payload: memoryview
+    offset: int
+
+
+_READ_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def scan_segment(handle: FileHandle, header: SegmentHeader, start_offset: int,
+                 previous_lsn: int | None, record_bytes_max: int,
+                 result: ScanResult) -> Iterator[Record]:
+    """Yield the valid records of a segment from `start_offset`, in order.
+
+    `previous_lsn` is the LSN the first record must follow (None: accept any). The scan
+    stops at the first invalid record and fills `result`; it never raises on bad data.
+    """
+    file_size = handle.size()
+    offset = start_offset
+    last_lsn = -1 if previous_lsn is None else previous_lsn
+    result.end_offset, result.last_lsn, result.records, result.clean = offset, last_lsn, 0, True
+    seed = crc32c(_SEGMENT_ID.pack(header.segment_id))
+    buffer = b""
+    buffer_start = offset
+
+    def fill(need: int) -> memoryview | None:
+        nonlocal buffer, buffer_start
+        local = offset - buffer_start
+        if local + need <= len(buffer):
+            return memoryview(buffer)[local:local + need]
+        want = max(need, _READ_CHUNK_BYTES)
+        buffer = handle.pread(want, offset)
+        buffer_start = offset
+        if len(buffer) < need:
+            return None
+        return memoryview(buffer)[:need]
+
+    while offset + RECORD_HEADER_BYTES <= file_size:
+        head = fill(RECORD_HEADER_BYTES)
+        if head is None:
+            break
+        if head == _ZERO_HEADER:
+            break
+        crc, length, lsn, kind, _flags, _reserved, check = struct.unpack(RECORD_HEADER_FMT, head)
+        problem = ""
+        if length ^ 0xFFFFFFFF != check:
+            problem = "record length check fails"
+        elif length > record_bytes_max:
+            problem = f"record length {length} exceeds the maximum {record_bytes_max}"
+        elif last_lsn >= 0 and lsn != last_lsn + 1:
+            problem = f"record LSN {lsn} does not follow {last_lsn}"
+        elif length == 0 and kind != RecordType.PAD:
+            problem = "empty record"
+        if not problem:
+            whole = fill(RECORD_HEADER_BYTES + length)
+            if whole is None:
+                problem = "record runs past the end of the file"
+            else:
+                payload = whole[RECORD_HEADER_BYTES:]
+                if crc32c(payload, crc32c(whole[4:RECORD_HEADER_BYTES], seed)) != crc:
+                    problem = "record CRC mismatch"
+        if problem:
+            result.clean, result.problem = False, problem
+            break
+        record = Record(lsn, kind, payload, offset)
+        offset += RECORD_HEADER_BYTES + length
+        last_lsn = lsn
+        result.end_offset, result.last_lsn = offset, lsn
+        result.records += 1
+        yield record

@@ -1,0 +1,313 @@
+"""Recovery: bring a data directory back to the state its journal and index describe.
+
+Theory of operation
+-------------------
+1. Load the ledger records, entry-log metadata and counters from LMDB. A ledger's LAC
+   starts at its highest indexed entry.
+2. Tidy the entry logs: a log file the index does not know was created by a checkpoint or
+   a compaction that never committed, and is deleted; a log the index knows but that is
+   missing means data loss, and recovery refuses to go on.
+3. Replay the journal from the persisted mark (or from the oldest segment when the mark
+   is missing or corrupt). Every record's effect is an assignment, so replay can be
+   repeated after a crash during recovery and converges:
+
+   | record        | effect                                                        |
+   |---------------|---------------------------------------------------------------|
+   | ADD_ENTRY     | into the write cache if above the ledger's LAC; LAC = entry   |
+   | LEDGER_CREATE | create the ledger if it does not exist                        |
+   | FENCE         | open → fenced                                                 |
+   | LEDGER_CLOSE  | → closed                                                      |
+   | LEDGER_DELETE | → deleted (a tombstone; later ADDs for it are skipped)        |
+   | META_BATCH    | into the metadata overlay                                     |
+
+   Where a scan stops on a bad record, the decision table is:
+
+   | segment            | next segment's first LSN        | verdict                       |
+   |--------------------|---------------------------------|-------------------------------|
+   | newest             | —                               | torn tail: stop, carry on      |
+   | older              | = last good LSN + 1             | torn tail of an earlier run    |
+   | older              | anything else                   | corruption: refuse to start    |
+   | newest, bad header | —                               | crash while creating: remove   |
+   | older, bad header  | —                               | corruption: refuse to start    |
+
+   `skip_corrupt_journal_segments=True` turns "refuse" into "log, skip the rest of that
+   segment, and go on": acknowledged entries in the skipped part are lost.
+4. Open a fresh journal segment (its first LSN follows the last replayed one) and run a
+   checkpoint, which persists a mark at the start of that segment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._entry_log import parse_entry_log_name
+from ._errors import CorruptionError
+from ._journal import JournalMark, parse_segment_name
+from ._journal_format import Record, RecordType, ScanResult, SegmentHeader, scan_segment
+from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState
+from ._metadata import decode_meta_ops
+
+if TYPE_CHECKING:
+    from ._storage import Storage
+
+__all__ = ["ReplayStats", "recover"]
+
+log = logging.getLogger(__name__)
+
+_IDS = struct.Struct(">QQ")
+_U64 = struct.Struct(">Q")
+_CLOSE = struct.Struct(">Qq")
+
+
+@dataclass
+class ReplayStats:
+    segments: int = 0
+    records: int = 0
+    bytes: int = 0
+    skipped_adds: int = 0
+    torn_tail: str = ""
+
+
+def recover(store: Storage) -> ReplayStats:
+    _load_ledgers(store)
+    _load_entry_logs(store)
+    stats, last_lsn, next_segment = _replay_journal(store)
+    store.start_journal(next_segment, last_lsn)
+    store.checkpoint()
+    log.info("recovered %s: %d ledgers, replayed %d records (%d bytes) from %d segments%s",
+             store.data_dir, len(store.ledgers), stats.records, stats.bytes, stats.segments,
+             f"; {stats.torn_tail}" if stats.torn_tail else "")
+    store.replay_stats = stats
+    return stats
+
+
+def _load_ledgers(store: Storage) -> None:
+    records = store.index.load_ledgers()
+    for ledger_id, record in records.items():
+        lac = -1 if record.state == DELETED else store.index.last_indexed_entry(ledger_id)
+        store.ledgers[ledger_id] = LedgerState(ledger_id, record.metadata, record.state, lac)
+    highest = max(records, default=0)
+    store.next_ledger_id = max(store.index.counter("nextLedgerId"), highest + 1, 1)
+
+
+def _load_entry_logs(store: Storage) -> None:
+    store.entry_logs = store.index.load_entry_logs()
+    on_disk = {}
+    for name in store.fs.listdir(store.entry_log_dir):
+        log_id = parse_entry_log_name(name)
+        if log_id is None:
+            log.warning("ignoring unexpected file %s in %s", name, store.entry_log_dir)
+            continue
+        on_disk[log_id] = os.path.join(store.entry_log_dir, name)
+    for log_id, record in store.entry_logs.items():
+        if log_id not in on_disk:
+            raise CorruptionError(f"entry log {log_id} is in the index but missing on disk",
+                                  path=os.path.join(store.entry_log_dir, f"{log_id:08x}.log"),
+                                  offset=0)
+        if not record.sealed:
+            _trim_uncommitted_tail(store, on_disk[log_id], record.size)
+    for log_id, path in sorted(on_disk.items()):
+        if log_id not in store.entry_logs:
+            store.fs.remove(path)
+            log.info("removed entry log %s: no committed checkpoint refers to it", path)
+    highest = max(list(store.entry_logs) + list(on_disk), default=0)
+    store.next_log_id = max(store.index.counter("nextLogId"), highest + 1, 1)
+
+
+def _trim_uncommitted_tail(store: Storage, path: str, committed: int) -> None:
+    handle = store.fs.open(path)
+    try:
+        if handle.size() > committed:
+            handle.truncate(committed)
+            handle.fsync()
+            log.info("trimmed %s to its committed %d bytes", path, committed)
+    finally:
+        handle.close()
+
+
+# -- journal replay -----------------------------------------------------------------------
+
+def _segments(store: Storage) -> list[tuple[int, str]]:
+    found = []
+    for name in store.fs.listdir(store.journal_dir):
+        segment_id = parse_segment_name(name)
+        if segment_id is not None:
+            found.append((segment_id, os.path.join(store.journal_dir, name)))
+    return sorted(found)
+
+
+def _replay_journal(store: Storage) -> tuple[ReplayStats, int, int]:
+    """Replay; returns (stats, last LSN, id for the fresh segment)."""
+    stats = ReplayStats()
+    mark = store.index.persisted_mark
+    if mark is None and store.index.raw_mark() is not None:
+        log.warning("the persisted LastLogMark is corrupt; replaying every journal segment")
+    segments = _segments(store)
+    next_segment = max([s for s, _ in segments] + [mark.segment_id if mark else 0]) + 1
+    if mark is not None:
+        if mark.segment_id not in {s for s, _ in segments}:
+            _refuse_or_skip(store, f"journal segment {mark.segment_id} holding the "
+                            "LastLogMark is missing", os.path.join(
+                                store.journal_dir, f"{mark.segment_id:016x}.jnl"), 0)
+        segments = [(s, p) for s, p in segments if s >= mark.segment_id]
+    expected: int | None = None if mark is None else mark.lsn
+    for position, (segment_id, path) in enumerate(segments):
+        newest = position == len(segments) - 1
+        start = mark.offset if mark is not None and segment_id == mark.segment_id else None
+        expected = _replay_segment(store, stats, segment_id, path, start, expected, newest,
+                                   segments[position + 1][1] if not newest else None)
+    last_lsn = expected if expected is not None else (mark.lsn if mark else 0)
+    return stats, max(last_lsn, 0), next_segment
+
+
+def _replay_segment(store: Storage, stats: ReplayStats, segment_id: int, path: str,
+                    start: int | None, expected: int | None, newest: bool,
+                    next_path: str | None) -> int | None:
+    """Replay one segment; returns the last LSN seen (or `expected` when none)."""
+    handle = store.fs.open_read(path)
+    try:
+        try:
+            header = SegmentHeader.decode(
+                handle.pread(store.config.journal_alignment_bytes, 0), path)
+        except CorruptionError:
+            if newest:
+                handle.close()
+                store.fs.remove(path)
+                log.warning("removed journal segment %s: its header was never completed", path)
+                return expected
+            raise
+        if header.segment_id != segment_id:
+            raise CorruptionError(f"segment header says id {header.segment_id}", path=path,
+                                  offset=0)
+        if start is None:
+            if expected is not None and header.first_lsn != expected + 1:
+                _refuse_or_skip(store, f"journal segment starts at LSN {header.first_lsn}, "
+                                f"expected {expected + 1}: records are missing", path, 0)
+            expected = header.first_lsn - 1
+            start = header.alignment
+        stats.segments += 1
+        result = ScanResult(start, -1, 0, True)
+        for record in scan_segment(handle, header, start, expected,
+                                   store.config.journal_record_bytes_max, result):
+            _apply_record(store, stats, record, path)
+            stats.records += 1
+            stats.bytes += len(record.payload) + 24
+            if store.cache.active_full():
+                _flush_during_replay(store, JournalMark(segment_id,
+                                                        record.offset + 24 + len(record.payload),
+                                                        record.lsn))
+        if not result.clean:
+            _judge_stop(store, stats, result, path, newest, next_path)
+        return result.last_lsn if result.records else expected
+    finally:
+        handle.close()
+
+
+def _judge_stop(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
+                newest: bool, next_path: str | None) -> None:
+    where = f"{path} at offset {result.end_offset}: {result.problem}"
+    if newest:
+        stats.torn_tail = f"torn tail in {where}"
+        log.warning("journal ends in a torn record (%s); it was never acknowledged", where)
+        return
+    assert next_path is not None
+    follows = _first_lsn(store, next_path)
+    if follows == result.last_lsn + 1:
+        log.info("journal segment %s ends in a torn tail of an earlier run", path)
+        return
+    _refuse_or_skip(store, f"corrupt journal record ({result.problem})", path,
+                    result.end_offset)
+
+
+def _first_lsn(store: Storage, path: str) -> int | None:
+    handle = store.fs.open_read(path)
+    try:
+        return SegmentHeader.decode(
+            handle.pread(store.config.journal_alignment_bytes, 0), path).first_lsn
+    except CorruptionError:
+        return None
+    finally:
+        handle.close()
+
+
+def _refuse_or_skip(store: Storage, message: str, path: str, offset: int) -> None:
+    if not store.config.skip_corrupt_journal_segments:
+        raise CorruptionError(message + "; refusing to start (skip_corrupt_journal_segments "
+                              "would skip it and lose what follows)", path=path, offset=offset)
+    log.error("%s (%s at %d): skipped as configured; data after it is lost", message, path,
+              offset)
+
+
+def _flush_during_replay(store: Storage, mark: JournalMark) -> None:
+    from ._checkpoint import flush_to_index
+
+    half = store.cache.swap()
+    records = [store.ledgers[i].record() for i in sorted(store.dirty_ledgers)]
+    purge = sorted(store.purge_ledgers)
+    store.dirty_ledgers.clear()
+    store.purge_ledgers.clear()
+    flush_to_index(store, half, records, purge, mark)
+    store.cache.clear_flushing()
+
+
+# -- applying records ---------------------------------------------------------------------
+
+def _apply_record(store: Storage, stats: ReplayStats, record: Record, path: str) -> None:
+    kind, payload = record.kind, record.payload
+    if kind == RecordType.ADD_ENTRY:
+        _apply_add(store, stats, record, path)
+    elif kind == RecordType.LEDGER_CREATE:
+        (ledger_id,) = _U64.unpack_from(payload)
+        if ledger_id not in store.ledgers:
+            metadata = json.loads(bytes(payload[8:]))
+            store.ledgers[ledger_id] = LedgerState(ledger_id, metadata)
+            store.dirty_ledgers.add(ledger_id)
+        store.next_ledger_id = max(store.next_ledger_id, ledger_id + 1)
+    elif kind == RecordType.FENCE:
+        _set_state(store, _U64.unpack_from(payload)[0], FENCED, only_from=OPEN)
+    elif kind == RecordType.LEDGER_CLOSE:
+        ledger_id, _last = _CLOSE.unpack_from(payload)
+        _set_state(store, ledger_id, CLOSED, only_from=None)
+    elif kind == RecordType.LEDGER_DELETE:
+        (ledger_id,) = _U64.unpack_from(payload)
+        if _set_state(store, ledger_id, DELETED, only_from=None):
+            store.purge_ledgers.add(ledger_id)
+    elif kind == RecordType.META_BATCH:
+        for key, value in decode_meta_ops(bytes(payload)):
+            store.cache.put_meta(key, value)
+    elif kind != RecordType.PAD:
+        log.warning("skipping journal record of unknown type %d at %s:%d", kind, path,
+                    record.offset)
+
+
+def _apply_add(store: Storage, stats: ReplayStats, record: Record, path: str) -> None:
+    ledger_id, entry_id = _IDS.unpack_from(record.payload)
+    ledger = store.ledgers.get(ledger_id)
+    if ledger is None or ledger.state == DELETED:
+        stats.skipped_adds += 1
+        return
+    if entry_id <= ledger.lac:
+        return  # already indexed by a checkpoint after the mark
+    if entry_id != ledger.lac + 1:
+        raise CorruptionError(f"journal adds entry {entry_id} to ledger {ledger_id} whose "
+                              f"last entry is {ledger.lac}", path=path, offset=record.offset)
+    store.cache.put(ledger_id, entry_id, bytes(record.payload[16:]))
+    ledger.lac = entry_id
+    ledger.next_entry_id = entry_id + 1
+
+
+def _set_state(store: Storage, ledger_id: int, state: str, only_from: str | None) -> bool:
+    ledger = store.ledgers.get(ledger_id)
+    if ledger is None or ledger.state == DELETED:
+        return False
+    if only_from is not None and ledger.state != only_from:
+        return False
+    ledger.state = state
+    store.dirty_ledgers.add(ledger_id)
+    return True
+

@@ -1,0 +1,505 @@
+"""`Storage`: the ledger store of one data directory.
+
+Theory of operation
+-------------------
+A data directory holds:
+
+    LOCK          the owner's OS lock and PID
+    journal/      journal segments (`_journal.py`)
+    entrylogs/    entry logs (`_entry_log.py`)
+    index/        the LMDB environment (`_index.py`)
+
+An add is applied in memory first (the entry goes into the write cache and the ledger's
+next entry id advances), then its journal record is queued; the add's completion finishes
+once the journal's group commit has synced it, and the ledger's last-add-confirmed (LAC)
+advances at the same moment. Reads serve entries up to the LAC from the write cache or,
+once checkpointed, from the entry logs through the index.
+
+A checkpoint (`_checkpoint.py`, every `checkpoint_interval_ms` or when the cache fills)
+captures the journal's synced mark, swaps the cache halves, appends the flushing half to
+the current entry log, fsyncs it, and commits the locations, the ledger records and the
+mark in one LMDB transaction; journal segments wholly before the mark are then deleted.
+
+Opening a directory recovers it (`_recovery.py`): the journal is replayed from the
+persisted mark into the cache, a checkpoint makes the result durable, and a fresh journal
+segment starts. Garbage collection (`_gc.py`) drops entry logs whose ledgers are all
+deleted and compacts the ones that are mostly dead.
+
+Threads: callers may use a `Storage` from any number of threads and from asyncio (a
+`Completion` is awaitable). One lock guards the in-memory state; the journal has its
+writer and syncer threads, and a checkpoint thread runs checkpoints and GC.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TypeVar
+
+from ._completion import Completion
+from ._config import StorageConfig
+from ._entry_log import EntryLogReader, EntryLogWriter
+from ._errors import (
+    DataDirLockedError,
+    EntryTooLargeError,
+    LedgerClosedError,
+    LedgerExistsError,
+    LedgerFencedError,
+    LedgerNotFoundError,
+    NoSuchEntryError,
+    StorageClosedError,
+    StorageError,
+    StorageFailedError,
+)
+from ._fs import FileSystem, LockHandle, OsFileSystem
+from ._index import EntryLogRecord, Index
+from ._journal import Journal, JournalRequest
+from ._journal_format import RecordType
+from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo, LedgerState
+from ._metadata import MetadataStore
+from ._write_cache import WriteCache
+
+__all__ = ["Storage"]
+
+log = logging.getLogger(__name__)
+
+_IDS = struct.Struct(">QQ")
+_U64 = struct.Struct(">Q")
+_CLOSE = struct.Struct(">Qq")
+
+T = TypeVar("T")
+
+
+class Storage:
+    """The ledger store of one data directory. Open it with `Storage.open`."""
+
+    def __init__(self, data_dir: str, config: StorageConfig, fs: FileSystem,
+                 lock: LockHandle, index: Index):
+        """Internal: use `Storage.open`."""
+        self.data_dir = data_dir
+        self.config = config
+        self.fs = fs
+        self.journal_dir = os.path.join(data_dir, "journal")
+        self.entry_log_dir = os.path.join(data_dir, "entrylogs")
+        self.index = index
+        self._dir_lock = lock
+        self.lock = threading.Condition()
+        self.checkpoint_lock = threading.Lock()
+        self.cache = WriteCache(config.write_cache_bytes_max // 2)
+        self.ledgers: dict[int, LedgerState] = {}
+        self.dirty_ledgers: set[int] = set()
+        self.purge_ledgers: set[int] = set()
+        self.entry_logs: dict[int, EntryLogRecord] = {}
+        self.next_ledger_id = 1
+        self.next_log_id = 1
+        self.writer: EntryLogWriter | None = None
+        self.reader = EntryLogReader(fs, self.entry_log_dir, config.open_entry_logs_max)
+        self.journal: Journal | None = None
+        self.failed: StorageError | None = None
+        self.closed = False
+        self._checkpoint_wanted = threading.Event()
+        self._stop = threading.Event()
+        self._background: threading.Thread | None = None
+        self._last_gc = time.monotonic()
+        self.replay_stats: object = None
+        self.metadata = MetadataStore(self)
+
+    # -- opening and closing -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str], config: StorageConfig | None = None,
+             *, fs: FileSystem | None = None) -> Storage:
+        """Open (creating if needed) and recover a data directory.
+
+        Raises:
+            DataDirLockedError: another process owns the directory.
+            CorruptionError: recovery found corruption it must not repair silently (a bad
+                record in an older journal segment, a missing marked segment, a missing
+                entry log); the directory is left as found.
+        """
+        from ._recovery import recover
+
+        config = config or StorageConfig()
+        fs = fs or OsFileSystem()
+        path = os.path.abspath(os.fspath(data_dir))
+        for sub in ("", "journal", "entrylogs", "index"):
+            fs.makedirs(os.path.join(path, sub))
+        try:
+            lock = fs.lock(os.path.join(path, "LOCK"))
+        except BlockingIOError as exc:
+            raise DataDirLockedError(path, getattr(exc, "owner_pid", None)) from None
+        try:
+            index = Index(os.path.join(path, "index"), config.lmdb_map_bytes)
+        except BaseException:
+            lock.release()
+            raise
+        store = cls(path, config, fs, lock, index)
+        try:
+            recover(store)
+        except BaseException:
+            store.abandon()
+            raise
+        if config.background_threads:
+            store._background = threading.Thread(target=store._background_loop,
+                                                 name="storage-checkpoint", daemon=True)
+            store._background.start()
+        return store
+
+    def start_journal(self, segment_id: int, last_lsn: int) -> None:
+        """Internal (recovery): open the journal on a fresh segment."""
+        assert self.journal is None
+        self.journal = Journal(self.fs, self.journal_dir, self.config, segment_id=segment_id,
+                               last_lsn=last_lsn, on_durable=self._on_durable,
+                               on_failed=self._on_failed)
+
+    def close(self) -> None:
+        """Finish queued writes, checkpoint, and release the directory. Idempotent."""
+        if self.closed:
+            return
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+        self._stop_background()
+        if self.journal is not None:
+            self.journal.close()
+        if self.failed is None:
+            try:
+                self.checkpoint()
+            except StorageError as exc:
+                log.error("final checkpoint failed: %s", exc)
+        self._release()
+        log.info("storage %s closed", self.data_dir)
+
+    def abandon(self) -> None:
+        """Stop without writing anything more: what a crash would leave (tests)."""
+        with self.lock:
+            self.closed = True
+            if self.failed is None:
+                self.failed = StorageClosedError("storage abandoned")
+            self.lock.notify_all()
+        self._stop_background()
+        if self.journal is not None:
+            self.journal.abandon()
+        self._release()
+
+    def _stop_background(self) -> None:
+        self._stop.set()
+        self._checkpoint_wanted.set()
+        if self._background is not None and self._background is not threading.current_thread():
+            self._background.join()
+
+    def _release(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        self.reader.close()
+        self.index.close()
+        self._dir_lock.release()
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- ledgers -------------------------------------------------------------------------
+
+    def create_ledger(self, metadata: dict[str, str] | None = None) -> Completion[int]:
+        """Create a ledger; the completion gives its id once the creation is durable.
+
+        Raises:
+            StorageClosedError, StorageFailedError: nothing was created.
+        """
+        metadata = dict(metadata or {})
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+        with self.lock:
+            self._check_writable()
+            ledger_id = self.next_ledger_id
+            self.next_ledger_id += 1
+            assert ledger_id not in self.ledgers
+            self.ledgers[ledger_id] = LedgerState(ledger_id, metadata)
+            self.dirty_ledgers.add(ledger_id)
+            payload = _U64.pack(ledger_id) + json.dumps(metadata, sort_keys=True).encode()
+            return self._journal_op(RecordType.LEDGER_CREATE, payload, ledger_id)
+
+    def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
+        """Append an entry; the completion gives its entry id once it is durable.
+
+        Entry ids are dense from 0. Usable from any thread; `await` the completion from
+        asyncio.
+
+        Raises:
+            EntryTooLargeError: above `entry_size_bytes_max`; nothing written.
+            LedgerNotFoundError, LedgerFencedError, LedgerClosedError: nothing written.
+            StorageFailedError, StorageClosedError: the engine accepts no writes.
+        """
+        if len(data) > self.config.entry_size_bytes_max:
+            raise EntryTooLargeError(
+                f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
+                f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
+        data = bytes(data)
+        with self.lock:
+            self._check_writable()
+            ledger = self._writable_ledger(ledger_id)
+            self._wait_for_cache_space(len(data))
+            entry_id = ledger.next_entry_id
+            ledger.next_entry_id = entry_id + 1
+            self.cache.put(ledger_id, entry_id, data)
+            completion: Completion[int] = Completion()
+            assert self.journal is not None
+            self.journal.submit(JournalRequest(RecordType.ADD_ENTRY,
+                                               _IDS.pack(ledger_id, entry_id) + data,
+                                               completion, ledger, entry_id))
+        return completion
+
+    def fence(self, ledger_id: int) -> Completion[int]:
+        """Fence a ledger: later adds fail with LedgerFencedError (adds already accepted
+        still complete). The completion finishes once the fence is durable, and gives
+        the last entry accepted before the fence (the LAC once those adds complete). Fencing a closed or fenced ledger is a no-op."""
+        with self.lock:
+            self._check_writable()
+            ledger = self._ledger(ledger_id)
+            if ledger.state != OPEN:
+                return Completion.resolved(ledger.lac)
+            ledger.state = FENCED
+            self.dirty_ledgers.add(ledger_id)
+            return self._journal_op(RecordType.FENCE, _U64.pack(ledger_id),
+                                    ledger.next_entry_id - 1)
+
+    def close_ledger(self, ledger_id: int) -> Completion[int]:
+        """Close a ledger at its last accepted entry; the completion gives that entry id
+        once the close (and so every entry before it) is durable."""
+        with self.lock:
+            self._check_writable()
+            ledger = self._ledger(ledger_id)
+            last = ledger.next_entry_id - 1
+            if ledger.state == CLOSED:
+                return Completion.resolved(last)
+            ledger.state = CLOSED
+            self.dirty_ledgers.add(ledger_id)
+            return self._journal_op(RecordType.LEDGER_CLOSE, _CLOSE.pack(ledger_id, last), last)
+
+    def delete_ledger(self, ledger_id: int) -> Completion[int]:
+        """Delete a ledger. Its entries become unreadable at once; their space is
+        reclaimed by later checkpoints and GC. The completion finishes once durable."""
+        with self.lock:
+            self._check_writable()
+            ledger = self._ledger(ledger_id)
+            ledger.state = DELETED
+            self.dirty_ledgers.add(ledger_id)
+            self.purge_ledgers.add(ledger_id)
+            return self._journal_op(RecordType.LEDGER_DELETE, _U64.pack(ledger_id), ledger_id)
+
+    def _journal_op(self, kind: RecordType, payload: bytes, value: int) -> Completion[int]:
+        completion: Completion[int] = Completion()
+        assert self.journal is not None
+        self.journal.submit(JournalRequest(kind, payload, completion, None, value))
+        return completion
+
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        with self.lock:
+            return self._ledger(ledger_id).lac
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo:
+        with self.lock:
+            return self._ledger(ledger_id).info()
+
+    def list_ledgers(self) -> list[LedgerInfo]:
+        """Every ledger that is not deleted, by id."""
+        with self.lock:
+            return [ledger.info() for _, ledger in sorted(self.ledgers.items())
+                    if ledger.state != DELETED]
+
+    def _ledger(self, ledger_id: int) -> LedgerState:
+        ledger = self.ledgers.get(ledger_id)
+        if ledger is None or ledger.state == DELETED:
+            raise LedgerNotFoundError(f"ledger {ledger_id} does not exist")
+        return ledger
+
+    def _writable_ledger(self, ledger_id: int) -> LedgerState:
+        ledger = self._ledger(ledger_id)
+        if ledger.state == FENCED:
+            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+        if ledger.state == CLOSED:
+            raise LedgerClosedError(f"ledger {ledger_id} is closed")
+        return ledger
+
+    def _check_writable(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        if self.closed:
+            raise StorageClosedError(f"storage {self.data_dir} is closed")
+
+    def _wait_for_cache_space(self, size: int) -> None:
+        """Hold an add while the active cache half is full and the other is still being
+        flushed. Lock held."""
+        if not self.cache.active_full():
+            return
+        self._checkpoint_wanted.set()
+        if self.cache.flushing is None:
+            return  # the next checkpoint swaps; the half may overshoot by one entry
+        if not self.config.background_threads:
+            raise StorageError("write cache is full; run a checkpoint")
+        deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
+        while self.cache.active_full() and self.cache.flushing is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StorageError(
+                    f"write cache full for {self.config.write_cache_wait_ms_max} ms "
+                    f"(write_cache_bytes_max={self.config.write_cache_bytes_max})")
+            self.lock.wait(remaining)
+            self._check_writable()
+
+    # -- journal callbacks (run in the journal's threads) --------------------------------
+
+    def _on_durable(self, requests: list[JournalRequest]) -> None:
+        for request in requests:
+            ledger = request.ledger
+            if isinstance(ledger, LedgerState):
+                assert request.entry_id == ledger.lac + 1, "adds become durable in order"
+                ledger.lac = request.entry_id
+            if request.completion is not None:
+                request.completion.set_result(request.entry_id)
+
+    def _on_failed(self, requests: list[JournalRequest], error: BaseException) -> None:
+        if isinstance(error, StorageFailedError):
+            self._mark_failed(error)
+        for request in requests:
+            if request.completion is not None:
+                request.completion.set_exception(error)
+
+    def _mark_failed(self, error: StorageError) -> None:
+        with self.lock:
+            if self.failed is None:
+                self.failed = error
+                log.error("storage %s stops accepting writes: %s", self.data_dir, error)
+            self.lock.notify_all()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        return self.read_entries(ledger_id, entry_id, entry_id)[0]
+
+    def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
+        """Entries `first`..`last` (inclusive) of a ledger, all at or below its LAC.
+
+        Raises:
+            LedgerNotFoundError: no such ledger.
+            NoSuchEntryError: the range is empty or goes beyond the LAC.
+            CorruptionError: a stored record fails its checks (names file and offset).
+        """
+        with self.lock:
+            ledger = self._ledger(ledger_id)
+            if first < 0 or last < first or last > ledger.lac:
+                raise NoSuchEntryError(
+                    f"ledger {ledger_id} has entries 0..{ledger.lac}; asked {first}..{last}")
+            found = [self.cache.get(ledger_id, e) for e in range(first, last + 1)]
+        missing = [first + i for i, data in enumerate(found) if data is None]
+        if missing:
+            self._fill_from_entry_logs(ledger_id, missing, found, first)
+        return [data for data in found if data is not None]
+
+    def _fill_from_entry_logs(self, ledger_id: int, missing: list[int],
+                              found: list[bytes | None], first: int) -> None:
+        for attempt in range(2):
+            try:
+                located = self.index.locations(ledger_id, missing[0], missing[-1])
+                wanted = [(e, loc) for e, loc in located if found[e - first] is None]
+                datas = self.reader.read_run(ledger_id, wanted,
+                                             self.config.read_batch_bytes_max)
+                break
+            except FileNotFoundError:
+                if attempt == 1:  # compaction moved it twice in a row: report it
+                    raise
+        for (entry_id, _), data in zip(wanted, datas, strict=True):
+            found[entry_id - first] = data
+        absent = [e for e in missing if found[e - first] is None]
+        if absent:
+            raise NoSuchEntryError(
+                f"ledger {ledger_id} entries {absent[:5]} are at or below the LAC but not "
+                "stored (see `magnetar storage check`)")
+
+    # -- checkpoints, GC, checks ---------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Flush the write cache to an entry log and persist the journal mark.
+
+        Raises:
+            StorageFailedError: an entry-log write or sync failed; the engine then accepts
+                no writes (what was acknowledged stays recoverable from the journal).
+        """
+        from ._checkpoint import run_checkpoint
+
+        run_checkpoint(self)
+
+    def gc(self) -> dict[str, int]:
+        """Drop entry logs with no live data and compact mostly-dead ones. Returns
+        counts of what was done."""
+        from ._gc import collect_garbage
+
+        return collect_garbage(self)
+
+    def check(self) -> CheckReport:
+        """Verify the index against the entry logs and each ledger's 0..LAC."""
+        from ._check import check_storage
+
+        return check_storage(self)
+
+    def inspect(self) -> InspectReport:
+        from ._check import inspect_storage
+
+        return inspect_storage(self)
+
+    def pump(self) -> bool:
+        """Without background threads: write and sync what the journal has queued."""
+        assert self.journal is not None
+        return self.journal.pump()
+
+    def wait(self, completion: Completion[T], timeout: float | None = None) -> T:
+        """The completion's result; without background threads, pumps the journal."""
+        if self.config.background_threads:
+            return completion.result(timeout)
+        while not completion.done() and self.pump():
+            pass
+        return completion.result(0)
+
+    def new_entry_log(self) -> EntryLogWriter:
+        """Internal: create the next entry log (its id is persisted when first
+        committed)."""
+        log_id = self.next_log_id
+        self.next_log_id += 1
+        return EntryLogWriter(self.fs, self.entry_log_dir, log_id)
+
+    def fail_with(self, error: StorageFailedError) -> None:
+        """Internal: a fatal I/O error outside the journal (checkpoint, GC)."""
+        self._mark_failed(error)
+        if self.journal is not None:
+            self.journal.fail(error)
+
+    def _background_loop(self) -> None:
+        interval = self.config.checkpoint_interval_ms / 1000.0
+        while not self._stop.is_set():
+            self._checkpoint_wanted.wait(interval)
+            self._checkpoint_wanted.clear()
+            if self._stop.is_set() or self.failed is not None:
+                return
+            self._run_quietly(self.checkpoint)
+            if time.monotonic() - self._last_gc >= self.config.gc_interval_ms / 1000.0:
+                self._last_gc = time.monotonic()
+                self._run_quietly(self.gc)
+
+    def _run_quietly(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except StorageError as exc:
+            log.error("background %s failed: %s", getattr(step, "__name__", step), exc)
+
+
+from ._check import CheckReport, InspectReport  # noqa: E402  (type names for the API)
