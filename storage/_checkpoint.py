@@ -24,7 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ._entry_log import ENTRY_LOG_HEADER_BYTES, RECORD_HEADER_BYTES, EntryLogWriter
+from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter
 from ._errors import StorageFailedError, StorageFullError
 from ._index import CheckpointWrite, EntryLogRecord, LedgerRecord, location_key
 from ._journal import JournalMark
@@ -74,7 +74,7 @@ def _snapshot_ledgers(store: Storage) -> tuple[list[LedgerRecord], list[int]]:
 
 def flush_to_index(store: Storage, half: CacheHalf, records: list[LedgerRecord],
                    purge: list[int], mark: JournalMark) -> None:
-    """Steps 3–5 of the checkpoint for one flushed half (also used by recovery)."""
+    """Steps 3 to 5 of the checkpoint for one flushed half (also used by recovery)."""
     started = time.monotonic()
     deleted = {r.ledger_id for r in records if r.state == DELETED} | set(purge)
     entries = sorted((key[0], key[1], data) for key, data in half.entries.items()
@@ -118,8 +118,9 @@ def _append_entries(store: Storage, entries: list[tuple[int, int, bytes]],
             stop += 1
         chunk = entries[start:stop]
         locations = writer.append(chunk)
-        write.locations.extend((location_key(l, e), loc)
-                               for (l, e, _), loc in zip(chunk, locations, strict=True))
+        write.locations.extend((location_key(ledger_id, entry_id), location)
+                               for (ledger_id, entry_id, _), location
+                               in zip(chunk, locations, strict=True))
         _account(store, writer, chunk)
         touched.add(writer.log_id)
         start = stop

@@ -79,7 +79,8 @@ def _compact_log(store: Storage, record: EntryLogRecord) -> int:
         write = CheckpointWrite(
             mark=None, entry_logs=[new_record], drop_entry_logs=[record.log_id],
             counters={"nextLogId": store.next_log_id},
-            relocations=[(location_key(l, e), old, new) for l, e, old, new, _ in moved])
+            relocations=[(location_key(ledger_id, entry_id), old, new)
+                         for ledger_id, entry_id, old, new, _ in moved])
         store.index.commit_checkpoint(write)
     finally:
         writer.close()

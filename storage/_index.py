@@ -248,10 +248,10 @@ class Index:
                 txn.delete(key, db=self.kv)
             else:
                 txn.put(key, value, db=self.kv)
-        for name, value in write.counters.items():
+        for name, count in write.counters.items():
             raw = txn.get(name.encode(), db=self._meta)
-            if raw is None or _U64.unpack(raw)[0] < value:
-                txn.put(name.encode(), _U64.pack(value), db=self._meta)
+            if raw is None or _U64.unpack(raw)[0] < count:
+                txn.put(name.encode(), _U64.pack(count), db=self._meta)
         if write.mark is not None:
             persisted = decode_mark(txn.get(b"lastMark", db=self._meta))
             assert persisted is None or write.mark >= persisted, (

@@ -49,7 +49,7 @@ from ._errors import StorageClosedError, StorageFailedError, StorageFullError
 from ._fs import FileHandle, FileSystem
 from ._journal_format import RECORD_HEADER_BYTES, SegmentHeader, encode_record, pad_record
 
-__all__ = ["Journal", "JournalMark", "JournalRequest", "segment_file_name", "parse_segment_name"]
+__all__ = ["Journal", "JournalMark", "JournalRequest", "parse_segment_name", "segment_file_name"]
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,6 @@ from ._errors import (
     DataDirLockedError,
     EntryTooLargeError,
     LedgerClosedError,
-    LedgerExistsError,
     LedgerFencedError,
     LedgerNotFoundError,
     NoSuchEntryError,
@@ -262,7 +261,8 @@ class Storage:
     def fence(self, ledger_id: int) -> Completion[int]:
         """Fence a ledger: later adds fail with LedgerFencedError (adds already accepted
         still complete). The completion finishes once the fence is durable, and gives
-        the last entry accepted before the fence (the LAC once those adds complete). Fencing a closed or fenced ledger is a no-op."""
+        the last entry accepted before the fence (the LAC once those adds complete).
+        Fencing a closed or fenced ledger is a no-op."""
         with self.lock:
             self._check_writable()
             ledger = self._ledger(ledger_id)

@@ -70,9 +70,7 @@ class WriteCache:
         halves = [self.flushing, self.active] if self.flushing is not None else [self.active]
         for half in halves:
             assert half is not None
-            for key, value in half.meta.items():
-                if key.startswith(prefix):
-                    merged[key] = value
+            merged.update((k, v) for k, v in half.meta.items() if k.startswith(prefix))
         return merged
 
     def active_full(self) -> bool:
