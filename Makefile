@@ -21,6 +21,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 
 # Until the standalone broker exists, `make run` runs the quick storage benchmark in ./data.
 run: $(VENV)/.installed-run
+	mkdir -p $(DATA_DIR)
 	$(BIN)/magnetar bench storage --quick --dir $(DATA_DIR)
 
 test: $(VENV)/.installed-test
