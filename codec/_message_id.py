@@ -44,7 +44,7 @@ from ._errors import RemoteProtocolError
 from ._proto import pulsar_api_pb2 as pb
 from ._wire import parse_message
 
-__all__ = ["MessageId"]
+__all__ = ["EARLIEST", "LATEST", "MessageId"]
 
 INT64_MAX: Final = (1 << 63) - 1
 INT32_MIN: Final = -(1 << 31)
@@ -244,8 +244,6 @@ class MessageId:
         return cls.from_proto(parse_message(pb.MessageIdData, data, "MessageIdData"))
 
 
-MessageId.__module__ = "codec"
-
 EARLIEST: Final = MessageId(-1, -1)
 LATEST: Final = MessageId(INT64_MAX, INT64_MAX)
 
@@ -259,6 +257,8 @@ def _parse_one(part: str, text: str) -> MessageId:
         raise RemoteProtocolError(f"not a message id: {text!r}")
     ledger, entry, partition, batch = match.groups()
     try:
-        return MessageId(int(ledger), int(entry), int(partition), -1 if batch is None else int(batch))
+        return MessageId(
+            int(ledger), int(entry), int(partition), -1 if batch is None else int(batch)
+        )
     except ValueError as exc:
         raise RemoteProtocolError(f"message id out of range in {text!r}: {exc}") from None

@@ -16,9 +16,9 @@ int64 is written as its 64-bit two's complement, so it always takes 10.
 
 from __future__ import annotations
 
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, EncodeError, Message
 
 from ._errors import LocalProtocolError, RemoteProtocolError
@@ -64,6 +64,18 @@ def encode_varint(value: int) -> bytes:
     """
     if 0 <= value < _VARINT_CACHE_LIMIT:
         return _VARINT_CACHE[value]
+    # Three- and four-byte values (up to 2**28) are spelled out: sequence ids live there.
+    if 0 < value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
+    if 0 < value < 0x10000000:
+        return bytes(
+            (
+                (value & 0x7F) | 0x80,
+                ((value >> 7) & 0x7F) | 0x80,
+                ((value >> 14) & 0x7F) | 0x80,
+                value >> 21,
+            )
+        )
     return _encode_varint_slow(value & UINT64_MASK)
 
 
@@ -96,7 +108,7 @@ def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     raise RemoteProtocolError("varint longer than 10 bytes")
 
 
-def _string_fields(descriptor: Descriptor) -> bool:
+def _string_fields(descriptor: Any) -> bool:
     """Whether messages of this type can hold a string anywhere inside them."""
     found = _HAS_STRINGS.get(descriptor.full_name)
     if found is not None:
@@ -104,9 +116,9 @@ def _string_fields(descriptor: Descriptor) -> bool:
     _HAS_STRINGS[descriptor.full_name] = False  # breaks recursion (MessageIdData holds itself)
     result = False
     for field in descriptor.fields:
-        if field.type == FieldDescriptor.TYPE_STRING:
-            result = True
-        elif field.type == FieldDescriptor.TYPE_MESSAGE and _string_fields(field.message_type):
+        if field.type == FieldDescriptor.TYPE_STRING or (
+            field.type == FieldDescriptor.TYPE_MESSAGE and _string_fields(field.message_type)
+        ):
             result = True
     _HAS_STRINGS[descriptor.full_name] = result
     return result
@@ -131,10 +143,16 @@ def _check_strings(message: Message, what: str) -> None:
 
 
 def _is_repeated(field: FieldDescriptor) -> bool:
-    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
+    return bool(field.is_repeated)
 
 
-def parse_message(cls: type[M], data: bytes | memoryview, what: str) -> M:
+def _initialization_errors(message: Message) -> list[str]:
+    # The runtime has the method on every message; the typing stubs leave it out.
+    errors: list[str] = cast(Any, message).FindInitializationErrors()
+    return errors
+
+
+def parse_message(cls: type[M], data: bytes, what: str) -> M:
     """Parse `data` as a message of type `cls`, checking what the runtime does not.
 
     Args:
@@ -154,7 +172,7 @@ def parse_message(cls: type[M], data: bytes | memoryview, what: str) -> M:
     except DecodeError as exc:
         raise RemoteProtocolError(f"{what} is not valid protobuf ({exc})") from None
     if not message.IsInitialized():
-        missing = ", ".join(message.FindInitializationErrors())
+        missing = ", ".join(_initialization_errors(message))
         raise RemoteProtocolError(f"{what} lacks required fields: {missing}")
     _check_strings(message, what)
     return message
@@ -169,5 +187,5 @@ def serialize_message(message: Message, what: str) -> bytes:
     try:
         return message.SerializeToString()
     except EncodeError:
-        missing = ", ".join(message.FindInitializationErrors())
+        missing = ", ".join(_initialization_errors(message))
         raise LocalProtocolError(f"{what} lacks required fields: {missing}") from None

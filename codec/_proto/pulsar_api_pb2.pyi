@@ -1,3 +1,4 @@
+# mypy: disable-error-code="type-arg"
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -160,7 +161,6 @@ class Schema(_message.Message):
     __slots__ = ("name", "schema_data", "type", "properties")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
-        None: _ClassVar[Schema.Type]
         String: _ClassVar[Schema.Type]
         Json: _ClassVar[Schema.Type]
         Protobuf: _ClassVar[Schema.Type]
@@ -183,7 +183,6 @@ class Schema(_message.Message):
         ProtobufNative: _ClassVar[Schema.Type]
         AutoConsume: _ClassVar[Schema.Type]
         External: _ClassVar[Schema.Type]
-    None: Schema.Type
     String: Schema.Type
     Json: Schema.Type
     Protobuf: Schema.Type
@@ -198,7 +197,6 @@ class Schema(_message.Message):
     Date: Schema.Type
     Time: Schema.Type
     Timestamp: Schema.Type
-    KeyValue: Schema.Type
     Instant: Schema.Type
     LocalDate: Schema.Type
     LocalTime: Schema.Type

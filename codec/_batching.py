@@ -1,0 +1,819 @@
+"""Batches: many messages in one entry, and the containers that decide when a batch is full.
+
+Theory of operation
+-------------------
+
+A batch is one entry whose metadata has `num_messages_in_batch` (its *presence* is what marks
+the payload as a batch, even when the value is 1). The payload, before compression, is the
+concatenation of one element per message:
+
+| part                    | size               | content                                    |
+|-------------------------|--------------------|--------------------------------------------|
+| singleMetaSize          | 4, uint32 BE       | length of the next part                    |
+| SingleMessageMetadata   | singleMetaSize     | protobuf, fields below                     |
+| payload                 | payload_size       | the message body (empty for a null value)  |
+
+`SingleMessageMetadata` fields, written in field-number order and only when not at their
+default, exactly as the protobuf runtime would write them:
+
+| field                      | # | tag  | wire        | `SingleMessage` attribute                  |
+|----------------------------|---|------|-------------|--------------------------------------------|
+| properties                 | 1 | 0x0a | KeyValue    | `properties` (one KeyValue per item)       |
+| partition_key              | 2 | 0x12 | string      | `partition_key` (None = absent)            |
+| payload_size               | 3 | 0x18 | int32, req. | `len(payload)`                             |
+| compacted_out              | 4 | 0x20 | bool        | `compacted_out`                            |
+| event_time                 | 5 | 0x28 | uint64      | `event_time` (0 = absent)                  |
+| partition_key_b64_encoded  | 6 | 0x30 | bool        | `partition_key_b64_encoded`                |
+| ordering_key               | 7 | 0x3a | bytes       | `ordering_key` (None = absent)             |
+| sequence_id                | 8 | 0x40 | uint64      | `sequence_id` (None = absent)              |
+| null_value                 | 9 | 0x48 | bool        | `payload is None`                          |
+| null_partition_key         |10 | 0x50 | bool        | `null_partition_key`                       |
+
+This one message type is encoded and decoded by hand rather than through the protobuf runtime:
+there is one per message, and the runtime's per-object cost (about a microsecond each way) would
+by itself use up the throughput budget. The hand-written reader follows protobuf's rules: unknown
+fields are skipped by wire type, a known field with the wrong wire type is treated as unknown,
+the last occurrence of a repeated scalar wins, and the required `payload_size` must be present.
+Tests compare both directions with the runtime.
+
+The outer metadata follows the C++ client: `sequence_id` is the first message's, and the first
+message's `partition_key` (with its base64 flag) and `ordering_key` are copied up so the broker's
+Key_Shared dispatcher can route the entry. `compression`/`uncompressed_size` are written only when
+the batch is compressed. Per-message keys, properties, event times, sequence ids and null values
+live in each `SingleMessageMetadata`.
+
+Containers
+----------
+
+A container collects messages and hands back `Batch` objects when a batch should be sent. It is
+sans-IO: the caller passes the current time and asks `deadline_ms` when to call `expire`.
+
+* `BatchContainer` (Pulsar's default): one open batch. Before adding, if the message does not fit
+  (`batch_messages_max` reached, or the bytes would exceed `batch_size_bytes_max`) the open batch
+  is closed first; after adding, a batch that reached either limit is closed at once. A message
+  larger than the byte limit therefore travels alone. `batch_delay_ms_max` after the first message
+  of a batch, `expire` closes it.
+* `KeyBasedBatchContainer`: one batch per key (the ordering key if present, else the partition key;
+  keyless messages share one batch), which is what Key_Shared subscriptions need. The limits apply
+  to the container as a whole; closing it yields one batch per key, in the order of each key's
+  first message (ascending first sequence id, as the C++ client sends them).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, NamedTuple, cast
+
+from ._compression import UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT, CompressionType, compress, decompress
+from ._errors import RemoteProtocolError
+from ._proto import pulsar_api_pb2 as pb
+from ._wire import decode_varint, encode_varint
+
+__all__ = [
+    "BATCH_DELAY_MS_MAX_DEFAULT",
+    "BATCH_MESSAGES_MAX_DEFAULT",
+    "BATCH_SIZE_BYTES_MAX_DEFAULT",
+    "Batch",
+    "BatchContainer",
+    "KeyBasedBatchContainer",
+    "SingleMessage",
+    "batch_key",
+    "build_batch",
+    "build_message",
+    "decode_batch_payload",
+    "encode_batch_payload",
+    "encode_single_metadata",
+    "unpack_messages",
+]
+
+BATCH_MESSAGES_MAX_DEFAULT: Final = 1000
+BATCH_SIZE_BYTES_MAX_DEFAULT: Final = 128 * 1024
+BATCH_DELAY_MS_MAX_DEFAULT: Final = 10  # the C++ and Python clients' default
+
+EMPTY_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
+INT32_MAX: Final = (1 << 31) - 1
+
+_U32: Final = struct.Struct(">I")
+# Size prefixes for the common single-message-metadata lengths, computed once.
+_U32_SMALL: Final = tuple(_U32.pack(n) for n in range(256))
+# The encoded `payload_size` field (tag 0x18 and varint) for bodies below 16 KiB.
+_PAYLOAD_SIZE_FIELDS: Final = tuple(b"\x18" + encode_varint(n) for n in range(16384))
+
+
+class SingleMessage(NamedTuple):
+    """One message as it travels inside a batch (and, for a non-batched entry, the same fields
+    taken from the entry's metadata).
+
+    Attributes:
+        payload: the body; None for a null value (a tombstone), which is not the same as b"".
+        properties: application properties.
+        partition_key: the message key; None when absent.
+        partition_key_b64_encoded: the key is the base64 text of a binary key.
+        ordering_key: the Key_Shared ordering key; None when absent.
+        event_time: application event time in ms; 0 when not set.
+        sequence_id: the producer's sequence id for this message; None when absent.
+        null_partition_key: the key was explicitly set to null.
+        batch_index: the index in its batch (set by the decoders; -1 when not batched).
+        compacted_out: compaction removed this message; consumers skip it (decoders only).
+    """
+
+    payload: bytes | None = b""
+    properties: Mapping[str, str] = EMPTY_PROPERTIES
+    partition_key: str | None = None
+    partition_key_b64_encoded: bool = False
+    ordering_key: bytes | None = None
+    event_time: int = 0
+    sequence_id: int | None = None
+    null_partition_key: bool = False
+    batch_index: int = -1
+    compacted_out: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch payload
+# ---------------------------------------------------------------------------------------------
+
+
+def _length_delimited(tag: bytes, data: bytes) -> bytes:
+    return tag + encode_varint(len(data)) + data
+
+
+def _encode_single_metadata_full(message: SingleMessage, payload_size: int) -> bytes:
+    parts: list[bytes] = []
+    for key, value in message.properties.items():
+        entry = _length_delimited(b"\x0a", key.encode()) + _length_delimited(
+            b"\x12", value.encode()
+        )
+        parts.append(_length_delimited(b"\x0a", entry))
+    if message.partition_key is not None:
+        parts.append(_length_delimited(b"\x12", message.partition_key.encode()))
+    parts.append(b"\x18" + encode_varint(payload_size))
+    if message.compacted_out:
+        parts.append(b"\x20\x01")
+    if message.event_time:
+        parts.append(b"\x28" + encode_varint(message.event_time))
+    if message.partition_key_b64_encoded:
+        parts.append(b"\x30\x01")
+    if message.ordering_key is not None:
+        parts.append(_length_delimited(b"\x3a", message.ordering_key))
+    if message.sequence_id is not None:
+        parts.append(b"\x40" + encode_varint(message.sequence_id))
+    if message.payload is None:
+        parts.append(b"\x48\x01")
+    if message.null_partition_key:
+        parts.append(b"\x50\x01")
+    return b"".join(parts)
+
+
+def encode_single_metadata(message: SingleMessage) -> bytes:
+    """The serialized `SingleMessageMetadata` of one message (what the protobuf runtime writes)."""
+    payload = message.payload
+    return _encode_single_metadata_full(message, 0 if payload is None else len(payload))
+
+
+def encode_batch_payload(messages: Iterable[SingleMessage]) -> bytes:
+    """Concatenate messages into an (uncompressed) batch payload.
+
+    Args:
+        messages: the messages, in batch order; `batch_index` is ignored.
+
+    Returns:
+        The batch payload bytes.
+    """
+    parts: list[bytes] = []
+    append = parts.append
+    u32_small = _U32_SMALL
+    size_fields = _PAYLOAD_SIZE_FIELDS
+    for message in messages:
+        payload, properties, key, b64, ordering, event_time, sequence, null_key, _, compacted = (
+            message
+        )
+        if (
+            payload is None
+            or properties
+            or key is not None
+            or ordering is not None
+            or event_time
+            or b64
+            or null_key
+            or compacted
+        ):
+            meta = _encode_single_metadata_full(message, 0 if payload is None else len(payload))
+            body = b"" if payload is None else payload
+        else:
+            # The common case -- a body and a sequence id -- without building a list.
+            size = len(payload)
+            meta = size_fields[size] if size < 16384 else b"\x18" + encode_varint(size)
+            if sequence is not None:
+                meta += b"\x40" + encode_varint(sequence)
+            body = payload
+        size = len(meta)
+        append(u32_small[size] if size < 256 else _U32.pack(size))
+        append(meta)
+        append(body)
+    return b"".join(parts)
+
+
+def _skip_field(buf: bytes, pos: int, end: int, wire_type: int) -> int:
+    if wire_type == 0:
+        return decode_varint(buf, pos, end)[1]
+    if wire_type == 1:
+        pos += 8
+    elif wire_type == 2:
+        length, pos = decode_varint(buf, pos, end)
+        pos += length
+    elif wire_type == 5:
+        pos += 4
+    else:
+        raise RemoteProtocolError(f"SingleMessageMetadata has a field of wire type {wire_type}")
+    if pos > end:
+        raise RemoteProtocolError("SingleMessageMetadata field runs past its end")
+    return pos
+
+
+def _read_bytes(buf: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    length, pos = decode_varint(buf, pos, end)
+    stop = pos + length
+    if stop > end:
+        raise RemoteProtocolError("SingleMessageMetadata field runs past its end")
+    return buf[pos:stop], stop
+
+
+def _read_text(buf: bytes, pos: int, end: int) -> tuple[str, int]:
+    data, pos = _read_bytes(buf, pos, end)
+    try:
+        return data.decode("utf-8"), pos
+    except UnicodeDecodeError:
+        raise RemoteProtocolError("SingleMessageMetadata string is not valid UTF-8") from None
+
+
+def _read_key_value(buf: bytes, pos: int, end: int) -> tuple[str, str, int]:
+    data, pos = _read_bytes(buf, pos, end)
+    key: str | None = None
+    value: str | None = None
+    inner, stop = 0, len(data)
+    while inner < stop:
+        tag, inner = decode_varint(data, inner, stop)
+        if tag == 0x0A:
+            key, inner = _read_text(data, inner, stop)
+        elif tag == 0x12:
+            value, inner = _read_text(data, inner, stop)
+        else:
+            inner = _skip_field(data, inner, stop, tag & 7)
+    if key is None or value is None:
+        raise RemoteProtocolError("KeyValue lacks its required key or value")
+    return key, value, pos
+
+
+def _read_bool(buf: bytes, pos: int, end: int) -> tuple[bool, int]:
+    value, pos = decode_varint(buf, pos, end)
+    return value != 0, pos
+
+
+def decode_batch_payload(
+    payload: bytes, num_messages: int, *, first_sequence_id: int | None = None
+) -> list[SingleMessage]:
+    """Split an uncompressed batch payload back into its messages.
+
+    Args:
+        payload: the batch payload.
+        num_messages: the metadata's `num_messages_in_batch`.
+        first_sequence_id: the entry's sequence id; a message without its own sequence id gets
+            `first_sequence_id + batch_index` (None leaves it absent).
+
+    Returns:
+        `num_messages` messages with `batch_index` 0, 1, ...
+
+    Raises:
+        RemoteProtocolError: the payload is truncated, has trailing bytes, or holds a malformed
+            `SingleMessageMetadata`.
+    """
+    if num_messages < 0:
+        raise RemoteProtocolError(f"negative num_messages_in_batch {num_messages}")
+    buf = bytes(payload)
+    end = len(buf)
+    pos = 0
+    messages: list[SingleMessage] = []
+    append = messages.append
+    new = tuple.__new__
+    unpack_u32 = _U32.unpack_from
+    empty = EMPTY_PROPERTIES
+    for index in range(num_messages):
+        if end - pos < 4:
+            raise RemoteProtocolError(
+                f"batch payload ends before message {index} of {num_messages}"
+            )
+        start = pos + 4
+        meta_end = start + unpack_u32(buf, pos)[0]
+        if meta_end > end:
+            raise RemoteProtocolError(f"metadata of batch message {index} runs past the payload")
+        # Fast path for what producers write most: `payload_size` in one byte, then optionally
+        # `sequence_id`, and nothing else. Anything else takes the general loop below.
+        if meta_end - start >= 2 and buf[start] == 0x18 and buf[start + 1] < 0x80:
+            payload_size = buf[start + 1]
+            cursor = start + 2
+            sequence: int | None = None
+            if cursor < meta_end and buf[cursor] == 0x40:
+                cursor += 1
+                sequence = 0
+                shift = 0
+                while cursor < meta_end and shift < 57:
+                    byte = buf[cursor]
+                    cursor += 1
+                    sequence |= (byte & 0x7F) << shift
+                    if byte < 0x80:
+                        break
+                    shift += 7
+                else:
+                    cursor = -1  # truncated, or too long for this path: take the general one
+            if cursor == meta_end:
+                stop = meta_end + payload_size
+                if stop > end:
+                    raise RemoteProtocolError(
+                        f"body of batch message {index} runs past the payload"
+                    )
+                if sequence is None and first_sequence_id is not None:
+                    sequence = first_sequence_id + index
+                append(
+                    new(
+                        SingleMessage,
+                        (
+                            buf[meta_end:stop],
+                            empty,
+                            None,
+                            False,
+                            None,
+                            0,
+                            sequence,
+                            False,
+                            index,
+                            False,
+                        ),
+                    )
+                )
+                pos = stop
+                continue
+        pos = start
+        payload_size = -1
+        properties: Mapping[str, str] = EMPTY_PROPERTIES
+        key: str | None = None
+        b64 = False
+        ordering: bytes | None = None
+        event_time = 0
+        sequence = None
+        null_value = False
+        null_key = False
+        compacted = False
+        while pos < meta_end:
+            tag = buf[pos]
+            pos += 1
+            if tag == 0x18:  # payload_size: one varint byte in the usual case
+                value = buf[pos] if pos < meta_end else 0x80
+                if value < 0x80:
+                    pos += 1
+                else:
+                    value, pos = decode_varint(buf, pos, meta_end)
+                payload_size = value if value <= INT32_MAX else value - (1 << 64)
+            elif tag == 0x40:
+                sequence, pos = decode_varint(buf, pos, meta_end)
+            elif tag == 0x12:
+                key, pos = _read_text(buf, pos, meta_end)
+            elif tag == 0x0A:
+                k, v, pos = _read_key_value(buf, pos, meta_end)
+                if properties is EMPTY_PROPERTIES:
+                    properties = {}
+                properties[k] = v  # type: ignore[index]
+            elif tag == 0x28:
+                event_time, pos = decode_varint(buf, pos, meta_end)
+            elif tag == 0x3A:
+                ordering, pos = _read_bytes(buf, pos, meta_end)
+            elif tag == 0x48:
+                null_value, pos = _read_bool(buf, pos, meta_end)
+            elif tag == 0x30:
+                b64, pos = _read_bool(buf, pos, meta_end)
+            elif tag == 0x20:
+                compacted, pos = _read_bool(buf, pos, meta_end)
+            elif tag == 0x50:
+                null_key, pos = _read_bool(buf, pos, meta_end)
+            else:
+                if tag >= 0x80:
+                    tag, pos = decode_varint(buf, pos - 1, meta_end)
+                if tag >> 3 == 0:
+                    raise RemoteProtocolError("SingleMessageMetadata has field number 0")
+                pos = _skip_field(buf, pos, meta_end, tag & 7)
+        if payload_size < 0:
+            raise RemoteProtocolError(f"batch message {index} has no valid payload_size")
+        stop = meta_end + payload_size
+        if stop > end:
+            raise RemoteProtocolError(f"body of batch message {index} runs past the payload")
+        if sequence is None and first_sequence_id is not None:
+            sequence = first_sequence_id + index
+        append(
+            new(
+                SingleMessage,
+                (
+                    None if null_value else buf[meta_end:stop],
+                    properties,
+                    key,
+                    b64,
+                    ordering,
+                    event_time,
+                    sequence,
+                    null_key,
+                    index,
+                    compacted,
+                ),
+            )
+        )
+        pos = stop
+    if pos != end:
+        raise RemoteProtocolError(f"{end - pos} bytes after the last of {num_messages} messages")
+    return messages
+
+
+# ---------------------------------------------------------------------------------------------
+# Entries: metadata plus (compressed) payload
+# ---------------------------------------------------------------------------------------------
+
+
+def _base_metadata(
+    producer_name: str, sequence_id: int, publish_time: int, schema_version: bytes | None
+) -> pb.MessageMetadata:
+    metadata = pb.MessageMetadata(
+        producer_name=producer_name, sequence_id=sequence_id, publish_time=publish_time
+    )
+    if schema_version is not None:
+        metadata.schema_version = schema_version
+    return metadata
+
+
+def _apply_compression(
+    metadata: pb.MessageMetadata, compression: CompressionType | int, payload: bytes
+) -> bytes:
+    codec = CompressionType(compression)
+    if codec is CompressionType.NONE:
+        return payload
+    metadata.compression = cast("pb.CompressionType", int(codec))
+    metadata.uncompressed_size = len(payload)
+    return compress(codec, payload)
+
+
+def build_batch(
+    messages: Sequence[SingleMessage],
+    *,
+    producer_name: str,
+    publish_time: int,
+    compression: CompressionType | int = CompressionType.NONE,
+    schema_version: bytes | None = None,
+) -> tuple[pb.MessageMetadata, bytes]:
+    """Build the metadata and payload of a batch entry.
+
+    Args:
+        messages: one or more messages; the first one's sequence id (0 if absent) becomes the
+            entry's, and its keys are copied to the entry's metadata.
+        producer_name: the producer's name.
+        publish_time: ms since the epoch.
+        compression: the codec for the whole batch payload.
+        schema_version: copied into the metadata when given.
+
+    Returns:
+        `(metadata, payload)`, ready for `encode_frame` or `Connection.send`.
+    """
+    if not messages:
+        raise ValueError("a batch needs at least one message")
+    first = messages[0]
+    metadata = _base_metadata(producer_name, first.sequence_id or 0, publish_time, schema_version)
+    if first.partition_key is not None:
+        metadata.partition_key = first.partition_key
+        if first.partition_key_b64_encoded:
+            metadata.partition_key_b64_encoded = True
+    if first.ordering_key is not None:
+        metadata.ordering_key = first.ordering_key
+    metadata.num_messages_in_batch = len(messages)
+    payload = _apply_compression(metadata, compression, encode_batch_payload(messages))
+    return metadata, payload
+
+
+def build_message(
+    message: SingleMessage,
+    *,
+    producer_name: str,
+    publish_time: int,
+    compression: CompressionType | int = CompressionType.NONE,
+    schema_version: bytes | None = None,
+) -> tuple[pb.MessageMetadata, bytes]:
+    """Build the metadata and payload of a non-batched entry: the message's fields move into
+    the entry's `MessageMetadata`.
+
+    Returns:
+        `(metadata, payload)`; a null value is an empty payload with `null_value` set.
+    """
+    metadata = _base_metadata(producer_name, message.sequence_id or 0, publish_time, schema_version)
+    for key, value in message.properties.items():
+        metadata.properties.add(key=key, value=value)
+    if message.partition_key is not None:
+        metadata.partition_key = message.partition_key
+    if message.partition_key_b64_encoded:
+        metadata.partition_key_b64_encoded = True
+    if message.ordering_key is not None:
+        metadata.ordering_key = message.ordering_key
+    if message.event_time:
+        metadata.event_time = message.event_time
+    if message.payload is None:
+        metadata.null_value = True
+    if message.null_partition_key:
+        metadata.null_partition_key = True
+    payload = _apply_compression(metadata, compression, message.payload or b"")
+    return metadata, payload
+
+
+def unpack_messages(
+    metadata: pb.MessageMetadata,
+    payload: bytes,
+    *,
+    uncompressed_size_bytes_max: int = UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT,
+) -> list[SingleMessage]:
+    """The messages of one (complete, not chunked) entry, decompressed and unbatched.
+
+    Args:
+        metadata: the entry's metadata.
+        payload: the entry's payload as sent (possibly compressed).
+        uncompressed_size_bytes_max: the bound passed to `decompress`.
+
+    Returns:
+        For a batch, its messages with batch indexes 0..n-1 (compacted-out ones included, flagged);
+        otherwise one message with batch index -1 built from the entry's metadata.
+
+    Raises:
+        RemoteProtocolError: decompression fails or the batch payload is malformed.
+    """
+    if int(metadata.compression) != CompressionType.NONE:
+        payload = decompress(
+            metadata.compression,
+            payload,
+            metadata.uncompressed_size,
+            uncompressed_size_bytes_max=uncompressed_size_bytes_max,
+        )
+    if metadata.HasField("num_messages_in_batch"):
+        return decode_batch_payload(
+            payload, metadata.num_messages_in_batch, first_sequence_id=metadata.sequence_id
+        )
+    properties: Mapping[str, str] = EMPTY_PROPERTIES
+    if metadata.properties:
+        properties = {kv.key: kv.value for kv in metadata.properties}
+    return [
+        SingleMessage(
+            payload=None if metadata.null_value else bytes(payload),
+            properties=properties,
+            partition_key=metadata.partition_key if metadata.HasField("partition_key") else None,
+            partition_key_b64_encoded=metadata.partition_key_b64_encoded,
+            ordering_key=metadata.ordering_key if metadata.HasField("ordering_key") else None,
+            event_time=metadata.event_time,
+            sequence_id=metadata.sequence_id,
+            null_partition_key=metadata.null_partition_key,
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Containers
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A closed batch: the messages of one entry, in order.
+
+    Attributes:
+        messages: one or more messages.
+    """
+
+    messages: tuple[SingleMessage, ...]
+
+    @property
+    def sequence_id(self) -> int:
+        """The first message's sequence id (0 if absent): the entry's and the SEND's."""
+        return self.messages[0].sequence_id or 0
+
+    @property
+    def highest_sequence_id(self) -> int:
+        """The last message's sequence id (or the first's plus count - 1 if absent)."""
+        last = self.messages[-1].sequence_id
+        return self.sequence_id + len(self.messages) - 1 if last is None else last
+
+    @property
+    def size_bytes(self) -> int:
+        """The sum of the message bodies' sizes, as the containers count it."""
+        return sum(len(m.payload or b"") for m in self.messages)
+
+    def build(
+        self,
+        *,
+        producer_name: str,
+        publish_time: int,
+        compression: CompressionType | int = CompressionType.NONE,
+        schema_version: bytes | None = None,
+    ) -> tuple[pb.MessageMetadata, bytes]:
+        """`build_batch` of this batch's messages."""
+        return build_batch(
+            self.messages,
+            producer_name=producer_name,
+            publish_time=publish_time,
+            compression=compression,
+            schema_version=schema_version,
+        )
+
+
+@dataclass(slots=True)
+class _Limits:
+    batch_messages_max: int
+    batch_size_bytes_max: int
+    batch_delay_ms_max: float
+
+    def __post_init__(self) -> None:
+        if self.batch_messages_max < 1:
+            raise ValueError("batch_messages_max must be at least 1")
+        if self.batch_size_bytes_max < 1:
+            raise ValueError("batch_size_bytes_max must be at least 1")
+        if self.batch_delay_ms_max < 0:
+            raise ValueError("batch_delay_ms_max must not be negative")
+
+
+@dataclass(slots=True)
+class _Group:
+    messages: list[SingleMessage] = field(default_factory=list)
+
+
+class _ContainerBase:
+    """Counting, limits and the delay deadline shared by both containers."""
+
+    def __init__(
+        self,
+        *,
+        batch_messages_max: int = BATCH_MESSAGES_MAX_DEFAULT,
+        batch_size_bytes_max: int = BATCH_SIZE_BYTES_MAX_DEFAULT,
+        batch_delay_ms_max: float = BATCH_DELAY_MS_MAX_DEFAULT,
+    ) -> None:
+        self._limits = _Limits(batch_messages_max, batch_size_bytes_max, batch_delay_ms_max)
+        self._count = 0
+        self._size_bytes = 0
+        self._deadline_ms: float | None = None
+
+    def __len__(self) -> int:
+        """The number of messages waiting."""
+        return self._count
+
+    @property
+    def size_bytes(self) -> int:
+        """The bytes of message bodies waiting."""
+        return self._size_bytes
+
+    @property
+    def deadline_ms(self) -> float | None:
+        """When `expire` will close the waiting messages' batches; None when empty."""
+        return self._deadline_ms
+
+    def add(self, message: SingleMessage, now_ms: float) -> list[Batch]:
+        """Add a message, closing batches as Pulsar's producers do.
+
+        Args:
+            message: the message (with its sequence id assigned by the producer).
+            now_ms: the caller's clock; starts the delay when the container was empty.
+
+        Returns:
+            The batches closed by this call (possibly none), to send in order.
+        """
+        size = 0 if message.payload is None else len(message.payload)
+        limits = self._limits
+        closed: list[Batch] = []
+        if self._count and (
+            self._count >= limits.batch_messages_max
+            or self._size_bytes + size > limits.batch_size_bytes_max
+        ):
+            closed = self.flush()
+        if not self._count:
+            self._deadline_ms = now_ms + limits.batch_delay_ms_max
+        self._insert(message)
+        self._count += 1
+        self._size_bytes += size
+        if (
+            self._count >= limits.batch_messages_max
+            or self._size_bytes >= limits.batch_size_bytes_max
+        ):
+            closed.extend(self.flush())
+        return closed
+
+    def expire(self, now_ms: float) -> list[Batch]:
+        """Close everything if the delay has run out.
+
+        Returns:
+            The closed batches, or an empty list when the deadline is still ahead.
+        """
+        if self._deadline_ms is None or now_ms < self._deadline_ms:
+            return []
+        return self.flush()
+
+    def flush(self) -> list[Batch]:
+        """Close everything now (a producer's `flush()`, or its close).
+
+        Returns:
+            The closed batches, in sending order; empty when nothing waits.
+        """
+        batches = self._drain()
+        self._count = 0
+        self._size_bytes = 0
+        self._deadline_ms = None
+        return batches
+
+    def _insert(self, message: SingleMessage) -> None:
+        raise NotImplementedError
+
+    def _drain(self) -> list[Batch]:
+        raise NotImplementedError
+
+
+class BatchContainer(_ContainerBase):
+    """Pulsar's default batch container: one batch at a time.
+
+    Args:
+        batch_messages_max: close a batch at this many messages (default 1000).
+        batch_size_bytes_max: close a batch when its bodies reach this many bytes (128 KiB).
+        batch_delay_ms_max: close a batch this long after its first message (10 ms).
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_messages_max: int = BATCH_MESSAGES_MAX_DEFAULT,
+        batch_size_bytes_max: int = BATCH_SIZE_BYTES_MAX_DEFAULT,
+        batch_delay_ms_max: float = BATCH_DELAY_MS_MAX_DEFAULT,
+    ) -> None:
+        super().__init__(
+            batch_messages_max=batch_messages_max,
+            batch_size_bytes_max=batch_size_bytes_max,
+            batch_delay_ms_max=batch_delay_ms_max,
+        )
+        self._messages: list[SingleMessage] = []
+
+    def _insert(self, message: SingleMessage) -> None:
+        self._messages.append(message)
+
+    def _drain(self) -> list[Batch]:
+        if not self._messages:
+            return []
+        batch = Batch(tuple(self._messages))
+        self._messages = []
+        return [batch]
+
+
+BatchKey = tuple[str, bytes | str] | None
+
+
+def batch_key(message: SingleMessage) -> BatchKey:
+    """The key-based container's grouping key: the ordering key, else the partition key, else
+    None. The two kinds of key never collide with each other."""
+    if message.ordering_key is not None:
+        return ("ordering", message.ordering_key)
+    if message.partition_key is not None:
+        return ("partition", message.partition_key)
+    return None
+
+
+class KeyBasedBatchContainer(_ContainerBase):
+    """Pulsar's key-based batch container: one batch per key, keyless messages together.
+
+    Args:
+        batch_messages_max: close all batches when the container holds this many messages.
+        batch_size_bytes_max: close all batches when the bodies reach this many bytes.
+        batch_delay_ms_max: close all batches this long after the first message.
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_messages_max: int = BATCH_MESSAGES_MAX_DEFAULT,
+        batch_size_bytes_max: int = BATCH_SIZE_BYTES_MAX_DEFAULT,
+        batch_delay_ms_max: float = BATCH_DELAY_MS_MAX_DEFAULT,
+    ) -> None:
+        super().__init__(
+            batch_messages_max=batch_messages_max,
+            batch_size_bytes_max=batch_size_bytes_max,
+            batch_delay_ms_max=batch_delay_ms_max,
+        )
+        # Insertion-ordered: a key's position is that of its first waiting message.
+        self._groups: dict[BatchKey, _Group] = {}
+
+    def _insert(self, message: SingleMessage) -> None:
+        key = batch_key(message)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group()
+        group.messages.append(message)
+
+    def _drain(self) -> list[Batch]:
+        batches = [Batch(tuple(group.messages)) for group in self._groups.values()]
+        self._groups = {}
+        return batches

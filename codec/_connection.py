@@ -1,0 +1,347 @@
+"""The sans-IO connection: bytes in, events out; commands in, bytes out.
+
+Theory of operation
+-------------------
+
+A `Connection` knows which side it plays (`Role.CLIENT` or `Role.BROKER`) and tracks the
+handshake. It never touches a socket: the caller feeds received bytes to `receive_data()`, pulls
+events with `next_event()` until it returns `NEED_DATA`, and writes whatever `send()` returns.
+
+    conn = Connection(Role.BROKER)
+    conn.receive_data(sock.recv(65536))
+    while (event := conn.next_event()) is not NEED_DATA:
+        ...                       # Frame, ChecksumMismatch or ConnectionClosed
+    sock.sendall(conn.send(base_command(pb.CommandPong())))
+
+State machine. The handshake is a table keyed by (role, state, direction, command type); once
+CONNECTED, any command the direction table allows may flow either way, and CONNECT/CONNECTED may
+not repeat:
+
+| role   | state      | direction | command        | next state |
+|--------|------------|-----------|----------------|------------|
+| client | IDLE       | sent      | CONNECT        | CONNECTING |
+| client | CONNECTING | received  | AUTH_CHALLENGE | CONNECTING |
+| client | CONNECTING | sent      | AUTH_RESPONSE  | CONNECTING |
+| client | CONNECTING | received  | CONNECTED      | CONNECTED  |
+| client | CONNECTING | received  | ERROR          | CLOSED     |
+| broker | IDLE       | received  | CONNECT        | CONNECTING |
+| broker | CONNECTING | sent      | AUTH_CHALLENGE | CONNECTING |
+| broker | CONNECTING | received  | AUTH_RESPONSE  | CONNECTING |
+| broker | CONNECTING | sent      | CONNECTED      | CONNECTED  |
+| broker | CONNECTING | sent      | ERROR          | CLOSED     |
+
+(ERROR during the handshake is how a broker rejects a connection; it closes the socket next.)
+
+Direction: each command type is client-to-broker, broker-to-client, or both (CLOSE_PRODUCER,
+CLOSE_CONSUMER, PING, PONG), per the wire reference's catalogue. On top of that a broker
+connection refuses, by default, to send what the official C++ client (and so the Python client)
+cannot handle -- REACHED_END_OF_TOPIC, GET_OR_CREATE_SCHEMA_RESPONSE, WATCH_TOPIC_*, transaction
+replies -- because that client drops the whole connection on them (`peer_accepted_types`).
+
+Errors. Bad input from the peer raises `RemoteProtocolError` from `next_event()` and puts the
+connection in state ERROR, after which `next_event()` raises again; close the socket. A `send()`
+the protocol forbids raises `LocalProtocolError`, sends nothing, and leaves the state unchanged.
+Frames larger than `frame_size_bytes_max` are refused both ways; an incoming one is refused as
+soon as its size prefix arrives, before its bytes are buffered.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from typing import Final
+
+from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from ._framer import FRAME_SIZE_BYTES_MAX_DEFAULT, decode_frame, encode_frame
+from ._frames import NEED_DATA, ChecksumMismatch, ConnectionClosed, Frame, NeedData
+from ._proto import pulsar_api_pb2 as pb
+
+__all__ = [
+    "BROKER_TO_CLIENT_TYPES",
+    "CLIENT_TO_BROKER_TYPES",
+    "CPP_CLIENT_ACCEPTED_TYPES",
+    "Connection",
+    "Event",
+    "Role",
+    "State",
+]
+
+T = pb.BaseCommand
+
+CLIENT_TO_BROKER_TYPES: Final = frozenset(
+    {
+        T.CONNECT, T.SUBSCRIBE, T.PRODUCER, T.SEND, T.ACK, T.FLOW, T.UNSUBSCRIBE,
+        T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.PING, T.PONG, T.REDELIVER_UNACKNOWLEDGED_MESSAGES,
+        T.PARTITIONED_METADATA, T.LOOKUP, T.CONSUMER_STATS, T.SEEK, T.GET_LAST_MESSAGE_ID,
+        T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA, T.AUTH_RESPONSE, T.GET_OR_CREATE_SCHEMA,
+        T.NEW_TXN, T.ADD_PARTITION_TO_TXN, T.ADD_SUBSCRIPTION_TO_TXN, T.END_TXN,
+        T.END_TXN_ON_PARTITION, T.END_TXN_ON_SUBSCRIPTION, T.TC_CLIENT_CONNECT_REQUEST,
+        T.WATCH_TOPIC_LIST, T.WATCH_TOPIC_LIST_CLOSE,
+    }
+)  # fmt: skip
+
+BROKER_TO_CLIENT_TYPES: Final = frozenset(
+    {
+        T.CONNECTED, T.SEND_RECEIPT, T.SEND_ERROR, T.MESSAGE, T.SUCCESS, T.ERROR,
+        T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.PRODUCER_SUCCESS, T.PING, T.PONG,
+        T.PARTITIONED_METADATA_RESPONSE, T.LOOKUP_RESPONSE, T.CONSUMER_STATS_RESPONSE,
+        T.REACHED_END_OF_TOPIC, T.GET_LAST_MESSAGE_ID_RESPONSE, T.ACTIVE_CONSUMER_CHANGE,
+        T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.GET_SCHEMA_RESPONSE, T.AUTH_CHALLENGE,
+        T.ACK_RESPONSE, T.GET_OR_CREATE_SCHEMA_RESPONSE, T.NEW_TXN_RESPONSE,
+        T.ADD_PARTITION_TO_TXN_RESPONSE, T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, T.END_TXN_RESPONSE,
+        T.END_TXN_ON_PARTITION_RESPONSE, T.END_TXN_ON_SUBSCRIPTION_RESPONSE,
+        T.TC_CLIENT_CONNECT_RESPONSE, T.WATCH_TOPIC_LIST_SUCCESS, T.WATCH_TOPIC_UPDATE,
+        T.TOPIC_MIGRATED,
+    }
+)  # fmt: skip
+
+# What the C++ client (3.5 to 4.2, inside the Python wheel) handles from a broker; anything else
+# makes it close the connection (wire reference section 12). CONNECTED is the handshake reply.
+CPP_CLIENT_ACCEPTED_TYPES: Final = frozenset(
+    {
+        T.CONNECTED, T.SEND_RECEIPT, T.SEND_ERROR, T.SUCCESS, T.ERROR,
+        T.PARTITIONED_METADATA_RESPONSE, T.LOOKUP_RESPONSE, T.PRODUCER_SUCCESS,
+        T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.PING, T.PONG, T.AUTH_CHALLENGE,
+        T.ACTIVE_CONSUMER_CHANGE, T.GET_LAST_MESSAGE_ID_RESPONSE,
+        T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.GET_SCHEMA_RESPONSE, T.CONSUMER_STATS_RESPONSE,
+        T.ACK_RESPONSE, T.TOPIC_MIGRATED, T.MESSAGE,
+    }
+)  # fmt: skip
+
+_U32: Final = struct.Struct(">I")
+
+Event = Frame | ChecksumMismatch | ConnectionClosed
+
+
+class Role(enum.Enum):
+    """Which end of the connection this object speaks for."""
+
+    CLIENT = "client"
+    BROKER = "broker"
+
+
+class State(enum.Enum):
+    """Where the connection is in its life."""
+
+    IDLE = "idle"  # nothing exchanged yet
+    CONNECTING = "connecting"  # CONNECT sent (client) or received (broker); no CONNECTED yet
+    CONNECTED = "connected"  # handshake done
+    CLOSED = "closed"  # the peer closed, or the handshake was rejected
+    ERROR = "error"  # the peer broke the protocol; only closing is left
+
+
+class _Direction(enum.Enum):
+    SENT = "sent"
+    RECEIVED = "received"
+
+
+_SENT = _Direction.SENT
+_RECEIVED = _Direction.RECEIVED
+_C = Role.CLIENT
+_B = Role.BROKER
+
+_HANDSHAKE: Final[dict[tuple[Role, State, _Direction, int], State]] = {
+    (_C, State.IDLE, _SENT, T.CONNECT): State.CONNECTING,
+    (_C, State.CONNECTING, _RECEIVED, T.AUTH_CHALLENGE): State.CONNECTING,
+    (_C, State.CONNECTING, _SENT, T.AUTH_RESPONSE): State.CONNECTING,
+    (_C, State.CONNECTING, _RECEIVED, T.CONNECTED): State.CONNECTED,
+    (_C, State.CONNECTING, _RECEIVED, T.ERROR): State.CLOSED,
+    (_B, State.IDLE, _RECEIVED, T.CONNECT): State.CONNECTING,
+    (_B, State.CONNECTING, _SENT, T.AUTH_CHALLENGE): State.CONNECTING,
+    (_B, State.CONNECTING, _RECEIVED, T.AUTH_RESPONSE): State.CONNECTING,
+    (_B, State.CONNECTING, _SENT, T.CONNECTED): State.CONNECTED,
+    (_B, State.CONNECTING, _SENT, T.ERROR): State.CLOSED,
+}
+
+_HANDSHAKE_ONLY: Final = frozenset({T.CONNECT, T.CONNECTED})
+
+
+def _type_name(command_type: int) -> str:
+    return str(T.Type.Name(command_type))
+
+
+class Connection:
+    """One end of a Pulsar binary-protocol connection, without I/O.
+
+    Args:
+        role: the side this object plays.
+        frame_size_bytes_max: the largest frame accepted or sent (default: 5 MiB + 10 KiB).
+        peer_accepted_types: for a broker, the command types the client can handle (default: the
+            C++ client's list); None allows every broker-to-client type.
+    """
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        frame_size_bytes_max: int = FRAME_SIZE_BYTES_MAX_DEFAULT,
+        peer_accepted_types: frozenset[int] | None = CPP_CLIENT_ACCEPTED_TYPES,
+    ) -> None:
+        self.role = role
+        self.frame_size_bytes_max = frame_size_bytes_max
+        self.peer_accepted_types = peer_accepted_types if role is Role.BROKER else None
+        self.state = State.IDLE
+        self._buffer = bytearray()
+        self._offset = 0  # bytes of _buffer already consumed
+        self._eof = False
+        self._error: ProtocolError | None = None
+        outgoing = CLIENT_TO_BROKER_TYPES if role is Role.CLIENT else BROKER_TO_CLIENT_TYPES
+        incoming = BROKER_TO_CLIENT_TYPES if role is Role.CLIENT else CLIENT_TO_BROKER_TYPES
+        self._allowed = {_SENT: outgoing, _RECEIVED: incoming}
+
+    # -- receiving --------------------------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet turned into events."""
+        return len(self._buffer) - self._offset
+
+    def receive_data(self, data: bytes) -> None:
+        """Add bytes from the peer; `b""` means the peer closed its side.
+
+        Raises:
+            LocalProtocolError: data arrives after the end of the stream was signalled.
+        """
+        if self._eof:
+            if data:
+                raise LocalProtocolError("receive_data after the end of the stream")
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._offset and self._offset >= len(self._buffer) // 2:
+            del self._buffer[: self._offset]
+            self._offset = 0
+        self._buffer += data
+
+    def next_event(self) -> Event | NeedData:
+        """The next event, or `NEED_DATA` when a whole frame has not arrived yet.
+
+        Returns:
+            A `Frame`, a `ChecksumMismatch` (a SEND/MESSAGE whose CRC32C failed; the connection
+            stays usable), `ConnectionClosed` once the peer closed at a frame boundary, or
+            `NEED_DATA`.
+
+        Raises:
+            RemoteProtocolError: the peer broke the protocol; the state becomes ERROR and every
+                later call raises again.
+        """
+        if self._error is not None:
+            raise RemoteProtocolError(f"connection already failed: {self._error.reason}")
+        try:
+            return self._next_event()
+        except ProtocolError as exc:
+            self.state = State.ERROR
+            self._error = exc
+            raise RemoteProtocolError(exc.reason) from None
+
+    def events(self) -> Iterator[Event]:
+        """Every event available now (stops at `NEED_DATA`)."""
+        while True:
+            event = self.next_event()
+            if isinstance(event, NeedData):
+                return
+            yield event
+            if isinstance(event, ConnectionClosed):
+                return
+
+    def _next_event(self) -> Event | NeedData:
+        if self.state is State.CLOSED and self._eof and not self.buffered_bytes:
+            return ConnectionClosed()
+        available = self.buffered_bytes
+        if available >= 4:
+            total = _U32.unpack_from(self._buffer, self._offset)[0]
+            if total > self.frame_size_bytes_max:
+                raise RemoteProtocolError(
+                    f"frame of {total} bytes exceeds the limit of {self.frame_size_bytes_max}"
+                )
+            if available >= 4 + total:
+                start = self._offset + 4
+                frame = bytes(self._buffer[start : start + total])
+                self._offset = start + total
+                event = decode_frame(frame)
+                self._transition(_RECEIVED, event.command.type)
+                return event
+        if not self._eof:
+            return NEED_DATA
+        if available:
+            raise RemoteProtocolError(f"peer closed the connection inside a frame ({available} B)")
+        self.state = State.CLOSED
+        return ConnectionClosed()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(
+        self,
+        command: pb.BaseCommand,
+        metadata: pb.MessageMetadata | None = None,
+        payload: bytes = b"",
+        *,
+        entry: bytes | None = None,
+        checksum: bool = True,
+        broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
+    ) -> bytes:
+        """Serialize a command to send, after checking the protocol allows it now.
+
+        Args:
+            command: the BaseCommand (see `base_command`).
+            metadata: SEND/MESSAGE only: the metadata, with `payload`.
+            payload: SEND/MESSAGE only: the payload (already compressed or batched).
+            entry: MESSAGE from a broker: stored entry bytes, sent verbatim instead.
+            checksum: add the 0x0e01 magic and CRC32C when building from metadata.
+            broker_entry_metadata: MESSAGE only: the 0x0e02 prefix.
+
+        Returns:
+            The bytes to write to the socket.
+
+        Raises:
+            LocalProtocolError: the command is not allowed in this state, direction or for this
+                peer, a required field is missing, or the frame is too large. Nothing is sent and
+                the state does not change.
+        """
+        next_state = self._check(_SENT, command.type)
+        data = encode_frame(
+            command,
+            metadata,
+            payload,
+            entry=entry,
+            checksum=checksum,
+            broker_entry_metadata=broker_entry_metadata,
+            frame_size_bytes_max=self.frame_size_bytes_max,
+        )
+        self.state = next_state
+        return data
+
+    # -- the state machine ------------------------------------------------------------------
+
+    def _check(self, direction: _Direction, command_type: int) -> State:
+        """The state after this command, or the protocol error it would be."""
+        error = LocalProtocolError if direction is _SENT else RemoteProtocolError
+        name = _type_name(command_type)
+        if self.state in (State.CLOSED, State.ERROR):
+            raise error(f"{name} {direction.value} on a {self.state.value} connection")
+        if command_type not in self._allowed[direction]:
+            sender = self.role if direction is _SENT else _other(self.role)
+            raise error(f"a {sender.value} does not send {name}")
+        if (
+            direction is _SENT
+            and self.peer_accepted_types is not None
+            and command_type not in self.peer_accepted_types
+        ):
+            raise error(f"the peer client cannot handle {name} and would drop the connection")
+        if self.state is State.CONNECTED:
+            if command_type in _HANDSHAKE_ONLY:
+                raise error(f"{name} {direction.value} after the handshake")
+            return State.CONNECTED
+        next_state = _HANDSHAKE.get((self.role, self.state, direction, command_type))
+        if next_state is None:
+            raise error(f"{name} {direction.value} during the handshake ({self.state.value})")
+        return next_state
+
+    def _transition(self, direction: _Direction, command_type: int) -> None:
+        self.state = self._check(direction, command_type)
+
+
+def _other(role: Role) -> Role:
+    return Role.BROKER if role is Role.CLIENT else Role.CLIENT
