@@ -50,6 +50,7 @@ def check_storage(store: Storage) -> CheckReport:
     with store.checkpoint_lock:
         with store.lock:
             ledgers = {i: (s.state, s.lac) for i, s in store.ledgers.items()}
+            purging = set(store.purge_ledgers)  # deleted; the next checkpoint purges them
             cached = {key for half in (store.cache.active, store.cache.flushing)
                       if half is not None for key in half.entries}
         indexed: dict[int, set[int]] = {}
@@ -57,6 +58,8 @@ def check_storage(store: Storage) -> CheckReport:
             report.entries_checked += 1
             indexed.setdefault(ledger_id, set()).add(entry_id)
             state = ledgers.get(ledger_id, (None, -1))[0]
+            if state == DELETED and ledger_id in purging:
+                continue
             if state is None or state == DELETED:
                 report.problem(f"index holds ledger {ledger_id} entry {entry_id}, but the "
                                f"ledger is {state or 'unknown'}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ._checkpoint import _storage_error as storage_error
 from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter, location_of, scan_entry_log
 from ._index import CheckpointWrite, EntryLogRecord, location_key
 from ._ledger import DELETED
@@ -32,25 +33,41 @@ log = logging.getLogger(__name__)
 
 
 def collect_garbage(store: Storage) -> dict[str, int]:
+    """One GC pass; returns counts of what was done.
+
+    Raises:
+        StorageFailedError: a write, sync or removal failed. As after a failed checkpoint,
+            the engine accepts no more writes; the step that failed left either the old
+            copy or the new one referenced, and reopening removes the other.
+    """
     done = {"logs_deleted": 0, "logs_compacted": 0, "entries_moved": 0}
     with store.checkpoint_lock:
         if store.failed is not None:
             return done
-        current = store.writer.log_id if store.writer is not None else None
-        for log_id, record in sorted(store.entry_logs.items()):
-            if log_id == current:
-                continue
-            live = record.live_bytes()
-            if live == 0:
-                _drop_log(store, log_id)
-                done["logs_deleted"] += 1
-            elif record.total_bytes and live / record.total_bytes < \
-                    store.config.compaction_live_ratio_min:
-                done["entries_moved"] += _compact_log(store, record)
-                done["logs_compacted"] += 1
+        try:
+            _collect(store, done)
+        except OSError as exc:
+            error = storage_error(exc)
+            store.fail_with(error)
+            raise error from exc
     if any(done.values()):
         log.info("gc: %s", done)
     return done
+
+
+def _collect(store: Storage, done: dict[str, int]) -> None:
+    current = store.writer.log_id if store.writer is not None else None
+    for log_id, record in sorted(store.entry_logs.items()):
+        if log_id == current:
+            continue
+        live = record.live_bytes()
+        if live == 0:
+            _drop_log(store, log_id)
+            done["logs_deleted"] += 1
+        elif record.total_bytes and live / record.total_bytes < \
+                store.config.compaction_live_ratio_min:
+            done["entries_moved"] += _compact_log(store, record)
+            done["logs_compacted"] += 1
 
 
 def _drop_log(store: Storage, log_id: int) -> None:

@@ -31,7 +31,8 @@ Theory of operation
    | older, bad header  | —                               | corruption: refuse to start    |
 
    `skip_corrupt_journal_segments=True` turns "refuse" into "log, skip the rest of that
-   segment, and go on": acknowledged entries in the skipped part are lost.
+   segment, and go on": acknowledged entries in the skipped part are lost, and so are
+   later adds to a ledger that lost entries there (entry ids stay dense).
 4. Open a fresh journal segment (its first LSN follows the last replayed one) and run a
    checkpoint, which persists a mark at the start of that segment.
 """
@@ -294,6 +295,11 @@ def _apply_add(store: Storage, stats: ReplayStats, record: Record, path: str) ->
     if entry_id <= ledger.lac:
         return  # already indexed by a checkpoint after the mark
     if entry_id != ledger.lac + 1:
+        if store.config.skip_corrupt_journal_segments:
+            # The entries before it were in a skipped part of the journal: entry ids
+            # stay dense, so this one is lost with them.
+            stats.skipped_adds += 1
+            return
         raise CorruptionError(f"journal adds entry {entry_id} to ledger {ledger_id} whose "
                               f"last entry is {ledger.lac}", path=path, offset=record.offset)
     store.cache.put(ledger_id, entry_id, bytes(record.payload[16:]))

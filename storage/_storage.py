@@ -441,7 +441,12 @@ class Storage:
 
     def gc(self) -> dict[str, int]:
         """Drop entry logs with no live data and compact mostly-dead ones. Returns
-        counts of what was done."""
+        counts of what was done.
+
+        Raises:
+            StorageFailedError: an I/O error; the engine then accepts no writes, and
+                reopening the directory removes whichever copy GC left unreferenced.
+        """
         from ._gc import collect_garbage
 
         return collect_garbage(self)
