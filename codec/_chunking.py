@@ -5,7 +5,7 @@ Theory of operation
 
 A producer with chunking enabled (and batching off) compresses a message first, then cuts the
 compressed payload into pieces of at most `chunk size` bytes, where the chunk size is the
-broker's `max_message_size` minus the size of the chunk's serialized metadata. Each piece is sent
+broker's `max_message_size` minus the size of the message's serialized metadata. Each piece is sent
 as its own SEND (with `is_chunk = true`) and stored as its own entry. Every chunk repeats the
 message's metadata (same `sequence_id`, same compression fields) plus four chunk fields:
 
@@ -76,7 +76,6 @@ INCOMPLETE_CHUNK_EXPIRY_MS_DEFAULT: Final = 60_000  # expireTimeOfIncompleteChun
 # Pulsar has no limit of its own on a reassembled message; this one keeps a hostile
 # `total_chunk_msg_size` from reserving unbounded memory. total_chunk_msg_size is an int32.
 CHUNKED_MESSAGE_SIZE_BYTES_MAX_DEFAULT: Final = 512 * 1024 * 1024
-INT32_MAX: Final = (1 << 31) - 1
 
 
 def chunk_uuid(producer_name: str, sequence_id: int) -> str:
@@ -96,25 +95,22 @@ def _with_chunk_fields(
     return chunk
 
 
-def chunk_payload_size_bytes(
-    metadata: pb.MessageMetadata, max_message_size: int, *, uuid: str | None = None
-) -> int:
-    """How many payload bytes fit in one chunk: `max_message_size` minus the chunk's metadata.
+def chunk_payload_size_bytes(metadata: pb.MessageMetadata, max_message_size: int) -> int:
+    """How many payload bytes go in one chunk, computed as the C++ client does.
 
-    The metadata is measured with its chunk fields at their largest possible encodings, so
-    every chunk of the message fits.
+    That is `max_message_size` minus the size of the message's metadata *before* the chunk
+    fields are added, so a chunk's metadata plus payload may exceed `max_message_size` by the
+    chunk fields' few bytes; brokers allow frames 10 KiB larger than `max_message_size` for that.
+    Using the same figure makes our chunks byte-identical to the official client's.
 
     Args:
-        metadata: the message's metadata (without chunk fields).
+        metadata: the message's metadata, compression fields included, no chunk fields.
         max_message_size: the broker's `max_message_size` (from CONNECTED).
-        uuid: the chunk uuid (default `chunk_uuid(producer_name, sequence_id)`).
 
     Raises:
         LocalProtocolError: the metadata alone does not leave room for a payload byte.
     """
-    uuid = chunk_uuid(metadata.producer_name, metadata.sequence_id) if uuid is None else uuid
-    widest = _with_chunk_fields(metadata, uuid, INT32_MAX, INT32_MAX, INT32_MAX)
-    room = max_message_size - widest.ByteSize()
+    room = max_message_size - metadata.ByteSize()
     if room < 1:
         raise LocalProtocolError(f"max_message_size {max_message_size} leaves no room for payload")
     return room
