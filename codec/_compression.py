@@ -24,7 +24,9 @@ Decompression is where a hostile or corrupt entry could exhaust memory (a few ki
 claim or expand to gigabytes). `decompress` therefore checks the claimed size against
 `uncompressed_size_bytes_max` *before* allocating, bounds every library call by the claimed size,
 and then requires the output to be exactly `uncompressed_size` bytes. Any failure, including the
-libraries' own exceptions, becomes a `RemoteProtocolError`.
+libraries' own exceptions, becomes a `RemoteProtocolError`. Bytes after the end of the stream
+are refused too, except after a ZSTD frame: the `zstandard` library stops at the frame's end
+without reporting what follows (Pulsar's clients would refuse them as a second, bad frame).
 """
 
 from __future__ import annotations

@@ -116,19 +116,30 @@ def reject_three_ways(make: Callable[[], Connection], data: bytes) -> str:
 
 
 def decode_whole_prefixes_trailing(
-    decode: Callable[[bytes], T], data: bytes, *, strict: bool = True
+    decode: Callable[[bytes], T],
+    data: bytes,
+    *,
+    strict: bool = True,
+    trailing_ignored: bool = False,
 ) -> T:
     """The three ways for a decoder that takes a complete buffer: the whole input decodes; every
-    strict prefix (the input arriving byte by byte) and the input with trailing bytes raise
-    RemoteProtocolError -- or, when `strict` is False (formats where a prefix can itself be
-    valid), at least never decode to the same result nor raise anything else."""
+    strict prefix (the input arriving byte by byte) raises RemoteProtocolError -- or, when
+    `strict` is False (formats where a prefix can itself be valid), at least never decodes to the
+    same result nor raises anything else. With trailing bytes the decoder raises
+    RemoteProtocolError, or, for a format documented to stop at its own end
+    (`trailing_ignored`), returns the same result."""
     result = decode(data)
-    candidates: Sequence[bytes] = [data[:i] for i in range(len(data))] + [data + b"\x00\x01"]
-    for candidate in candidates:
+    for candidate in [data[:i] for i in range(len(data))]:
         try:
             other = decode(candidate)
         except RemoteProtocolError:
             continue
         assert not strict, f"{candidate!r} decoded although it is not the whole input"
         assert other != result
+    with_trailing = data + b"\x00\x01"
+    if trailing_ignored:
+        assert decode(with_trailing) == result
+    else:
+        with pytest.raises(RemoteProtocolError):
+            decode(with_trailing)
     return result
