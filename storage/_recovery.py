@@ -27,7 +27,8 @@ Theory of operation
    | newest             | —                               | torn tail: stop, carry on      |
    | older              | = last good LSN + 1             | torn tail of an earlier run    |
    | older              | anything else                   | corruption: refuse to start    |
-   | newest, bad header | —                               | crash while creating: remove   |
+   | newest, bad header | no valid record after it        | crash while creating: remove   |
+   | newest, bad header | a valid record after it         | corruption: refuse to start    |
    | older, bad header  | —                               | corruption: refuse to start    |
 
    `skip_corrupt_journal_segments=True` turns "refuse" into "log, skip the rest of that
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from ._entry_log import parse_entry_log_name
 from ._errors import CorruptionError
+from ._fs import FileHandle
 from ._journal import JournalMark, parse_segment_name
 from ._journal_format import Record, RecordType, ScanResult, SegmentHeader, scan_segment
 from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState
@@ -176,7 +178,7 @@ def _replay_segment(store: Storage, stats: ReplayStats, segment_id: int, path: s
             header = SegmentHeader.decode(
                 handle.pread(store.config.journal_alignment_bytes, 0), path)
         except CorruptionError:
-            if newest:
+            if newest and not _holds_records(store, handle, segment_id):
                 handle.close()
                 store.fs.remove(path)
                 log.warning("removed journal segment %s: its header was never completed", path)
@@ -207,6 +209,19 @@ def _replay_segment(store: Storage, stats: ReplayStats, segment_id: int, path: s
         return result.last_lsn if result.records else expected
     finally:
         handle.close()
+
+
+def _holds_records(store: Storage, handle: FileHandle, segment_id: int) -> bool:
+    """Whether a segment with an unreadable header holds a valid record after it. Records
+    are written only once the segment's creation was synced, so then the header was
+    damaged later (corruption), not torn while the segment was created. Assumes the
+    configured alignment, the header block's size when the segment was made."""
+    alignment = store.config.journal_alignment_bytes
+    guess = SegmentHeader(segment_id, 0, alignment)
+    result = ScanResult(alignment, -1, 0, True)
+    records = scan_segment(handle, guess, alignment, None,
+                           store.config.journal_record_bytes_max, result)
+    return next(records, None) is not None
 
 
 def _judge_stop(store: Storage, stats: ReplayStats, result: ScanResult, path: str,

@@ -449,6 +449,24 @@ def test_newest_segment_header_never_completed(tmp_path: Path, rng: random.Rando
     assert_writable_after(store, ledger_id, datas, rng, tmp_path)
 
 
+def test_bit_flip_in_newest_segment_header(tmp_path: Path,
+                                           crashed_ledger: tuple[int, list[bytes]]) -> None:
+    """A header damaged after the segment was in use is not a segment whose creation
+    was cut short: it holds acknowledged records, so recovery must refuse rather than
+    remove it (design §12.1: remove only a bad header with no valid record behind it)."""
+    ledger_id, datas = crashed_ledger
+    (segment,) = segment_paths(tmp_path)
+    flip_bit(segment, 12)  # inside the segment id field; the header CRC fails
+    before = directory_digest(tmp_path)
+    with pytest.raises(CorruptionError) as caught:
+        Storage.open(tmp_path, make_config())
+    assert caught.value.path == str(segment)
+    assert caught.value.offset == 0
+    assert directory_digest(tmp_path) == before
+    flip_bit(segment, 12)  # repaired, everything is there
+    reopen_and_expect(tmp_path, ledger_id, datas).close()
+
+
 def test_empty_journal(tmp_path: Path, rng: random.Random,
                        crashed_ledger: tuple[int, list[bytes]]) -> None:
     """A crash between creating a segment file and writing its header."""
