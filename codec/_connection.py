@@ -258,7 +258,8 @@ class Connection:
                 )
             if available >= 4 + total:
                 start = self._offset + 4
-                frame = bytes(self._buffer[start : start + total])
+                with memoryview(self._buffer) as view:  # one copy, and the view is released
+                    frame = bytes(view[start : start + total])
                 self._offset = start + total
                 event = decode_frame(frame)
                 self._transition(_RECEIVED, event.command.type)
@@ -317,6 +318,17 @@ class Connection:
 
     def _check(self, direction: _Direction, command_type: int) -> State:
         """The state after this command, or the protocol error it would be."""
+        if (
+            self.state is State.CONNECTED
+            and command_type in self._allowed[direction]
+            and command_type not in _HANDSHAKE_ONLY
+            and (
+                direction is _RECEIVED
+                or self.peer_accepted_types is None
+                or command_type in self.peer_accepted_types
+            )
+        ):
+            return State.CONNECTED  # the common case, decided without building messages
         error = LocalProtocolError if direction is _SENT else RemoteProtocolError
         name = _type_name(command_type)
         if self.state in (State.CLOSED, State.ERROR):
@@ -327,13 +339,11 @@ class Connection:
         if (
             direction is _SENT
             and self.peer_accepted_types is not None
-            and command_type not in self.peer_accepted_types
+            and (command_type not in self.peer_accepted_types)
         ):
             raise error(f"the peer client cannot handle {name} and would drop the connection")
         if self.state is State.CONNECTED:
-            if command_type in _HANDSHAKE_ONLY:
-                raise error(f"{name} {direction.value} after the handshake")
-            return State.CONNECTED
+            raise error(f"{name} {direction.value} after the handshake")
         next_state = _HANDSHAKE.get((self.role, self.state, direction, command_type))
         if next_state is None:
             raise error(f"{name} {direction.value} during the handshake ({self.state.value})")

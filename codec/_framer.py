@@ -57,7 +57,7 @@ from google.protobuf.message import Message
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._frames import FIELD_OF_TYPE, ChecksumMismatch, Frame
 from ._proto import pulsar_api_pb2 as pb
-from ._wire import parse_message, serialize_message
+from ._wire import check_strings, parse_message, serialize_message
 
 __all__ = [
     "FRAME_SIZE_BYTES_MAX_DEFAULT",
@@ -266,8 +266,13 @@ def decode_frame(frame: bytes) -> Frame | ChecksumMismatch:
     command_end = 4 + _U32.unpack_from(frame, 0)[0]
     if command_end > len(frame):
         raise RemoteProtocolError("command size runs past the end of the frame")
-    command = parse_message(pb.BaseCommand, frame[4:command_end], "BaseCommand")
-    if command.type not in _EMPTY_BODY_TYPES and not command.HasField(FIELD_OF_TYPE[command.type]):
+    # Strings are checked on the sub-command only: the envelope holds none of its own, and
+    # walking its sixty optional fields would cost more than the rest of the decode.
+    command = parse_message(pb.BaseCommand, frame[4:command_end], "BaseCommand", check_utf8=False)
+    field = FIELD_OF_TYPE[command.type]
+    if command.HasField(field):
+        check_strings(getattr(command, field), "BaseCommand")
+    elif command.type not in _EMPTY_BODY_TYPES:
         name = pb.BaseCommand.Type.Name(command.type)
         raise RemoteProtocolError(f"{name} command without its sub-command")
     if command.type not in PAYLOAD_COMMAND_TYPES:

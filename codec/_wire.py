@@ -16,6 +16,8 @@ int64 is written as its 64-bit two's complement, so it always takes 10.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import Any, Final, TypeVar, cast
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -25,6 +27,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "VARINT_BYTES_MAX",
+    "check_strings",
     "decode_varint",
     "encode_varint",
     "parse_message",
@@ -108,42 +111,64 @@ def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     raise RemoteProtocolError("varint longer than 10 bytes")
 
 
-def _string_fields(descriptor: Any) -> bool:
-    """Whether messages of this type can hold a string anywhere inside them."""
-    found = _HAS_STRINGS.get(descriptor.full_name)
-    if found is not None:
-        return found
-    _HAS_STRINGS[descriptor.full_name] = False  # breaks recursion (MessageIdData holds itself)
-    result = False
+# A checker per message type that raises TypeError when a string inside is not `str`. It is
+# built once per type from the descriptor: `attrgetter` fetches all string fields in one call and
+# `"".join` refuses a `bytes` among them, which keeps this check cheap on the hot path (the
+# metadata of every SEND and MESSAGE).
+_Checker = Callable[[Any], None]
+_CHECKERS: dict[str, _Checker | None] = {}
+
+
+def _checker(descriptor: Any) -> _Checker | None:
+    """The checker for a message type, or None when the type holds no strings at all."""
+    if descriptor.full_name in _CHECKERS:
+        return _CHECKERS[descriptor.full_name]
+    _CHECKERS[descriptor.full_name] = None  # breaks recursion (MessageIdData holds itself)
+    strings: list[str] = []
+    repeated_strings: list[str] = []
+    children: list[tuple[str, bool, _Checker]] = []
     for field in descriptor.fields:
-        if field.type == FieldDescriptor.TYPE_STRING or (
-            field.type == FieldDescriptor.TYPE_MESSAGE and _string_fields(field.message_type)
-        ):
-            result = True
-    _HAS_STRINGS[descriptor.full_name] = result
-    return result
-
-
-_HAS_STRINGS: dict[str, bool] = {}
-
-
-def _check_strings(message: Message, what: str) -> None:
-    if not _string_fields(message.DESCRIPTOR):
-        return
-    for field, value in message.ListFields():
         if field.type == FieldDescriptor.TYPE_STRING:
-            values: Any = value if _is_repeated(field) else (value,)
-            for item in values:
-                if not isinstance(item, str):
-                    raise RemoteProtocolError(f"{what}: field {field.name} is not valid UTF-8")
+            (repeated_strings if field.is_repeated else strings).append(field.name)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            children: Any = value if _is_repeated(field) else (value,)
-            for child in children:
-                _check_strings(child, what)
+            child = _checker(field.message_type)
+            if child is not None:
+                children.append((field.name, field.is_repeated, child))
+    if not (strings or repeated_strings or children):
+        return None
+    get_strings = operator.attrgetter(*strings) if strings else None
+    join = "".join
+
+    def check(message: Any) -> None:
+        if get_strings is not None:
+            values = get_strings(message)
+            join(values if len(strings) > 1 else (values,))
+        for name in repeated_strings:
+            join(getattr(message, name))
+        for name, repeated, child in children:
+            if repeated:
+                for item in getattr(message, name):
+                    child(item)
+            elif message.HasField(name):
+                child(getattr(message, name))
+
+    _CHECKERS[descriptor.full_name] = check
+    return check
 
 
-def _is_repeated(field: FieldDescriptor) -> bool:
-    return bool(field.is_repeated)
+def check_strings(message: Message, what: str) -> None:
+    """Raise RemoteProtocolError if any string inside `message` is not valid UTF-8.
+
+    The runtime hands such strings back as `bytes` (proto2 does not validate them); an unset
+    string field reads as "" and passes.
+    """
+    checker = _checker(message.DESCRIPTOR)
+    if checker is None:
+        return
+    try:
+        checker(message)
+    except TypeError:
+        raise RemoteProtocolError(f"{what} holds a string that is not valid UTF-8") from None
 
 
 def _initialization_errors(message: Message) -> list[str]:
@@ -152,13 +177,14 @@ def _initialization_errors(message: Message) -> list[str]:
     return errors
 
 
-def parse_message(cls: type[M], data: bytes, what: str) -> M:
+def parse_message(cls: type[M], data: bytes, what: str, *, check_utf8: bool = True) -> M:
     """Parse `data` as a message of type `cls`, checking what the runtime does not.
 
     Args:
         cls: the generated message class.
         data: exactly the serialized message.
         what: a name for error messages ("BaseCommand", "MessageMetadata", ...).
+        check_utf8: check string fields (a caller may check a part itself, see `check_strings`).
 
     Returns:
         The parsed message, with every required field present and every string valid UTF-8.
@@ -174,7 +200,8 @@ def parse_message(cls: type[M], data: bytes, what: str) -> M:
     if not message.IsInitialized():
         missing = ", ".join(_initialization_errors(message))
         raise RemoteProtocolError(f"{what} lacks required fields: {missing}")
-    _check_strings(message, what)
+    if check_utf8:
+        check_strings(message, what)
     return message
 
 

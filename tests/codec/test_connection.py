@@ -574,3 +574,40 @@ def test_every_truncation_and_bit_flip_of_real_frames(frame: bytes) -> None:
 def test_trailing_helper_is_the_start_of_a_ping() -> None:
     ping = encode_frame(base_command(pb.CommandPing()))
     assert ping.startswith(TRAILING)
+
+
+def _with_bad_utf8(metadata: pb.MessageMetadata, good: str) -> bytes:
+    """Serialize, then turn the UTF-8 of `good` into bytes that are not UTF-8 (same length)."""
+    data = metadata.SerializeToString()
+    assert data.count(good.encode()) == 1
+    return data.replace(good.encode(), b"\xff" * len(good.encode()))
+
+
+@pytest.mark.parametrize("where", ["producer_name", "property value", "replicate_to"])
+def test_strings_that_are_not_utf8_are_refused_anywhere_in_the_metadata(where: str) -> None:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=0)
+    metadata.properties.add(key="k", value="v")
+    metadata.replicate_to.append("r")
+    if where == "producer_name":
+        metadata.producer_name = "PRODUCER"
+        raw = _with_bad_utf8(metadata, "PRODUCER")
+    elif where == "property value":
+        metadata.properties[0].value = "VALUE"
+        raw = _with_bad_utf8(metadata, "VALUE")
+    else:
+        metadata.replicate_to[0] = "CLUSTER"
+        raw = _with_bad_utf8(metadata, "CLUSTER")
+    entry = len(raw).to_bytes(4, "big") + raw + b"body"
+    send = base_command(pb.CommandSend(producer_id=0, sequence_id=0))
+    data = encode_frame(send, entry=entry)
+    assert "UTF-8" in reject_three_ways(as_broker, data)
+    with pytest.raises(RemoteProtocolError, match="UTF-8"):
+        parse_entry(entry)
+
+
+def test_strings_that_are_not_utf8_are_refused_in_sub_commands() -> None:
+    producer = pb.CommandProducer(topic="TOPIC", producer_id=1, request_id=2)
+    producer.metadata.add(key="k", value="v")
+    body = base_command(producer).SerializeToString().replace(b"TOPIC", b"\xc3\x28\xc3\x28\xff")
+    data = (len(body) + 4).to_bytes(4, "big") + len(body).to_bytes(4, "big") + body
+    assert "UTF-8" in reject_three_ways(as_broker, data)
