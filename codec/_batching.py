@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, NamedTuple, cast
 
@@ -642,11 +642,6 @@ class _Limits:
             raise ValueError("batch_delay_ms_max must not be negative")
 
 
-@dataclass(slots=True)
-class _Group:
-    messages: list[SingleMessage] = field(default_factory=list)
-
-
 class _ContainerBase:
     """Counting, limits and the delay deadline shared by both containers."""
 
@@ -804,16 +799,12 @@ class KeyBasedBatchContainer(_ContainerBase):
             batch_delay_ms_max=batch_delay_ms_max,
         )
         # Insertion-ordered: a key's position is that of its first waiting message.
-        self._groups: dict[BatchKey, _Group] = {}
+        self._groups: dict[BatchKey, list[SingleMessage]] = {}
 
     def _insert(self, message: SingleMessage) -> None:
-        key = batch_key(message)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = _Group()
-        group.messages.append(message)
+        self._groups.setdefault(batch_key(message), []).append(message)
 
     def _drain(self) -> list[Batch]:
-        batches = [Batch(tuple(group.messages)) for group in self._groups.values()]
+        batches = [Batch(tuple(group)) for group in self._groups.values()]
         self._groups = {}
         return batches

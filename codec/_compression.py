@@ -148,7 +148,9 @@ def decompress(
 def _lz4_decompress(data: bytes, size: int) -> bytes:
     if size == 0:
         # lz4 refuses a zero-sized destination; the empty input compresses to one zero token.
-        return b"" if data == b"\x00" else _raise("LZ4 payload for an empty message is corrupt")
+        if data != b"\x00":
+            raise RemoteProtocolError("LZ4 payload for an empty message is corrupt")
+        return b""
     return bytes(lz4.block.decompress(data, uncompressed_size=size))
 
 
@@ -172,10 +174,6 @@ def _snappy_decompress(data: bytes, size: int) -> bytes:
     if declared != size:
         raise RemoteProtocolError(f"SNAPPY payload declares {declared} bytes, metadata says {size}")
     return bytes(snappy.uncompress(data))
-
-
-def _raise(reason: str) -> bytes:
-    raise RemoteProtocolError(reason)
 
 
 _DECOMPRESSORS: Final = {

@@ -332,7 +332,7 @@ class Connection:
         error = LocalProtocolError if direction is _SENT else RemoteProtocolError
         name = _type_name(command_type)
         if self.state in (State.CLOSED, State.ERROR):
-            raise error(f"{name} {direction.value} on a {self.state.value} connection")
+            raise error(f"{name} {direction.value} on a connection that is {self.state.value}")
         if command_type not in self._allowed[direction]:
             sender = self.role if direction is _SENT else _other(self.role)
             raise error(f"a {sender.value} does not send {name}")
