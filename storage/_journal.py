@@ -110,7 +110,7 @@ def parse_segment_name(name: str) -> int | None:
         return None
 
 
-def _as_storage_error(exc: OSError, path: str) -> StorageFailedError:
+def _as_storage_error(exc: OSError | StorageFailedError, path: str) -> StorageFailedError:
     if isinstance(exc, StorageFailedError):
         return exc
     cls = StorageFullError if exc.errno == errno_codes.ENOSPC else StorageFailedError
@@ -321,12 +321,20 @@ class Journal:
             self._on_durable(requests)
             done.requests = []
         with self._lock:
-            self._sync_queue.append(done)
-            self._lock.notify_all()
+            failed = self._failed
+            if failed is None:
+                self._sync_queue.append(done)
+                self._lock.notify_all()
+        if failed is not None:
+            # The journal failed while this batch was being written (a checkpoint or a sync
+            # failed meanwhile): the syncer has stopped, so the batch must fail here.
+            self._fail_requests(done.requests, failed)
+            return
         if segment.position >= self._config.journal_segment_bytes_max:
             try:
                 self._roll_over()
-            except OSError as exc:
+            except (OSError, StorageFailedError) as exc:
+                # StorageFailedError: the sync the rollover waited for failed.
                 self._fail([], _as_storage_error(exc, segment.handle.path))
 
     def _encode(self, requests: list[JournalRequest], segment: _Segment) -> bytearray:

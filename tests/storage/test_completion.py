@@ -1,0 +1,162 @@
+"""Completion: results, timeouts, callbacks, errors, and awaiting from asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from storage import Completion, StorageFailedError
+
+
+def test_result_of_a_resolved_completion() -> None:
+    done = Completion.resolved(7)
+    assert done.done()
+    assert done.result() == 7
+    assert done.result(timeout=0) == 7
+    assert done.exception() is None
+
+
+def test_result_after_set_result() -> None:
+    pending: Completion[str] = Completion()
+    assert not pending.done()
+    pending.set_result("value")
+    assert pending.done()
+    assert pending.result(0) == "value"
+
+
+def test_none_is_a_valid_result() -> None:
+    pending: Completion[None] = Completion()
+    pending.set_result(None)
+    assert pending.done()
+    assert pending.result(0) is None
+
+
+def test_result_times_out_while_pending_and_the_operation_goes_on() -> None:
+    pending: Completion[int] = Completion()
+    with pytest.raises(TimeoutError):
+        pending.result(timeout=0.01)
+    assert not pending.done()
+    pending.set_result(3)
+    assert pending.result(timeout=0.01) == 3
+
+
+def test_result_blocks_until_another_thread_completes() -> None:
+    pending: Completion[int] = Completion()
+    waiting = threading.Event()
+    got: list[int] = []
+
+    def waiter() -> None:
+        waiting.set()
+        got.append(pending.result(timeout=10))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert waiting.wait(10)
+    pending.set_result(42)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert got == [42]
+
+
+def test_exception_propagates_from_result() -> None:
+    error = StorageFailedError("disk gone", path="/x", errno=5)
+    pending: Completion[int] = Completion()
+    pending.set_exception(error)
+    assert pending.done()
+    assert pending.exception() is error
+    with pytest.raises(StorageFailedError) as caught:
+        pending.result(0)
+    assert caught.value is error
+
+
+def test_failed_constructor() -> None:
+    failed: Completion[int] = Completion.failed(ValueError("nope"))
+    assert failed.done()
+    with pytest.raises(ValueError, match="nope"):
+        failed.result()
+
+
+def test_callback_added_before_completion_runs_in_the_completing_thread() -> None:
+    pending: Completion[int] = Completion()
+    seen: list[tuple[int, str]] = []
+    pending.add_done_callback(lambda c: seen.append((c.result(0), threading.current_thread().name)))
+    pending.add_done_callback(lambda c: seen.append((c.result(0) * 10, "second")))
+    assert seen == []
+    thread = threading.Thread(target=pending.set_result, args=(5,), name="completer")
+    thread.start()
+    thread.join(10)
+    assert seen == [(5, "completer"), (50, "second")]
+
+
+def test_callback_added_after_completion_runs_at_once() -> None:
+    done = Completion.resolved(9)
+    seen: list[int] = []
+    done.add_done_callback(lambda c: seen.append(c.result(0)))
+    assert seen == [9]
+
+
+def test_callback_sees_the_error() -> None:
+    pending: Completion[int] = Completion()
+    seen: list[BaseException | None] = []
+    pending.add_done_callback(lambda c: seen.append(c.exception()))
+    error = RuntimeError("boom")
+    pending.set_exception(error)
+    assert seen == [error]
+
+
+def test_completes_only_once() -> None:
+    pending: Completion[int] = Completion()
+    pending.set_result(1)
+    with pytest.raises(AssertionError):
+        pending.set_result(2)
+    with pytest.raises(AssertionError):
+        pending.set_exception(RuntimeError())
+    assert pending.result(0) == 1
+
+
+def test_await_while_another_thread_completes() -> None:
+    async def main() -> list[int]:
+        pendings: list[Completion[int]] = [Completion() for _ in range(50)]
+        started = threading.Event()
+
+        def complete_all() -> None:
+            started.wait(10)
+            for number, pending in enumerate(pendings):
+                pending.set_result(number)
+
+        thread = threading.Thread(target=complete_all)
+        thread.start()
+        try:
+            gathered = asyncio.gather(*(_await(p) for p in pendings))
+            await asyncio.sleep(0)  # let every await register before completing
+            started.set()
+            return await asyncio.wait_for(gathered, timeout=10)
+        finally:
+            thread.join(10)
+
+    assert asyncio.run(main()) == list(range(50))
+
+
+def test_await_raises_the_error() -> None:
+    async def main() -> None:
+        pending: Completion[int] = Completion()
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: threading.Thread(
+            target=pending.set_exception, args=(StorageFailedError("sync failed"),)).start())
+        with pytest.raises(StorageFailedError, match="sync failed"):
+            await asyncio.wait_for(_await(pending), timeout=10)
+
+    asyncio.run(main())
+
+
+def test_await_of_a_done_completion_does_not_suspend() -> None:
+    async def main() -> int:
+        return await Completion.resolved(11)
+
+    assert asyncio.run(main()) == 11
+
+
+async def _await(pending: Completion[int]) -> int:
+    return await pending
