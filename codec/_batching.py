@@ -310,52 +310,69 @@ def decode_batch_payload(
         meta_end = start + unpack_u32(buf, pos)[0]
         if meta_end > end:
             raise RemoteProtocolError(f"metadata of batch message {index} runs past the payload")
-        # Fast path for what producers write most: `payload_size` in one byte, then optionally
-        # `sequence_id`, and nothing else. Anything else takes the general loop below.
-        if meta_end - start >= 2 and buf[start] == 0x18 and buf[start + 1] < 0x80:
-            payload_size = buf[start + 1]
-            cursor = start + 2
-            sequence: int | None = None
-            if cursor < meta_end and buf[cursor] == 0x40:
-                cursor += 1
-                sequence = 0
-                shift = 0
-                while cursor < meta_end and shift < 57:
-                    byte = buf[cursor]
-                    cursor += 1
-                    sequence |= (byte & 0x7F) << shift
-                    if byte < 0x80:
-                        break
-                    shift += 7
-                else:
-                    cursor = -1  # truncated, or too long for this path: take the general one
-            if cursor == meta_end:
-                stop = meta_end + payload_size
-                if stop > end:
-                    raise RemoteProtocolError(
-                        f"body of batch message {index} runs past the payload"
-                    )
-                if sequence is None and first_sequence_id is not None:
-                    sequence = first_sequence_id + index
-                append(
-                    new(
-                        SingleMessage,
-                        (
-                            buf[meta_end:stop],
-                            empty,
-                            None,
-                            False,
-                            None,
-                            0,
-                            sequence,
-                            False,
-                            index,
-                            False,
-                        ),
-                    )
+        # Fast path for what producers write most: `payload_size` (one or two varint bytes),
+        # then optionally `sequence_id` (one to four), and nothing else. The metadata's length
+        # tells how long the sequence id's varint is, so it is decoded without a loop. Anything
+        # else, or anything odd, takes the general loop below.
+        cursor = -1
+        if meta_end - start >= 2 and buf[start] == 0x18:
+            byte = buf[start + 1]
+            if byte < 0x80:
+                payload_size = byte
+                cursor = start + 2
+            elif meta_end - start >= 3 and buf[start + 2] < 0x80:
+                payload_size = (byte & 0x7F) | (buf[start + 2] << 7)
+                cursor = start + 3
+        sequence: int | None = None
+        if 0 < cursor < meta_end and buf[cursor] == 0x40:
+            width = meta_end - cursor - 1
+            b0 = buf[cursor + 1] if width else 0x80
+            if width == 1 and b0 < 0x80:
+                sequence = b0
+            elif width == 2 and b0 >= 0x80 and buf[cursor + 2] < 0x80:
+                sequence = (b0 & 0x7F) | (buf[cursor + 2] << 7)
+            elif width == 3 and b0 >= 0x80 and buf[cursor + 2] >= 0x80 and buf[cursor + 3] < 0x80:
+                sequence = (b0 & 0x7F) | ((buf[cursor + 2] & 0x7F) << 7) | (buf[cursor + 3] << 14)
+            elif (
+                width == 4
+                and b0 >= 0x80
+                and buf[cursor + 2] >= 0x80
+                and buf[cursor + 3] >= 0x80
+                and buf[cursor + 4] < 0x80
+            ):
+                sequence = (
+                    (b0 & 0x7F)
+                    | ((buf[cursor + 2] & 0x7F) << 7)
+                    | ((buf[cursor + 3] & 0x7F) << 14)
+                    | (buf[cursor + 4] << 21)
                 )
-                pos = stop
-                continue
+            if sequence is not None:
+                cursor = meta_end
+        if cursor == meta_end:
+            stop = meta_end + payload_size
+            if stop > end:
+                raise RemoteProtocolError(f"body of batch message {index} runs past the payload")
+            if sequence is None and first_sequence_id is not None:
+                sequence = first_sequence_id + index
+            append(
+                new(
+                    SingleMessage,
+                    (
+                        buf[meta_end:stop],
+                        empty,
+                        None,
+                        False,
+                        None,
+                        0,
+                        sequence,
+                        False,
+                        index,
+                        False,
+                    ),
+                )
+            )
+            pos = stop
+            continue
         pos = start
         payload_size = -1
         properties: Mapping[str, str] = EMPTY_PROPERTIES
