@@ -424,3 +424,31 @@ def test_container_limits_must_be_sane() -> None:
         BatchContainer(batch_delay_ms_max=-1)
     with pytest.raises(ValueError, match="at least one"):
         build_batch([], producer_name="p", publish_time=0)
+
+
+BOUNDARIES = [0, 1, 127, 128, 16383, 16384, (1 << 21) - 1, 1 << 21, (1 << 28) - 1, 1 << 28]
+BOUNDARIES += [1 << 35, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384])
+def test_varint_boundaries_in_sizes_and_sequence_ids(size: int) -> None:
+    batch = [SingleMessage(b"s" * size, sequence_id=value) for value in BOUNDARIES]
+    assert decode_batch_payload(encode_batch_payload(batch), len(batch)) == indexed(batch)
+
+
+@pytest.mark.parametrize(
+    ("meta", "sequence"),
+    [
+        (b"\x18\x01\x40\x80\x00", 0),  # non-canonical varints mean what they say
+        (b"\x18\x01\x40\xff\x80\x00", 127),
+        (b"\x18\x81\x00\x40\x85\x80\x80\x00", 5),
+        (b"\x18\x01\x40\x05\x40\x06", 6),  # a repeated scalar: the last one wins
+    ],
+)
+def test_unusual_but_valid_encodings_decode_like_the_runtime(meta: bytes, sequence: int) -> None:
+    reference = pb.SingleMessageMetadata.FromString(meta)
+    assert reference.sequence_id == sequence
+    payload = len(meta).to_bytes(4, "big") + meta + b"p" * reference.payload_size
+    [decoded] = decode_batch_payload(payload, 1)
+    assert decoded.sequence_id == sequence
+    assert decoded.payload == b"p" * reference.payload_size
