@@ -51,8 +51,9 @@ def check_storage(store: Storage) -> CheckReport:
         with store.lock:
             ledgers = {i: (s.state, s.lac) for i, s in store.ledgers.items()}
             purging = set(store.purge_ledgers)  # deleted; the next checkpoint purges them
-            cached = {key for half in (store.cache.active, store.cache.flushing)
-                      if half is not None for key in half.entries}
+            cached = {(ledger_id, entry_id)
+                      for half in (store.cache.active, store.cache.flushing) if half is not None
+                      for ledger_id, entries in half.entries.items() for entry_id in entries}
         indexed: dict[int, set[int]] = {}
         for ledger_id, entry_id, location in store.index.iter_locations():
             report.entries_checked += 1

@@ -77,8 +77,9 @@ def flush_to_index(store: Storage, half: CacheHalf, records: list[LedgerRecord],
     """Steps 3 to 5 of the checkpoint for one flushed half (also used by recovery)."""
     started = time.monotonic()
     deleted = {r.ledger_id for r in records if r.state == DELETED} | set(purge)
-    entries = sorted((key[0], key[1], data) for key, data in half.entries.items()
-                     if key[0] not in deleted and _live(store, key[0]))
+    entries = [(ledger_id, entry_id, data) for ledger_id in sorted(half.entries)
+               if ledger_id not in deleted and _live(store, ledger_id)
+               for entry_id, data in sorted(half.entries[ledger_id].items())]
     store.fs.point("checkpoint:after-swap")
     write = CheckpointWrite(mark=None, ledgers=records, purge_ledgers=purge,
                             meta_ops=half.meta_ops())
@@ -107,21 +108,21 @@ def _append_entries(store: Storage, entries: list[tuple[int, int, bytes]],
     if not entries:
         return touched
     limit = store.config.entry_log_bytes_max
+    remaining = RECORD_HEADER_BYTES * len(entries) + sum(len(e[2]) for e in entries)
     start = 0
     while start < len(entries):
         writer = _writer_with_room(store, entries[start], limit, touched)
-        stop, size = start, writer.position
-        while stop < len(entries) and (stop == start or
-                                       size + RECORD_HEADER_BYTES + len(entries[stop][2])
-                                       <= limit):
-            size += RECORD_HEADER_BYTES + len(entries[stop][2])
-            stop += 1
+        stop = _run_end(entries, start, writer.position, remaining, limit)
         chunk = entries[start:stop]
-        locations = writer.append(chunk)
-        write.locations.extend((location_key(ledger_id, entry_id), location)
-                               for (ledger_id, entry_id, _), location
-                               in zip(chunk, locations, strict=True))
-        _account(store, writer, chunk)
+        counted_before = dict(writer.ledger_bytes)
+        position_before = writer.position
+        keys: list[bytes] = []
+        locations = writer.append(chunk, keys)
+        assert len(keys) == len(locations) == len(chunk)
+        assert keys[0] == location_key(chunk[0][0], chunk[0][1]), "index key layout"
+        write.locations.extend(zip(keys, locations, strict=True))
+        remaining -= writer.position - position_before
+        _account(store, writer, counted_before)
         touched.add(writer.log_id)
         start = stop
     store.fs.point("checkpoint:after-entrylog-write")
@@ -130,6 +131,21 @@ def _append_entries(store: Storage, entries: list[tuple[int, int, bytes]],
     store.fs.point("checkpoint:after-entrylog-sync")
     store.entry_logs[store.writer.log_id].size = store.writer.position
     return touched
+
+
+def _run_end(entries: list[tuple[int, int, bytes]], start: int, position: int,
+             remaining: int, limit: int) -> int:
+    """End of the run of entries from `start` that fits in a log at `position` (at least
+    one entry); `remaining` is the record bytes of all of `entries[start:]`."""
+    if position + remaining <= limit:
+        return len(entries)
+    stop, size = start, position
+    while stop < len(entries) and (stop == start or
+                                   size + RECORD_HEADER_BYTES + len(entries[stop][2])
+                                   <= limit):
+        size += RECORD_HEADER_BYTES + len(entries[stop][2])
+        stop += 1
+    return stop
 
 
 def _writer_with_room(store: Storage, first: tuple[int, int, bytes], limit: int,
@@ -154,12 +170,14 @@ def _writer_with_room(store: Storage, first: tuple[int, int, bytes], limit: int,
     return writer
 
 
-def _account(store: Storage, writer: EntryLogWriter, chunk: list[tuple[int, int, bytes]]) -> None:
+def _account(store: Storage, writer: EntryLogWriter, counted_before: dict[int, int]) -> None:
+    """Add what the writer's last append counted per ledger to the log's GC record."""
     record = store.entry_logs[writer.log_id]
-    for ledger_id, _, data in chunk:
-        size = RECORD_HEADER_BYTES + len(data)
-        record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
-        record.total_bytes += size
+    for ledger_id, counted in writer.ledger_bytes.items():
+        size = counted - counted_before.get(ledger_id, 0)
+        if size:
+            record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
+            record.total_bytes += size
     record.size = writer.position
 
 

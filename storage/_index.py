@@ -229,8 +229,10 @@ class Index:
             self.persisted_mark = write.mark
 
     def _apply(self, txn: Any, write: CheckpointWrite) -> None:
-        for key, location in write.locations:
-            txn.put(key, _U64.pack(location), db=self._locations)
+        if write.locations:  # one C loop for a whole flush instead of a put per entry
+            pack = _U64.pack
+            txn.cursor(db=self._locations).putmulti(
+                [(key, pack(location)) for key, location in write.locations])
         for key, old, new in write.relocations:
             current = txn.get(key, db=self._locations)
             if current is not None and _U64.unpack(current)[0] == old:

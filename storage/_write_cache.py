@@ -22,7 +22,10 @@ __all__ = ["CacheHalf", "WriteCache"]
 
 @dataclass
 class CacheHalf:
-    entries: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    # ledger id -> entry id -> data. Nested dicts of ints and bytes hold no object the
+    # cyclic GC tracks, so a full cache costs its collections nothing (a dict keyed by
+    # (ledger, entry) tuples is traversed whole by every full collection).
+    entries: dict[int, dict[int, bytes]] = field(default_factory=dict)
     meta: dict[bytes, bytes | None] = field(default_factory=dict)
     entry_bytes: int = 0
 
@@ -40,18 +43,21 @@ class WriteCache:
         self.flushing: CacheHalf | None = None
 
     def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
-        key = (ledger_id, entry_id)
-        previous = self.active.entries.get(key)
+        ledger = self.active.entries.get(ledger_id)
+        if ledger is None:
+            ledger = self.active.entries[ledger_id] = {}
+        previous = ledger.get(entry_id)
         if previous is not None:  # journal replay rewrites an entry: last write wins
             self.active.entry_bytes -= len(previous)
-        self.active.entries[key] = data
+        ledger[entry_id] = data
         self.active.entry_bytes += len(data)
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
-        key = (ledger_id, entry_id)
-        found = self.active.entries.get(key)
+        ledger = self.active.entries.get(ledger_id)
+        found = None if ledger is None else ledger.get(entry_id)
         if found is None and self.flushing is not None:
-            found = self.flushing.entries.get(key)
+            ledger = self.flushing.entries.get(ledger_id)
+            found = None if ledger is None else ledger.get(entry_id)
         return found
 
     def put_meta(self, key: bytes, value: bytes | None) -> None:
