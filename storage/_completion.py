@@ -2,7 +2,7 @@
 
 `concurrent.futures.Future` allocates a condition variable per future; an add path that
 completes hundreds of thousands of futures a second cannot afford that. A `Completion`
-allocates its `threading.Event` only when somebody blocks on it, runs callbacks in the
+allocates a lock only when somebody blocks on it, runs callbacks in the
 thread that completes it, and bridges to asyncio through `call_soon_threadsafe` when
 awaited.
 """
@@ -32,7 +32,10 @@ class Completion(Generic[T]):
         self._value: Any = _PENDING
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Completion[T]], None]] | None = None
-        self._event: threading.Event | None = None
+        # Held until the completion finishes; a blocked `result` waits to acquire it. A raw
+        # lock, not a `threading.Event`: waking a synchronous caller is on the path of every
+        # add made one at a time.
+        self._event: threading.Lock | None = None
 
     @classmethod
     def resolved(cls, value: T) -> Completion[T]:
@@ -64,7 +67,7 @@ class Completion(Generic[T]):
             callbacks, self._callbacks = self._callbacks, None
             event = self._event
         if event is not None:
-            event.set()
+            event.release()
         if callbacks:
             for callback in callbacks:
                 callback(self)
@@ -90,10 +93,13 @@ class Completion(Generic[T]):
         if self._value is _PENDING:
             with Completion._state_lock:
                 if self._value is _PENDING and self._event is None:
-                    self._event = threading.Event()
+                    self._event = threading.Lock()
+                    self._event.acquire()
                 event = self._event
-            if event is not None and not event.wait(timeout):
-                raise TimeoutError("operation still pending")
+            if event is not None:
+                if not event.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                    raise TimeoutError("operation still pending")
+                event.release()  # for the next waiter, if any
         if self._error is not None:
             raise self._error
         value: T = self._value
