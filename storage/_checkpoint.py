@@ -44,6 +44,10 @@ def run_checkpoint(store: Storage) -> None:
     with store.checkpoint_lock:
         store.fs.point("checkpoint:begin")
         with store.lock:
+            if store.failed is not None:
+                # A failed engine writes nothing more (and a failed flush left its half
+                # in the cache, so another swap is impossible anyway).
+                raise store.failed
             mark = store.journal.synced_mark
             nothing_new = (not store.cache.active.entries and not store.cache.active.meta
                            and not store.dirty_ledgers
@@ -76,9 +80,11 @@ def flush_to_index(store: Storage, half: CacheHalf, records: list[LedgerRecord],
                    purge: list[int], mark: JournalMark) -> None:
     """Steps 3 to 5 of the checkpoint for one flushed half (also used by recovery)."""
     started = time.monotonic()
+    # Only deletions this commit makes durable may drop entries: a ledger deleted in
+    # memory since the snapshot is not deleted on disk yet, and the mark covers its adds.
     deleted = {r.ledger_id for r in records if r.state == DELETED} | set(purge)
     entries = [(ledger_id, entry_id, data) for ledger_id in sorted(half.entries)
-               if ledger_id not in deleted and _live(store, ledger_id)
+               if ledger_id not in deleted
                for entry_id, data in sorted(half.entries[ledger_id].items())]
     store.fs.point("checkpoint:after-swap")
     write = CheckpointWrite(mark=None, ledgers=records, purge_ledgers=purge,
@@ -94,11 +100,6 @@ def flush_to_index(store: Storage, half: CacheHalf, records: list[LedgerRecord],
     store.fs.point("checkpoint:after-index-commit")
     log.debug("checkpoint: %d entries, %d ledgers, mark %s in %.1f ms", len(entries),
               len(records), write.mark, (time.monotonic() - started) * 1000)
-
-
-def _live(store: Storage, ledger_id: int) -> bool:
-    ledger = store.ledgers.get(ledger_id)
-    return ledger is not None and ledger.state != DELETED
 
 
 def _append_entries(store: Storage, entries: list[tuple[int, int, bytes]],

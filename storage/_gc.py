@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from ._checkpoint import _storage_error as storage_error
 from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter, location_of, scan_entry_log
 from ._index import CheckpointWrite, EntryLogRecord, location_key
-from ._ledger import DELETED
 
 if TYPE_CHECKING:
     from ._storage import Storage
@@ -80,8 +79,9 @@ def _drop_log(store: Storage, log_id: int) -> None:
 
 def _compact_log(store: Storage, record: EntryLogRecord) -> int:
     old_path = store.reader.path(record.log_id)
-    live_ledgers = {ledger_id for ledger_id in record.ledgers
-                    if (s := store.ledgers.get(ledger_id)) is not None and s.state != DELETED}
+    # The log's committed ledger table, not the in-memory state: a ledger whose delete is
+    # not yet durable (and purged by a checkpoint) may come back after a crash.
+    live_ledgers = set(record.ledgers)
     writer = store.new_entry_log()
     try:
         moved = _copy_live(store, record, old_path, live_ledgers, writer)
