@@ -400,7 +400,7 @@ class Storage:
             if first < 0 or last < first or last > ledger.lac:
                 raise NoSuchEntryError(
                     f"ledger {ledger_id} has entries 0..{ledger.lac}; asked {first}..{last}")
-            found = [self.cache.get(ledger_id, e) for e in range(first, last + 1)]
+            found = self.cache.get_range(ledger_id, first, last)
         missing = [first + i for i, data in enumerate(found) if data is None]
         if missing:
             self._fill_from_entry_logs(ledger_id, missing, found, first)

@@ -60,6 +60,19 @@ class WriteCache:
             found = None if ledger is None else ledger.get(entry_id)
         return found
 
+    def get_range(self, ledger_id: int, first: int, last: int) -> list[bytes | None]:
+        """`get` for each entry of `first`..`last`, looking up the ledger once per half."""
+        assert first <= last
+        active = self.active.entries.get(ledger_id)
+        flushing = None if self.flushing is None else self.flushing.entries.get(ledger_id)
+        if active is None and flushing is None:  # a catch-up read: all in the entry logs
+            return [None] * (last - first + 1)
+        found = [None if active is None else active.get(e) for e in range(first, last + 1)]
+        if flushing is not None:
+            found = [data if data is not None else flushing.get(first + i)
+                     for i, data in enumerate(found)]
+        return found
+
     def put_meta(self, key: bytes, value: bytes | None) -> None:
         self.active.meta[key] = value
 
