@@ -301,3 +301,24 @@ def test_gc_disk_full_fails_cleanly(tmp_path: Path, rng: random.Random, seed: in
         done = store.gc()
         assert done["logs_compacted"] + done["logs_deleted"] >= 1
         assert_clean_directory(store, tmp_path)
+
+
+def test_gc_with_delete_in_flight_then_crash(tmp_path: Path, rng: random.Random,
+                                             seed: int) -> None:
+    """A delete that is not yet durable when GC compacts the ledger's log, then a crash
+    that loses the delete: the ledger is back, so its entries must be too."""
+    live, dead, old_log = mostly_dead_log(tmp_path, rng)
+    victim = min(live)
+    sim = SimFileSystem(seed)
+    store = Storage.open(tmp_path, make_config(), fs=sim)
+    in_flight = store.delete_ledger(victim)  # queued, never written: no pump
+    assert store.gc()["logs_compacted"] == 1
+    assert old_log not in log_files(tmp_path)
+    assert not in_flight.done()
+    sim.crash()
+    store.abandon()
+    sim.power_loss()
+    with Storage.open(tmp_path, make_config()) as store:
+        assert_holds(store, live)  # the delete was lost, the ledger and entries were not
+        assert_gone(store, dead)
+        assert_clean_directory(store, tmp_path)
