@@ -1,0 +1,87 @@
+"""Broker configuration: Pulsar's `ServiceConfiguration` defaults for what Magnetar
+implements (broker reference §10), each limit named with its unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["BrokerConfig"]
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    cluster_name: str = "standalone"
+
+    # Topics and subscriptions.
+    allow_auto_topic_creation: bool = True
+    allow_auto_topic_creation_type: str = "non-partitioned"  # or "partitioned"
+    default_num_partitions: int = 1
+    allow_auto_subscription_creation: bool = True
+    subscription_types_enabled: tuple[str, ...] = ("Exclusive", "Shared", "Failover",
+                                                   "Key_Shared")
+    max_producers_per_topic: int = 0  # 0 = unlimited
+    max_consumers_per_topic: int = 0
+    max_consumers_per_subscription: int = 0
+    max_message_size_bytes: int = 5 * 1024 * 1024
+
+    # Dispatch.
+    max_unacked_messages_per_consumer: int = 50_000
+    max_unacked_messages_per_subscription: int = 200_000
+    dispatcher_max_read_batch_size: int = 100
+    dispatcher_max_read_size_bytes: int = 5 * 1024 * 1024
+    dispatcher_max_round_robin_batch_size: int = 20
+    dispatcher_retry_backoff_initial_ms: int = 1
+    dispatcher_retry_backoff_max_ms: int = 10
+    active_consumer_failover_delay_ms: int = 1000
+    subscription_redelivery_tracker_enabled: bool = True
+    acknowledgment_at_batch_index_level_enabled: bool = True
+
+    # Key_Shared.
+    key_shared_use_consistent_hashing: bool = True
+    key_shared_consistent_hashing_replica_points: int = 100
+    key_shared_look_ahead_msg_in_replay_threshold_per_consumer: int = 2000
+    key_shared_look_ahead_msg_in_replay_threshold_per_subscription: int = 20_000
+    key_shared_unblocking_interval_ms: int = 10
+
+    # Managed ledgers and cursors.
+    managed_ledger_max_entries_per_ledger: int = 50_000
+    managed_ledger_max_size_per_ledger_bytes: int = 2048 * 1024 * 1024
+    managed_ledger_max_ledger_rollover_time_s: int = 240 * 60
+    managed_ledger_min_ledger_rollover_time_s: int = 10 * 60
+    managed_ledger_max_unacked_ranges_to_persist: int = 10_000
+
+    # Deduplication.
+    broker_deduplication_enabled: bool = False
+    broker_deduplication_entries_interval: int = 1000
+    broker_deduplication_snapshot_interval_s: int = 120
+    broker_deduplication_max_number_of_producers: int = 10_000
+    broker_deduplication_producer_inactivity_timeout_s: int = 360 * 60
+
+    # Delayed delivery.
+    delayed_delivery_enabled: bool = True
+    delayed_delivery_tick_time_ms: int = 1000
+    delayed_delivery_deliver_at_time_strict: bool = False
+    delayed_delivery_max_delay_ms: int = 0  # 0 = no limit
+    delayed_delivery_tracked_in_memory_max: int = 100_000
+
+    # Retention, TTL, backlog quotas.
+    default_retention_time_minutes: int = 0
+    default_retention_size_mb: int = 0
+    retention_check_interval_s: int = 120
+    ttl_duration_default_s: int = 0
+    message_expiry_check_interval_s: int = 300
+    backlog_quota_check_interval_s: int = 60
+    backlog_quota_default_limit_bytes: int = -1
+    backlog_quota_default_limit_s: int = -1
+    backlog_quota_default_retention_policy: str = "producer_request_hold"
+
+    # Namespaces created at start.
+    initial_namespaces: tuple[str, ...] = field(default=("public/default",))
+
+    def __post_init__(self) -> None:
+        assert self.allow_auto_topic_creation_type in ("non-partitioned", "partitioned")
+        assert self.default_num_partitions >= 1
+        assert self.max_message_size_bytes > 0
+        assert self.key_shared_consistent_hashing_replica_points > 0
+        assert self.backlog_quota_default_retention_policy in (
+            "producer_request_hold", "producer_exception", "consumer_backlog_eviction")

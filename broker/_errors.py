@@ -1,0 +1,132 @@
+"""The broker error hierarchy.
+
+Every error the broker raises on purpose derives from `BrokerError` and carries the wire
+`ServerError` code the server answers with (`code`) and whether the client is expected to
+retry (`retriable`). `for_code` maps a code back to its class. Storage errors keep their own
+hierarchy (`storage.StorageError`, which has a `code` too); the service converts them at
+its boundary with `from_storage_error`.
+"""
+
+from __future__ import annotations
+
+from storage import StorageError
+
+__all__ = [
+    "BrokerError",
+    "ConsumerAssignError",
+    "ConsumerBusyError",
+    "ConsumerNotFoundError",
+    "IncompatibleSchemaError",
+    "InvalidTopicNameError",
+    "MetadataError",
+    "NotAllowedError",
+    "PersistenceError",
+    "ProducerBlockedQuotaExceededError",
+    "ProducerBlockedQuotaExceededException",
+    "ProducerBusyError",
+    "ServiceNotReadyError",
+    "SubscriptionNotFoundError",
+    "TopicNotFoundError",
+    "TopicTerminatedError",
+    "for_code",
+    "from_storage_error",
+]
+
+
+class BrokerError(Exception):
+    """Root of the broker errors. `code` is the wire ServerError value."""
+
+    code: int = 0  # UnknownError
+    retriable: bool = False
+
+
+class MetadataError(BrokerError):
+    code = 1
+    retriable = True
+
+
+class PersistenceError(BrokerError):
+    code = 2
+    retriable = True
+
+
+class ConsumerBusyError(BrokerError):
+    code = 5
+
+
+class ServiceNotReadyError(BrokerError):
+    code = 6
+    retriable = True
+
+
+class ProducerBlockedQuotaExceededError(BrokerError):
+    """producer_request_hold: the client retries until the backlog falls."""
+
+    code = 7
+    retriable = True
+
+
+class ProducerBlockedQuotaExceededException(BrokerError):
+    """producer_exception: not retried; pending sends fail."""
+
+    code = 8
+
+
+class TopicNotFoundError(BrokerError):
+    code = 11
+
+
+class SubscriptionNotFoundError(BrokerError):
+    code = 12
+    retriable = True
+
+
+class ConsumerNotFoundError(BrokerError):
+    code = 13
+    retriable = True
+
+
+class TopicTerminatedError(BrokerError):
+    code = 15
+
+
+class ProducerBusyError(BrokerError):
+    code = 16
+
+
+class InvalidTopicNameError(BrokerError):
+    code = 17
+
+
+class IncompatibleSchemaError(BrokerError):
+    code = 18
+
+
+class ConsumerAssignError(BrokerError):
+    code = 19
+
+
+class NotAllowedError(BrokerError):
+    code = 22
+
+
+_BY_CODE: dict[int, type[BrokerError]] = {
+    cls.code: cls for cls in (
+        BrokerError, MetadataError, PersistenceError, ConsumerBusyError, ServiceNotReadyError,
+        ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException,
+        TopicNotFoundError, SubscriptionNotFoundError, ConsumerNotFoundError,
+        TopicTerminatedError, ProducerBusyError, InvalidTopicNameError,
+        IncompatibleSchemaError, ConsumerAssignError, NotAllowedError)
+}
+
+
+def for_code(code: int) -> type[BrokerError]:
+    """The error class for a wire ServerError code (BrokerError for unknown codes)."""
+    return _BY_CODE.get(code, BrokerError)
+
+
+def from_storage_error(error: StorageError) -> BrokerError:
+    """The broker error to answer a client with when storage failed."""
+    converted = for_code(error.code)(str(error))
+    converted.__cause__ = error
+    return converted
