@@ -44,7 +44,9 @@ import json
 import logging
 import os
 import struct
+import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ._entry_log import parse_entry_log_name
@@ -56,7 +58,9 @@ from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState
 from ._metadata import decode_meta_ops
 
 if TYPE_CHECKING:
+    from ._index import LedgerRecord
     from ._storage import Storage
+    from ._write_cache import CacheHalf
 
 __all__ = ["ReplayStats", "recover"]
 
@@ -159,18 +163,25 @@ def _replay_journal(store: Storage) -> tuple[ReplayStats, int, int]:
                                 store.journal_dir, f"{mark.segment_id:016x}.jnl"), 0)
         segments = [(s, p) for s, p in segments if s >= mark.segment_id]
     expected: int | None = None if mark is None else mark.lsn
-    for position, (segment_id, path) in enumerate(segments):
-        newest = position == len(segments) - 1
-        start = mark.offset if mark is not None and segment_id == mark.segment_id else None
-        expected = _replay_segment(store, stats, segment_id, path, start, expected, newest,
-                                   segments[position + 1][1] if not newest else None)
+    flusher = _ReplayFlusher(store)
+    try:
+        for position, (segment_id, path) in enumerate(segments):
+            newest = position == len(segments) - 1
+            start = mark.offset if mark is not None and segment_id == mark.segment_id else None
+            expected = _replay_segment(store, stats, flusher, segment_id, path, start,
+                                       expected, newest,
+                                       segments[position + 1][1] if not newest else None)
+    except BaseException:
+        flusher.wait_quietly()
+        raise
+    flusher.wait()
     last_lsn = expected if expected is not None else (mark.lsn if mark else 0)
     return stats, max(last_lsn, 0), next_segment
 
 
-def _replay_segment(store: Storage, stats: ReplayStats, segment_id: int, path: str,
-                    start: int | None, expected: int | None, newest: bool,
-                    next_path: str | None) -> int | None:
+def _replay_segment(store: Storage, stats: ReplayStats, flusher: _ReplayFlusher,
+                    segment_id: int, path: str, start: int | None, expected: int | None,
+                    newest: bool, next_path: str | None) -> int | None:
     """Replay one segment; returns the last LSN seen (or `expected` when none)."""
     handle = store.fs.open_read(path)
     try:
@@ -183,7 +194,8 @@ def _replay_segment(store: Storage, stats: ReplayStats, segment_id: int, path: s
                 store.fs.remove(path)
                 log.warning("removed journal segment %s: its header was never completed", path)
                 return expected
-            raise
+            _refuse_or_skip(store, "journal segment header is damaged", path, 0)
+            return None  # skipped: the next segment's first LSN starts the sequence again
         if header.segment_id != segment_id:
             raise CorruptionError(f"segment header says id {header.segment_id}", path=path,
                                   offset=0)
@@ -201,9 +213,8 @@ def _replay_segment(store: Storage, stats: ReplayStats, segment_id: int, path: s
             stats.records += 1
             stats.bytes += len(record.payload) + 24
             if store.cache.active_full():
-                _flush_during_replay(store, JournalMark(segment_id,
-                                                        record.offset + 24 + len(record.payload),
-                                                        record.lsn))
+                flusher.flush(JournalMark(segment_id, record.offset + 24 + len(record.payload),
+                                          record.lsn))
         if not result.clean:
             _judge_stop(store, stats, result, path, newest, next_path)
         return result.last_lsn if result.records else expected
@@ -259,16 +270,71 @@ def _refuse_or_skip(store: Storage, message: str, path: str, offset: int) -> Non
               offset)
 
 
-def _flush_during_replay(store: Storage, mark: JournalMark) -> None:
-    from ._checkpoint import flush_to_index
+class _ReplayFlusher:
+    """Flushes the write-cache halves that fill up during replay: in order, one at a time,
+    each committing the mark just past its last record.
 
-    half = store.cache.swap()
-    records = [store.ledgers[i].record() for i in sorted(store.dirty_ledgers)]
-    purge = sorted(store.purge_ledgers)
-    store.dirty_ledgers.clear()
-    store.purge_ledgers.clear()
-    flush_to_index(store, half, records, purge, mark)
-    store.cache.clear_flushing()
+    With background threads a flush runs in a helper thread while replay goes on into
+    the other half; its entry-log writes, fdatasync and LMDB commit release the GIL, so
+    the disk works while the journal is parsed. Without them (deterministic simulations)
+    every flush runs in line, as all other I/O does.
+    """
+
+    def __init__(self, store: Storage):
+        self._store = store
+        self._thread: threading.Thread | None = None
+        self._pending = False
+        self._error: BaseException | None = None
+
+    def flush(self, mark: JournalMark) -> None:
+        """Wait for the previous flush, then flush the active half, covered by `mark`.
+
+        Raises the previous flush's error (an OSError, a StorageError).
+        """
+        self.wait()
+        store = self._store
+        half = store.cache.swap()
+        records = [store.ledgers[i].record() for i in sorted(store.dirty_ledgers)]
+        purge = sorted(store.purge_ledgers)
+        store.dirty_ledgers.clear()
+        store.purge_ledgers.clear()
+        self._pending = True
+        job = partial(self._run, half, records, purge, mark)
+        if not store.config.background_threads:
+            job()
+            self.wait()
+            return
+        self._thread = threading.Thread(target=job, name="storage-replay-flush", daemon=True)
+        self._thread.start()
+
+    def _run(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
+             mark: JournalMark) -> None:
+        from ._checkpoint import flush_to_index
+
+        try:
+            flush_to_index(self._store, half, records, purge, mark)
+        except BaseException as exc:  # raised in the replaying thread by `wait`
+            self._error = exc
+
+    def wait(self) -> None:
+        """Wait for the flush under way, if any; once it succeeded its half leaves the
+        cache. Raises its error (the half then stays, as after a failed checkpoint)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        if self._pending:
+            self._pending = False
+            self._store.cache.clear_flushing()
+
+    def wait_quietly(self) -> None:
+        """`wait` while another error is on its way out: a flush error is only logged."""
+        try:
+            self.wait()
+        except BaseException as exc:
+            log.error("journal replay stopped; the flush under way failed too: %s", exc)
 
 
 # -- applying records ---------------------------------------------------------------------

@@ -46,6 +46,7 @@ from ._completion import Completion
 from ._config import StorageConfig
 from ._entry_log import EntryLogReader, EntryLogWriter
 from ._errors import (
+    CorruptionError,
     DataDirLockedError,
     EntryTooLargeError,
     LedgerClosedError,
@@ -415,9 +416,11 @@ class Storage:
                 datas = self.reader.read_run(ledger_id, wanted,
                                              self.config.read_batch_bytes_max)
                 break
-            except FileNotFoundError:
-                if attempt == 1:  # compaction moved it twice in a row: report it
-                    raise
+            except FileNotFoundError as exc:
+                if attempt == 1:  # not a compaction race: the indexed log is gone
+                    raise CorruptionError(
+                        f"ledger {ledger_id}: the entry log the index points at is missing",
+                        path=str(exc.filename), offset=0) from exc
         for (entry_id, _), data in zip(wanted, datas, strict=True):
             found[entry_id - first] = data
         absent = [e for e in missing if found[e - first] is None]

@@ -781,3 +781,33 @@ def test_persisted_mark_never_regresses(tmp_path: Path, rng: random.Random, seed
             sim.power_loss()
         assert read_mark(tmp_path) == after
     assert seen == sorted(seen)
+
+
+def test_damaged_header_of_older_segment(tmp_path: Path, rng: random.Random) -> None:
+    ledger_id, datas = rolled_journal(tmp_path, rng, 30)
+    middle = segment_paths(tmp_path)[1]
+    flip_bit(middle, 10)
+    with pytest.raises(CorruptionError) as caught:
+        Storage.open(tmp_path, rolling_config())
+    assert caught.value.path == str(middle)
+    assert caught.value.offset == 0
+    # Skipping loses the damaged segment and every later add of the ledger (ids stay dense).
+    with Storage.open(tmp_path, rolling_config(skip_corrupt_journal_segments=True)) as store:
+        kept = store.last_add_confirmed(ledger_id) + 1
+        assert 0 < kept < len(datas)
+        assert_ledger_holds(store, ledger_id, datas[:kept])
+        assert store.check().ok, store.check().render()
+
+
+def test_read_from_a_missing_entry_log_names_the_file(tmp_path: Path,
+                                                      rng: random.Random) -> None:
+    store = Storage.open(tmp_path, make_config())
+    ledger_id, _ = new_ledger(store, rng, 5)
+    store.checkpoint()
+    log_file = next((tmp_path / "entrylogs").glob("*.log"))
+    log_file.unlink()
+    store.reader.close()  # no cached handle may hide the loss
+    with pytest.raises(CorruptionError) as caught:
+        store.read_entries(ledger_id, 0, 4)
+    assert caught.value.path == str(log_file)
+    store.abandon()
