@@ -236,7 +236,11 @@ class CrashTestOptions:
 @dataclass
 class CrashTestSummary:
     """What a run found. `violations` counts every violation; `violation_messages` lists
-    the first `VIOLATIONS_LISTED_MAX`."""
+    the first `VIOLATIONS_LISTED_MAX`. `acknowledged_verified` counts acknowledged adds
+    found intact by the verification after the crash that followed them (each once;
+    later verifications read them again, which `entries_read` counts).
+    `crash_points_hit` counts powerloss crashes by crash point, plus 'operation' (a
+    random file operation) and 'disk error'."""
 
     seed: int
     iterations: int = 0
