@@ -65,6 +65,10 @@ def test_limits_are_measured(tiny_run: tuple[dict[str, Any], Path, str]) -> None
     _positive(limits, "fsync_append_per_s", "fsync_append_p50_ms", "fsync_append_p99_ms",
               "fsync_overwrite_per_s", "fsync_overwrite_p50_ms", "sequential_mb_per_s")
     assert limits["fsync_append_p50_ms"] <= limits["fsync_append_p99_ms"]
+    samples = limits["samples"]
+    assert [s["when"] for s in samples] == ["start", "end"]
+    for measure in ("fsync_append_per_s", "fsync_overwrite_per_s", "sequential_mb_per_s"):
+        assert limits[measure] == max(s[measure] for s in samples)
 
 
 def test_every_append_cell_is_measured(tiny_run: tuple[dict[str, Any], Path, str]) -> None:
