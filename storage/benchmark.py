@@ -18,7 +18,8 @@ the disk being judged) and removed at the end. The steps, one progress-bar cell 
    waits, as a synchronous client would. With N > 1 exactly N adds are outstanding: each
    completion's callback submits the next add. A cell runs for a fixed time after a short
    warm-up and reports appends/s, MB/s of entry data, and latency p50/p99 (submit to
-   completion).
+   completion). One more cell repeats 1 KB with 1 in flight with the process held to one
+   CPU (Linux), to show what cross-CPU thread wake-ups cost that case.
 3. Reads: tailing reads from the write cache (the checkpoint interval is made huge so the
    cache keeps everything), then catch-up reads front to back from the entry logs after a
    checkpoint has emptied the cache, first with the logs in the page cache (warm), then
@@ -182,6 +183,7 @@ class AppendCell:
     mb_per_s: float
     p50_ms: float
     p99_ms: float
+    one_cpu: bool = False  # the process, engine threads included, held to one CPU
     vs_fsync: float = 0.0
     vs_fsync_overwrite: float = 0.0
     vs_bandwidth: float = 0.0
@@ -273,6 +275,9 @@ def _steps(scale: BenchScale, scratch: str, results: _Results) -> list[Step]:
     steps += [(f"append {_size_name(size)} x{in_flight}",
                partial(_run_append_cell, scale, scratch, results, size, in_flight))
               for size in ENTRY_SIZES for in_flight in IN_FLIGHT]
+    if hasattr(os, "sched_setaffinity"):
+        steps.append(("append 1 KB x1, one CPU", partial(_run_append_cell, scale, scratch,
+                                                          results, KB, 1, one_cpu=True)))
     steps += [(f"reads {_size_name(size)}", partial(_run_read_cells, scale, scratch, results,
                                                     size)) for size in READ_SIZES]
     steps += [(f"replay {_size_name(size)}", partial(_run_replay_cell, scale, scratch, results,
@@ -394,17 +399,36 @@ def _sequential_bandwidth(path: str, size: int) -> float:
 # -- step 2: durable appends -------------------------------------------------------------
 
 def _run_append_cell(scale: BenchScale, scratch: str, results: _Results, entry_bytes: int,
-                     in_flight: int) -> None:
-    directory = _fresh_dir(scratch, f"append-{entry_bytes}-{in_flight}")
+                     in_flight: int, *, one_cpu: bool = False) -> None:
+    directory = _fresh_dir(scratch, f"append-{entry_bytes}-{in_flight}-{int(one_cpu)}")
     data = os.urandom(entry_bytes)
-    with Storage.open(directory, scale.storage_config()) as store:
+    with _on_one_cpu(one_cpu), Storage.open(directory, scale.storage_config()) as store:
         ledger_id = store.create_ledger({"bench": "append"}).result()
         if in_flight == 1:
             window = _append_and_wait(store, ledger_id, data, scale)
         else:
             window = _append_pipelined(store, ledger_id, data, in_flight, scale)
     shutil.rmtree(directory)
-    results.appends.append(_append_cell(entry_bytes, in_flight, window))
+    cell = _append_cell(entry_bytes, in_flight, window)
+    cell.one_cpu = one_cpu
+    results.appends.append(cell)
+
+
+@contextmanager
+def _on_one_cpu(wanted: bool) -> Iterator[None]:
+    """Hold this thread, and the threads it starts meanwhile (the engine's, when it opens a
+    store), to one CPU. With 1 add in flight every add crosses three threads; on a virtual
+    machine a wake-up on another, idle CPU costs tens of microseconds, on the same CPU a
+    few. This cell shows what that deployment choice is worth."""
+    if not wanted:
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 @dataclass
@@ -695,7 +719,7 @@ def _targets(results: _Results) -> list[Target]:
 
 def _find_append(results: _Results, entry_bytes: int, in_flight: int) -> AppendCell:
     return next(c for c in results.appends
-                if c.entry_bytes == entry_bytes and c.in_flight == in_flight)
+                if c.entry_bytes == entry_bytes and c.in_flight == in_flight and not c.one_cpu)
 
 
 def _document(options: BenchOptions, scale: BenchScale, results: _Results,
@@ -789,11 +813,13 @@ def _render_limits(document: dict[str, Any]) -> str:
 
 def _render_appends(document: dict[str, Any]) -> str:
     verdicts = _append_verdicts(document)
-    rows = [[_size_name(cell["entry_bytes"]), str(cell["in_flight"]),
+    rows = [[_size_name(cell["entry_bytes"]),
+             f"{cell['in_flight']}{' (one CPU)' if cell['one_cpu'] else ''}",
              f"{cell['appends_per_s']:,.0f}", f"{cell['mb_per_s']:,.1f}",
              f"{cell['p50_ms']:.2f}", f"{cell['p99_ms']:.2f}", f"{cell['vs_fsync']:.2f}",
              f"{cell['vs_fsync_overwrite']:.2f}", f"{cell['vs_bandwidth']:.3f}",
-             verdicts.get((cell["entry_bytes"], cell["in_flight"]), "")]
+             "" if cell["one_cpu"] else verdicts.get((cell["entry_bytes"], cell["in_flight"]),
+                                                     "")]
             for cell in document["appends"]]
     headers = ["entry", "in flight", "appends/s", "MB/s", "p50 ms", "p99 ms", "x fsync",
                "x fsync prealloc", "x bandwidth", "target"]
@@ -877,10 +903,16 @@ def write_plot(document: dict[str, Any], path: str) -> None:
 def _plot_appends(axes: Any, document: dict[str, Any]) -> None:
     width = 0.8 / len(IN_FLIGHT)
     for slot, in_flight in enumerate(IN_FLIGHT):
-        cells = [c for c in document["appends"] if c["in_flight"] == in_flight]
+        cells = [c for c in document["appends"]
+                 if c["in_flight"] == in_flight and not c["one_cpu"]]
         positions = [ENTRY_SIZES.index(c["entry_bytes"]) + (slot - 1) * width for c in cells]
         axes.bar(positions, [c["appends_per_s"] for c in cells], width,
                  label=f"{in_flight} in flight")
+    for cell in document["appends"]:
+        if cell["one_cpu"]:
+            axes.plot([ENTRY_SIZES.index(cell["entry_bytes"]) - width], [cell["appends_per_s"]],
+                      marker="*", markersize=12, color="tab:red", linestyle="none",
+                      label=f"{cell['in_flight']} in flight, one CPU")
     limits = document["limits"]
     axes.axhline(limits["fsync_append_per_s"], color="black", linestyle="--",
                  label="raw fsync/s (growing file)")

@@ -37,6 +37,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
     """One tiny run shared by the tests of this module: (returned document, its output
     directory, what it printed)."""
     out = tmp_path_factory.mktemp("bench")
+    (out / "affinity-before").write_text(repr(sorted(_affinity())), encoding="utf-8")
     options = BenchOptions(directory=str(out / "disk"), json_path=str(out / "bench.json"),
                            plot_path=str(out / "bench.png"), progress=False,
                            scale=TINY_SCALE)
@@ -73,8 +74,9 @@ def test_limits_are_measured(tiny_run: tuple[dict[str, Any], Path, str]) -> None
 
 def test_every_append_cell_is_measured(tiny_run: tuple[dict[str, Any], Path, str]) -> None:
     appends = tiny_run[0]["appends"]
-    cells = [(c["entry_bytes"], c["in_flight"]) for c in appends]
-    assert cells == [(size, n) for size in ENTRY_SIZES for n in IN_FLIGHT]
+    cells = [(c["entry_bytes"], c["in_flight"], c["one_cpu"]) for c in appends]
+    one_cpu = [(1024, 1, True)] if hasattr(os, "sched_setaffinity") else []
+    assert cells == [(size, n, False) for size in ENTRY_SIZES for n in IN_FLIGHT] + one_cpu
     for cell in appends:
         _positive(cell, "appends", "seconds", "appends_per_s", "mb_per_s", "p50_ms", "p99_ms",
                   "vs_fsync", "vs_fsync_overwrite", "vs_bandwidth")
@@ -144,6 +146,15 @@ def _png_chunks(raw: bytes) -> list[tuple[bytes, bytes]]:
         chunks.append((kind, body))
         at += 12 + length
     return chunks
+
+
+def _affinity() -> set[int]:
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+
+
+def test_cpu_affinity_is_restored(tiny_run: tuple[dict[str, Any], Path, str]) -> None:
+    before = (tiny_run[1] / "affinity-before").read_text(encoding="utf-8")
+    assert repr(sorted(_affinity())) == before
 
 
 def test_scratch_directory_is_removed(tiny_run: tuple[dict[str, Any], Path, str]) -> None:
