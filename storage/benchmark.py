@@ -889,7 +889,7 @@ def write_plot(document: dict[str, Any], path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(13, 5.5), dpi=100)
+    figure = Figure(figsize=(14, 6.5), dpi=100)
     FigureCanvasAgg(figure)
     left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.25]})
     _plot_appends(left, document)
@@ -925,27 +925,26 @@ def _plot_appends(axes: Any, document: dict[str, Any]) -> None:
     axes.set_xlabel("entry size")
     axes.set_ylabel("durable appends/s (log)")
     axes.set_title("Durable appends")
-    axes.legend(fontsize="small")
+    axes.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
 
 
 def _plot_bandwidth(axes: Any, document: dict[str, Any]) -> None:
-    labels: list[str] = []
-    values: list[float] = []
-    for cell in document["appends"]:
-        if cell["in_flight"] == max(IN_FLIGHT):
-            labels.append(f"append {_size_name(cell['entry_bytes'])}\nx{cell['in_flight']}")
-            values.append(cell["mb_per_s"])
-    for read in document["reads"]:
-        labels.append(f"{read['kind']}\n{_size_name(read['entry_bytes'])}")
-        values.append(read["mb_per_s"])
-    for replay in document["replay"]:
-        labels.append(f"replay\n{_size_name(replay['entry_bytes'])}")
-        values.append(replay["mb_per_s"])
-    axes.bar(range(len(values)), values, color="tab:green")
-    axes.axhline(document["limits"]["sequential_mb_per_s"], color="black", linestyle="--",
+    bars: list[tuple[str, float, str]] = []  # label, MB/s, colour
+    bars += [(f"append {_size_name(c['entry_bytes'])} x{c['in_flight']}", c["mb_per_s"],
+              "tab:blue") for c in document["appends"] if c["in_flight"] == max(IN_FLIGHT)]
+    bars += [(f"{r['kind']} {_size_name(r['entry_bytes'])}", r["mb_per_s"], "tab:green")
+             for r in document["reads"]]
+    bars += [(f"replay {_size_name(r['entry_bytes'])}", r["mb_per_s"], "tab:purple")
+             for r in document["replay"]]
+    positions = range(len(bars))
+    axes.barh(positions, [mb for _, mb, _ in bars], color=[colour for _, _, colour in bars])
+    axes.axvline(document["limits"]["sequential_mb_per_s"], color="black", linestyle="--",
                  label="sequential write bandwidth")
-    axes.set_yscale("log")
-    axes.set_xticks(range(len(labels)), labels, fontsize="x-small")
-    axes.set_ylabel("MB/s (log)")
+    axes.axvline(TARGET_REPLAY_MB_PER_S_MIN, color="tab:purple", linestyle="-.",
+                 label="replay target")
+    axes.set_xscale("log")
+    axes.set_yticks(positions, [label for label, _, _ in bars], fontsize="small")
+    axes.invert_yaxis()
+    axes.set_xlabel("MB/s (log)")
     axes.set_title("Appends, reads and replay against the disk's bandwidth")
-    axes.legend(fontsize="small")
+    axes.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
