@@ -1,3 +1,113 @@
-"""Magnetar broker: Pulsar's messaging model on top of `storage` and `codec`."""
+"""Magnetar broker: Pulsar's messaging model on top of `storage` and `codec`.
 
-__all__: list[str] = []
+`BrokerService` is the broker as the TCP server and the embedded client both call it:
+topics (persistent on managed ledgers, non-persistent in memory, partitioned),
+subscriptions with the four dispatchers (Exclusive, Failover, Shared, Key_Shared with
+PIP-379 draining), cursors persisted through the journal's group commit, deduplication,
+delayed delivery, tag filtering, retention, TTL and backlog quotas.
+"""
+
+from ._config import BrokerConfig
+from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
+from ._cursor import ManagedCursor
+from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
+from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
+from ._draining import ConsumerDrainingStats, DrainingHash, DrainingHashesTracker
+from ._errors import (
+    BrokerError,
+    ConsumerAssignError,
+    ConsumerBusyError,
+    ConsumerNotFoundError,
+    IncompatibleSchemaError,
+    InvalidTopicNameError,
+    MetadataError,
+    NotAllowedError,
+    PersistenceError,
+    ProducerBlockedQuotaExceededError,
+    ProducerBlockedQuotaExceededException,
+    ProducerBusyError,
+    ServiceNotReadyError,
+    SubscriptionNotFoundError,
+    TopicNotFoundError,
+    TopicTerminatedError,
+    for_code,
+    from_storage_error,
+)
+from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
+from ._namespaces import EffectivePolicies, NamespaceRegistry
+from ._pending_acks import PendingAck, PendingAcksMap
+from ._position import Position
+from ._selectors import (
+    ConsistentHashingSelector,
+    HashRange,
+    HashRangeAutoSplitSelector,
+    HashRangeExclusiveSelector,
+    StickyKeyConsumerSelector,
+    new_selector,
+)
+from ._service import BrokerService, Topic
+from ._stats import internal_stats, topic_stats
+from ._subscription import Subscription
+from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec, PublishResult
+
+__all__ = [
+    "DEDUP_CURSOR_NAME",
+    "BrokerConfig",
+    "BrokerError",
+    "BrokerService",
+    "ConsistentHashingSelector",
+    "Consumer",
+    "ConsumerAssignError",
+    "ConsumerBusyError",
+    "ConsumerDrainingStats",
+    "ConsumerNotFoundError",
+    "ConsumerSink",
+    "DedupResult",
+    "DeduplicationState",
+    "DelayedAdd",
+    "Delivery",
+    "DrainingHash",
+    "DrainingHashesTracker",
+    "EffectivePolicies",
+    "HashRange",
+    "HashRangeAutoSplitSelector",
+    "HashRangeExclusiveSelector",
+    "InMemoryDelayedDeliveryTracker",
+    "IncompatibleSchemaError",
+    "InvalidTopicNameError",
+    "ManagedCursor",
+    "ManagedLedger",
+    "ManagedLedgerConfig",
+    "MetadataError",
+    "NamespaceName",
+    "NamespaceRegistry",
+    "NonPersistentTopic",
+    "NotAllowedError",
+    "PendingAck",
+    "PendingAcksMap",
+    "PersistenceError",
+    "PersistentTopic",
+    "Position",
+    "Producer",
+    "ProducerBlockedQuotaExceededError",
+    "ProducerBlockedQuotaExceededException",
+    "ProducerBusyError",
+    "ProducerSpec",
+    "PublishResult",
+    "ServiceNotReadyError",
+    "StickyKeyConsumerSelector",
+    "SubscribeSpec",
+    "Subscription",
+    "SubscriptionNotFoundError",
+    "Topic",
+    "TopicName",
+    "TopicNotFoundError",
+    "TopicTerminatedError",
+    "for_code",
+    "from_storage_error",
+    "internal_stats",
+    "matches_topics_pattern",
+    "new_selector",
+    "topic_stats",
+]

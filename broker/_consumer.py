@@ -83,7 +83,8 @@ class Consumer:
         self.sink = sink
         self.consumer_name = spec.consumer_name or f"consumer-{self.consumer_serial}"
         self.priority_level = spec.priority_level
-        self.key_shared_ranges = spec.key_shared_ranges
+        self.key_shared_ranges: tuple[tuple[int, int], ...] | None = (
+            spec.key_shared_ranges if spec.has_key_shared_meta else None)
         self.partition = partition
         self.permits = 0
         self.unacked_messages = 0

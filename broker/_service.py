@@ -1,0 +1,372 @@
+"""`BrokerService`: the broker as the TCP server and the embedded client both call it.
+
+Theory of operation
+-------------------
+One service owns one `Storage` and runs on one asyncio event loop. Topics are loaded on
+first use (`get_topic`) and stay loaded until the service closes; loading a persistent
+topic opens its managed ledger (closing the previous run's last ledger and starting a new
+one), recovers its cursors and its dedup state. Concurrent first uses share one load.
+
+Topic existence: a persistent topic exists when its managed-ledger record exists in the
+metadata store; partitioned topics are a separate metadata record (`NamespaceRegistry`),
+and each partition is an ordinary topic. Automatic creation follows the namespace override
+or the broker configuration.
+
+Maintenance (`run_maintenance`, every second from `start`): time-based retention trimming,
+message TTL, backlog quotas (producer hold/exception disconnect producers;
+consumer_backlog_eviction skips the slowest cursor), dedup snapshots by time and purging of
+inactive producers' dedup state. Each task honours its own interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from storage import Storage
+
+from ._config import BrokerConfig
+from ._consumer import Consumer, ConsumerSink, SubscribeSpec
+from ._errors import MetadataError, NotAllowedError, TopicNotFoundError
+from ._managed_ledger import ml_key
+from ._names import TopicName, matches_topics_pattern
+from ._namespaces import NamespaceRegistry
+from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
+
+__all__ = ["BrokerService", "Topic"]
+
+log = logging.getLogger(__name__)
+
+Topic = PersistentTopic | NonPersistentTopic
+MAINTENANCE_INTERVAL_S = 1.0
+
+
+class BrokerService:
+    """The broker: topics, producers, consumers and their policies over one storage."""
+
+    def __init__(self, storage: Storage, config: BrokerConfig | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.storage = storage
+        self.config = config or BrokerConfig()
+        self.clock = clock
+        self.namespaces = NamespaceRegistry(storage.metadata, self.config)
+        self.topics: dict[str, Topic] = {}
+        self._loading: dict[str, asyncio.Future[Topic]] = {}
+        self._maintenance: asyncio.Task[None] | None = None
+        self._last_run: dict[str, float] = {}
+        self.closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, *, maintenance: bool = True) -> None:
+        self.namespaces.bootstrap()
+        if maintenance:
+            self._maintenance = asyncio.ensure_future(self._maintenance_loop())
+
+    async def close(self) -> None:
+        """Close every loaded topic (managed ledgers closed, dedup snapshotted)."""
+        self.closed = True
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            try:
+                await self._maintenance
+            except asyncio.CancelledError:
+                pass
+        for topic in list(self.topics.values()):
+            try:
+                await topic.close()
+            except Exception as exc:  # keep closing the others
+                log.error("closing %s failed: %s", topic.name, exc)
+        self.topics.clear()
+
+    # -- topics ----------------------------------------------------------------------------
+
+    @staticmethod
+    def parse_topic(name: str | TopicName) -> TopicName:
+        return name if isinstance(name, TopicName) else TopicName.parse(name)
+
+    def persistent_topic_exists(self, name: TopicName) -> bool:
+        return (str(name) in self.topics
+                or self.storage.metadata.get(ml_key(name.persistence_name)) is not None)
+
+    def topic_exists(self, name: str | TopicName) -> bool:
+        topic = self.parse_topic(name)
+        if not topic.is_persistent:
+            return str(topic) in self.topics
+        return self.persistent_topic_exists(topic)
+
+    async def get_topic(self, name: str | TopicName, *, create: bool = True) -> Topic:
+        """The loaded topic, loading (and, when allowed, creating) it on first use.
+
+        Raises:
+            InvalidTopicNameError: the name does not parse.
+            TopicNotFoundError: missing and not to be created, or its namespace is missing.
+            NotAllowedError: the name is the base of a partitioned topic.
+        """
+        topic_name = self.parse_topic(name)
+        key = str(topic_name)
+        loaded = self.topics.get(key)
+        if loaded is not None:
+            return loaded
+        pending = self._loading.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Topic] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            topic = await self._load(topic_name, create)
+            self.topics[key] = topic
+            future.set_result(topic)
+            return topic
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._loading[key]
+
+    async def _load(self, name: TopicName, create: bool) -> Topic:
+        namespace = name.namespace_name
+        if not self.namespaces.namespace_exists(namespace):
+            raise TopicNotFoundError(f"Namespace {namespace} does not exist")
+        if self.namespaces.partitions(str(name)) > 0:
+            raise NotAllowedError(f"{name} is a partitioned topic: use its partitions")
+        if not name.is_persistent:
+            return NonPersistentTopic(self, name)
+        if not self.persistent_topic_exists(name):
+            allowed = self._may_create(name)
+            if not create or not allowed:
+                raise TopicNotFoundError(f"Topic {name} does not exist")
+        topic = await PersistentTopic.load(self, name)
+        log.info("topic %s loaded", name)
+        return topic
+
+    def _may_create(self, name: TopicName) -> bool:
+        if name.partition_index >= 0:
+            base = str(name.partitioned_base)
+            partitions = self.namespaces.partitions(base)
+            if partitions > 0:
+                return name.partition_index < partitions
+        allowed, _, _ = self.namespaces.auto_topic_creation(name.namespace_name)
+        return allowed
+
+    async def partitioned_metadata(self, name: str | TopicName) -> int:
+        """Partitions of a topic for a client's lookup (0: not partitioned), creating a
+        partitioned topic when auto-creation says so."""
+        topic_name = self.parse_topic(name)
+        if topic_name.partition_index >= 0:
+            return 0
+        partitions = self.namespaces.partitions(str(topic_name))
+        if partitions > 0:
+            return partitions
+        allowed, kind, default = self.namespaces.auto_topic_creation(topic_name.namespace_name)
+        if (allowed and kind == "partitioned" and topic_name.is_persistent
+                and not self.topic_exists(topic_name)
+                and self.namespaces.namespace_exists(topic_name.namespace_name)):
+            self.namespaces.set_partitions(str(topic_name), default, create=True)
+            return default
+        return 0
+
+    async def create_partitioned_topic(self, name: str | TopicName, partitions: int) -> None:
+        """Raises MetadataError when it exists (partitioned or not)."""
+        topic_name = self.parse_topic(name)
+        if partitions < 1:
+            raise NotAllowedError("The number of partitions must be at least 1")
+        if not self.namespaces.namespace_exists(topic_name.namespace_name):
+            raise TopicNotFoundError(f"Namespace {topic_name.namespace_name} does not exist")
+        if self.topic_exists(topic_name):
+            raise MetadataError(f"Topic {topic_name} already exists as a non-partitioned topic")
+        self.namespaces.set_partitions(str(topic_name), partitions, create=True)
+
+    async def update_partitioned_topic(self, name: str | TopicName, partitions: int) -> None:
+        topic_name = self.parse_topic(name)
+        current = self.namespaces.partitions(str(topic_name))
+        if current == 0:
+            raise TopicNotFoundError(f"Partitioned topic {topic_name} does not exist")
+        if partitions <= current:
+            raise NotAllowedError("The number of partitions can only grow")
+        self.namespaces.set_partitions(str(topic_name), partitions, create=False)
+
+    async def create_topic(self, name: str | TopicName) -> Topic:
+        topic_name = self.parse_topic(name)
+        if self.topic_exists(topic_name) or self.namespaces.partitions(str(topic_name)):
+            raise MetadataError(f"Topic {topic_name} already exists")
+        return await self.get_topic(topic_name, create=True)
+
+    async def delete_topic(self, name: str | TopicName, *, force: bool = False) -> None:
+        topic_name = self.parse_topic(name)
+        topic = await self.get_topic(topic_name, create=False)
+        await topic.delete(force=force)
+        self.topics.pop(str(topic_name), None)
+
+    async def delete_partitioned_topic(self, name: str | TopicName, *, force: bool = False,
+                                       ) -> None:
+        topic_name = self.parse_topic(name)
+        partitions = self.namespaces.partitions(str(topic_name))
+        if partitions == 0:
+            raise TopicNotFoundError(f"Partitioned topic {topic_name} does not exist")
+        for index in range(partitions):
+            partition = topic_name.partition(index)
+            if self.topic_exists(partition):
+                await self.delete_topic(partition, force=force)
+        self.namespaces.set_partitions(str(topic_name), 0, create=False)
+
+    def list_topics(self, namespace: str, mode: str = "PERSISTENT",
+                    include_system: bool = False) -> list[str]:
+        """Topics of a namespace (partitions listed, not partitioned bases), sorted."""
+        found: set[str] = set()
+        if mode in ("PERSISTENT", "ALL"):
+            prefix = f"ml/{namespace}/persistent/".encode()
+            for key, _ in self.storage.metadata.scan(prefix):
+                local = key.decode()[len(prefix):]
+                from urllib.parse import unquote
+
+                found.add(f"persistent://{namespace}/{unquote(local)}")
+        for name, topic in self.topics.items():
+            if topic.name.namespace_name != namespace:
+                continue
+            if (topic.name.is_persistent and mode in ("PERSISTENT", "ALL")) or \
+                    (not topic.name.is_persistent and mode in ("NON_PERSISTENT", "ALL")):
+                found.add(name)
+        if not include_system:
+            found = {t for t in found if not TopicName.parse(t).is_system_topic}
+        return sorted(found)
+
+    def list_topics_matching(self, namespace: str, pattern: str, mode: str = "PERSISTENT",
+                             ) -> list[str]:
+        return [t for t in self.list_topics(namespace, mode)
+                if matches_topics_pattern(pattern, t)]
+
+    # -- producers and consumers -----------------------------------------------------------
+
+    async def create_producer(self, name: str | TopicName, spec: ProducerSpec,
+                              ) -> tuple[Topic, Producer]:
+        topic = await self.get_topic(name, create=True)
+        producer = topic.add_producer(spec)
+        initial = spec.initial_subscription_name
+        if initial and isinstance(topic, PersistentTopic) and initial not in topic.subscriptions:
+            if not self.config.allow_auto_subscription_creation:
+                topic.remove_producer(producer)
+                raise NotAllowedError("Could not create the initial subscription: "
+                                      "auto subscription creation is disabled")
+            await topic.create_subscription(initial, "earliest")
+        return topic, producer
+
+    async def subscribe(self, name: str | TopicName, spec: SubscribeSpec,
+                        sink: ConsumerSink) -> tuple[Topic, Consumer]:
+        topic = await self.get_topic(name, create=True)
+        consumer = await topic.subscribe(spec, sink)
+        return topic, consumer
+
+    # -- policies --------------------------------------------------------------------------
+
+    async def policies_changed(self, namespace: str | None = None) -> None:
+        """Re-apply effective policies to loaded topics (of one namespace, or all)."""
+        for topic in list(self.topics.values()):
+            if namespace is not None and topic.name.namespace_name != namespace:
+                continue
+            if isinstance(topic, PersistentTopic):
+                was = topic.dedup is not None
+                topic.apply_policies()
+                if topic.dedup_enabled() != was:
+                    await topic._recover_dedup()
+            else:
+                topic.policies = self.namespaces.effective_policies(
+                    str(topic.name), topic.name.namespace_name)
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    async def _maintenance_loop(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(MAINTENANCE_INTERVAL_S)
+            try:
+                await self.run_maintenance()
+            except Exception as exc:  # keep the loop alive; the next round retries
+                log.error("maintenance failed: %s", exc)
+
+    def _due(self, task: str, interval_s: float, now: float) -> bool:
+        last = self._last_run.get(task)
+        if last is not None and now - last < interval_s:
+            return False
+        self._last_run[task] = now
+        return True
+
+    async def run_maintenance(self, *, force: bool = False) -> dict[str, int]:
+        """One round of the periodic tasks; `force` ignores their intervals."""
+        now = self.clock()
+        config = self.config
+        done = {"trimmed": 0, "expired": 0, "evicted": 0, "producers_disconnected": 0}
+        topics = [t for t in self.topics.values() if isinstance(t, PersistentTopic)]
+        if force or self._due("retention", config.retention_check_interval_s, now):
+            for topic in topics:
+                done["trimmed"] += len(topic.managed_ledger.trim_consumed_ledgers())
+        if force or self._due("ttl", config.message_expiry_check_interval_s, now):
+            for topic in topics:
+                done["expired"] += await self._expire(topic)
+        if force or self._due("quota", config.backlog_quota_check_interval_s, now):
+            for topic in topics:
+                evicted, dropped = await self._enforce_backlog_quota(topic)
+                done["evicted"] += evicted
+                done["producers_disconnected"] += dropped
+        for topic in topics:
+            await self._dedup_housekeeping(topic, now)
+        return done
+
+    async def _expire(self, topic: PersistentTopic) -> int:
+        ttl = topic.policies.message_ttl_s
+        if ttl <= 0:
+            return 0
+        total = 0
+        for subscription in list(topic.subscriptions.values()):
+            if subscription.backlog() == 0:
+                continue
+            total += await subscription.expire_messages(ttl)
+        return total
+
+    async def _enforce_backlog_quota(self, topic: PersistentTopic) -> tuple[int, int]:
+        if not topic.backlog_quota_exceeded():
+            return 0, 0
+        policy = topic.policies.backlog_quota_policy
+        if policy == "consumer_backlog_eviction":
+            return await self._evict(topic), 0
+        dropped = 0
+        for producer in list(topic.producers.values()):
+            topic.remove_producer(producer)
+            closer: Any = getattr(producer, "closer", None)
+            if closer is not None:
+                closer("backlog quota exceeded")
+            dropped += 1
+        return 0, dropped
+
+    async def _evict(self, topic: PersistentTopic) -> int:
+        limit = topic.policies.backlog_quota_limit_bytes
+        skipped = 0
+        for _ in range(100):  # bounded: each pass skips a share of the slowest backlog
+            durable = [s for s in topic.subscriptions.values() if s.durable]
+            if not durable or topic.estimated_backlog_bytes() <= 0.9 * limit:
+                break
+            slowest = min(durable, key=lambda s: s.cursor.mark_delete_position)
+            backlog = slowest.backlog()
+            size = topic.estimated_backlog_bytes()
+            if backlog == 0 or size <= 0:
+                break
+            share = (size - 0.9 * limit) / size
+            count = max(1, int(backlog * share))
+            before = slowest.cursor.mark_delete_position
+            await slowest.skip(count)
+            skipped += count
+            if slowest.cursor.mark_delete_position == before:
+                break
+        return skipped
+
+    async def _dedup_housekeeping(self, topic: PersistentTopic, now: float) -> None:
+        state = topic.dedup
+        if state is None:
+            return
+        timeout_ms = self.config.broker_deduplication_producer_inactivity_timeout_s * 1000
+        state.purge_inactive(now, timeout_ms)
+        if state.should_snapshot(now):
+            await topic._take_dedup_snapshot()

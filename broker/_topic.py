@@ -1,0 +1,591 @@
+"""Topics: persistent ones (a managed ledger, producers, subscriptions, deduplication) and
+non-persistent ones (memory only, dropped when nobody can take a message).
+
+Theory of operation
+-------------------
+Publishing to a persistent topic (`PersistentTopic.publish`):
+
+1. checks: topic not fenced or terminated, message size, the delayed-delivery maximum;
+2. deduplication (when enabled, never for system topics; broker reference §5): DUP answers
+   with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may still be
+   in flight) fails with PersistenceError so the client resends;
+3. the entry (the producer's metadata and payload, checksum included, as sent) is appended
+   to the managed ledger, and the publish completes only when it is durable;
+4. dedup records the persisted sequence id, and every 1000 entries snapshots the per-
+   producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
+   snapshot position). On load, the state is the snapshot plus a replay of every entry
+   after it, so a restart or a crash loses nothing.
+5. subscriptions are woken through the managed ledger's entries-added hook.
+
+Producers: names are unique per topic (ProducerBusy); access modes Shared (default),
+Exclusive and ExclusiveWithFencing and WaitForExclusive (treated as Exclusive); the backlog
+quota is checked at creation (broker reference §7.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from codec import parse_entry
+from codec._proto import pulsar_api_pb2 as pb
+
+from ._consumer import Consumer, ConsumerSink, SubscribeSpec
+from ._cursor import ManagedCursor
+from ._dedup import DEDUP_CURSOR_NAME, DEDUP_UNKNOWN_MESSAGE, DeduplicationState, DedupResult
+from ._errors import (
+    BrokerError,
+    ConsumerBusyError,
+    NotAllowedError,
+    PersistenceError,
+    ProducerBlockedQuotaExceededError,
+    ProducerBlockedQuotaExceededException,
+    ProducerBusyError,
+    SubscriptionNotFoundError,
+    TopicTerminatedError,
+    from_storage_error,
+)
+from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ._names import TopicName
+from ._namespaces import EffectivePolicies
+from ._position import Position
+from ._subscription import Subscription
+
+if TYPE_CHECKING:
+    from ._config import BrokerConfig
+    from ._service import BrokerService
+
+__all__ = ["NonPersistentTopic", "PersistentTopic", "Producer", "ProducerSpec",
+           "PublishResult"]
+
+log = logging.getLogger(__name__)
+
+_PRODUCER_NAMES = itertools.count(0)
+RESERVED_SUBSCRIPTION_PREFIXES = ("pulsar.repl",)
+
+
+@dataclass(frozen=True)
+class ProducerSpec:
+    """What CommandProducer asks for, as plain values."""
+
+    producer_name: str = ""
+    access_mode: str = "Shared"  # Shared | Exclusive | ExclusiveWithFencing | WaitForExclusive
+    epoch: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+    initial_subscription_name: str = ""
+    address: str = ""
+    client_version: str = ""
+
+
+class Producer:
+    """A connected producer."""
+
+    def __init__(self, topic: PersistentTopic | NonPersistentTopic, spec: ProducerSpec,
+                 name: str, user_provided_name: bool):
+        self.topic = topic
+        self.spec = spec
+        self.name = name
+        self.user_provided_name = user_provided_name
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.closed = False
+        self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    ledger_id: int
+    entry_id: int
+
+    @property
+    def duplicate(self) -> bool:
+        return self.ledger_id == -1 and self.entry_id == -1
+
+
+def _metadata_of(entry: bytes) -> pb.MessageMetadata:
+    return parse_entry(entry, verify_checksum=False).metadata
+
+
+class PersistentTopic:
+    """A persistent topic (or one partition of a partitioned topic)."""
+
+    def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
+        self.service = service
+        self.name = name
+        self.managed_ledger = ml
+        self.subscriptions: dict[str, Subscription] = {}
+        self.readers: dict[str, Subscription] = {}  # non-durable subscriptions
+        self.producers: dict[str, Producer] = {}
+        self.policies: EffectivePolicies = service.namespaces.effective_policies(
+            str(name), name.namespace_name)
+        self.dedup: DeduplicationState | None = None
+        self.fenced = False
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.msg_out_counter = 0
+        self.bytes_out_counter = 0
+        self._publish_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+        ml.on_entries_added.append(self._entries_added)
+
+    @property
+    def config(self) -> BrokerConfig:
+        return self.service.config
+
+    @classmethod
+    async def load(cls, service: BrokerService, name: TopicName) -> PersistentTopic:
+        ml_config = ManagedLedgerConfig.from_broker_config(service.config)
+        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config)
+        topic = cls(service, name, ml)
+        topic.apply_policies()
+        for cursor_name, cursor in ml.cursors.items():
+            if cursor_name != DEDUP_CURSOR_NAME:
+                topic.subscriptions[cursor_name] = Subscription(topic, cursor_name, cursor)
+        await topic._recover_dedup()
+        return topic
+
+    def apply_policies(self) -> None:
+        """Re-read the effective policies (after a namespace or topic policy change)."""
+        self.policies = self.service.namespaces.effective_policies(
+            str(self.name), self.name.namespace_name)
+        self.managed_ledger.config = dataclasses.replace(
+            self.managed_ledger.config,
+            retention_time_minutes=self.policies.retention_time_minutes,
+            retention_size_mb=self.policies.retention_size_mb)
+
+    # -- deduplication ---------------------------------------------------------------------
+
+    def dedup_enabled(self) -> bool:
+        return self.policies.deduplication_enabled and not self.name.is_system_topic
+
+    async def _recover_dedup(self) -> None:
+        ml = self.managed_ledger
+        if not self.dedup_enabled():
+            if DEDUP_CURSOR_NAME in ml.cursors:
+                await ml.delete_cursor(DEDUP_CURSOR_NAME)
+            self.dedup = None
+            return
+        state = DeduplicationState.from_config(self.config)
+        cursor = await ml.open_cursor(DEDUP_CURSOR_NAME, "earliest")
+        now = time.time()
+        state.restore({k: int(v) for k, v in cursor.properties.items()}, now)
+        position = ml.next_valid_position(cursor.mark_delete_position)
+        last = ml.last_confirmed_position
+        replayed = 0
+        while position <= last:
+            batch = ml.read_entries(position, 1000, 32 * 1024 * 1024)
+            if not batch:
+                break
+            for entry_position, data in batch:
+                metadata = _metadata_of(data)
+                highest = metadata.highest_sequence_id if metadata.HasField(
+                    "highest_sequence_id") else metadata.sequence_id
+                state.replay_entry(metadata.producer_name, metadata.sequence_id,
+                                   max(highest, metadata.sequence_id), now)
+                replayed += 1
+                position = ml.next_valid_position(Position(*entry_position))
+        self.dedup = state
+        if replayed >= self.config.broker_deduplication_entries_interval:
+            await self._take_dedup_snapshot(cursor)
+        log.info("dedup state of %s recovered (%d entries replayed)", self.name, replayed)
+
+    async def _take_dedup_snapshot(self, cursor: ManagedCursor | None = None) -> None:
+        state = self.dedup
+        cursor = cursor or self.managed_ledger.cursors.get(DEDUP_CURSOR_NAME)
+        if state is None or cursor is None or state.snapshot_running:
+            return
+        snapshot = state.begin_snapshot()
+        position = self.managed_ledger.last_confirmed_position
+        ok = False
+        try:
+            if position > cursor.mark_delete_position:
+                await cursor.mark_delete(position, properties=dict(snapshot))
+            ok = True
+        finally:
+            state.end_snapshot(time.time(), ok)
+
+    # -- producers -------------------------------------------------------------------------
+
+    def add_producer(self, spec: ProducerSpec) -> Producer:
+        """Admit a producer.
+
+        Raises:
+            ProducerBusyError: the name is taken, or an exclusive producer is connected.
+            NotAllowedError: the producer limit is reached, or the topic is terminated.
+            ProducerBlockedQuotaExceededError/Exception: the backlog quota is exceeded.
+        """
+        if self.fenced:
+            raise TopicTerminatedError(f"Topic {self.name} is fenced")
+        name = spec.producer_name or self._generated_name()
+        if name in self.producers:
+            raise ProducerBusyError(
+                f"Producer with name '{name}' is already connected to topic '{self.name}'")
+        exclusive = [p for p in self.producers.values() if p.spec.access_mode != "Shared"]
+        if exclusive or (spec.access_mode != "Shared" and self.producers):
+            raise ProducerBusyError(f"Topic {self.name} has an exclusive producer")
+        limit = self.policies.max_producers_per_topic
+        if limit > 0 and len(self.producers) >= limit:
+            raise NotAllowedError(f"Topic {self.name} reached max producers limit")
+        self._check_backlog_quota()
+        producer = Producer(self, spec, name, bool(spec.producer_name))
+        self.producers[name] = producer
+        if self.dedup is not None:
+            self.dedup.producer_connected(name)
+        return producer
+
+    def _generated_name(self) -> str:
+        while True:
+            name = f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
+            if name not in self.producers:
+                return name
+
+    def remove_producer(self, producer: Producer) -> None:
+        producer.closed = True
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+            if self.dedup is not None:
+                self.dedup.producer_disconnected(producer.name, time.time())
+
+    def last_sequence_id(self, producer: Producer) -> int:
+        return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
+
+    def backlog_quota_exceeded(self) -> bool:
+        limit = self.policies.backlog_quota_limit_bytes
+        if limit < 0:
+            return False
+        return self.estimated_backlog_bytes() > limit
+
+    def _check_backlog_quota(self) -> None:
+        if not self.backlog_quota_exceeded():
+            return
+        policy = self.policies.backlog_quota_policy
+        message = f"Cannot create producer on topic with backlog quota exceeded ({self.name})"
+        if policy == "producer_request_hold":
+            raise ProducerBlockedQuotaExceededError(message)
+        if policy == "producer_exception":
+            raise ProducerBlockedQuotaExceededException(message)
+
+    def estimated_backlog_bytes(self) -> int:
+        durable = [s.cursor for s in self.subscriptions.values() if s.durable]
+        if not durable:
+            return 0
+        slowest = min(c.mark_delete_position for c in durable)
+        return int(self.managed_ledger.estimated_size_after(slowest))
+
+    # -- publishing ------------------------------------------------------------------------
+
+    async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
+                      highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
+                      ) -> PublishResult:
+        """Append one entry (a message or a batch) for a producer.
+
+        Raises:
+            NotAllowedError: too large, or delayed beyond the maximum; nothing written.
+            PersistenceError: dedup cannot tell yet, or storage failed; nothing written
+                (on a storage failure the entry may or may not be durable).
+            TopicTerminatedError: the topic is fenced.
+        """
+        if self.fenced or producer.closed:
+            raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
+        metadata = metadata if metadata is not None else _metadata_of(entry)
+        self._check_message(entry, metadata)
+        dedup = self.dedup
+        last_chunk = not metadata.HasField("chunk_id") or \
+            metadata.chunk_id == metadata.num_chunks_from_msg - 1
+        if dedup is not None:
+            verdict = dedup.check(producer.name, sequence_id, highest_sequence_id,
+                                  is_chunk_not_last=not last_chunk)
+            if verdict is DedupResult.DUP:
+                return PublishResult(-1, -1)
+            if verdict is DedupResult.UNKNOWN:
+                raise PersistenceError(DEDUP_UNKNOWN_MESSAGE)
+        try:
+            position = await self.managed_ledger.add_entry(entry)
+        except BrokerError:
+            raise
+        except Exception as exc:
+            if dedup is not None:
+                dedup.reset_pushed_to_persisted()
+            from storage import StorageError
+
+            if isinstance(exc, StorageError):
+                raise from_storage_error(exc) from exc
+            raise PersistenceError(f"write to {self.name} failed: {exc}") from exc
+        if dedup is not None and last_chunk:
+            dedup.record_persisted(producer.name, sequence_id, highest_sequence_id)
+            if dedup.should_snapshot(time.time()):
+                self._spawn(self._take_dedup_snapshot())
+        messages = metadata.num_messages_in_batch if metadata.HasField(
+            "num_messages_in_batch") else 1
+        producer.msg_in_counter += messages
+        producer.bytes_in_counter += len(entry)
+        self.msg_in_counter += messages
+        self.bytes_in_counter += len(entry)
+        return PublishResult(position.ledger_id, position.entry_id)
+
+    def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
+        limit = self.config.max_message_size_bytes + 10 * 1024
+        if len(entry) > limit:
+            raise NotAllowedError(f"Message of {len(entry)} bytes exceeds the maximum "
+                                  f"{self.config.max_message_size_bytes} on {self.name}")
+        max_delay = self.policies.delayed_delivery_max_delay_ms
+        if max_delay > 0 and metadata.HasField("deliver_at_time") and \
+                metadata.deliver_at_time - metadata.publish_time > max_delay:
+            raise NotAllowedError(
+                f"Exceeds max allowed delivery delay of {max_delay} milliseconds")
+
+    def _entries_added(self, position: Position) -> None:
+        for subscription in self.subscriptions.values():
+            subscription.kick()
+        for subscription in self._non_durable_subscriptions():
+            subscription.kick()
+
+    def messages_out(self, messages: int, size: int) -> None:
+        self.msg_out_counter += messages
+        self.bytes_out_counter += size
+
+    def acks_changed(self) -> None:
+        """A cursor moved; trimming is the managed ledger's business."""
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- subscriptions ---------------------------------------------------------------------
+
+    def _non_durable_subscriptions(self) -> list[Subscription]:
+        return list(self.readers.values())
+
+    async def subscribe(self, spec: SubscribeSpec, sink: ConsumerSink) -> Consumer:
+        """Attach a consumer, creating the subscription when needed.
+
+        Raises:
+            NotAllowedError, ConsumerBusyError, ConsumerAssignError: as Pulsar answers.
+        """
+        if not spec.subscription:
+            raise NotAllowedError("Empty subscription name")
+        if spec.subscription == DEDUP_CURSOR_NAME or \
+                spec.subscription.startswith(RESERVED_SUBSCRIPTION_PREFIXES):
+            raise NotAllowedError("Subscription with reserved subscription name attempted")
+        limit = self.policies.max_consumers_per_topic
+        if limit > 0 and self.consumer_count() >= limit:
+            raise ConsumerBusyError("Topic reached max consumers limit")
+        subscription = await self._subscription_for(spec)
+        consumer = Consumer(spec, sink, partition=self.name.partition_index)
+        try:
+            subscription.add_consumer(consumer)
+        except BaseException:
+            if not subscription.durable and not subscription.consumers:
+                self._drop_reader(subscription)
+            raise
+        return consumer
+
+    async def _subscription_for(self, spec: SubscribeSpec) -> Subscription:
+        if not spec.durable:
+            if spec.subscription in self.subscriptions:
+                raise NotAllowedError("Durable subscription with the same name already exists.")
+            return self._new_reader(spec)
+        if spec.subscription in self.readers:
+            raise NotAllowedError("NonDurable subscription with the same name already exists.")
+        existing = self.subscriptions.get(spec.subscription)
+        if existing is not None:
+            return existing
+        if not self.config.allow_auto_subscription_creation:
+            raise SubscriptionNotFoundError(f"Subscription {spec.subscription} not found")
+        return await self.create_subscription(spec.subscription, spec.initial_position,
+                                              spec.subscription_properties,
+                                              spec.start_message_rollback_duration_s)
+
+    async def create_subscription(self, name: str, initial_position: str = "latest",
+                                  properties: dict[str, str] | None = None,
+                                  rollback_s: int = 0) -> Subscription:
+        existing = self.subscriptions.get(name)
+        if existing is not None:
+            return existing
+        cursor = await self.managed_ledger.open_cursor(
+            name, "earliest" if initial_position == "earliest" else "latest")
+        if properties:
+            await cursor.set_cursor_properties(dict(properties))
+        subscription = Subscription(self, name, cursor)
+        self.subscriptions[name] = subscription
+        if rollback_s > 0:
+            await subscription.reset_cursor_by_time(int(time.time() * 1000) - rollback_s * 1000)
+        return subscription
+
+    def _new_reader(self, spec: SubscribeSpec) -> Subscription:
+        existing = self.readers.get(spec.subscription)
+        if existing is not None:
+            return existing
+        start = None
+        if spec.start_message_id is not None:
+            ledger_id, entry_id, _ = spec.start_message_id
+            start = Position(ledger_id, entry_id)
+        cursor = self.managed_ledger.new_non_durable_cursor(
+            start, "earliest" if spec.initial_position == "earliest" else "latest",
+            name=spec.subscription)
+        subscription = Subscription(self, spec.subscription, cursor)
+        self.readers[spec.subscription] = subscription
+        return subscription
+
+    def _drop_reader(self, subscription: Subscription) -> None:
+        if self.readers.get(subscription.name) is subscription:
+            del self.readers[subscription.name]
+            subscription.close()
+            self.managed_ledger.release_non_durable_cursor(subscription.cursor)
+
+    def consumer_closed(self, subscription: Subscription, consumer: Consumer) -> None:
+        subscription.remove_consumer(consumer)
+        if not subscription.durable and not subscription.consumers:
+            self._drop_reader(subscription)
+
+    def consumer_count(self) -> int:
+        return sum(len(s.consumers) for s in self.all_subscriptions())
+
+    def all_subscriptions(self) -> list[Subscription]:
+        return list(self.subscriptions.values()) + self._non_durable_subscriptions()
+
+    async def unsubscribe(self, name: str, consumer: Consumer | None = None,
+                          force: bool = False) -> None:
+        """Delete a subscription.
+
+        Raises:
+            SubscriptionNotFoundError: no such subscription.
+            BrokerError (MetadataError): other consumers are connected and not forced.
+        """
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"Subscription {name} not found")
+        others = [c for c in subscription.consumers if c is not consumer]
+        if others and not force:
+            from ._errors import MetadataError
+
+            raise MetadataError("Unconnected or shared consumer attempting to unsubscribe")
+        for other in subscription.consumers:
+            subscription.remove_consumer(other)
+            if other is not consumer:
+                other.sink.close_consumer(other, "subscription deleted")
+        subscription.close()
+        del self.subscriptions[name]
+        await self.managed_ledger.delete_cursor(name)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        self.fenced = True
+        for subscription in self.all_subscriptions():
+            subscription.close()
+        for task in list(self._background):
+            task.cancel()
+        if self.dedup is not None and not self.managed_ledger.closed:
+            try:
+                await self._take_dedup_snapshot()
+            except Exception as exc:  # closing anyway; replay covers what is missing
+                log.warning("final dedup snapshot of %s failed: %s", self.name, exc)
+        await self.managed_ledger.close()
+
+    async def delete(self, force: bool = False) -> None:
+        if (self.producers or self.consumer_count()) and not force:
+            raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
+        self.fenced = True
+        for producer in list(self.producers.values()):
+            self.remove_producer(producer)
+        for subscription in self.all_subscriptions():
+            for consumer in subscription.consumers:
+                subscription.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, "topic deleted")
+            subscription.close()
+        await self.managed_ledger.delete()
+
+
+class NonPersistentTopic:
+    """A non-persistent topic: messages go to the consumers that can take them now and are
+    otherwise dropped (broker reference §3.7)."""
+
+    def __init__(self, service: BrokerService, name: TopicName):
+        from ._nonpersistent import NonPersistentSubscription
+
+        self.service = service
+        self.name = name
+        self.producers: dict[str, Producer] = {}
+        self.subscriptions: dict[str, NonPersistentSubscription] = {}
+        self.policies = service.namespaces.effective_policies(str(name), name.namespace_name)
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.msg_out_counter = 0
+        self.bytes_out_counter = 0
+        self.msg_drop_counter = 0
+        self.fenced = False
+
+    @property
+    def config(self) -> BrokerConfig:
+        return self.service.config
+
+    def add_producer(self, spec: ProducerSpec) -> Producer:
+        name = spec.producer_name or f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
+        if name in self.producers:
+            raise ProducerBusyError(
+                f"Producer with name '{name}' is already connected to topic '{self.name}'")
+        producer = Producer(self, spec, name, bool(spec.producer_name))
+        self.producers[name] = producer
+        return producer
+
+    def remove_producer(self, producer: Producer) -> None:
+        producer.closed = True
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+
+    def last_sequence_id(self, producer: Producer) -> int:
+        return -1
+
+    async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
+                      highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
+                      ) -> PublishResult:
+        metadata = metadata if metadata is not None else _metadata_of(entry)
+        messages = metadata.num_messages_in_batch if metadata.HasField(
+            "num_messages_in_batch") else 1
+        self.msg_in_counter += messages
+        self.bytes_in_counter += len(entry)
+        producer.msg_in_counter += messages
+        producer.bytes_in_counter += len(entry)
+        for subscription in self.subscriptions.values():
+            if not subscription.offer(entry, metadata, messages):
+                self.msg_drop_counter += messages
+        return PublishResult(0, 0)
+
+    async def subscribe(self, spec: SubscribeSpec, sink: ConsumerSink) -> Consumer:
+        from ._nonpersistent import NonPersistentSubscription
+
+        subscription = self.subscriptions.get(spec.subscription)
+        if subscription is None:
+            subscription = NonPersistentSubscription(self, spec.subscription)
+            self.subscriptions[spec.subscription] = subscription
+        consumer = Consumer(spec, sink, partition=self.name.partition_index)
+        subscription.add_consumer(consumer)
+        return consumer
+
+    def consumer_closed(self, subscription: Any, consumer: Consumer) -> None:
+        subscription.remove_consumer(consumer)
+        if not subscription.consumers:
+            self.subscriptions.pop(subscription.name, None)
+
+    def consumer_count(self) -> int:
+        return sum(len(s.consumers) for s in self.subscriptions.values())
+
+    async def unsubscribe(self, name: str, consumer: Consumer | None = None,
+                          force: bool = False) -> None:
+        subscription = self.subscriptions.pop(name, None)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"Subscription {name} not found")
+
+    async def close(self) -> None:
+        self.fenced = True
+        self.subscriptions.clear()
+
+    async def delete(self, force: bool = False) -> None:
+        await self.close()
