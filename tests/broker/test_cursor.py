@@ -145,6 +145,25 @@ def test_mark_delete_may_move_to_the_start_of_the_next_ledger(env: Env) -> None:
     run(body)
 
 
+def test_mark_delete_skipping_messages(env: Env) -> None:
+    """ManagedCursorTest.markDeleteSkippingMessage."""
+
+    async def body() -> None:
+        _, cursor, e = await topic(env, 4, config=replace(KEEP_ALL, max_entries_per_ledger=10))
+        assert cursor.entries_to_read() == 4
+        await cursor.mark_delete(e[0])
+        assert cursor.has_more_entries()
+        assert cursor.entries_to_read() == 3
+        assert cursor.read_position == e[1]
+        assert [d for _, d in cursor.read_entries(1)] == [b"m1"]
+        await cursor.mark_delete(e[3])
+        assert not cursor.has_more_entries()
+        assert cursor.entries_to_read() == 0
+        assert cursor.read_position == P(e[3].ledger_id, e[3].entry_id + 1)
+
+    run(body)
+
+
 def test_counting_with_deleted_entries(env: Env) -> None:
     """ManagedCursorTest.testCountingWithDeletedEntries (e1..e8 are e[0]..e[7])."""
 
@@ -579,6 +598,47 @@ def test_new_durable_cursor_initial_positions(env: Env) -> None:
     run(body)
 
 
+def test_a_new_cursor_survives_a_crash_right_after_open_cursor(env: Env) -> None:
+    async def body() -> None:
+        ml = await env.open()
+        e = await add_many(ml, 3)
+        await ml.open_cursor("sub", "latest", properties={"k": 1})
+        env.crash()
+        recovered = (await env.open()).cursors["sub"]
+        assert recovered.mark_delete_position == e[2]
+        assert recovered.properties == {"k": 1}
+        assert recovered.backlog() == 0
+
+    run(body)
+
+
+def test_cursor_properties_can_be_replaced_and_removed(env: Env) -> None:
+    async def body() -> None:
+        _, cursor, _ = await topic(env, 1)
+        await cursor.set_cursor_properties({"a": "1", "b": "2"})
+        await cursor.remove_cursor_property("a")
+        await cursor.set_cursor_property("c", "3")
+        env.crash()
+        recovered = (await env.open()).cursors["c1"]
+        assert recovered.cursor_properties == {"b": "2", "c": "3"}
+
+    run(body)
+
+
+def test_backlog_size_estimate_follows_ledger_sizes(env: Env) -> None:
+    async def body() -> None:
+        ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=4))
+        cursor = await ml.open_cursor("c1", "earliest")
+        e = [await ml.add_entry(b"x" * 10) for _ in range(6)]
+        assert cursor.estimated_backlog_size_bytes() == 60
+        await cursor.mark_delete(e[1])
+        assert cursor.estimated_backlog_size_bytes() == 40
+        await cursor.mark_delete(e[3])
+        assert cursor.estimated_backlog_size_bytes() == 20
+
+    run(body)
+
+
 def test_reader_cursors_start_at_the_given_entry(env: Env) -> None:
     async def body() -> None:
         ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=3))
@@ -670,6 +730,46 @@ class CursorAgainstSetModel(RuleBasedStateMachine):
             target) else set()
         if not remaining:
             self.acked.add(target)
+
+    @rule(count=st.integers(0, 5))
+    def skip(self, count: int) -> None:
+        self._run(self.cursor.skip_entries(count))
+        unacked = self._unacked()
+        if count:
+            self._ack_up_to(unacked[min(count, len(unacked)) - 1] if unacked else None)
+
+    @precondition(lambda self: self.entries)
+    @rule(data=st.data())
+    def expire(self, data: st.DataObject) -> None:
+        target = data.draw(st.sampled_from(self.entries))
+        self._run(self.cursor.expire_until(target))
+        self._ack_up_to(target)
+
+    @rule()
+    def clear_backlog(self) -> None:
+        self._run(self.cursor.clear_backlog())
+        self.acked.update(self.entries)
+
+    @precondition(lambda self: self.entries)
+    @rule(data=st.data())
+    def reset(self, data: st.DataObject) -> None:
+        target = data.draw(st.sampled_from([*self.entries, EARLIEST, LATEST]))
+        self._run(self.cursor.reset(target))
+        self.acked = {p for p in self.entries if p < target}
+
+    @rule()
+    def read_everything_after_rewind(self) -> None:
+        self.cursor.rewind()
+        read = [p for p, _ in self.cursor.read_entries(1000)]
+        assert read == self._unacked()
+        assert self.cursor.entries_to_read() == 0
+
+    def _unacked(self) -> list[Position]:
+        return [p for p in self.entries if p not in self.acked]
+
+    def _ack_up_to(self, position: Position | None) -> None:
+        if position is not None:
+            self.acked.update(p for p in self.entries if p <= position)
 
     @precondition(lambda self: self.restarts < RESTARTS_PER_RUN_MAX)
     @rule(crash=st.booleans())
