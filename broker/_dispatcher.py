@@ -210,20 +210,31 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         if chosen is self.active:
             return False
         self.active = chosen
-        if self.sub_type == "Failover":
-            for consumer in self.consumers:
-                consumer.sink.active_consumer_changed(consumer, consumer is chosen)
         delay_ms = self.sub.config.active_consumer_failover_delay_ms
-        if chosen is not None and self.sub_type == "Failover" and delay_ms > 0:
-            self._waiting_failover_delay = True
-            self._loop.call_later(delay_ms / 1000.0, self._failover_delay_over)
+        if self.sub_type == "Failover" and delay_ms > 0:
+            # The rewind, the notifications and the first read wait for the delay; a change
+            # while it runs is picked up when it ends (one pending delay at a time).
+            if chosen is not None and not self._waiting_failover_delay:
+                self._waiting_failover_delay = True
+                self._timers.append(self._loop.call_later(delay_ms / 1000.0,
+                                                          self._failover_delay_over))
         else:
             self.sub.rewind()
+            self._notify_active()
         return True
+
+    def _notify_active(self) -> None:
+        """ActiveConsumerChange to every consumer (Failover only)."""
+        if self.sub_type == "Failover" and self.active is not None:
+            for consumer in self.consumers:
+                consumer.sink.active_consumer_changed(consumer, consumer is self.active)
 
     def _failover_delay_over(self) -> None:
         self._waiting_failover_delay = False
+        if self.closed:
+            return
         self.sub.rewind()
+        self._notify_active()
         self.kick()
 
     def redeliver(self, consumer: Consumer, positions: list[tuple[int, int]] | None) -> None:

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker import BrokerConfig, BrokerService, Consumer, Delivery, Producer
+from broker import (
+    BrokerConfig,
+    BrokerService,
+    Consumer,
+    Delivery,
+    PersistentTopic,
+    Producer,
+    ProducerSpec,
+)
 from codec import (
     SingleMessage,
     build_batch,
@@ -177,6 +185,14 @@ async def publish_many(topic: Any, producer: Producer, count: int, *, prefix: st
     """Publish `<prefix>0` .. `<prefix><count-1>` one at a time, in order."""
     return [await publish(topic, producer, f"{prefix}{i}".encode(),
                           partition_key=partition_key) for i in range(count)]
+
+
+async def persistent_producer(service: BrokerService, topic: str, name: str = "p1",
+                              ) -> tuple[PersistentTopic, Producer]:
+    """A producer on a persistent topic (created when allowed), typed as such."""
+    loaded, producer = await service.create_producer(topic, ProducerSpec(name))
+    assert isinstance(loaded, PersistentTopic)
+    return loaded, producer
 
 
 SETTLE_YIELDS_MIN = 20
