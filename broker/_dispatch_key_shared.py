@@ -178,10 +178,10 @@ class KeySharedDispatcher(SharedDispatcher):
                 del self.slot_counts[slot]
 
     def acked(self, consumer: Consumer | None, positions: list[tuple[int, int]],
-              messages: int) -> None:
+              messages: int, remaining: dict[tuple[int, int], int] | None = None) -> None:
         for ledger_id, entry_id in positions:
             self._replay_removed(Position(ledger_id, entry_id))
-        super().acked(consumer, positions, messages)
+        super().acked(consumer, positions, messages, remaining)
 
     def mark_delete_moved(self) -> None:
         mark = self.sub.mark_delete_position()

@@ -35,7 +35,7 @@ from ._consumer import Consumer
 from ._dispatcher import Dispatcher
 from ._entry import EntryInfo
 from ._pending_acks import PendingAcksMap
-from ._position import Position
+from ._position import Position, ack_set_to_int
 
 if TYPE_CHECKING:
     from ._subscription import Subscription
@@ -113,7 +113,7 @@ class SharedDispatcher(Dispatcher):
             if pending.remove(ledger_id, entry_id) is None:
                 continue
             position = Position(ledger_id, entry_id)
-            self._unacked_changed(consumer, -batch_size)
+            self._unacked_changed(consumer, -self._unacked_in_entry(position, batch_size))
             self.sub.increment_redelivery_count(position)
             moved.append(position)
         if positions is None:
@@ -124,7 +124,9 @@ class SharedDispatcher(Dispatcher):
         self.kick()
 
     def acked(self, consumer: Consumer | None, positions: list[tuple[int, int]],
-              messages: int) -> None:
+              messages: int, remaining: dict[tuple[int, int], int] | None = None) -> None:
+        """Whole entries acknowledged; `remaining` gives, for batches that were partially
+        acknowledged before, how many of their messages this ack covered."""
         for ledger_id, entry_id in positions:
             self.replay.discard(Position(ledger_id, entry_id))
             owner = self._owner(consumer, ledger_id, entry_id)
@@ -132,13 +134,24 @@ class SharedDispatcher(Dispatcher):
                 continue
             removed = owner.pending_acks.remove(ledger_id, entry_id)
             if removed is not None:
-                self._unacked_changed(owner, -removed.batch_size)
+                covered = (remaining or {}).get((ledger_id, entry_id), removed.batch_size)
+                self._unacked_changed(owner, -covered)
         self.kick()
 
-    def batch_index_acked(self, consumer: Consumer, messages: int) -> None:
-        """Some messages of a batch entry were acknowledged (not the whole entry)."""
-        self._unacked_changed(consumer, -messages)
+    def batch_index_acked(self, consumer: Consumer, messages: int,
+                          position: tuple[int, int] | None = None) -> None:
+        """Some messages of a batch entry were acknowledged (not the whole entry); they are
+        credited to the consumer holding the entry when it is not the one acking."""
+        owner = self._owner(consumer, *position) if position is not None else None
+        self._unacked_changed(owner or consumer, -messages)
         self.kick()
+
+    def _unacked_in_entry(self, position: Position, batch_size: int) -> int:
+        """Messages of an entry not yet acknowledged (a partially acked batch has fewer)."""
+        words = self.sub.ack_set_for(position) if batch_size > 1 else None
+        if words is None:
+            return batch_size
+        return bin(ack_set_to_int(words) & ((1 << batch_size) - 1)).count("1")
 
     def _owner(self, hint: Consumer | None, ledger_id: int, entry_id: int) -> Consumer | None:
         if hint is not None and hint.pending_acks is not None \

@@ -103,8 +103,9 @@ class Dispatcher:
         raise NotImplementedError
 
     def acked(self, consumer: Consumer | None, positions: list[tuple[int, int]],
-              messages: int) -> None:
-        """The subscription acknowledged these entries (whole ones)."""
+              messages: int, remaining: dict[tuple[int, int], int] | None = None) -> None:
+        """The subscription acknowledged these entries (whole ones); `remaining`: messages
+        this ack covered of batches that were partially acknowledged before."""
         self.kick()
 
     def mark_delete_moved(self) -> None:

@@ -296,25 +296,32 @@ class Subscription:
     async def _ack_individual(self, consumer: Consumer | None,
                               acks: list[tuple[int, int, list[int] | None]]) -> None:
         whole: list[Position] = []
+        remaining: dict[tuple[int, int], int] = {}  # unacked messages of partial batches
         for ledger_id, entry_id, ack_set in acks:
             position = Position(ledger_id, entry_id)
             if ack_set is None or not self.config.acknowledgment_at_batch_index_level_enabled:
                 if ack_set is None:
                     whole.append(position)
+                    if self.cursor.get_ack_set(position) is not None:
+                        remaining[(ledger_id, entry_id)] = self._unacked_in_batch(
+                            position, self._batch_size(consumer, position))
                 continue
             size = self._batch_size(consumer, position)
             before = self._unacked_in_batch(position, size)
             await self.cursor.delete_batch_index(position, ack_set, size)
             if self.cursor.is_acked(position):
                 whole.append(position)
+                remaining[(ledger_id, entry_id)] = before
             elif self.dispatcher is not None and isinstance(self.dispatcher, SharedDispatcher) \
                     and consumer is not None:
                 newly = before - self._unacked_in_batch(position, size)
-                self.dispatcher.batch_index_acked(consumer, max(0, newly))
+                self.dispatcher.batch_index_acked(consumer, max(0, newly),
+                                                  (ledger_id, entry_id))
         if whole:
             mark = self.cursor.mark_delete_position
             await self.cursor.delete(whole)
-            self._after_ack(consumer, whole, 0, moved=self.cursor.mark_delete_position != mark)
+            self._after_ack(consumer, whole, 0, moved=self.cursor.mark_delete_position != mark,
+                            remaining=remaining)
 
     async def _ack_cumulative(self, consumer: Consumer | None,
                               acks: list[tuple[int, int, list[int] | None]]) -> None:
@@ -332,12 +339,12 @@ class Subscription:
         self._after_ack(consumer, [], 0, moved=True)
 
     def _after_ack(self, consumer: Consumer | None, positions: list[Position], messages: int,
-                   moved: bool) -> None:
+                   moved: bool, remaining: dict[tuple[int, int], int] | None = None) -> None:
         for position in positions:
             self._redelivery.pop(position, None)
         if self.dispatcher is not None:
             self.dispatcher.acked(consumer, [(p.ledger_id, p.entry_id) for p in positions],
-                                   messages)
+                                   messages, remaining)
             if moved:
                 self.dispatcher.mark_delete_moved()
         self.topic.acks_changed()
