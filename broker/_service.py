@@ -98,8 +98,10 @@ class BrokerService:
             return str(topic) in self.topics
         return self.persistent_topic_exists(topic)
 
-    async def get_topic(self, name: str | TopicName, *, create: bool = True) -> Topic:
+    async def get_topic(self, name: str | TopicName, *, create: bool = True,
+                        explicit: bool = False) -> Topic:
         """The loaded topic, loading (and, when allowed, creating) it on first use.
+        `explicit` (an admin's create) creates it whatever automatic creation says.
 
         Raises:
             InvalidTopicNameError: the name does not parse.
@@ -117,7 +119,7 @@ class BrokerService:
         future: asyncio.Future[Topic] = asyncio.get_running_loop().create_future()
         self._loading[key] = future
         try:
-            topic = await self._load(topic_name, create)
+            topic = await self._load(topic_name, create, explicit)
             self.topics[key] = topic
             future.set_result(topic)
             return topic
@@ -128,7 +130,7 @@ class BrokerService:
         finally:
             del self._loading[key]
 
-    async def _load(self, name: TopicName, create: bool) -> Topic:
+    async def _load(self, name: TopicName, create: bool, explicit: bool = False) -> Topic:
         namespace = name.namespace_name
         if not self.namespaces.namespace_exists(namespace):
             raise TopicNotFoundError(f"Namespace {namespace} does not exist")
@@ -137,7 +139,7 @@ class BrokerService:
         if not name.is_persistent:
             return NonPersistentTopic(self, name)
         if not self.persistent_topic_exists(name):
-            allowed = self._may_create(name)
+            allowed = explicit or self._may_create(name)
             if not create or not allowed:
                 raise TopicNotFoundError(f"Topic {name} does not exist")
         topic = await PersistentTopic.load(self, name)
@@ -171,7 +173,9 @@ class BrokerService:
         return 0
 
     async def create_partitioned_topic(self, name: str | TopicName, partitions: int) -> None:
-        """Raises MetadataError when it exists (partitioned or not)."""
+        """Create the metadata and, like upstream's admin, the partitions (so listings and
+        regex subscriptions see them). Raises MetadataError when it exists (partitioned or
+        not)."""
         topic_name = self.parse_topic(name)
         if partitions < 1:
             raise NotAllowedError("The number of partitions must be at least 1")
@@ -180,6 +184,12 @@ class BrokerService:
         if self.topic_exists(topic_name):
             raise MetadataError(f"Topic {topic_name} already exists as a non-partitioned topic")
         self.namespaces.set_partitions(str(topic_name), partitions, create=True)
+        await self._create_partitions(topic_name, 0, partitions)
+
+    async def _create_partitions(self, name: TopicName, first: int, end: int) -> None:
+        if name.is_persistent:
+            for index in range(first, end):
+                await self.get_topic(name.partition(index), create=True)
 
     async def update_partitioned_topic(self, name: str | TopicName, partitions: int) -> None:
         topic_name = self.parse_topic(name)
@@ -189,12 +199,13 @@ class BrokerService:
         if partitions <= current:
             raise NotAllowedError("The number of partitions can only grow")
         self.namespaces.set_partitions(str(topic_name), partitions, create=False)
+        await self._create_partitions(topic_name, current, partitions)
 
     async def create_topic(self, name: str | TopicName) -> Topic:
         topic_name = self.parse_topic(name)
         if self.topic_exists(topic_name) or self.namespaces.partitions(str(topic_name)):
             raise MetadataError(f"Topic {topic_name} already exists")
-        return await self.get_topic(topic_name, create=True)
+        return await self.get_topic(topic_name, create=True, explicit=True)
 
     async def delete_topic(self, name: str | TopicName, *, force: bool = False) -> None:
         topic_name = self.parse_topic(name)

@@ -215,8 +215,9 @@ class PersistentTopic:
         """Admit a producer.
 
         Raises:
-            ProducerBusyError: the name is taken, or an exclusive producer is connected.
-            NotAllowedError: the producer limit is reached, or the topic is terminated.
+            ProducerBusyError: the name is taken, an exclusive producer is connected, or the
+                producer limit is reached.
+            TopicTerminatedError: the topic is fenced.
             ProducerBlockedQuotaExceededError/Exception: the backlog quota is exceeded.
         """
         if self.fenced:
@@ -230,7 +231,7 @@ class PersistentTopic:
             raise ProducerBusyError(f"Topic {self.name} has an exclusive producer")
         limit = self.policies.max_producers_per_topic
         if limit > 0 and len(self.producers) >= limit:
-            raise NotAllowedError(f"Topic {self.name} reached max producers limit")
+            raise ProducerBusyError("Topic reached max producers limit")
         self._check_backlog_quota()
         producer = Producer(self, spec, name, bool(spec.producer_name))
         self.producers[name] = producer
