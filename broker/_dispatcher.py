@@ -68,9 +68,16 @@ class Dispatcher:
             self._loop.call_soon(self._run)
 
     def kick_later(self, delay_s: float) -> None:
-        if not self.closed:
-            self._timers = [t for t in self._timers if not t.cancelled()]
-            self._timers.append(self._loop.call_later(max(0.0, delay_s), self.kick))
+        """Kick after `delay_s`, unless a pending timer already fires by then (its kick
+        re-arms what is still needed). Fired timers are forgotten."""
+        if self.closed:
+            return
+        now = self._loop.time()
+        when = now + max(0.0, delay_s)
+        self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
+        if any(t.when() <= when for t in self._timers):
+            return
+        self._timers.append(self._loop.call_later(max(0.0, delay_s), self.kick))
 
     def _run(self) -> None:
         self._scheduled = False

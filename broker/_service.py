@@ -378,6 +378,7 @@ class BrokerService:
         if state is None:
             return
         timeout_ms = self.config.broker_deduplication_producer_inactivity_timeout_s * 1000
-        state.purge_inactive(now, timeout_ms)
-        if state.should_snapshot(now):
+        now_ms = now * 1000  # the service clock is in seconds, the dedup state's in ms
+        state.purge_inactive(now_ms, timeout_ms)
+        if state.should_snapshot(now_ms):
             await topic._take_dedup_snapshot()

@@ -380,9 +380,11 @@ class Subscription:
             self.remove_consumer(consumer)
             consumer.sink.close_consumer(consumer, "subscription reset")
 
-    async def reset_cursor(self, position: Position) -> None:
+    async def reset_cursor(self, position: Position, ack_set: list[int] | None = None) -> None:
+        """Seek by message id (§4.7): delivery restarts AT `position`; `ack_set` (a batch
+        id's `CommandSeek.ack_set`) marks the indexes before it acknowledged."""
         self.disconnect_for_reset()
-        await self.cursor.reset(position)
+        await self.cursor.reset(position, ack_set)
         self._after_reset()
 
     async def reset_cursor_by_time(self, timestamp_ms: int) -> None:

@@ -107,6 +107,11 @@ class PublishResult:
         return self.ledger_id == -1 and self.entry_id == -1
 
 
+def _now_ms() -> float:
+    """Wall-clock ms: the unit of `DeduplicationState`'s times."""
+    return time.time() * 1000
+
+
 def _metadata_of(entry: bytes) -> pb.MessageMetadata:
     return parse_entry(entry, verify_checksum=False).metadata
 
@@ -124,6 +129,7 @@ class PersistentTopic:
         self.policies: EffectivePolicies = service.namespaces.effective_policies(
             str(name), name.namespace_name)
         self.dedup: DeduplicationState | None = None
+        self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
         self.fenced = False
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
@@ -172,7 +178,7 @@ class PersistentTopic:
             return
         state = DeduplicationState.from_config(self.config)
         cursor = await ml.open_cursor(DEDUP_CURSOR_NAME, "earliest")
-        now = time.time()
+        now = _now_ms()
         state.restore({k: int(v) for k, v in cursor.properties.items()}, now)
         position = ml.next_valid_position(cursor.mark_delete_position)
         last = ml.last_confirmed_position
@@ -190,6 +196,7 @@ class PersistentTopic:
                 replayed += 1
                 position = ml.next_valid_position(Position(*entry_position))
         self.dedup = state
+        self._dedup_recorded = last
         if replayed >= self.config.broker_deduplication_entries_interval:
             await self._take_dedup_snapshot(cursor)
         log.info("dedup state of %s recovered (%d entries replayed)", self.name, replayed)
@@ -200,14 +207,17 @@ class PersistentTopic:
         if state is None or cursor is None or state.snapshot_running:
             return
         snapshot = state.begin_snapshot()
-        position = self.managed_ledger.last_confirmed_position
+        # The last entry whose sequence ids are in the state: every entry up to it is
+        # covered, so recovery replays only what follows (the last confirmed entry may be
+        # ahead of it while its publish has not yet recorded itself).
+        position = self._dedup_recorded
         ok = False
         try:
             if position > cursor.mark_delete_position:
                 await cursor.mark_delete(position, properties=dict(snapshot))
             ok = True
         finally:
-            state.end_snapshot(time.time(), ok)
+            state.end_snapshot(_now_ms(), ok)
 
     # -- producers -------------------------------------------------------------------------
 
@@ -250,7 +260,7 @@ class PersistentTopic:
         if self.producers.get(producer.name) is producer:
             del self.producers[producer.name]
             if self.dedup is not None:
-                self.dedup.producer_disconnected(producer.name, time.time())
+                self.dedup.producer_disconnected(producer.name, _now_ms())
 
     def last_sequence_id(self, producer: Producer) -> int:
         return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
@@ -319,7 +329,10 @@ class PersistentTopic:
             raise PersistenceError(f"write to {self.name} failed: {exc}") from exc
         if dedup is not None and last_chunk:
             dedup.record_persisted(producer.name, sequence_id, highest_sequence_id)
-            if dedup.should_snapshot(time.time()):
+            self._dedup_recorded = max(self._dedup_recorded, position)
+            # Every `entries_interval` entries; the time-based snapshot is maintenance's.
+            if not dedup.snapshot_running and dedup.entries_since_snapshot >= \
+                    self.config.broker_deduplication_entries_interval:
                 self._spawn(self._take_dedup_snapshot())
         messages = metadata.num_messages_in_batch if metadata.HasField(
             "num_messages_in_batch") else 1
