@@ -19,9 +19,12 @@ queued positions), per §2.7.3:
   or the slot draining for another consumer: the entry is blocked;
 * otherwise it goes to the selected consumer.
 
-Blocked entries go to the replay queue with their slot. Reads stop while the replay queue
-holds `look-ahead limit` entries. `allow_out_of_order_delivery` turns draining and the
-replay-slot blocking off. STICKY mode never drains.
+Blocked entries go to the replay queue with their slot. A Normal read asks for at most
+the consumers' total permits, and reads stop while the replay queue holds `look-ahead
+limit` entries. A Replay read that sends nothing makes the next round read new entries
+instead (look-ahead), as long as some other consumer has permits.
+`allow_out_of_order_delivery` turns draining and the replay-slot blocking off. STICKY mode
+never drains.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KeySharedDispatcher"]
 
+LOOK_AHEAD_UNLIMITED = 2**31  # no look-ahead limit configured at all
+
 
 class KeySharedDispatcher(SharedDispatcher):
     sub_type = "Key_Shared"
@@ -60,6 +65,7 @@ class KeySharedDispatcher(SharedDispatcher):
         self.replay_slots: dict[Position, int] = {}
         self.slot_counts: Counter[int] = Counter()
         self._unblock_scheduled = False
+        self._skip_replay_once = False  # look ahead: the next round reads new entries
 
     # -- pending-ack hooks ---------------------------------------------------------------
 
@@ -192,16 +198,24 @@ class KeySharedDispatcher(SharedDispatcher):
     # -- dispatch ------------------------------------------------------------------------
 
     def look_ahead_limit(self) -> int:
+        """How many entries the replay queue may hold before Normal reads stop (§2.7.4):
+        the per-consumer threshold times the consumers, capped by the per-subscription
+        one; when that is not positive, the unacked-message limits (non-positive ones
+        meaning unlimited)."""
         config = self.sub.config
+        consumers = max(1, len(self.consumers))
         per_consumer = config.key_shared_look_ahead_msg_in_replay_threshold_per_consumer
         per_subscription = config.key_shared_look_ahead_msg_in_replay_threshold_per_subscription
         if per_consumer <= 0:
             limit = per_subscription
         else:
-            limit = min(per_consumer * max(1, len(self.consumers)), per_subscription)
+            limit = min(per_consumer * consumers, per_subscription)
         if limit > 0:
             return limit
-        return 2**31
+        unacked_limits = [v for v in (self.sub.max_unacked_per_subscription(),
+                                      consumers * self.sub.max_unacked_per_consumer())
+                          if v > 0]
+        return min(unacked_limits) if unacked_limits else LOOK_AHEAD_UNLIMITED
 
     def dispatch_round(self) -> bool:
         if not self.consumers or self.blocked_on_unacked:
@@ -210,20 +224,38 @@ class KeySharedDispatcher(SharedDispatcher):
             return False
         self._collect_due_delayed()
         limit = self.sub.config.dispatcher_max_read_batch_size
-        replay = self._replay_candidates(limit)
+        replay = [] if self._skip_replay_once else self._replay_candidates(limit)
+        self._skip_replay_once = False
         if replay:
             entries = self.sub.read_positions(replay)
             for position in replay:
                 self.replay.discard(position)
                 self._replay_removed(position)
             sent = self._dispatch_batch(entries, normal=False)
-            return sent > 0 or len(entries) < len(replay)
+            if sent > 0 or len(entries) < len(replay):
+                return True
+            self._skip_replay_once = self._should_look_ahead(entries)
+            return self._skip_replay_once
         room = self.look_ahead_limit() - len(self.replay)
         if room <= 0:
             return False
-        entries, progressed = self.sub.read_new(min(limit, room), honour_delay=True)
+        to_read = min(limit, room, self.total_available_permits())
+        entries, progressed = self.sub.read_new(to_read, honour_delay=True)
         self._dispatch_batch(entries, normal=True)
         return progressed
+
+    def _should_look_ahead(self, entries: list[EntryInfo]) -> bool:
+        """A replay read sent nothing: read new entries next (skipping the replay queue
+        once) if the replay queue is under the look-ahead limit and a consumer none of
+        these entries was meant for has permits (§2.7.3 step 4). Without this, positions
+        that pass the replay filter unchecked (out-of-order delivery, unknown slots) but
+        cannot be sent would keep every other consumer from new entries."""
+        if len(self.replay) >= self.look_ahead_limit():
+            return False
+        involved = {self.selector.select(entry.slot) for entry in entries}
+        limit = self.sub.max_unacked_per_consumer()
+        return any(c not in involved and c.available_permits(limit) > 0
+                   for c in self.consumers)
 
     def _replay_candidates(self, limit: int) -> list[Position]:
         """Replay positions worth reading now (§2.7.3 replay-position filter)."""
