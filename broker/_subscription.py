@@ -413,8 +413,8 @@ class Subscription:
         """Mark-delete over every entry published more than `ttl_s` ago; returns the number
         of entries expired."""
         ml = self.topic.managed_ledger
-        cutoff = _now_ms() - ttl_s * 1000
-        newest = ml.find_newest_matching(lambda data: entry_publish_time(data) <= cutoff,
+        cutoff = _now_ms() - ttl_s * 1000  # expired: now > publish time + ttl (§7.2)
+        newest = ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
                                          start=ml.next_valid_position(
                                              self.cursor.mark_delete_position))
         if newest is None or newest <= self.cursor.mark_delete_position:

@@ -227,3 +227,48 @@ def test_repeated_crashes_lose_nothing_acknowledged(tmp_path: Path) -> None:
             assert await _receive_all(service, sink, consumer, len(unacked)) == _bodies(unacked)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("crash", [True, False], ids=["crash", "restart"])
+def test_crash_right_after_a_rollover(tmp_path: Path, crash: bool) -> None:
+    """The last ledger filled up and a new (empty) one was started just before the stop."""
+
+    async def scenario() -> None:
+        async with broker_env(tmp_path, managed_ledger_max_entries_per_ledger=5,
+                              managed_ledger_min_ledger_rollover_time_s=0) as env:
+            topic = await _topic(env.service)
+            await topic.create_subscription("sub", "earliest")
+            positions = await _publish(env.service, 10)
+            ledgers = sorted({p.ledger_id for p in positions})
+            assert len(topic.managed_ledger.ledgers()) == 3  # two full, one empty
+
+            service = await _reopen(env, crash)
+            topic = await _topic(service)
+            after = topic.managed_ledger.ledgers()
+            assert [ledger.ledger_id for ledger in after[:2]] == ledgers
+            assert [ledger.entries for ledger in after] == [5, 5, 0]
+            assert topic.subscriptions["sub"].backlog() == 10
+            more = await _publish(service, 1, start=10)
+            assert more[0].ledger_id == after[2].ledger_id
+
+    asyncio.run(scenario())
+
+
+def test_unsubscribe_and_new_subscriptions_survive_a_crash(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            topic = await _topic(env.service)
+            await topic.create_subscription("gone", "earliest")
+            await _publish(env.service, 3)
+            await topic.create_subscription("late", "latest")
+            await topic.create_subscription("early", "earliest", {"tag1": "1"})
+            await topic.unsubscribe("gone")
+
+            service = await env.crash()
+            topic = await _topic(service)
+            assert set(topic.subscriptions) == {"late", "early"}
+            assert topic.subscriptions["late"].backlog() == 0
+            assert topic.subscriptions["early"].backlog() == 3
+            assert topic.subscriptions["early"].cursor.cursor_properties == {"tag1": "1"}
+
+    asyncio.run(scenario())

@@ -323,3 +323,32 @@ def test_snapshot_every_1000_entries_and_restart_replays_the_tail(tmp_path: Path
             assert topic.managed_ledger.cursors[DEDUP_CURSOR_NAME].properties == {"p1": 1004}
 
     asyncio.run(scenario())
+
+
+def test_topic_policy_beats_the_namespace_policy(tmp_path: Path) -> None:
+    """TopicDuplicationTest: topic > namespace > broker."""
+
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            service = env.service
+            other = "persistent://public/default/other"
+            service.namespaces.set_policy(NAMESPACE, "deduplicationEnabled", True)
+            service.namespaces.set_topic_policy(TOPIC, "deduplicationEnabled", False)
+            topic, producer = await service.create_producer(TOPIC, ProducerSpec("p1"))
+            other_topic, other_producer = await service.create_producer(other,
+                                                                        ProducerSpec("p1"))
+            assert isinstance(topic, PersistentTopic)
+            assert isinstance(other_topic, PersistentTopic)
+            assert topic.dedup is None
+            assert other_topic.dedup is not None
+            await _send(topic, producer, 0)
+            assert await _send(topic, producer, 0) != (-1, -1)
+            await _send(other_topic, other_producer, 0)
+            assert await _send(other_topic, other_producer, 0) == (-1, -1)
+
+            service.namespaces.set_topic_policy(TOPIC, "deduplicationEnabled", None)
+            await service.policies_changed(NAMESPACE)
+            assert topic.dedup is not None  # the namespace's value applies again
+            assert await _send(topic, producer, 0) == (-1, -1)
+
+    asyncio.run(scenario())

@@ -305,3 +305,91 @@ def test_acked_delayed_messages_are_not_redelivered(tmp_path: Path) -> None:
             assert sink2.received == []
 
     asyncio.run(scenario())
+
+
+def test_delayed_index_is_rebuilt_when_consumers_come_back(tmp_path: Path) -> None:
+    """The tracker is cleared when the last consumer leaves; the next consumer's reads track
+    the delayed entries again, and they still wait for their time."""
+
+    async def scenario() -> None:
+        async with broker_env(tmp_path, **_config()) as env:
+            service = env.service
+            sink = TimedSink()
+            topic, consumer = await _subscribe(service, "Shared", sink)
+            _, producer = await service.create_producer(TOPIC, ProducerSpec("p1"))
+            deliver_at = now_ms() + 400
+            positions = [await publish(topic, producer, f"m{i}".encode(),
+                                       deliver_at_ms=deliver_at) for i in range(4)]
+            subscription = topic.subscriptions["sub"]
+            await wait_for(lambda: subscription.delayed is not None
+                           and subscription.delayed.size() == 4)
+            topic.consumer_closed(subscription, consumer)
+            assert subscription.delayed is not None
+            assert subscription.delayed.size() == 0
+
+            sink2 = TimedSink()
+            await _subscribe(service, "Shared", sink2, consumer_name="c2")
+            await wait_for(lambda: subscription.delayed is not None
+                           and subscription.delayed.size() == 4)
+            await wait_for(lambda: len(sink2.received) >= 4)
+            await settle(service)
+            assert sink.received == []
+            assert sink2.positions() == positions
+            assert min(sink2.arrivals) >= deliver_at - TICK_MS
+
+    asyncio.run(scenario())
+
+
+class AckingSink(TimedSink):
+    """Acknowledges every delivery and gives the permit back, like a client consuming in a
+    loop with a small receiver queue."""
+
+    def __init__(self, topic_ref: list[PersistentTopic]) -> None:
+        super().__init__()
+        self._topic_ref = topic_ref
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def deliver(self, consumer: Consumer, deliveries: list[Delivery]) -> None:
+        super().deliver(consumer, deliveries)
+        task = asyncio.ensure_future(self._ack(consumer, deliveries))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _ack(self, consumer: Consumer, deliveries: list[Delivery]) -> None:
+        subscription = self._topic_ref[0].subscriptions["sub"]
+        await subscription.acknowledge(consumer, 0, [(d.ledger_id, d.entry_id, None)
+                                                     for d in deliveries])
+        subscription.flow(consumer, len(deliveries))
+
+
+def test_key_shared_with_small_permits_delivers_every_delayed_message(tmp_path: Path) -> None:
+    """KeySharedSubscriptionTest.testContinueDispatchMessagesWhenMessageDelayed: delayed and
+    plain messages of the same keys, consumers with few permits that ack as they go: every
+    message arrives, none early."""
+
+    async def scenario() -> None:
+        async with broker_env(tmp_path, **_config()) as env:
+            service = env.service
+            topic = await service.get_topic(TOPIC)
+            assert isinstance(topic, PersistentTopic)
+            sink = AckingSink([topic])
+            for name in ("c1", "c2"):
+                _, consumer = await service.subscribe(TOPIC, SubscribeSpec(
+                    "sub", "Key_Shared", name, initial_position="earliest"), sink)
+                topic.subscriptions["sub"].flow(consumer, 3)
+            _, producer = await service.create_producer(TOPIC, ProducerSpec("p1"))
+            base = now_ms()
+            due: dict[tuple[int, int], int] = {}
+            for i in range(60):
+                at = base + 100 + 3 * i if i % 2 else None
+                position = await publish(topic, producer, f"m{i}".encode(),
+                                         partition_key=f"k{i % 6}", deliver_at_ms=at)
+                due[position] = at or 0
+            await wait_for(lambda: len(sink.received) >= len(due))
+            await settle(service)
+            assert sorted(sink.positions()) == sorted(due)
+            for position, arrived in zip(sink.positions(), sink.arrivals, strict=True):
+                assert arrived >= due[position] - TICK_MS
+            await wait_for(lambda: topic.subscriptions["sub"].backlog() == 0)
+
+    asyncio.run(scenario())

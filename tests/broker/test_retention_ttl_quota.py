@@ -346,3 +346,22 @@ def test_readers_do_not_count_toward_the_backlog_quota(tmp_path: Path) -> None:
             assert set(topic.producers) == {"filler", "welcome"}
 
     asyncio.run(scenario())
+
+
+def test_ttl_boundary_is_strictly_older_than_the_ttl(tmp_path: Path) -> None:
+    """§7.2: an entry expires when now > publish_time + ttl; one published a little less
+    than the TTL ago stays."""
+
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            service = env.service
+            await _set_policy(service, "message_ttl_in_seconds", 60)
+            topic = await _topic_with_subscription(service)
+            old = await _fill(service, 2, publish_time_ms=now_ms() - 60_001)
+            await _fill(service, 2, publish_time_ms=now_ms() - 55_000)
+            await service.run_maintenance(force=True)
+            subscription = topic.subscriptions["sub"]
+            assert subscription.cursor.mark_delete_position == old[-1]
+            assert subscription.backlog() == 2
+
+    asyncio.run(scenario())
