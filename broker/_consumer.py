@@ -93,6 +93,7 @@ class Consumer:
         self.closed = False
         self.pending_acks: Any = None  # a PendingAcksMap for Shared and Key_Shared
         self.avg_messages_per_entry = 1.0
+        self._first_dispatch = True
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
         self.message_ack_counter = 0
@@ -117,7 +118,12 @@ class Consumer:
         self.last_consumed_timestamp = int(time.time() * 1000)
         if deliveries:
             per_entry = messages / len(deliveries)
-            self.avg_messages_per_entry = 0.9 * self.avg_messages_per_entry + 0.1 * per_entry
+            if self._first_dispatch:  # the first dispatch sets it, later ones move it
+                self._first_dispatch = False
+                self.avg_messages_per_entry = max(1.0, per_entry)
+            else:
+                self.avg_messages_per_entry = (0.9 * self.avg_messages_per_entry
+                                               + 0.1 * per_entry)
 
     def available_permits(self, max_unacked: int) -> int:
         """Permits usable now: none when blocked on unacked messages."""

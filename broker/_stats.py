@@ -9,6 +9,7 @@ is what scripts compare.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ._consumer import Consumer
@@ -49,7 +50,7 @@ def _consumer(consumer: Consumer, subscription: Subscription | None) -> dict[str
         "msgRateRedeliver": 0.0,
         "availablePermits": consumer.permits,
         "unackedMessages": consumer.unacked_messages,
-        "avgMessagesPerEntry": round(consumer.avg_messages_per_entry, 3),
+        "avgMessagesPerEntry": math.floor(consumer.avg_messages_per_entry + 0.5),  # Java round
         "blockedConsumerOnUnackedMsgs": consumer.blocked_on_unacked,
         "lastAckedTimestamp": consumer.last_acked_timestamp,
         "lastConsumedTimestamp": consumer.last_consumed_timestamp,
