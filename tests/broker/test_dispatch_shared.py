@@ -208,6 +208,61 @@ def test_nack_and_redeliver_all_raise_the_redelivery_count(tmp_path: Path) -> No
     asyncio.run(scenario())
 
 
+def test_last_consumer_gone_then_everything_unacked_again_from_the_mark_delete(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            service = env.service
+            topic, producer = await persistent_producer(service, TOPIC)
+            sink = RecordingSink()
+            _, c1 = await _subscribe(service, sink, "c1")
+            subscription = topic.subscriptions["sub"]
+            subscription.flow(c1, 1000)
+            positions = await publish_many(topic, producer, 5)
+            await wait_for(lambda: len(sink.received) == 5)
+            subscription.redeliver(c1, [positions[4]])
+            await wait_for(lambda: len(sink.received) == 6)
+            await subscription.acknowledge(c1, INDIVIDUAL, [(*positions[1], None),
+                                                            (*positions[3], None)])
+            topic.consumer_closed(subscription, c1)
+            assert _dispatcher(topic).replay == set()
+            _, c2 = await _subscribe(service, sink, "c2")
+            subscription.flow(c2, 1000)
+            await wait_for(lambda: len(sink.of(c2)) == 3)
+            await settle(service)
+            assert sink.bodies(c2) == [b"m0", b"m2", b"m4"]
+            assert [r.redelivery_count for r in sink.of(c2)] == [0, 0, 0]  # counts dropped
+
+    asyncio.run(scenario())
+
+
+def test_acks_are_credited_to_the_consumer_holding_the_entry(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            service = env.service
+            topic, producer = await persistent_producer(service, TOPIC)
+            sink = RecordingSink()
+            _, c1 = await _subscribe(service, sink, "c1")
+            _, c2 = await _subscribe(service, sink, "c2")
+            subscription = topic.subscriptions["sub"]
+            subscription.flow(c1, 1000)
+            single = await publish(topic, producer, b"one")
+            batch = await publish_batch(topic, producer, [b"a", b"b", b"c", b"d"])
+            await wait_for(lambda: len(sink.of(c1)) == 2)
+            assert c1.unacked_messages == 5
+            await subscription.acknowledge(c2, INDIVIDUAL, [(*single, None)])
+            assert c1.unacked_messages == 4
+            await subscription.acknowledge(c2, INDIVIDUAL, [(*batch, _ack_set(4, {1, 2, 3}))])
+            assert c1.unacked_messages == 3
+            assert c2.unacked_messages == 0
+            await subscription.acknowledge(c2, INDIVIDUAL, [(*batch, None)])
+            assert c1.unacked_messages == 0
+            assert _dispatcher(topic).total_unacked == 0
+            assert subscription.backlog() == 0
+
+    asyncio.run(scenario())
+
+
 # -- unacked limits (§3.5) ---------------------------------------------------------------
 
 
