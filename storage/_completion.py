@@ -24,7 +24,7 @@ _PENDING = object()
 class Completion(Generic[T]):
     """The outcome of an operation that finishes in another thread."""
 
-    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_value")
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_value", "before_blocking")
 
     _state_lock = threading.Lock()  # one lock for all: completions are short-lived
 
@@ -36,6 +36,9 @@ class Completion(Generic[T]):
         # lock, not a `threading.Event`: waking a synchronous caller is on the path of every
         # add made one at a time.
         self._event: threading.Lock | None = None
+        # Called once by a thread about to block in `result` (the journal uses it to write
+        # and sync a lone add in the waiting thread itself; see `Journal.try_lead`).
+        self.before_blocking: Callable[[], object] | None = None
 
     @classmethod
     def resolved(cls, value: T) -> Completion[T]:
@@ -90,6 +93,10 @@ class Completion(Generic[T]):
             TimeoutError: not done within `timeout` seconds (the operation goes on).
             The operation's own error, when it failed.
         """
+        hook = self.before_blocking
+        if hook is not None and self._value is _PENDING:
+            self.before_blocking = None
+            hook()
         if self._value is _PENDING:
             with Completion._state_lock:
                 if self._value is _PENDING and self._event is None:

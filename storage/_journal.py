@@ -144,6 +144,8 @@ class Journal:
         self._closing = False
         self._writer_done = False
         self._sync_now = False
+        self._writing = False  # a thread owns the writer role (writer thread or a leader)
+        self._leading = False  # a caller's thread owns the syncer role for its own batch
         self._next_lsn = last_lsn + 1
         self._segment = self._create_segment(segment_id)
         self.synced_mark = JournalMark(segment_id, self._segment.position, last_lsn)
@@ -260,6 +262,41 @@ class Journal:
             self._queue_bytes += len(request.payload)
             self._lock.notify_all()
 
+    def try_lead(self) -> bool:
+        """Write and sync what is queued in the caller's own thread, if the journal is
+        otherwise idle; returns True if it did.
+
+        Called by a thread about to block on an add's completion. A lone request (one
+        add in flight) would otherwise cost three thread hand-offs (caller → writer →
+        syncer → caller), each a wake-up on another CPU. When nothing is being written or
+        synced, the waiting thread takes both roles for one batch instead; when anything
+        is in progress it returns False at once and the background threads carry on with
+        group commit as usual.
+        """
+        if not self._threads or not self._config.journal_sync:
+            return False
+        with self._lock:
+            if (self._writing or self._sync_busy or self._sync_queue or not self._queue
+                    or self._failed is not None or self._closing):
+                return False
+            self._writing = True
+            self._leading = True
+            requests = self._take_batch()
+        segment = None
+        try:
+            segment = self._write_and_queue(requests)
+            self._sync_once()
+        finally:
+            with self._lock:
+                self._leading = False
+                self._lock.notify_all()
+            if segment is not None:
+                self._maybe_roll_over(segment)
+            with self._lock:
+                self._writing = False
+                self._lock.notify_all()
+        return True
+
     def pump(self) -> bool:
         """Without background threads: write and sync what is queued. Returns True if
         anything was done."""
@@ -290,14 +327,23 @@ class Journal:
     def _writer_loop(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._closing and self._failed is None:
+                while (not self._queue or self._writing) and not self._closing \
+                        and self._failed is None:
+                    self._lock.wait()
+                while self._writing and self._failed is None:  # a leader finishes first
                     self._lock.wait()
                 if self._failed is not None or (self._closing and not self._queue):
                     self._writer_done = True
                     self._lock.notify_all()
                     return
+                self._writing = True
                 requests = self._take_batch()
-            self._write_requests(requests)
+            try:
+                self._write_requests(requests)
+            finally:
+                with self._lock:
+                    self._writing = False
+                    self._lock.notify_all()
 
     def _write_once(self) -> bool:
         with self._lock:
@@ -308,6 +354,13 @@ class Journal:
         return True
 
     def _write_requests(self, requests: list[JournalRequest]) -> None:
+        segment = self._write_and_queue(requests)
+        if segment is not None:
+            self._maybe_roll_over(segment)
+
+    def _write_and_queue(self, requests: list[JournalRequest]) -> _Segment | None:
+        """Encode and write one batch and hand it to the syncer; returns the segment
+        written to, or None when the journal failed (the requests failed with it)."""
         segment = self._segment
         try:
             batch = self._encode(requests, segment)
@@ -315,7 +368,7 @@ class Journal:
             self._write_batch_bytes(segment, batch)
         except OSError as exc:
             self._fail(requests, _as_storage_error(exc, segment.handle.path))
-            return
+            return None
         done = _Batch(segment, segment.position, self._next_lsn - 1, requests)
         if not self._config.journal_sync:
             self._on_durable(requests)
@@ -329,7 +382,10 @@ class Journal:
             # The journal failed while this batch was being written (a checkpoint or a sync
             # failed meanwhile): the syncer has stopped, so the batch must fail here.
             self._fail_requests(done.requests, failed)
-            return
+            return None
+        return segment
+
+    def _maybe_roll_over(self, segment: _Segment) -> None:
         if segment.position >= self._config.journal_segment_bytes_max:
             try:
                 self._roll_over()
@@ -373,7 +429,7 @@ class Journal:
             while True:
                 if self._failed is not None:
                     return False
-                if self._sync_queue:
+                if self._sync_queue and not self._leading:
                     if self._config.journal_sync or self._closing or self._sync_now:
                         self._sync_now = False
                         return True

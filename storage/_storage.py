@@ -254,6 +254,8 @@ class Storage:
             self.cache.put(ledger_id, entry_id, data)
             completion: Completion[int] = Completion()
             assert self.journal is not None
+            if self.config.journal_caller_syncs_when_idle:
+                completion.before_blocking = self.journal.try_lead
             self.journal.submit(JournalRequest(RecordType.ADD_ENTRY,
                                                _IDS.pack(ledger_id, entry_id) + data,
                                                completion, ledger, entry_id))

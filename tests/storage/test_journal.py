@@ -385,3 +385,34 @@ def test_submit_after_close_fails(tmp_path: Path) -> None:
     harness.journal.close()
     with pytest.raises(StorageClosedError):
         harness.submit(b"late").result(0)
+
+
+def test_a_lone_add_is_synced_by_the_waiting_thread(tmp_path: Path) -> None:
+    """With the journal idle, the thread that blocks on an add's completion writes and syncs
+    it itself: the completion finishes in that thread, with one journal sync per add."""
+    fs = CountingFileSystem()
+    store = Storage.open(tmp_path / "data", small_config(), fs=fs)
+    journal_dir = tmp_path / "data" / "journal"
+    ledger = store.create_ledger().result(10)
+    finished_in: list[threading.Thread] = []
+    syncs_before = fs.total("sync", journal_dir)
+    for i in range(20):
+        completion = store.add_entry(ledger, b"lone-%d" % i)
+        completion.add_done_callback(lambda _: finished_in.append(threading.current_thread()))
+        assert completion.result(10) == i
+    assert fs.total("sync", journal_dir) - syncs_before == 20
+    assert finished_in.count(threading.current_thread()) >= 15  # the writer may win a race
+    store.close()
+
+
+def test_the_waiting_thread_does_not_sync_when_disabled(tmp_path: Path) -> None:
+    store = Storage.open(tmp_path / "data",
+                         small_config(journal_caller_syncs_when_idle=False))
+    ledger = store.create_ledger().result(10)
+    finished_in: list[threading.Thread] = []
+    for i in range(5):
+        completion = store.add_entry(ledger, b"x")
+        completion.add_done_callback(lambda _: finished_in.append(threading.current_thread()))
+        assert completion.result(10) == i
+    assert threading.current_thread() not in finished_in
+    store.close()
