@@ -36,7 +36,8 @@ POLICY_FIELDS = (
     "retention_policies",  # {"retentionTimeInMinutes": int, "retentionSizeInMB": int}
     "message_ttl_in_seconds",  # int
     "deduplicationEnabled",  # bool
-    "backlog_quota_map",  # {"destination_storage": {"limitSize", "limitTime", "policy"}}
+    "backlog_quota_map",  # {"destination_storage": {"limitSize", "policy"},
+    #                        "message_age": {"limitTime", "policy"}}
     "delayed_delivery_policies",  # {"active": bool, "tickTime": int, "maxDeliveryDelayInMillis"}
     "max_unacked_messages_per_consumer",  # int
     "max_unacked_messages_per_subscription",  # int
@@ -57,8 +58,9 @@ class EffectivePolicies:
     message_ttl_s: int
     deduplication_enabled: bool
     backlog_quota_limit_bytes: int
-    backlog_quota_limit_s: int
     backlog_quota_policy: str
+    backlog_quota_limit_s: int  # the message_age quota: oldest unacked message's age
+    backlog_quota_age_policy: str
     delayed_delivery_enabled: bool
     delayed_delivery_tick_ms: int
     delayed_delivery_max_delay_ms: int
@@ -219,6 +221,7 @@ class NamespaceRegistry:
         c = self._config
         retention = p.get("retention_policies") or {}
         quota = (p.get("backlog_quota_map") or {}).get("destination_storage") or {}
+        age_quota = (p.get("backlog_quota_map") or {}).get("message_age") or {}
         delayed = p.get("delayed_delivery_policies") or {}
         return EffectivePolicies(
             retention_time_minutes=int(retention.get("retentionTimeInMinutes",
@@ -230,9 +233,12 @@ class NamespaceRegistry:
                                              c.broker_deduplication_enabled)),
             backlog_quota_limit_bytes=int(quota.get("limitSize",
                                                     c.backlog_quota_default_limit_bytes)),
-            backlog_quota_limit_s=int(quota.get("limitTime", c.backlog_quota_default_limit_s)),
             backlog_quota_policy=str(quota.get("policy",
                                                c.backlog_quota_default_retention_policy)),
+            backlog_quota_limit_s=int(age_quota.get("limitTime",
+                                                    c.backlog_quota_default_limit_s)),
+            backlog_quota_age_policy=str(age_quota.get(
+                "policy", c.backlog_quota_default_retention_policy)),
             delayed_delivery_enabled=bool(delayed.get("active", c.delayed_delivery_enabled)),
             delayed_delivery_tick_ms=int(delayed.get("tickTime", c.delayed_delivery_tick_time_ms)),
             delayed_delivery_max_delay_ms=int(delayed.get("maxDeliveryDelayInMillis",

@@ -338,11 +338,18 @@ class BrokerService:
         return total
 
     async def _enforce_backlog_quota(self, topic: PersistentTopic) -> tuple[int, int]:
-        if not topic.backlog_quota_exceeded():
+        policy = topic.exceeded_backlog_quota()
+        if policy is None:
             return 0, 0
-        policy = topic.policies.backlog_quota_policy
         if policy == "consumer_backlog_eviction":
-            return await self._evict(topic), 0
+            evicted = 0
+            if topic.policies.backlog_quota_limit_bytes >= 0:
+                evicted += await self._evict(topic)
+            age_limit_s = topic.policies.backlog_quota_limit_s
+            if age_limit_s >= 0:  # expire what is older than 90% of the age limit
+                for subscription in list(topic.subscriptions.values()):
+                    evicted += await subscription.expire_messages(int(age_limit_s * 0.9))
+            return evicted, 0
         dropped = 0
         for producer in list(topic.producers.values()):
             topic.remove_producer(producer)
@@ -355,6 +362,8 @@ class BrokerService:
     async def _evict(self, topic: PersistentTopic) -> int:
         limit = topic.policies.backlog_quota_limit_bytes
         skipped = 0
+        if limit < 0 or topic.estimated_backlog_bytes() <= limit:
+            return 0
         for _ in range(100):  # bounded: each pass skips a share of the slowest backlog
             durable = [s for s in topic.subscriptions.values() if s.durable]
             if not durable or topic.estimated_backlog_bytes() <= 0.9 * limit:

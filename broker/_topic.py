@@ -265,16 +265,43 @@ class PersistentTopic:
     def last_sequence_id(self, producer: Producer) -> int:
         return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
 
-    def backlog_quota_exceeded(self) -> bool:
+    def exceeded_backlog_quota(self) -> str | None:
+        """The policy of the first backlog quota exceeded ("destination_storage" by size,
+        then "message_age" by the oldest unacknowledged message), or None."""
         limit = self.policies.backlog_quota_limit_bytes
-        if limit < 0:
-            return False
-        return self.estimated_backlog_bytes() > limit
+        if limit >= 0 and self.estimated_backlog_bytes() > limit:
+            return self.policies.backlog_quota_policy
+        age_limit_s = self.policies.backlog_quota_limit_s
+        if age_limit_s >= 0:
+            oldest = self.oldest_unacked_publish_time()
+            if oldest is not None and _now_ms() - oldest > age_limit_s * 1000:
+                return self.policies.backlog_quota_age_policy
+        return None
+
+    def backlog_quota_exceeded(self) -> bool:
+        return self.exceeded_backlog_quota() is not None
+
+    def oldest_unacked_publish_time(self) -> int | None:
+        """Publish time (ms) of the oldest unacknowledged entry over durable
+        subscriptions, or None when nothing is unacknowledged."""
+        ml = self.managed_ledger
+        oldest: int | None = None
+        for subscription in self.subscriptions.values():
+            if not subscription.durable or subscription.backlog() == 0:
+                continue
+            position = ml.next_valid_position(subscription.cursor.mark_delete_position)
+            while position <= ml.last_confirmed_position and subscription.is_acked(position):
+                position = ml.next_valid_position(position)
+            if position > ml.last_confirmed_position:
+                continue
+            published = _metadata_of(ml.read_entry(position)).publish_time
+            oldest = published if oldest is None else min(oldest, published)
+        return oldest
 
     def _check_backlog_quota(self) -> None:
-        if not self.backlog_quota_exceeded():
+        policy = self.exceeded_backlog_quota()
+        if policy is None:
             return
-        policy = self.policies.backlog_quota_policy
         message = f"Cannot create producer on topic with backlog quota exceeded ({self.name})"
         if policy == "producer_request_hold":
             raise ProducerBlockedQuotaExceededError(message)
