@@ -84,6 +84,8 @@ def _subscription(subscription: Subscription) -> dict[str, Any]:
         "type": sub_type,
         "msgRateOut": 0.0,
         "msgThroughputOut": 0.0,
+        "msgOutCounter": subscription.msg_out_counter,
+        "bytesOutCounter": subscription.bytes_out_counter,
         "msgBacklog": backlog,
         "msgBacklogNoDelayed": max(0, backlog - delayed),
         "msgDelayed": delayed,

@@ -65,6 +65,8 @@ class Subscription:
         self.last_expire_timestamp = 0
         self.total_msg_expired = 0
         self.last_consumed_flow_timestamp = 0
+        self.msg_out_counter = 0  # messages dispatched by this subscription, ever
+        self.bytes_out_counter = 0
 
     # -- what the dispatcher asks ----------------------------------------------------------
 
@@ -140,7 +142,10 @@ class Subscription:
             self.dispatcher.kick_later(max(0.0, (at - _now_ms()) / 1000.0))
 
     def messages_dispatched(self, consumer: Consumer, messages: int, deliveries: list[Any]) -> None:
-        self.topic.messages_out(messages, sum(len(d.entry) for d in deliveries))
+        size = sum(len(d.entry) for d in deliveries)
+        self.msg_out_counter += messages
+        self.bytes_out_counter += size
+        self.topic.messages_out(messages, size)
 
     # -- reading ---------------------------------------------------------------------------
 

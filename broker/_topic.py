@@ -629,4 +629,13 @@ class NonPersistentTopic:
         self.subscriptions.clear()
 
     async def delete(self, force: bool = False) -> None:
+        """Drop the topic; with clients connected only when forced (they are closed)."""
+        if (self.producers or self.consumer_count()) and not force:
+            raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
+        for producer in list(self.producers.values()):
+            self.remove_producer(producer)
+        for subscription in list(self.subscriptions.values()):
+            for consumer in list(subscription.consumers):
+                subscription.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, "topic deleted")
         await self.close()
