@@ -233,9 +233,9 @@ class BrokerService:
             prefix = f"ml/{namespace}/persistent/".encode()
             for key, _ in self.storage.metadata.scan(prefix):
                 local = key.decode()[len(prefix):]
-                from urllib.parse import unquote
+                from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
-                found.add(f"persistent://{namespace}/{unquote(local)}")
+                found.add(f"persistent://{namespace}/{unquote_plus(local)}")
         for name, topic in self.topics.items():
             if topic.name.namespace_name != namespace:
                 continue
