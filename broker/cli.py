@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sub)
     _add_crashtest(sub)
     _add_bench(sub)
+    from . import _admin_cli  # produce, consume, topics, namespaces, tenants
+
+    _admin_cli.add_commands(sub)
     return parser
 
 

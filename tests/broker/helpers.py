@@ -12,6 +12,7 @@ Keep this module small and additive: several test files import it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -269,3 +270,57 @@ async def broker_env(path: Path, config: BrokerConfig | None = None,
         yield env
     finally:
         await env.close()
+
+
+# -- the admin HTTP API --------------------------------------------------------------------
+
+
+@dataclass
+class HttpAnswer:
+    """One admin API answer: the status, the body decoded (JSON, else text; None when
+    empty) and the content type."""
+
+    status: int
+    body: Any
+    content_type: str
+
+
+class AdminClient:
+    """Real HTTP requests to a running admin server, from the test's own loop."""
+
+    def __init__(self, session: Any, base_url: str):
+        self.session = session
+        self.base_url = base_url
+
+    async def call(self, method: str, path: str, body: Any = None, *,
+                   query: dict[str, str] | None = None, raw: str | None = None) -> HttpAnswer:
+        """`body` is sent as JSON (nothing when None); `raw` is sent as is."""
+        data = raw if raw is not None else (None if body is None else json.dumps(body))
+        async with self.session.request(method, self.base_url + path, data=data,
+                                        params=query,
+                                        headers={"Content-Type": "application/json"},
+                                        ) as answer:
+            text = await answer.text()
+            try:
+                decoded: Any = json.loads(text) if text.strip() else None
+            except ValueError:
+                decoded = text
+            return HttpAnswer(answer.status, decoded, answer.content_type)
+
+
+@asynccontextmanager
+async def admin_env(path: Path, config: BrokerConfig | None = None, **overrides: Any,
+                    ) -> AsyncIterator[tuple[BrokerEnv, Any, AdminClient]]:
+    """`broker_env` plus the admin API on a free loopback port and a client for it:
+    `(env, server, client)`."""
+    import aiohttp
+
+    from broker._admin import start_admin
+
+    async with broker_env(path, config, **overrides) as env:
+        server = await start_admin(env.service, "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as session:
+                yield env, server, AdminClient(session, server.url)
+        finally:
+            await server.close()
