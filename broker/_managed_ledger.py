@@ -417,8 +417,11 @@ class ManagedLedger:
             if self._current_is_full():
                 await self._rollover()
             done = self._submit(bytes(data))
+            # Only the add that filled the ledger rolls it over once durable: an earlier add
+            # that waited for that rollover would return after later adds (out of order).
+            filled = self._current_is_full()
         position = await done
-        if self._current_is_full():
+        if filled:
             await self.rollover_if_full()
         return position
 
