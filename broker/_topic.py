@@ -358,7 +358,10 @@ class PersistentTopic:
             dedup.record_persisted(producer.name, sequence_id, highest_sequence_id)
             self._dedup_recorded = max(self._dedup_recorded, position)
             # Every `entries_interval` entries; the time-based snapshot is maintenance's.
-            if not dedup.snapshot_running and dedup.entries_since_snapshot >= \
+            # Not once the topic is closing: `close` cancelled the background tasks and
+            # takes the last snapshot itself (a task spawned now would outlive the topic).
+            if not dedup.snapshot_running and not self.fenced and \
+                    dedup.entries_since_snapshot >= \
                     self.config.broker_deduplication_entries_interval:
                 self._spawn(self._take_dedup_snapshot())
         messages = metadata.num_messages_in_batch if metadata.HasField(
