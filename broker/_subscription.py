@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from ._consumer import Consumer, SubscribeSpec
@@ -100,6 +99,11 @@ class Subscription:
     def max_unacked_per_subscription(self) -> int:
         return self.topic.policies.max_unacked_messages_per_subscription if self.durable else 0
 
+    def now_ms(self) -> int:
+        """The service's clock in ms: delayed delivery and TTL follow it, so a test or the
+        simulation can run them on virtual time."""
+        return int(self.topic.service.clock() * 1000)
+
     def mark_delete_position(self) -> Position:
         return self.cursor.mark_delete_position
 
@@ -139,7 +143,7 @@ class Subscription:
             return
         at = self.delayed.next_delivery_time()
         if at is not None:
-            self.dispatcher.kick_later(max(0.0, (at - _now_ms()) / 1000.0))
+            self.dispatcher.kick_later(max(0.0, (at - self.now_ms()) / 1000.0))
 
     def messages_dispatched(self, consumer: Consumer, messages: int, deliveries: list[Any]) -> None:
         size = sum(len(d.entry) for d in deliveries)
@@ -257,7 +261,7 @@ class Subscription:
             return SingleActiveConsumerDispatcher(self, spec.sub_type)
         if self.topic.policies.delayed_delivery_enabled:
             self.delayed = InMemoryDelayedDeliveryTracker(
-                _now_ms, tick_time_ms=self.topic.policies.delayed_delivery_tick_ms,
+                self.now_ms, tick_time_ms=self.topic.policies.delayed_delivery_tick_ms,
                 strict=self.config.delayed_delivery_deliver_at_time_strict,
                 tracked_messages_max=self.config.delayed_delivery_tracked_in_memory_max)
         if spec.sub_type == "Shared":
@@ -272,7 +276,7 @@ class Subscription:
             self.dispatcher.remove_consumer(consumer)
 
     def flow(self, consumer: Consumer, permits: int) -> None:
-        self.last_consumed_flow_timestamp = _now_ms()
+        self.last_consumed_flow_timestamp = self.now_ms()
         if self.dispatcher is not None:
             self.dispatcher.flow(consumer, permits)
 
@@ -296,7 +300,7 @@ class Subscription:
             await self._ack_individual(consumer, acks)
         if consumer is not None:
             consumer.message_ack_counter += len(acks)
-            consumer.last_acked_timestamp = _now_ms()
+            consumer.last_acked_timestamp = self.now_ms()
 
     async def _ack_individual(self, consumer: Consumer | None,
                               acks: list[tuple[int, int, list[int] | None]]) -> None:
@@ -418,7 +422,7 @@ class Subscription:
         """Mark-delete over every entry published more than `ttl_s` ago; returns the number
         of entries expired."""
         ml = self.topic.managed_ledger
-        cutoff = _now_ms() - ttl_s * 1000  # expired: now > publish time + ttl (§7.2)
+        cutoff = self.now_ms() - ttl_s * 1000  # expired: now > publish time + ttl (§7.2)
         newest = ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
                                          start=ml.next_valid_position(
                                              self.cursor.mark_delete_position))
@@ -428,7 +432,7 @@ class Subscription:
         await self.cursor.expire_until(newest)
         expired = before - self.cursor.backlog()
         self.total_msg_expired += expired
-        self.last_expire_timestamp = _now_ms()
+        self.last_expire_timestamp = self.now_ms()
         self._after_ack(None, [], 0, moved=True)
         return expired
 
@@ -444,7 +448,3 @@ class Subscription:
 
 def entry_publish_time(data: bytes) -> int:
     return EntryInfo(Position(0, 0), data).publish_time
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
