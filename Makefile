@@ -19,10 +19,9 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	touch $@
 
-# Until the standalone broker exists, `make run` runs the quick storage benchmark in ./data.
+# `make run` starts the standalone broker (pulsar://127.0.0.1:6650) with its data in ./data.
 run: $(VENV)/.installed-run
-	mkdir -p $(DATA_DIR)
-	$(BIN)/magnetar bench storage --quick --dir $(DATA_DIR)
+	$(BIN)/magnetar standalone --data-dir $(DATA_DIR)
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check storage broker codec tests tools benchmarks

@@ -61,6 +61,49 @@ def _cmd_bench_storage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_standalone(args: argparse.Namespace) -> int:
+    from broker._standalone import StandaloneOptions, config_with_overrides, run_standalone
+
+    try:
+        config = config_with_overrides(args.config)
+    except ValueError as exc:
+        print(f"magnetar standalone: {exc}", file=sys.stderr)
+        return 2
+    options = StandaloneOptions(
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        http_port=args.http_port,
+        advertised_url=args.advertised_url,
+        config=config,
+    )
+    return run_standalone(options)
+
+
+def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    standalone = sub.add_parser(
+        "standalone",
+        help="run the broker: Pulsar's binary protocol on one data directory",
+        description="Run the standalone broker until SIGTERM or SIGINT. Official Pulsar "
+        "clients connect to pulsar://HOST:PORT. The first signal shuts down gracefully "
+        "(in-flight publishes are persisted and acknowledged); a second one exits at once.",
+    )
+    standalone.add_argument("--data-dir", required=True, help="the data directory (created "
+                            "when missing)")
+    standalone.add_argument("--host", default="127.0.0.1", help="bind address (default "
+                            "127.0.0.1)")
+    standalone.add_argument("--port", type=int, default=6650, help="binary protocol port "
+                            "(default 6650; 0 picks a free one)")
+    standalone.add_argument("--http-port", type=int, default=8080, help="admin HTTP port "
+                            "(default 8080)")
+    standalone.add_argument("--advertised-url", default=None, help="the URL lookups answer "
+                            "with (default pulsar://HOST:PORT)")
+    standalone.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
+                            help="override a broker setting, e.g. "
+                            "broker_deduplication_enabled=true (repeatable)")
+    standalone.set_defaults(handler=_cmd_standalone)
+
+
 def _add_storage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     storage = sub.add_parser(
         "storage",
@@ -138,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_standalone(sub)
     _add_storage(sub)
     _add_crashtest(sub)
     _add_bench(sub)

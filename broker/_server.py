@@ -1,0 +1,202 @@
+"""The TCP server: Pulsar's binary protocol on a socket, one task per connection.
+
+Theory of operation
+-------------------
+`serve()` starts an asyncio server for a `BrokerService` and returns a `BrokerServer`. For each
+accepted connection one task runs `_serve_connection`: it reads whatever bytes arrive and hands
+them to that connection's `ConnectionHandler` (`_connection_handler.py`), which decodes frames,
+calls the service and writes replies and deliveries through the stream writer. The task is the
+only reader of its socket; everything else the connection does happens in handler tasks or in
+dispatcher callbacks on the same event loop.
+
+Back-pressure. After each read the task waits while the handler has `pending_sends_max`
+SENDs without receipts (the client's publishes outrun storage), and while the socket's write
+buffer is above its high-water mark (the client does not read what we send). Either way the
+server simply stops reading that socket; other connections carry on.
+
+Errors. A connection's failure -- bad bytes, a reset, a bug in a handler -- ends that
+connection only; the listener and the other connections are untouched.
+
+Shutdown (`shutdown`): stop accepting; refuse new producers and consumers; stop reading from
+every connection; wait (bounded by `grace_s`) until the commands already received have finished,
+so every SEND that reached us is persisted and receipted; then close every connection. Closing
+the service and the storage is the caller's job (`_standalone.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Final
+
+from ._connection_handler import (
+    KEEPALIVE_INTERVAL_S_DEFAULT,
+    PENDING_SENDS_MAX_DEFAULT,
+    ConnectionHandler,
+    SchemaRegistry,
+    ServerContext,
+)
+from ._service import BrokerService
+
+__all__ = ["SHUTDOWN_GRACE_S_DEFAULT", "BrokerServer", "serve"]
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES_MAX: Final = 256 * 1024  # one read from a socket
+SHUTDOWN_GRACE_S_DEFAULT: Final = 10.0  # in-flight work is waited for at most this long
+CLOSE_WAIT_S_MAX: Final = 2.0  # then connection tasks that have not ended are cancelled
+_WILDCARD_HOSTS: Final = frozenset({"", "0.0.0.0", "::"})
+
+
+def advertised_url_for(host: str, port: int) -> str:
+    """The default URL LOOKUP answers with: `pulsar://host:port`, the machine's name for a
+    wildcard bind address."""
+    assert 0 < port < 65536
+    shown = socket.getfqdn() if host in _WILDCARD_HOSTS else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"  # an IPv6 literal
+    return f"pulsar://{shown}:{port}"
+
+
+class BrokerServer:
+    """A listening Pulsar protocol server for one service. Create it with `serve()`.
+
+    Attributes:
+        context: the state shared by its connections.
+        host: the bind address.
+        port: the bound port (the OS's choice when 0 was asked for).
+    """
+
+    def __init__(self, service: BrokerService, host: str, port: int, *,
+                 advertised_url: str | None = None,
+                 keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT,
+                 pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT):
+        assert pending_sends_max >= 1
+        self.host = host
+        self.port = port
+        self._advertised_url = advertised_url
+        self.context = ServerContext(service, advertised_url or "",
+                                     SchemaRegistry(service.storage.metadata),
+                                     keepalive_interval_s, pending_sends_max)
+        self._server: asyncio.Server | None = None
+        # handler -> (its reading task, its writer)
+        self._connections: dict[ConnectionHandler,
+                                tuple[asyncio.Task[None], asyncio.StreamWriter]] = {}
+
+    @property
+    def url(self) -> str:
+        """The advertised service URL."""
+        return self.context.advertised_url
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self) -> None:
+        """Bind and start accepting.
+
+        Raises:
+            OSError: the address cannot be bound (e.g. the port is taken).
+        """
+        assert self._server is None, "already started"
+        self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.context.advertised_url = self._advertised_url or advertised_url_for(self.host,
+                                                                                 self.port)
+        log.info("listening on %s:%d, advertised as %s", self.host, self.port, self.url)
+
+    async def _serve_connection(self, reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
+        peer = _peer_name(writer)
+        handler = ConnectionHandler(self.context, writer.write, writer.close, peer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[handler] = (task, writer)
+        log.debug("connection from %s", peer)
+        try:
+            handler.start_keepalive()
+            await self._read_loop(handler, reader, writer)
+        except (ConnectionError, OSError) as exc:
+            log.debug("connection from %s ended: %s", peer, exc)
+        except Exception:
+            log.exception("connection from %s failed", peer)
+        finally:
+            handler.connection_lost()
+            self._connections.pop(handler, None)
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
+            log.debug("connection from %s closed", peer)
+
+    @staticmethod
+    async def _read_loop(handler: ConnectionHandler, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        while not handler.closed:
+            data = await reader.read(RECEIVE_BYTES_MAX)
+            handler.data_received(data)
+            if not data:
+                return
+            await handler.wait_send_room()
+            await writer.drain()
+
+    async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S_DEFAULT) -> None:
+        """Stop gracefully (see the module comment). Idempotent."""
+        self.context.accepting = False
+        if self._server is not None:
+            self._server.close()
+        handlers = list(self._connections)
+        for _, writer in self._connections.values():
+            with contextlib.suppress(RuntimeError, AttributeError):
+                writer.transport.pause_reading()  # type: ignore[attr-defined]
+        idle = [asyncio.ensure_future(handler.wait_idle()) for handler in handlers]
+        if idle:
+            _, late = await asyncio.wait(idle, timeout=grace_s)
+            for waiter in late:
+                waiter.cancel()
+            if late:
+                log.warning("%d connections still had work after %.1f s", len(late), grace_s)
+        for handler in handlers:
+            handler.close()
+        tasks = [task for task, _ in self._connections.values()]
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S_MAX)
+            for task in stuck:
+                task.cancel()
+        if self._server is not None:
+            await self._server.wait_closed()
+        log.info("server on port %d stopped", self.port)
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"/{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 6650, *,
+                advertised_url: str | None = None,
+                keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT,
+                pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT) -> BrokerServer:
+    """Serve a broker over TCP until `shutdown()` is awaited on the result.
+
+    Args:
+        service: the started broker service.
+        host: bind address.
+        port: bind port (0: any free one; read it back from `.port`).
+        advertised_url: what LOOKUP answers (default `pulsar://host:port`).
+        keepalive_interval_s: the broker's PING cadence (<= 0: no broker PINGs).
+        pending_sends_max: SENDs awaiting receipts per connection before reading pauses.
+
+    Returns:
+        The running server.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    server = BrokerServer(service, host, port, advertised_url=advertised_url,
+                          keepalive_interval_s=keepalive_interval_s,
+                          pending_sends_max=pending_sends_max)
+    await server.start()
+    return server

@@ -1,0 +1,228 @@
+"""`magnetar standalone`: one process, one data directory, the whole broker.
+
+Theory of operation
+-------------------
+Start-up, in order: install the SIGTERM/SIGINT handlers (so a signal that arrives while the
+data directory is being recovered still shuts down cleanly), open the `Storage` (recovering
+the directory), start the `BrokerService`, start the binary-protocol server
+(`_server.serve`), then the admin HTTP server if that module exists (`start_http`). Only then
+does the process log that it is ready; the TCP port accepts connections from the moment the
+server starts.
+
+Shutdown, on the first SIGTERM or SIGINT: stop accepting, let the commands already received
+finish (every SEND that reached the broker is persisted and receipted), close the connections,
+stop the admin server, close the service (topics, cursors, dedup snapshots) and finally the
+storage (queued writes, checkpoint, directory lock). The signal handlers are removed first, so
+a second signal kills the process at once; the data directory recovers from that like from any
+crash.
+
+The admin hook. `start_http(service, host, port)` calls `broker._admin.start_admin(service,
+host, port)` when a `broker._admin` module exists, awaiting its result if it is awaitable, and
+returns what it gives (a handle); without the module it does nothing and returns None. At
+shutdown `stop_http(handle)` calls the handle's `close()` (awaited if awaitable) and then its
+`wait_closed()` if it has one -- the shape of an `asyncio.Server` or an aiohttp runner wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import logging
+import signal
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from storage import DataDirLockedError, Storage
+
+from ._config import BrokerConfig
+from ._server import SHUTDOWN_GRACE_S_DEFAULT, serve
+from ._service import BrokerService
+
+__all__ = [
+    "StandaloneOptions",
+    "config_with_overrides",
+    "run_standalone",
+    "serve_standalone",
+    "start_http",
+    "stop_http",
+]
+
+log = logging.getLogger(__name__)
+
+ADMIN_MODULE: Final = "broker._admin"
+SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+
+
+@dataclass(frozen=True)
+class StandaloneOptions:
+    """What `magnetar standalone` was asked for.
+
+    Attributes:
+        data_dir: the data directory (created when missing).
+        host: bind address of the binary protocol and the admin server.
+        port: binary protocol port (0: any free port).
+        http_port: admin HTTP port, passed to the admin hook.
+        advertised_url: what LOOKUP answers (default `pulsar://host:port`).
+        config: the broker configuration.
+        shutdown_grace_s: how long in-flight work may take at shutdown.
+    """
+
+    data_dir: str
+    host: str = "127.0.0.1"
+    port: int = 6650
+    http_port: int = 8080
+    advertised_url: str | None = None
+    config: BrokerConfig = field(default_factory=BrokerConfig)
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S_DEFAULT
+
+
+def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
+    """A `BrokerConfig` with `name=value` overrides (`--config` on the command line).
+
+    Values are parsed by the field's type: integers, floats, booleans (true/false/1/0/yes/no)
+    and comma-separated tuples of strings.
+
+    Raises:
+        ValueError: an unknown field, a malformed item, or a value of the wrong type.
+    """
+    base = base or BrokerConfig()
+    types_by_name = typing.get_type_hints(BrokerConfig)
+    changes: dict[str, Any] = {}
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in types_by_name:
+            raise ValueError(f"not a broker setting: {item!r} (expected name=value)")
+        changes[name] = _parse_value(types_by_name[name], text.strip(), name)
+    return dataclasses.replace(base, **changes)
+
+
+def _parse_value(kind: Any, text: str, name: str) -> Any:
+    if kind is bool:
+        lowered = text.lower()
+        if lowered not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"{name} takes true or false, not {text!r}")
+        return lowered in ("true", "1", "yes")
+    if kind is int or kind is float:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"{name} takes a number, not {text!r}") from None
+    if typing.get_origin(kind) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    if kind is str:
+        return text
+    raise ValueError(f"{name} cannot be set from the command line")
+
+
+async def start_http(service: BrokerService, host: str, port: int) -> object | None:
+    """Start the admin HTTP server if the admin module exists (see the module comment).
+
+    Returns:
+        The admin server's handle, or None when there is no admin module.
+    """
+    if importlib.util.find_spec(ADMIN_MODULE) is None:
+        return None
+    admin: types.ModuleType = importlib.import_module(ADMIN_MODULE)
+    handle: object = admin.start_admin(service, host, port)
+    if inspect.isawaitable(handle):
+        handle = await handle
+    return handle
+
+
+async def stop_http(handle: object | None) -> None:
+    """Stop what `start_http` started (nothing for None)."""
+    if handle is None:
+        return
+    close = getattr(handle, "close", None)
+    if close is not None:
+        result = close()
+        if inspect.isawaitable(result):
+            await result
+    wait_closed = getattr(handle, "wait_closed", None)
+    if wait_closed is not None:
+        result = wait_closed()
+        if inspect.isawaitable(result):
+            await result
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        log.info("%s received: shutting down", signal.Signals(signum).name)
+        for each in SHUTDOWN_SIGNALS:  # a second signal takes the default action: exit now
+            loop.remove_signal_handler(each)
+        stop.set()
+
+    for each in SHUTDOWN_SIGNALS:
+        loop.add_signal_handler(each, on_signal, each)
+
+
+async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | None = None) -> int:
+    """Run the standalone broker until `stop` is set (or a shutdown signal arrives).
+
+    Args:
+        options: what to run.
+        stop: an event that ends the run (default: a new one set by the signal handlers).
+
+    Returns:
+        The process exit status: 0 after a clean shutdown.
+
+    Raises:
+        DataDirLockedError: another process owns the data directory.
+        OSError: the ports cannot be bound.
+    """
+    started = time.monotonic()
+    stop = stop or asyncio.Event()
+    _install_signal_handlers(stop)
+    storage = Storage.open(options.data_dir)
+    try:
+        service = BrokerService(storage, options.config)
+        await service.start()
+        try:
+            await _serve_until(service, options, stop, started)
+        finally:
+            await service.close()
+    finally:
+        storage.close()
+    log.info("stopped cleanly")
+    return EXIT_OK
+
+
+async def _serve_until(service: BrokerService, options: StandaloneOptions, stop: asyncio.Event,
+                       started: float) -> None:
+    server = await serve(service, options.host, options.port,
+                         advertised_url=options.advertised_url)
+    http: object | None = None
+    try:
+        http = await start_http(service, options.host, options.http_port)
+        log.info("Magnetar standalone ready on %s (data in %s, %s, started in %.2f s)",
+                 server.url, options.data_dir,
+                 "no admin HTTP" if http is None
+                 else f"admin HTTP port {getattr(http, 'port', options.http_port)}",
+                 time.monotonic() - started)
+        await stop.wait()
+    finally:
+        await server.shutdown(options.shutdown_grace_s)
+        await stop_http(http)
+
+
+def run_standalone(options: StandaloneOptions) -> int:
+    """`magnetar standalone`: run until SIGTERM/SIGINT; returns the exit status."""
+    try:
+        return asyncio.run(serve_standalone(options))
+    except DataDirLockedError as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_FAILED
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_FAILED

@@ -1,0 +1,87 @@
+"""Fixtures for the interop tests: standalone brokers in subprocesses and official clients.
+
+`broker` is one broker for the whole session (default configuration); tests that restart,
+kill or reconfigure a broker get their own from `broker_factory`. Every test uses fresh topic
+names, so the shared broker's state never leaks from one test into another's assertions.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from . import BrokerProcess, RawClient
+
+OPERATION_TIMEOUT_S = 15
+
+
+def _start_broker(base: Path, config: tuple[str, ...]) -> BrokerProcess:
+    process = BrokerProcess(base / "data", base / "broker.log", config=config)
+    process.start()
+    return process
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """The session's shared broker (fresh data directory, default settings)."""
+    process = _start_broker(tmp_path_factory.mktemp("shared-broker"), ())
+    yield process
+    process.cleanup()
+
+
+BrokerFactory = Callable[..., BrokerProcess]
+
+
+@pytest.fixture
+def broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerFactory]:
+    """Start private brokers: `broker_factory("name=value", ...)` passes `--config` items."""
+    started: list[BrokerProcess] = []
+
+    def start(*config: str) -> BrokerProcess:
+        process = _start_broker(tmp_path_factory.mktemp("broker"), tuple(config))
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.cleanup()
+
+
+def new_client(url: str) -> pulsar.Client:
+    return pulsar.Client(url, operation_timeout_seconds=OPERATION_TIMEOUT_S,
+                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+
+
+@pytest.fixture
+def client(broker: BrokerProcess) -> Iterator[pulsar.Client]:
+    """An official client of the shared broker, closed after the test."""
+    official = new_client(broker.url)
+    yield official
+    official.close()
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic name no other test uses."""
+    local = re.sub(r"[^a-zA-Z0-9-]", "-", request.node.name)[:60]
+    return f"persistent://public/default/{local}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def raw(broker: BrokerProcess) -> Iterator[Callable[[], RawClient]]:
+    """Open raw protocol connections to the shared broker (closed after the test)."""
+    opened: list[RawClient] = []
+
+    def connect() -> RawClient:
+        connection = RawClient(broker.port)
+        opened.append(connection)
+        return connection
+
+    yield connect
+    for connection in opened:
+        connection.close()

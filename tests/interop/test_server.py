@@ -1,0 +1,199 @@
+"""The server in-process (`broker.serve` on a real socket, a real storage): broker-side
+keep-alive, graceful shutdown with SENDs in flight, and the small pieces around it -- the
+error-code mapping, `--config` overrides and the admin hook's contract."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from broker import (
+    BrokerConfig,
+    BrokerError,
+    BrokerService,
+    ServiceNotReadyError,
+    TopicNotFoundError,
+)
+from broker._connection_handler import _lookup_error, server_error
+from broker._server import BrokerServer, advertised_url_for, serve
+from broker._standalone import config_with_overrides, stop_http
+from broker.cli import build_parser
+from codec import (
+    NEED_DATA,
+    Connection,
+    ConnectionClosed,
+    Frame,
+    Role,
+    SingleMessage,
+    base_command,
+    build_message,
+    pb,
+)
+from storage import LedgerNotFoundError, Storage
+
+pytestmark = pytest.mark.interop
+
+T = pb.BaseCommand
+DEADLINE_S = 10.0
+KEEPALIVE_S = 0.1
+
+
+class _AsyncClient:
+    """A protocol client on asyncio streams, frame by frame."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.conn = Connection(Role.CLIENT)
+
+    @classmethod
+    async def connect(cls, port: int) -> _AsyncClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = cls(reader, writer)
+        client.send(pb.CommandConnect(client_version="t", protocol_version=20))
+        await client.expect(T.CONNECTED)
+        return client
+
+    def send(self, body: object, metadata: pb.MessageMetadata | None = None,
+             payload: bytes = b"") -> None:
+        self.writer.write(self.conn.send(base_command(body), metadata, payload))  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except ConnectionError:
+            pass
+
+    async def event(self) -> Frame | ConnectionClosed:
+        while True:
+            event = self.conn.next_event()
+            if event is not NEED_DATA:
+                assert isinstance(event, Frame | ConnectionClosed)
+                return event
+            data = await asyncio.wait_for(self.reader.read(65536), DEADLINE_S)
+            self.conn.receive_data(data)
+
+    async def expect(self, command_type: int) -> Frame:
+        event = await self.event()
+        assert isinstance(event, Frame)
+        assert event.type == command_type, event.command
+        return event
+
+
+async def _with_server(tmp_path: Path, body: Callable[[BrokerServer, BrokerService],
+                                                        Awaitable[None]],
+                       **options: object) -> None:
+    storage = Storage.open(tmp_path / "data")
+    service = BrokerService(storage, BrokerConfig())
+    await service.start(maintenance=False)
+    server = await serve(service, "127.0.0.1", 0, **options)  # type: ignore[arg-type]
+    try:
+        await body(server, service)
+    finally:
+        await server.shutdown(grace_s=DEADLINE_S)
+        await service.close()
+        storage.close()
+
+
+def test_broker_pings_and_closes_a_silent_connection(tmp_path: Path) -> None:
+    async def body(server: BrokerServer, service: BrokerService) -> None:
+        client = await _AsyncClient.connect(server.port)
+        await client.expect(T.PING)
+        client.send(pb.CommandPong())
+        await client.expect(T.PING)  # answered, so the connection lives on
+        began = time.monotonic()
+        assert isinstance(await client.event(), ConnectionClosed)  # silent now: closed
+        assert time.monotonic() - began < DEADLINE_S
+        await client.close()
+        await _eventually(lambda: server.connection_count == 0)
+
+    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=KEEPALIVE_S))
+
+
+async def _eventually(condition: Callable[[], bool]) -> bool:
+    end = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < end
+        await asyncio.sleep(0.01)
+    return True
+
+
+def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None:
+    topic = "persistent://public/default/in-flight"
+
+    async def body(server: BrokerServer, service: BrokerService) -> None:
+        client = await _AsyncClient.connect(server.port)
+        client.send(pb.CommandProducer(topic=topic, producer_id=0, request_id=0))
+        await client.expect(T.PRODUCER_SUCCESS)
+        for sequence_id in range(300):
+            metadata, payload = build_message(SingleMessage(b"x" * 100, sequence_id=sequence_id),
+                                              producer_name="p", publish_time=1)
+            client.send(pb.CommandSend(producer_id=0, sequence_id=sequence_id), metadata, payload)
+        receipts = [(await client.expect(T.SEND_RECEIPT)).body.sequence_id]
+        shutting = asyncio.ensure_future(server.shutdown(grace_s=DEADLINE_S))
+        while isinstance(event := await client.event(), Frame):
+            assert event.type == T.SEND_RECEIPT, event.command
+            receipts.append(event.body.sequence_id)
+        await shutting
+        await client.close()
+        assert receipts == list(range(len(receipts)))
+        stored = service.topics[topic].managed_ledger.number_of_entries  # type: ignore[union-attr]
+        assert stored == len(receipts), "every persisted SEND was receipted before the close"
+
+    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=0))
+
+
+def test_server_error_codes() -> None:
+    assert server_error(TopicNotFoundError("gone")) == (pb.TopicNotFound, "gone")
+    assert server_error(LedgerNotFoundError("no ledger"))[0] == LedgerNotFoundError.code
+    assert server_error(KeyError("bug"))[0] == pb.UnknownError
+    assert server_error(BrokerError())[1] == "BrokerError"
+    # Lookup replies never carry ServiceNotReady: the C++ client would drop the connection.
+    assert _lookup_error(ServiceNotReadyError("later"))[0] == pb.MetadataError
+    assert _lookup_error(TopicNotFoundError("gone"))[0] == pb.TopicNotFound
+
+
+def test_advertised_url() -> None:
+    assert advertised_url_for("127.0.0.1", 6650) == "pulsar://127.0.0.1:6650"
+    assert advertised_url_for("::1", 6650) == "pulsar://[::1]:6650"
+    assert not advertised_url_for("0.0.0.0", 6650).startswith("pulsar://0.0.0.0")
+
+
+def test_config_overrides() -> None:
+    config = config_with_overrides(["broker_deduplication_enabled=true",
+                                    "default-num-partitions=4", "cluster_name=c1",
+                                    "subscription_types_enabled=Shared,Failover"])
+    assert config.broker_deduplication_enabled is True
+    assert config.default_num_partitions == 4
+    assert config.cluster_name == "c1"
+    assert config.subscription_types_enabled == ("Shared", "Failover")
+    for bad in ("no_such_setting=1", "default_num_partitions=many",
+                "broker_deduplication_enabled=maybe", "missing-equals"):
+        with pytest.raises(ValueError, match=r"setting|number|true or false"):
+            config_with_overrides([bad])
+
+
+def test_standalone_command_line() -> None:
+    args = build_parser().parse_args(["standalone", "--data-dir", "d", "--port", "0",
+                                      "--config", "a=b", "--config", "c=d"])
+    assert (args.data_dir, args.host, args.port, args.http_port) == ("d", "127.0.0.1", 0, 8080)
+    assert args.config == ["a=b", "c=d"]
+
+
+def test_stop_http_closes_and_waits() -> None:
+    calls: list[str] = []
+
+    class Handle:
+        async def close(self) -> None:
+            calls.append("close")
+
+        def wait_closed(self) -> None:
+            calls.append("wait_closed")
+
+    asyncio.run(stop_http(Handle()))
+    asyncio.run(stop_http(None))
+    assert calls == ["close", "wait_closed"]
