@@ -222,8 +222,12 @@ def _client(pulsar: Any, args: argparse.Namespace) -> Any:
     logger = logging.getLogger("pulsar")
     if not getattr(args, "verbose", False):
         logger.setLevel(logging.WARNING)  # the client's connection chatter
-    return pulsar.Client(args.url, operation_timeout_seconds=timeout_s,
-                         connection_timeout_ms=timeout_s * 1000, logger=logger)
+    try:
+        return pulsar.Client(args.url, operation_timeout_seconds=timeout_s,
+                             connection_timeout_ms=timeout_s * 1000, logger=logger)
+    except (ValueError, pulsar.PulsarException) as error:
+        print(f"magnetar: invalid --url {args.url}: {error}", file=sys.stderr)
+        return None
 
 
 def _properties(pairs: list[str]) -> dict[str, str]:
@@ -245,6 +249,8 @@ def _cmd_produce(args: argparse.Namespace) -> int:
         print("magnetar: nothing to produce: give messages with -m", file=sys.stderr)
         return 1
     client = _client(pulsar, args)
+    if client is None:
+        return 1
     try:
         producer = client.create_producer(args.topic, batching_enabled=not args.no_batching)
         sent = 0
@@ -266,30 +272,42 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 def _cmd_consume(args: argparse.Namespace) -> int:
     pulsar = _pulsar()
     client = _client(pulsar, args)
+    if client is None:
+        return 1
     try:
         consumer = client.subscribe(
             args.topic, args.subscription_name,
             consumer_type=getattr(pulsar.ConsumerType, args.subscription_type),
             initial_position=getattr(pulsar.InitialPosition, args.subscription_position))
-        received = 0
-        while args.num_messages <= 0 or received < args.num_messages:
-            try:
-                message = consumer.receive(timeout_millis=int(args.timeout_s * 1000))
-            except pulsar.Timeout:
-                print(f"no message within {args.timeout_s} s; {received} received",
-                      file=sys.stderr)
-                return 1
-            _show(message)
-            consumer.acknowledge(message)
-            received += 1
-        consumer.close()
-        print(f"{received} messages successfully consumed")
-        return 0
+        try:
+            received, quiet = _receive(pulsar, consumer, args)
+        finally:
+            consumer.close()  # the client must not be torn down with a consumer open
     except pulsar.PulsarException as error:
         print(f"consume failed: {error}", file=sys.stderr)
         return 1
     finally:
         client.close()
+    if quiet:
+        print(f"no message within {args.timeout_s} s; {received} received", file=sys.stderr)
+        return 0 if args.num_messages <= 0 else 1  # unlimited: the quiet end
+    print(f"{received} messages successfully consumed")
+    return 0
+
+
+def _receive(pulsar: Any, consumer: Any, args: argparse.Namespace) -> tuple[int, bool]:
+    """Print and acknowledge up to -n messages: (how many, whether it stopped on a
+    timeout)."""
+    received = 0
+    while args.num_messages <= 0 or received < args.num_messages:
+        try:
+            message = consumer.receive(timeout_millis=int(args.timeout_s * 1000))
+        except pulsar.Timeout:
+            return received, True
+        _show(message)
+        consumer.acknowledge(message)
+        received += 1
+    return received, False
 
 
 def _show(message: Any) -> None:
@@ -336,7 +354,8 @@ def _add_consume(sub: SubParsers) -> None:
         "consume", help="receive messages from a topic with the Pulsar client",
         description="Receive, print and acknowledge messages of a topic through the "
         "broker's binary protocol, with the official Pulsar client (pulsar-client "
-        "consume). Exits 1 when no message arrives within --timeout-s.")
+        "consume). Exits 1 when fewer than -n messages arrive, none for --timeout-s; with "
+        "-n 0 it consumes until the topic is quiet that long.")
     consume.add_argument("topic", help="the topic (my-topic, tenant/ns/my-topic or a full name)")
     consume.add_argument("-s", "--subscription-name", required=True, help="the subscription")
     consume.add_argument("-t", "--subscription-type", default="Exclusive",
