@@ -417,11 +417,14 @@ class ManagedLedger:
             if self._current_is_full():
                 await self._rollover()
             done = self._submit(bytes(data))
-            # Only the add that filled the ledger rolls it over once durable: an earlier add
-            # that waited for that rollover would return after later adds (out of order).
+            ledger = self._ledgers[-1]
             filled = self._current_is_full()
         position = await done
-        if filled:
+        # Only the add that filled the ledger rolls it over once durable, and only when no
+        # one else holds the submit lock (a later add rolling over, or a close): waiting
+        # for it would make this add return after later ones, and publishes must return
+        # in order (send receipts, dedup's persisted sequence ids).
+        if filled and self._ledgers[-1] is ledger and not self._submit_lock.locked():
             await self.rollover_if_full()
         return position
 
