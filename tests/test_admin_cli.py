@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from broker import PersistentTopic
 from broker._admin_cli import parse_duration_s, parse_size_bytes
 from broker.cli import build_parser, main
-from tests.broker.helpers import admin_env, make_entry, now_ms, persistent_producer
+from tests.broker.helpers import admin_env, make_entry, now_ms, persistent_producer, wait_for
 
 ADMIN_GROUPS = ("topics", "namespaces", "tenants")
 
@@ -245,6 +246,7 @@ def test_unreachable_admin_api(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"cannot reach the admin API at {url}" in capsys.readouterr().err
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize("argv", [
     ["produce", "t", "-m", "hello"],
     ["consume", "t", "-s", "sub"],
@@ -262,3 +264,41 @@ def test_produce_needs_messages(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["produce", "t", "--url", "pulsar://127.0.0.1:1"]) == 1
     assert "nothing to produce" in capsys.readouterr().err
 
+
+
+@pytest.mark.interop
+def test_produce_and_consume_through_the_broker(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from broker._server import serve
+
+    async def scenario() -> None:
+        async with admin_env(tmp_path) as (env, admin, _):
+            server = await serve(env.service, "127.0.0.1", 0)
+            loop = asyncio.get_running_loop()
+            url = f"pulsar://127.0.0.1:{server.port}"
+            try:
+                code = await loop.run_in_executor(None, main, [
+                    "produce", "cli-topic", "-m", "a,b,c", "-s", ",", "-k", "k1",
+                    "-p", "origin=cli", "--url", url, "--timeout-s", "10"])
+                assert code == 0
+                assert "3 messages successfully produced" in capsys.readouterr().out
+                code = await loop.run_in_executor(None, main, [
+                    "consume", "cli-topic", "-s", "sub", "-p", "Earliest", "-n", "3",
+                    "--url", url, "--timeout-s", "10"])
+                assert code == 0
+                out = capsys.readouterr().out
+                bodies = [line for line in out.splitlines() if line in ("a", "b", "c")]
+                assert bodies == ["a", "b", "c"]
+                assert out.count("key: k1  properties: {'origin': 'cli'}") == 3
+                assert "3 messages successfully consumed" in out
+                topic = await env.service.get_topic("cli-topic", create=False)
+                assert isinstance(topic, PersistentTopic)
+                await wait_for(lambda: topic.subscriptions["sub"].backlog() == 0)
+                stats = json.loads(await Cli(admin.url, capsys)("topics", "stats",
+                                                                 "cli-topic"))
+                assert stats["msgInCounter"] == 3
+                assert stats["subscriptions"]["sub"]["msgOutCounter"] == 3
+            finally:
+                await server.shutdown()
+
+    asyncio.run(scenario())
