@@ -456,6 +456,9 @@ class PersistentTopic:
             name, "earliest" if initial_position == "earliest" else "latest")
         if properties:
             await cursor.set_cursor_properties(dict(properties))
+        existing = self.subscriptions.get(name)
+        if existing is not None:  # a concurrent subscribe created it while we awaited
+            return existing
         subscription = Subscription(self, name, cursor)
         self.subscriptions[name] = subscription
         if rollback_s > 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from datetime import timedelta
 
 import pulsar
 import pytest
@@ -18,6 +19,8 @@ pytestmark = pytest.mark.interop
 RECEIVE_MS = 5000  # a message that should come
 QUIET_MS = 300  # how long "nothing more comes" is watched
 DRAIN_DEADLINE_S = 10.0
+DELAY_MS = 2500
+TICK_MS = 1000  # the broker's delayed_delivery_tick_time_ms
 
 SUB_TYPES = {
     "Exclusive": pulsar.ConsumerType.Exclusive,
@@ -270,3 +273,31 @@ def test_non_persistent_topic_delivers_to_connected_consumers(client: pulsar.Cli
         f"np-{i}".encode() for i in range(5)]
     late = client.subscribe(topic, "np-late")
     _assert_quiet(late)  # nothing is stored for those who were not there
+
+
+class _Point(pulsar.schema.Record):
+    name = pulsar.schema.String()
+    x = pulsar.schema.Integer()
+
+
+def test_json_schema_round_trip(client: pulsar.Client, topic: str) -> None:
+    schema = pulsar.schema.JsonSchema(_Point)
+    consumer = client.subscribe(topic, "json", schema=schema)
+    producer = client.create_producer(topic, schema=schema)
+    producer.send(_Point(name="p", x=7))
+    value = consumer.receive(RECEIVE_MS).value()
+    assert (value.name, value.x) == ("p", 7)
+
+
+def test_delayed_delivery_on_shared(client: pulsar.Client, topic: str) -> None:
+    consumer = client.subscribe(topic, "later", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(topic)
+    sent = time.monotonic()
+    producer.send(b"later", deliver_after=timedelta(milliseconds=DELAY_MS))
+    producer.send(b"now")
+    assert consumer.receive(RECEIVE_MS).data() == b"now"
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(QUIET_MS)
+    assert consumer.receive(DELAY_MS + RECEIVE_MS).data() == b"later"
+    # Delivered at most one delayed-delivery tick (1 s by default) early.
+    assert time.monotonic() - sent >= (DELAY_MS - TICK_MS) / 1000

@@ -12,7 +12,7 @@ import pulsar
 import pytest
 
 from broker import topics_hash
-from codec import SingleMessage, build_batch, build_message, encode_frame, pb
+from codec import Frame, SingleMessage, build_batch, build_message, encode_frame, pb
 from codec import base_command as wrap
 
 from . import BrokerProcess, RawClient
@@ -266,3 +266,42 @@ def test_an_oversized_frame_closes_the_connection(raw: Connect) -> None:
     connection = _connected(raw)
     connection.send_bytes((64 * 1024 * 1024).to_bytes(4, "big"))
     assert connection.closed_by_broker()
+
+
+def test_failover_consumers_hear_which_one_is_active(raw: Connect, topic: str) -> None:
+    connection = _connected(raw)
+    for consumer_id, name in ((1, "a"), (2, "b")):
+        connection.send(pb.CommandSubscribe(
+            topic=topic, subscription="fo", consumer_id=consumer_id, request_id=consumer_id,
+            subType=pb.CommandSubscribe.Failover, consumer_name=name))
+    successes: set[int] = set()
+    active: dict[int, bool] = {}
+    while successes != {1, 2} or sorted(active.values()) != [False, True]:
+        event = connection.next_event()
+        assert isinstance(event, Frame), event
+        if event.type == T.SUCCESS:
+            successes.add(event.body.request_id)
+        else:
+            assert event.type == T.ACTIVE_CONSUMER_CHANGE, event.command
+            active[event.body.consumer_id] = event.body.is_active
+
+
+def test_get_or_create_schema_for_java_clients(raw: Connect, topic: str) -> None:
+    connection = _connected(raw, client_version="Pulsar-Java-v3.3.0")
+    avro = pb.Schema(name="rec", type=pb.Schema.Avro,
+                     schema_data=b'{"type":"record","name":"R","fields":[]}')
+    created = connection.request(pb.CommandGetOrCreateSchema(request_id=1, topic=topic,
+                                                             schema=avro),
+                                 T.GET_OR_CREATE_SCHEMA_RESPONSE)
+    assert (created.HasField("error_code"), created.schema_version) == (False, bytes(8))
+    avro_v2 = pb.Schema(name="rec", type=pb.Schema.Avro,
+                        schema_data=b'{"type":"record","name":"R","fields":[{"name":"a",'
+                                    b'"type":"int"}]}')
+    second = connection.request(pb.CommandGetOrCreateSchema(request_id=2, topic=topic,
+                                                            schema=avro_v2),
+                                T.GET_OR_CREATE_SCHEMA_RESPONSE)
+    assert second.schema_version == (1).to_bytes(8, "big")
+    first = connection.request(pb.CommandGetSchema(request_id=3, topic=topic,
+                                                   schema_version=bytes(8)),
+                               T.GET_SCHEMA_RESPONSE)
+    assert (first.schema.type, first.schema.schema_data) == (pb.Schema.Avro, avro.schema_data)
