@@ -957,8 +957,7 @@ class ConnectionHandler:
         """The consumer leaves its subscription (its unacked messages go back). Idempotent."""
         state.sink.live = False
         if state.detached or state.consumer is None:
-            state.detached = True
-            return
+            return  # done already, or still subscribing: `_subscribe` detaches it when done
         state.detached = True
         assert state.topic is not None
         state.topic.consumer_closed(state.subscription, state.consumer)  # type: ignore[arg-type]

@@ -305,3 +305,37 @@ def test_get_or_create_schema_for_java_clients(raw: Connect, topic: str) -> None
                                                    schema_version=bytes(8)),
                                T.GET_SCHEMA_RESPONSE)
     assert (first.schema.type, first.schema.schema_data) == (pb.Schema.Avro, avro.schema_data)
+
+
+def test_a_consumer_whose_connection_dies_while_subscribing_is_released(
+        raw: Connect, topic: str) -> None:
+    for attempt in range(5):  # the close lands before, during or after the topic's load
+        doomed = _connected(raw)
+        doomed.send(pb.CommandSubscribe(topic=topic, subscription="excl", consumer_id=1,
+                                        request_id=1, subType=pb.CommandSubscribe.Exclusive))
+        doomed.close()
+        survivor = _connected(raw)
+        survivor.timeout_s = 10.0
+        reply = survivor.request(pb.CommandSubscribe(
+            topic=topic, subscription="excl", consumer_id=1, request_id=2,
+            subType=pb.CommandSubscribe.Exclusive), T.SUCCESS)
+        assert reply.request_id == 2, attempt
+        survivor.send(pb.CommandCloseConsumer(consumer_id=1, request_id=3))
+        survivor.expect(T.SUCCESS)
+
+
+def test_a_producer_whose_connection_dies_while_opening_is_released(
+        raw: Connect, topic: str) -> None:
+    for attempt in range(5):
+        doomed = _connected(raw)
+        doomed.send(pb.CommandProducer(topic=topic, producer_id=1, request_id=1,
+                                       producer_name="only-one"))
+        doomed.close()
+        survivor = _connected(raw)
+        survivor.timeout_s = 10.0
+        reply = survivor.request(pb.CommandProducer(topic=topic, producer_id=1, request_id=2,
+                                                    producer_name="only-one"),
+                                 T.PRODUCER_SUCCESS)
+        assert reply.producer_name == "only-one", attempt
+        survivor.send(pb.CommandCloseProducer(producer_id=1, request_id=3))
+        survivor.expect(T.SUCCESS)
