@@ -122,6 +122,7 @@ SUBSCRIPTION_PATTERN_LENGTH_MAX: Final = 50  # Pulsar's subscriptionPatternMaxLe
 KEEPALIVE_INTERVAL_S_DEFAULT: Final = 30.0
 SCHEMA_KEY_PREFIX: Final = b"schema/"
 SCHEMA_VERSION_BYTES: Final = 8
+SCHEMA_TYPE_NONE: Final = 0  # Schema.Type "None": what bytes producers may send; no schema
 
 # Codes a lookup-type reply must not carry: the C++ client closes the connection on them.
 _LOOKUP_UNSAFE_CODES: Final = frozenset({pb.ServiceNotReady, pb.TooManyRequests})
@@ -150,6 +151,7 @@ _LIST_MODES: Final = {
 }
 
 assert REQUEST_ID_NONE == 2**64 - 1
+assert pb.Schema.Type.Value("None") == SCHEMA_TYPE_NONE
 assert set(_SUB_TYPES.values()) == {"Exclusive", "Shared", "Failover", "Key_Shared"}
 
 
@@ -190,6 +192,11 @@ def _id_data(ledger_id: int, entry_id: int, partition: int | None = None) -> pb.
     if partition is not None:
         data.partition = partition
     return data
+
+
+def _carries_schema(request: pb.CommandProducer | pb.CommandSubscribe) -> bool:
+    """Whether a PRODUCER/SUBSCRIBE brings a schema; type None is bytes, i.e. no schema."""
+    return request.HasField("schema") and request.schema.type != SCHEMA_TYPE_NONE
 
 
 def _key_values(items: Any) -> dict[str, str]:
@@ -744,7 +751,7 @@ class ConnectionHandler:
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         name = TopicName.parse(request.topic)
         topic, producer = await self.service.create_producer(name, self._producer_spec(request))
-        if request.HasField("schema"):
+        if _carries_schema(request):
             try:
                 version = self.ctx.schemas.add(name, StoredSchema.from_proto(request.schema))
             except BaseException:
@@ -946,7 +953,7 @@ class ConnectionHandler:
     async def _open_consumer(self, state: _ConsumerState, request: pb.CommandSubscribe) -> None:
         spec = self._subscribe_spec(request)
         name = TopicName.parse(request.topic)
-        if request.HasField("schema"):
+        if _carries_schema(request):
             self.ctx.schemas.add_if_absent(name, StoredSchema.from_proto(request.schema))
         topic, consumer = await self.service.subscribe(name, spec, state.sink)
         state.topic, state.consumer = topic, consumer

@@ -85,3 +85,9 @@ def raw(broker: BrokerProcess) -> Iterator[Callable[[], RawClient]]:
     yield connect
     for connection in opened:
         connection.close()
+
+
+@pytest.fixture
+def service_url(broker: BrokerProcess) -> str:
+    """The shared broker's `pulsar://127.0.0.1:PORT`."""
+    return broker.url

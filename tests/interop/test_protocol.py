@@ -15,7 +15,7 @@ from broker import topics_hash
 from codec import Frame, SingleMessage, build_batch, build_message, encode_frame, pb
 from codec import base_command as wrap
 
-from . import BrokerProcess, RawClient
+from . import RawClient
 
 pytestmark = pytest.mark.interop
 
@@ -71,13 +71,13 @@ def test_ping_is_answered_with_pong(raw: Connect) -> None:
     connection.expect(T.PONG)
 
 
-def test_lookup_connects_to_the_advertised_url(raw: Connect, broker: BrokerProcess) -> None:
+def test_lookup_connects_to_the_advertised_url(raw: Connect, service_url: str) -> None:
     connection = _connected(raw)
     reply = connection.request(pb.CommandLookupTopic(topic="persistent://public/default/x",
                                                      request_id=7), T.LOOKUP_RESPONSE)
     assert (reply.request_id, reply.response) == (7, pb.CommandLookupTopicResponse.Connect)
     assert reply.HasField("response")
-    assert reply.brokerServiceUrl == broker.url
+    assert reply.brokerServiceUrl == service_url
     assert reply.authoritative
 
 
@@ -197,6 +197,11 @@ def test_schemas_are_stored_per_topic(raw: Connect, client: pulsar.Client, topic
     assert not known.HasField("error_code")
     assert known.schema.type == pb.Schema.String
     assert known.schema_version == bytes(8)
+    # A schema of type None is what a bytes producer may send: no schema, no version.
+    none = pb.Schema(name="bytes", schema_data=b"", type=pb.Schema.Type.Value("None"))
+    plain = connection.request(pb.CommandProducer(topic=topic, producer_id=4, request_id=4,
+                                                  schema=none), T.PRODUCER_SUCCESS)
+    assert not plain.HasField("schema_version")
     json_schema = pb.Schema(name="j", schema_data=b'{"type":"record"}', type=pb.Schema.Json)
     refused = connection.request(pb.CommandProducer(topic=topic, producer_id=3, request_id=3,
                                                     schema=json_schema), T.ERROR)
