@@ -148,6 +148,8 @@ OPERATION_WEIGHTS = {
     "resend": 4, "flow": 12, "ack": 20, "nack": 6, "shared_cumulative": 1, "join": 6,
     "leave": 5, "concurrent": 6, "restart": 2, "maintenance": 2,
 }
+# What an operation may raise when the storage stopped (anything else is a violation).
+OPERATION_ERRORS = (BrokerError, StorageError, OSError, TimeoutError)
 # The operations `_op_concurrent` may run at the same time.
 CONCURRENT_OPERATIONS = ("publish", "publish_batch", "resend", "flow", "ack", "nack", "join",
                          "leave")
@@ -395,6 +397,10 @@ class _SubModel:
     window: set[int] = field(default_factory=set)
     frontier: dict[str, int] = field(default_factory=dict)
     tainted: set[str] = field(default_factory=set)
+    # Shared and Key_Shared: negative acks per entry (the redelivery count the broker must
+    # send), and the entries whose count a race made unknown.
+    redeliveries: Counter[tuple[int, int]] = field(default_factory=Counter)
+    redeliveries_unknown: set[tuple[int, int]] = field(default_factory=set)
 
     def is_acked(self, message: _Message) -> bool:
         if message.uid in self.acked:
@@ -415,6 +421,12 @@ class _SubModel:
         self.window.clear()
         self.frontier.clear()
         self.tainted.clear()
+
+    def reset_redeliveries(self) -> None:
+        """The broker forgets redelivery counts when it restarts and when the last
+        consumer leaves."""
+        self.redeliveries.clear()
+        self.redeliveries_unknown.clear()
 
 
 @dataclass(eq=False)
@@ -689,8 +701,8 @@ class _Simulation:
 
     def _expected_failure(self, error: BaseException) -> bool:
         """Whether an operation's error is explained by a stopped storage."""
-        return self.node is not None and self.node.failed and isinstance(
-            error, (BrokerError, StorageError, OSError, asyncio.TimeoutError))
+        return self.node is not None and self.node.failed and isinstance(error,
+                                                                         OPERATION_ERRORS)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -716,7 +728,11 @@ class _Simulation:
         for step in range(1, self.config.steps + 1):
             self.step = step
             name = self.rng.choices(operations, weights)[0]
-            await getattr(self, f"_op_{name}")()
+            try:
+                await getattr(self, f"_op_{name}")()
+            except OPERATION_ERRORS as error:
+                if not self._expected_failure(error):
+                    self.violation(None, None, None, f"{name} failed: {error!r}")
             await self._settle()
             if self.report.ok and self._storage_stopped():
                 await self._restart("power")
@@ -886,7 +902,7 @@ class _Simulation:
             if not (str(error) == DEDUP_UNKNOWN_MESSAGE and topic.dedup and resend):
                 self._publish_failed(entry, error)
             return  # refused as possibly in flight: nothing stored
-        except (TimeoutError, BrokerError, StorageError, OSError) as error:
+        except OPERATION_ERRORS as error:
             self._publish_failed(entry, error)
             return
         if result.duplicate:
@@ -998,6 +1014,11 @@ class _Simulation:
         sub.consumers.pop(model.consumer.consumer_serial, None)
         if sub.active is model:
             sub.active = None
+        if not sub.consumers and self.node is not None:
+            if not self.broker_sub(sub).consumers:
+                sub.reset_redeliveries()
+            else:  # a consumer still joining: the broker keeps its counts
+                sub.redeliveries_unknown.update(sub.redeliveries)
 
     async def _op_flow(self) -> None:
         connected = self._connected()
@@ -1038,6 +1059,7 @@ class _Simulation:
             entry = self._entry_of(sub, delivery)
             if entry is None:
                 continue
+            self._check_redelivery_count(sub, entry, delivery.redelivery_count)
             for message, wanted in self._delivered_messages(sub, entry, delivery.ack_set):
                 if wanted:
                     self.trace(sub, f"deliver {message.label()} key {message.key} to "
@@ -1070,6 +1092,19 @@ class _Simulation:
                            f"the same entry is also stored at {position[0]}:{position[1]}")
             return None
         return entry
+
+    def _check_redelivery_count(self, sub: _SubModel, entry: _Entry, count: int) -> None:
+        """Shared and Key_Shared count negative acks per entry; a consumer leaving does
+        not count."""
+        position = entry.position
+        assert position is not None
+        if sub.sub_type not in MULTI_CONSUMER or position in sub.redeliveries_unknown:
+            return
+        expected = sub.redeliveries[position]
+        if count != expected:
+            self.violation(sub.topic, sub, entry.messages[0],
+                           f"redelivery count {count}, but it was negatively acknowledged "
+                           f"{expected} times")
 
     def _delivered_messages(self, sub: _SubModel, entry: _Entry, ack_set: list[int] | None,
                             ) -> list[tuple[_Message, bool]]:
@@ -1214,7 +1249,7 @@ class _Simulation:
             sub.acks_under_way[message.uid] += 1
         try:
             await self.timed(self.broker_sub(sub).acknowledge(model.consumer, ack_type, acks))
-        except (TimeoutError, BrokerError, StorageError, OSError) as error:
+        except OPERATION_ERRORS as error:
             if not self._expected_failure(error):
                 self.violation(sub.topic, sub, covered[0] if covered else None,
                                f"acknowledgement {acks[:3]} failed: {error!r}")
@@ -1244,7 +1279,7 @@ class _Simulation:
         try:
             await self.timed(self.broker_sub(model.sub).acknowledge(
                 model.consumer, ACK_CUMULATIVE, [(ledger_id, entry_id, None)]))
-        except (TimeoutError, BrokerError, StorageError, OSError) as error:
+        except OPERATION_ERRORS as error:
             if not self._expected_failure(error):
                 self.violation(model.sub.topic, model.sub, last,
                                f"ignored cumulative ack failed: {error!r}")
@@ -1269,11 +1304,19 @@ class _Simulation:
                 model.release_all()  # the cursor rewinds to the first unacknowledged entry
             return
         wanted = None if chosen is None else set(chosen)
+        counted: set[tuple[int, int]] = set()
         for message in list(model.holding.values()):
-            if wanted is None or message.entry.position in wanted:
+            position = message.entry.position
+            if wanted is None or position in wanted:
                 model.release(message.uid)
                 if sub.sub_type == "Key_Shared":
                     sub.tainted.add(message.key)
+                assert position is not None
+                if sub.acks_under_way[message.uid]:
+                    sub.redeliveries_unknown.add(position)  # the broker may have it acked
+                elif position not in counted:
+                    counted.add(position)
+                    sub.redeliveries[position] += 1
 
     # -- maintenance and restarts ----------------------------------------------------------
 
@@ -1282,7 +1325,11 @@ class _Simulation:
         while their acks are under way, publishes racing both."""
         names = [self.rng.choice(CONCURRENT_OPERATIONS)
                  for _ in range(self.rng.randint(2, CONCURRENT_OPERATIONS_MAX))]
-        await asyncio.gather(*(getattr(self, f"_op_{name}")() for name in names))
+        outcomes = await asyncio.gather(*(getattr(self, f"_op_{name}")() for name in names),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _op_maintenance(self) -> None:
         assert self.node is not None
@@ -1315,6 +1362,7 @@ class _Simulation:
             for model in list(sub.consumers.values()):
                 self._forget_consumer(model)
             sub.reset_window()
+            sub.reset_redeliveries()
         await self._open()
         lost: list[_Entry] = []
         for topic in self.topics:

@@ -22,6 +22,7 @@ import pytest
 
 from broker import _cursor, _dedup, _delayed, _dispatch_key_shared, _dispatch_shared, _draining
 from broker import _subscription as subscription_module
+from broker._position import Position
 from broker._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,6 +158,24 @@ def test_catches_lost_redeliveries(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
                         lambda self, positions: add_to_replay(self, positions[1:]))
     violation = _first_violation(_run(MUTANT_SEED, MUTANT_STEPS, tmp_path))
     assert "never reached the subscription" in violation.what
+
+
+def test_catches_redelivery_counted_for_a_consumer_leaving(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:
+    """A consumer that leaves gives its messages back without raising their redelivery
+    count (broker reference §3.4); this broken Shared dispatcher raises it."""
+    release = _dispatch_shared.SharedDispatcher._release_pending_acks
+
+    def counting(self: _dispatch_shared.SharedDispatcher, consumer: object) -> None:
+        for ledger_id, entry_id, _, _ in list(getattr(consumer, "pending_acks", None) or []):
+            self.sub.increment_redelivery_count(Position(ledger_id, entry_id))
+        release(self, consumer)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_dispatch_shared.SharedDispatcher, "_release_pending_acks", counting)
+    violation = _first_violation(_run(MUTANT_SEED, MUTANT_STEPS, tmp_path))
+    assert violation.subscription in ("sub-shared", "sub-key-shared")
+    assert re.search(r"redelivery count \d+, but it was negatively acknowledged \d+ times",
+                     violation.what), violation
 
 
 # -- the command line -----------------------------------------------------------------------
