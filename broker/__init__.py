@@ -4,10 +4,14 @@
 topics (persistent on managed ledgers, non-persistent in memory, partitioned),
 subscriptions with the four dispatchers (Exclusive, Failover, Shared, Key_Shared with
 PIP-379 draining), cursors persisted through the journal's group commit, deduplication,
-delayed delivery, tag filtering, retention, TTL and backlog quotas.
+delayed delivery, tag filtering, retention, TTL and backlog quotas. `serve` and
+`run_standalone` put it on the Pulsar binary protocol over TCP; `start_admin` serves the
+REST v2 admin API and Prometheus `/metrics`.
 """
 
+from ._admin import AdminServer, RestError, admin_app, start_admin
 from ._config import BrokerConfig
+from ._connection_handler import ConnectionHandler, SchemaRegistry, WireConsumerSink
 from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
@@ -34,6 +38,7 @@ from ._errors import (
     from_storage_error,
 )
 from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ._metrics import render_metrics
 from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
 from ._namespaces import EffectivePolicies, NamespaceRegistry
 from ._pending_acks import PendingAck, PendingAcksMap
@@ -46,16 +51,21 @@ from ._selectors import (
     StickyKeyConsumerSelector,
     new_selector,
 )
+from ._server import BrokerServer, serve
 from ._service import BrokerService, Topic
+from ._standalone import StandaloneOptions, run_standalone, serve_standalone
 from ._stats import internal_stats, topic_stats
 from ._subscription import Subscription
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec, PublishResult
 
 __all__ = [
     "DEDUP_CURSOR_NAME",
+    "AdminServer",
     "BrokerConfig",
     "BrokerError",
+    "BrokerServer",
     "BrokerService",
+    "ConnectionHandler",
     "ConsistentHashingSelector",
     "Consumer",
     "ConsumerAssignError",
@@ -95,7 +105,10 @@ __all__ = [
     "ProducerBusyError",
     "ProducerSpec",
     "PublishResult",
+    "RestError",
+    "SchemaRegistry",
     "ServiceNotReadyError",
+    "StandaloneOptions",
     "StickyKeyConsumerSelector",
     "SubscribeSpec",
     "Subscription",
@@ -104,10 +117,17 @@ __all__ = [
     "TopicName",
     "TopicNotFoundError",
     "TopicTerminatedError",
+    "WireConsumerSink",
+    "admin_app",
     "for_code",
     "from_storage_error",
     "internal_stats",
     "matches_topics_pattern",
     "new_selector",
+    "render_metrics",
+    "run_standalone",
+    "serve",
+    "serve_standalone",
+    "start_admin",
     "topic_stats",
 ]
