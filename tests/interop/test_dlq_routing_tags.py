@@ -70,7 +70,8 @@ def test_dead_letter_topic_after_max_redeliveries(client: pulsar.Client, topic: 
     assert properties["k"] == "v"
     assert properties["REAL_TOPIC"] == topic
     origin = properties["ORIGIN_MESSAGE_ID"]
-    assert f"{sent_id.ledger_id()}" in origin and f"{sent_id.entry_id()}" in origin, origin
+    assert f"{sent_id.ledger_id()}" in origin, origin
+    assert f"{sent_id.entry_id()}" in origin, origin
     dlq.acknowledge(dead)
     with pytest.raises(pulsar.Timeout):
         consumer.receive(QUIET_MS)  # acknowledged on the original topic once dead-lettered
@@ -120,7 +121,8 @@ def test_single_partition_routing_uses_one_partition(pclient: pulsar.Client, top
         message_routing_mode=pulsar.PartitionsRoutingMode.UseSinglePartition)
     ids = [producer.send(f"m-{i}".encode()) for i in range(ROUTED_MESSAGES)]
     chosen = {mid.partition() for mid in ids}
-    assert len(chosen) == 1 and chosen <= set(range(PARTITIONS))
+    assert len(chosen) == 1
+    assert chosen <= set(range(PARTITIONS))
     received = _consume_partitions(pclient, topic, ROUTED_MESSAGES)
     assert {m.message_id().partition() for m in received} == chosen
     assert [m.data() for m in received] == [f"m-{i}".encode() for i in range(ROUTED_MESSAGES)]
