@@ -112,6 +112,19 @@ def _now_ms() -> float:
     return time.time() * 1000
 
 
+def _count_in(topic: PersistentTopic | NonPersistentTopic, producer: Producer, entry: bytes,
+              metadata: pb.MessageMetadata) -> int:
+    """Count a published entry in the topic's and the producer's counters; returns its
+    number of messages."""
+    messages = metadata.num_messages_in_batch if metadata.HasField(
+        "num_messages_in_batch") else 1
+    producer.msg_in_counter += messages
+    producer.bytes_in_counter += len(entry)
+    topic.msg_in_counter += messages
+    topic.bytes_in_counter += len(entry)
+    return messages
+
+
 def _metadata_of(entry: bytes) -> pb.MessageMetadata:
     return parse_entry(entry, verify_checksum=False).metadata
 
@@ -364,12 +377,7 @@ class PersistentTopic:
                     dedup.entries_since_snapshot >= \
                     self.config.broker_deduplication_entries_interval:
                 self._spawn(self._take_dedup_snapshot())
-        messages = metadata.num_messages_in_batch if metadata.HasField(
-            "num_messages_in_batch") else 1
-        producer.msg_in_counter += messages
-        producer.bytes_in_counter += len(entry)
-        self.msg_in_counter += messages
-        self.bytes_in_counter += len(entry)
+        _count_in(self, producer, entry, metadata)
         return PublishResult(position.ledger_id, position.entry_id)
 
     def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
@@ -594,12 +602,7 @@ class NonPersistentTopic:
                       highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
                       ) -> PublishResult:
         metadata = metadata if metadata is not None else _metadata_of(entry)
-        messages = metadata.num_messages_in_batch if metadata.HasField(
-            "num_messages_in_batch") else 1
-        self.msg_in_counter += messages
-        self.bytes_in_counter += len(entry)
-        producer.msg_in_counter += messages
-        producer.bytes_in_counter += len(entry)
+        messages = _count_in(self, producer, entry, metadata)
         for subscription in self.subscriptions.values():
             if not subscription.offer(entry, metadata, messages):
                 self.msg_drop_counter += messages
