@@ -1,0 +1,564 @@
+"""End-to-end benchmark: the official Pulsar Python client against `magnetar standalone` in a
+subprocess, durable, set against the disk's limits measured in the same run.
+
+What is measured
+----------------
+A broker is started as a subprocess (`python -m broker.cli standalone`) on a free loopback
+port, with its data directory in a temporary directory under `--dir` (the disk being
+measured); it is stopped by PID (SIGTERM, then a wait) and the directory removed at the end.
+Every publish is durable: the broker receipts a SEND only once its entry is journaled.
+
+For each cell -- message size (1 KB, 100 B) x client batching (off: `batching_enabled=False`;
+on: `batching_enabled=True` with the client's default batching settings), one producer and
+one consumer, on a fresh topic:
+
+* **Publish rate**: `send_async` with at most `PUBLISH_IN_FLIGHT` sends unreceipted, for a
+  fixed time; messages/s and MB/s of message data counted from the receipts.
+* **End-to-end latency**: an Exclusive consumer (a message listener that acknowledges) receives
+  while the producer sends at a steady rate, `LATENCY_RATE_FRACTION` of the measured publish
+  rate (at most `LATENCY_RATE_MAX_PER_S`); each message carries its send time (a
+  `time.time_ns()` property); latency = receive time - send time; p50, p99, max.
+* **Consume rate**: the messages of the publish phase stay in a subscription created before it;
+  a consumer then drains up to `consume_messages` of that backlog with `receive` +
+  `acknowledge`; messages/s from the subscribe to the last receive.
+
+Disk limits: `storage.benchmark`'s own measurement (1 KB write + fdatasync on a growing file and
+on a preallocated one, sequential bandwidth), sampled at the start and the end; each limit is
+the better sample. Ratios: publish messages/s over the growing file's fsync rate (for batching
+off, how many receipted sends fit in one bare fsync's time -- above 1 the broker's group commit
+shares a sync among sends), and MB/s over the sequential bandwidth. MB means 2**20 bytes.
+
+    python benchmarks/bench_e2e.py --quick --json e2e.json --plot e2e.png
+    python benchmarks/bench_e2e.py --dir /data
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Runnable from a checkout without installing: the repository root holds the packages.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pulsar  # type: ignore[import-untyped]
+from tqdm import tqdm
+
+from storage.benchmark import (
+    FULL_SCALE,
+    QUICK_SCALE,
+    TINY_SCALE,
+    BenchScale,
+    _best_limits,
+    _git_commit,
+    _percentile_ms,
+    _quiet_storage_log,
+    _render_limits,
+    _Results,
+    _run_limits,
+    _table,
+)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MB = 1024 * 1024
+HOST = "127.0.0.1"
+MESSAGE_SIZES = (1024, 100)
+BATCHING = (False, True)
+PUBLISH_IN_FLIGHT = 1000  # sends not yet receipted, at most
+LATENCY_RATE_FRACTION = 0.5  # of the measured publish rate
+LATENCY_RATE_MAX_PER_S = 5000.0  # what a paced Python loop sustains while the listener runs
+PACE_TICK_S = 0.001  # the paced sender sends what is due, then sleeps this long
+RECEIVE_TIMEOUT_MS = 10_000
+OPERATION_TIMEOUT_S = 30
+STARTUP_DEADLINE_S = 30.0
+STOP_DEADLINE_S = 30.0
+DRAIN_DEADLINE_S = 60.0  # for the last receipts or latency messages of a phase
+SEND_TIME_PROPERTY = "bench-sent-ns"
+
+
+@dataclass(frozen=True)
+class E2EScale:
+    """How long and how big each phase of a cell is."""
+
+    name: str
+    storage: BenchScale  # the disk-limit samples
+    publish_seconds: float
+    latency_seconds: float
+    consume_messages: int  # drained from the publish phase's backlog, at most
+
+    def __post_init__(self) -> None:
+        assert self.publish_seconds > 0
+        assert self.latency_seconds > 0
+        assert self.consume_messages > 0
+
+
+FULL = E2EScale("full", FULL_SCALE, 10.0, 10.0, 200_000)
+QUICK = E2EScale("quick", QUICK_SCALE, 3.0, 3.0, 50_000)
+TINY = E2EScale("tiny", TINY_SCALE, 0.3, 0.3, 500)  # for the smoke test
+
+
+@dataclass
+class BenchOptions:
+    directory: str = "."
+    quick: bool = False
+    json_path: str | None = None
+    plot_path: str | None = None
+    progress: bool = True
+    scale: E2EScale | None = None  # overrides `quick` (the test uses TINY)
+
+    def chosen_scale(self) -> E2EScale:
+        if self.scale is not None:
+            return self.scale
+        return QUICK if self.quick else FULL
+
+
+@dataclass
+class Cell:
+    message_bytes: int
+    batching: bool
+    published: int = 0
+    publish_seconds: float = 0.0
+    publish_per_s: float = 0.0
+    publish_mb_per_s: float = 0.0
+    latency_rate_per_s: float = 0.0  # the paced send rate of the latency phase
+    latency_messages: int = 0
+    latency_p50_ms: float = 0.0
+    latency_p99_ms: float = 0.0
+    latency_max_ms: float = 0.0
+    consumed: int = 0
+    consume_seconds: float = 0.0
+    consume_per_s: float = 0.0
+    consume_mb_per_s: float = 0.0
+    publish_vs_fsync: float = 0.0
+    publish_vs_bandwidth: float = 0.0
+    consume_vs_bandwidth: float = 0.0
+
+
+@dataclass
+class _E2EResults:
+    storage: _Results = field(default_factory=_Results)
+    cells: list[Cell] = field(default_factory=list)
+
+
+# -- the broker subprocess ------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+class BrokerProcess:
+    """`magnetar standalone` in a subprocess, its output in a log file next to its data."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.port = _free_port()
+        self.log_path = os.path.join(directory, "broker.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://{HOST}:{self.port}"
+
+    def start(self) -> None:
+        """Start the broker and wait until it accepts connections.
+
+        Raises:
+            RuntimeError: it exited or did not listen within `STARTUP_DEADLINE_S`.
+        """
+        command = [sys.executable, "-m", "broker.cli", "standalone", "--data-dir",
+                   os.path.join(self.directory, "data"), "--host", HOST,
+                   "--port", str(self.port), "--http-port", "0"]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while not self._accepting():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the broker did not listen within {STARTUP_DEADLINE_S} s")
+            time.sleep(0.05)
+
+    def _accepting(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the broker exited with {self.process.returncode}; "
+                               f"see {self.log_path}")
+        try:
+            with socket.create_connection((HOST, self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM by PID and wait; SIGKILL if it does not exit within `STOP_DEADLINE_S`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=STOP_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=STOP_DEADLINE_S)
+
+
+@contextlib.contextmanager
+def _running_broker(scratch: str) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+# -- one cell -------------------------------------------------------------------------------
+
+class _Receipts:
+    """Counts receipts of `send_async` and bounds the sends in flight."""
+
+    def __init__(self, in_flight_max: int):
+        self.slots = threading.Semaphore(in_flight_max)
+        self.lock = threading.Lock()
+        self.done = 0
+        self.failed: list[str] = []
+        self.last_s = 0.0
+
+    def callback(self, result: Any, _message_id: Any) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            if result == pulsar.Result.Ok:
+                self.done += 1
+                self.last_s = now
+            else:
+                self.failed.append(str(result))
+        self.slots.release()
+
+    def wait_all(self, sent: int) -> None:
+        deadline = time.monotonic() + DRAIN_DEADLINE_S
+        while True:
+            with self.lock:
+                if self.done + len(self.failed) >= sent:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {self.done} of {sent} sends were receipted")
+            time.sleep(0.005)
+        if self.failed:
+            raise RuntimeError(f"{len(self.failed)} sends failed, first {self.failed[0]}")
+
+
+def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Producer:
+    return client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True,
+                                  max_pending_messages=PUBLISH_IN_FLIGHT)
+
+
+def _publish_phase(client: pulsar.Client, topic: str, cell: Cell, seconds: float) -> None:
+    """Send as fast as the in-flight bound allows for `seconds`; receipts counted."""
+    producer = _producer(client, topic, cell.batching)
+    payload = os.urandom(cell.message_bytes)
+    receipts = _Receipts(PUBLISH_IN_FLIGHT)
+    sent = 0
+    started = time.perf_counter()
+    stop_at = started + seconds
+    while time.perf_counter() < stop_at:
+        receipts.slots.acquire()
+        producer.send_async(payload, receipts.callback)
+        sent += 1
+    producer.flush()
+    receipts.wait_all(sent)
+    producer.close()
+    cell.published = receipts.done
+    cell.publish_seconds = receipts.last_s - started
+    cell.publish_per_s = cell.published / cell.publish_seconds
+    cell.publish_mb_per_s = cell.publish_per_s * cell.message_bytes / MB
+
+
+class _LatencySink:
+    """A message listener: the latency of each message, acknowledged as it arrives."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.latencies: list[float] = []
+
+    def listener(self, consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+        received_ns = time.time_ns()
+        sent_ns = int(message.properties()[SEND_TIME_PROPERTY])
+        with self.lock:
+            self.latencies.append((received_ns - sent_ns) / 1e9)
+        consumer.acknowledge(message)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.latencies)
+
+
+def _latency_phase(client: pulsar.Client, topic: str, cell: Cell, seconds: float) -> None:
+    """Send at a steady rate while a listener measures send-to-receive times."""
+    rate = min(LATENCY_RATE_MAX_PER_S, cell.publish_per_s * LATENCY_RATE_FRACTION)
+    sink = _LatencySink()
+    consumer = client.subscribe(topic, "latency", consumer_type=pulsar.ConsumerType.Exclusive,
+                                message_listener=sink.listener)
+    producer = _producer(client, topic, cell.batching)
+    payload = os.urandom(cell.message_bytes)
+    receipts = _Receipts(PUBLISH_IN_FLIGHT)
+    sent = 0
+    started = time.perf_counter()
+    while (now := time.perf_counter()) < started + seconds:
+        due = int((now - started) * rate) + 1
+        while sent < due:
+            receipts.slots.acquire()
+            producer.send_async(payload, receipts.callback,
+                                properties={SEND_TIME_PROPERTY: str(time.time_ns())})
+            sent += 1
+        time.sleep(PACE_TICK_S)
+    producer.flush()
+    receipts.wait_all(sent)
+    deadline = time.monotonic() + DRAIN_DEADLINE_S
+    while sink.count() < sent:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {sink.count()} of {sent} messages were received")
+        time.sleep(0.005)
+    producer.close()
+    consumer.close()
+    cell.latency_rate_per_s = sent / seconds
+    cell.latency_messages = sent
+    cell.latency_p50_ms = _percentile_ms(sink.latencies, 50)
+    cell.latency_p99_ms = _percentile_ms(sink.latencies, 99)
+    cell.latency_max_ms = max(sink.latencies) * 1000
+
+
+def _consume_phase(client: pulsar.Client, topic: str, cell: Cell, limit: int) -> None:
+    """Drain up to `limit` messages of the backlog the publish phase left: receive + ack."""
+    wanted = min(limit, cell.published)
+    started = time.perf_counter()
+    consumer = client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive)
+    for _ in range(wanted):
+        message = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
+        consumer.acknowledge(message)
+    cell.consume_seconds = time.perf_counter() - started
+    consumer.close()
+    cell.consumed = wanted
+    cell.consume_per_s = wanted / cell.consume_seconds
+    cell.consume_mb_per_s = cell.consume_per_s * cell.message_bytes / MB
+
+
+def _run_cell(url: str, scale: E2EScale, message_bytes: int, batching: bool) -> Cell:
+    """The three phases of one cell, each on a topic of its own (the consume phase drains the
+    publish topic's backlog)."""
+    cell = Cell(message_bytes, batching)
+    client = pulsar.Client(url, operation_timeout_seconds=OPERATION_TIMEOUT_S,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    name = f"persistent://public/default/e2e-{message_bytes}-{'batch' if batching else 'single'}"
+    try:
+        # The backlog subscription exists before the publish phase, so it keeps the messages.
+        client.subscribe(name, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
+                         initial_position=pulsar.InitialPosition.Earliest).close()
+        _publish_phase(client, name, cell, scale.publish_seconds)
+        _latency_phase(client, name + "-latency", cell, scale.latency_seconds)
+        _consume_phase(client, name, cell, scale.consume_messages)
+    finally:
+        client.close()
+    return cell
+
+
+# -- the run --------------------------------------------------------------------------------
+
+def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
+    """Run the limits and every cell, print the table, write the JSON and the PNG; return
+    the JSON document.
+
+    Raises:
+        OSError: the disk failed.
+        RuntimeError: the broker did not start, or sends or receives did not complete.
+    """
+    scale = options.chosen_scale()
+    os.makedirs(options.directory, exist_ok=True)
+    results = _E2EResults()
+    load_before = os.getloadavg()
+    cells = [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING]
+    with (_quiet_storage_log(), _scratch_dir(options.directory) as scratch,
+          tqdm(total=len(cells) + 2, disable=not options.progress, file=sys.stderr,
+               unit="step") as bar):
+        bar.set_description("disk limits")
+        _run_limits(scale.storage, scratch, results.storage, "start")
+        bar.update()
+        with _running_broker(scratch) as broker:
+            for size, batching in cells:
+                bar.set_description(f"{size} B {_batching_name(batching)}")
+                results.cells.append(_run_cell(broker.url, scale, size, batching))
+                bar.update()
+        bar.set_description("disk limits again")
+        _run_limits(scale.storage, scratch, results.storage, "end")
+        bar.update()
+    document = _document(options, scale, results, load_before)
+    print(render_table(document))
+    if options.json_path:
+        with open(options.json_path, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2)
+            out.write("\n")
+    if options.plot_path:
+        write_plot(document, options.plot_path)
+    return document
+
+
+@contextlib.contextmanager
+def _scratch_dir(parent: str) -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="magnetar-bench-e2e-", dir=parent)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
+              load_before: tuple[float, float, float]) -> dict[str, Any]:
+    limits = _best_limits(results.storage.limit_samples, scale.storage)
+    for cell in results.cells:
+        cell.publish_vs_fsync = cell.publish_per_s / limits.fsync_append_per_s
+        cell.publish_vs_bandwidth = cell.publish_mb_per_s / limits.sequential_mb_per_s
+        cell.consume_vs_bandwidth = cell.consume_mb_per_s / limits.sequential_mb_per_s
+    return {
+        "benchmark": "e2e",
+        "parameters": {
+            "directory": os.path.abspath(options.directory),
+            "scale": dataclasses.asdict(scale),
+            "message_sizes": list(MESSAGE_SIZES),
+            "publish_in_flight": PUBLISH_IN_FLIGHT,
+            "latency_rate_fraction": LATENCY_RATE_FRACTION,
+            "latency_rate_max_per_s": LATENCY_RATE_MAX_PER_S,
+            "client": f"pulsar-client {_client_version()}",
+            "batching_on": "client defaults: batching_max_messages=1000, "
+                           "batching_max_allowed_size_in_bytes=131072, "
+                           "batching_max_publish_delay_ms=10",
+            "mb_bytes": MB,
+        },
+        "git_commit": _git_commit(),
+        "python": sys.version.split()[0],
+        "machine": {"nproc": os.cpu_count(), "platform": platform.platform(),
+                    "load_before": list(load_before), "load_after": list(os.getloadavg())},
+        "limits": dataclasses.asdict(limits),
+        "cells": [dataclasses.asdict(c) for c in results.cells],
+    }
+
+
+def _client_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("pulsar-client")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _batching_name(batching: bool) -> str:
+    return "batching on" if batching else "batching off"
+
+
+def _cell_name(cell: dict[str, Any]) -> str:
+    size = cell["message_bytes"]
+    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
+
+
+def render_table(document: dict[str, Any]) -> str:
+    """The human-readable report of a benchmark document."""
+    machine = document["machine"]
+    header = (f"End-to-end benchmark ({document['parameters']['scale']['name']} run), "
+              f"{document['parameters']['client']}, one producer and one consumer, durable\n"
+              f"{machine['nproc']} CPUs, Python {document['python']}, commit "
+              f"{(document['git_commit'] or 'unknown')[:12]}, load average before "
+              f"{' '.join(f'{x:.2f}' for x in machine['load_before'])}, after "
+              f"{' '.join(f'{x:.2f}' for x in machine['load_after'])}; MB = 2^20 bytes")
+    rows = [[_cell_name(c), "on" if c["batching"] else "off", f"{c['publish_per_s']:,.0f}",
+             f"{c['publish_mb_per_s']:,.2f}", f"{c['publish_vs_fsync']:.2f}",
+             f"{c['publish_vs_bandwidth']:.3f}", f"{c['latency_rate_per_s']:,.0f}",
+             f"{c['latency_p50_ms']:.2f}", f"{c['latency_p99_ms']:.2f}",
+             f"{c['consume_per_s']:,.0f}", f"{c['consume_mb_per_s']:,.2f}"]
+            for c in document["cells"]]
+    headers = ["message", "batching", "publish msg/s", "MB/s", "x fsync", "x bandwidth",
+               "latency at msg/s", "p50 ms", "p99 ms", "consume msg/s", "MB/s"]
+    return "\n\n".join([header, _render_limits(document),
+                        "Official client through the broker\n"
+                        + _table(headers, rows, "llrrrrrrrrr")])
+
+
+# -- the chart ------------------------------------------------------------------------------
+
+def write_plot(document: dict[str, Any], path: str) -> None:
+    """A PNG: publish and consume messages/s per cell against the raw fsync rate, and the
+    end-to-end latency p50 and p99 per cell."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(13, 5.5), dpi=100)
+    FigureCanvasAgg(figure)
+    rates, latency = figure.subplots(1, 2)
+    cells = document["cells"]
+    labels = [f"{_cell_name(c)}\n{_batching_name(c['batching'])}" for c in cells]
+    _bars(rates, labels, [("publish", [c["publish_per_s"] for c in cells]),
+                          ("consume", [c["consume_per_s"] for c in cells])])
+    rates.axhline(document["limits"]["fsync_append_per_s"], color="black", linestyle="--",
+                  label="raw fsync/s (growing file)")
+    rates.set_yscale("log")
+    rates.set_ylabel("messages/s (log)")
+    rates.set_title("Durable publish and consume rates")
+    rates.legend(fontsize="small")
+    _bars(latency, labels, [("p50", [c["latency_p50_ms"] for c in cells]),
+                            ("p99", [c["latency_p99_ms"] for c in cells])])
+    latency.set_ylabel("send to receive, ms")
+    latency.set_title("End-to-end latency at a steady rate")
+    latency.legend(fontsize="small")
+    figure.suptitle(f"Magnetar end to end, official Python client "
+                    f"({document['parameters']['scale']['name']} run, "
+                    f"{document['machine']['nproc']} CPUs)")
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+
+
+def _bars(axes: Any, labels: list[str], series: list[tuple[str, list[float]]]) -> None:
+    width = 0.8 / len(series)
+    for slot, (name, values) in enumerate(series):
+        offset = (slot - (len(series) - 1) / 2) * width
+        axes.bar([i + offset for i in range(len(values))], values, width, label=name)
+    axes.set_xticks(range(len(labels)), labels, fontsize="small")
+
+
+# -- command line ---------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Measure the official Pulsar client against `magnetar standalone` (1 KB "
+        "and 100 B messages, batching off and on, durable): publish rate, end-to-end latency "
+        "and consume rate, against the disk's fsync rate and bandwidth measured in the same "
+        "run, in a temporary directory under --dir.")
+    parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    parser.add_argument("--dir", default=".", help="run on the disk holding this directory")
+    parser.add_argument("--json", default=None, help="write the results as JSON here")
+    parser.add_argument("--plot", default=None, help="write a PNG chart here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run_e2e_benchmark(BenchOptions(directory=args.dir, quick=args.quick, json_path=args.json,
+                                   plot_path=args.plot, progress=not args.no_progress))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The end-to-end benchmark (`benchmarks/bench_e2e.py`) at its tiny scale: a real broker
+subprocess and the official client; every cell is measured and reported in the table, the
+JSON and the PNG. No timing thresholds: the figures only have to be there and be positive."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.interop
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks" / "bench_e2e.py"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+TinyRun = tuple[ModuleType, dict[str, Any], Path, str]
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_e2e", BENCH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    """One tiny run shared by the tests of this module: (the benchmark module, the returned
+    document, the output directory, what it printed)."""
+    bench = _load_bench()
+    out = tmp_path_factory.mktemp("bench-e2e")
+    options = bench.BenchOptions(directory=str(out / "disk"), json_path=str(out / "e2e.json"),
+                                 plot_path=str(out / "e2e.png"), progress=False,
+                                 scale=bench.TINY)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        document = bench.run_e2e_benchmark(options)
+    return bench, document, out, printed.getvalue()
+
+
+def _positive(record: dict[str, Any], *names: str) -> None:
+    for name in names:
+        assert record[name] > 0, f"{name} is {record[name]} in {record}"
+
+
+def test_json_is_the_returned_document(tiny_run: TinyRun) -> None:
+    _, document, out, _ = tiny_run
+    assert json.loads((out / "e2e.json").read_text(encoding="utf-8")) == document
+    assert document["benchmark"] == "e2e"
+    assert document["parameters"]["scale"]["name"] == "tiny"
+    assert document["python"] == sys.version.split()[0]
+    assert document["machine"]["nproc"] >= 1
+    assert len(document["machine"]["load_before"]) == 3
+    assert "git_commit" in document
+
+
+def test_limits_are_measured(tiny_run: TinyRun) -> None:
+    _, document, _, _ = tiny_run
+    limits = document["limits"]
+    _positive(limits, "fsync_append_per_s", "fsync_overwrite_per_s", "sequential_mb_per_s")
+    assert [s["when"] for s in limits["samples"]] == ["start", "end"]
+
+
+def test_every_cell_has_positive_figures(tiny_run: TinyRun) -> None:
+    bench, document, _, _ = tiny_run
+    cells = {(c["message_bytes"], c["batching"]): c for c in document["cells"]}
+    assert set(cells) == {(size, b) for size in bench.MESSAGE_SIZES for b in bench.BATCHING}
+    assert len(document["cells"]) == len(cells)
+    for cell in cells.values():
+        _positive(cell, "published", "publish_seconds", "publish_per_s", "publish_mb_per_s",
+                  "latency_rate_per_s", "latency_messages", "latency_p50_ms",
+                  "latency_p99_ms", "latency_max_ms", "consumed", "consume_seconds",
+                  "consume_per_s", "consume_mb_per_s", "publish_vs_fsync",
+                  "publish_vs_bandwidth", "consume_vs_bandwidth")
+        assert cell["latency_p50_ms"] <= cell["latency_p99_ms"] <= cell["latency_max_ms"]
+        assert cell["consumed"] == min(bench.TINY.consume_messages, cell["published"])
+
+
+def test_the_png_is_a_png(tiny_run: TinyRun) -> None:
+    _, _, out, _ = tiny_run
+    data = (out / "e2e.png").read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    assert data[12:16] == b"IHDR"
+    width = int.from_bytes(data[16:20], "big")
+    height = int.from_bytes(data[20:24], "big")
+    assert width > 0
+    assert height > 0
+
+
+def test_the_table_shows_every_cell(tiny_run: TinyRun) -> None:
+    bench, document, out, printed = tiny_run
+    assert printed.strip() == bench.render_table(document).strip()
+    assert "Disk limits" in printed
+    assert "Official client through the broker" in printed
+    for size in ("1 KB", "100 B"):
+        assert printed.count(f"  {size} ") == 2  # batching off and on
+    assert not list((out / "disk").iterdir()), "the scratch directory was left behind"
