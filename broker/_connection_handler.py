@@ -120,6 +120,7 @@ PENDING_SENDS_MAX_DEFAULT: Final = 1000  # per connection (Pulsar's maxPendingPu
 CLOSED_PRODUCER_IDS_MAX: Final = 1024  # closed ids remembered, to drop their late SENDs quietly
 SUBSCRIPTION_PATTERN_LENGTH_MAX: Final = 50  # Pulsar's subscriptionPatternMaxLength
 KEEPALIVE_INTERVAL_S_DEFAULT: Final = 30.0
+WRITE_BUFFER_BYTES_MAX: Final = 1024 * 1024  # unsent bytes before deliveries pause
 SCHEMA_KEY_PREFIX: Final = b"schema/"
 SCHEMA_VERSION_BYTES: Final = 8
 SCHEMA_TYPE_NONE: Final = 0  # Schema.Type "None": what bytes producers may send; no schema
@@ -407,11 +408,19 @@ class ConnectionHandler:
         write: writes bytes to the socket; must not block.
         close_transport: closes the socket (the server's reader then ends).
         peer: the client's address, for stats and logs (Pulsar's form: "/host:port").
+        write_buffer_bytes: bytes written but not yet sent on the socket (None: unknown).
+        drain: waits until the socket's write buffer is below its low-water mark.
     """
 
     def __init__(self, context: ServerContext, write: Callable[[bytes], None],
-                 close_transport: Callable[[], None], peer: str):
+                 close_transport: Callable[[], None], peer: str, *,
+                 write_buffer_bytes: Callable[[], int] | None = None,
+                 drain: Callable[[], Awaitable[None]] | None = None):
         self.ctx = context
+        self._write_buffer_bytes = write_buffer_bytes
+        self._drain = drain
+        self._writes_paused = False
+        self._resume_task: asyncio.Future[None] | None = None
         self.service = context.service
         self._write = write
         self._close_transport = close_transport
@@ -522,6 +531,37 @@ class ConnectionHandler:
                 message.consumer_epoch = delivery.epoch
             out += self.conn.send(base_command(message), entry=delivery.entry)
         self._write(bytes(out))
+        self._check_write_room()
+
+    def _check_write_room(self) -> None:
+        """Back-pressure on deliveries: when more than `WRITE_BUFFER_BYTES_MAX` bytes wait in
+        the socket's buffer (the client does not read), every consumer of this connection gets
+        no usable permits until the buffer drains; then their dispatchers are kicked."""
+        if self._write_buffer_bytes is None or self._drain is None:
+            return
+        if self._write_buffer_bytes() <= WRITE_BUFFER_BYTES_MAX:
+            return
+        for state in self._consumers.values():
+            if state.consumer is not None:
+                state.consumer.write_paused = True
+        if not self._writes_paused:
+            self._writes_paused = True
+            # not a command task: shutdown must not wait for a client that never reads
+            self._resume_task = asyncio.ensure_future(self._resume_writes())
+
+    async def _resume_writes(self) -> None:
+        assert self._drain is not None
+        try:
+            await self._drain()
+        except (ConnectionError, OSError):
+            return  # the connection is gone; its consumers are closed with it
+        self._writes_paused = False
+        for state in list(self._consumers.values()):
+            if state.consumer is not None:
+                state.consumer.write_paused = False
+                dispatcher = getattr(state.subscription, "dispatcher", None)
+                if dispatcher is not None:
+                    dispatcher.kick()
 
     def _error(self, request_id: int, exc: BaseException) -> None:
         code, message = server_error(exc)

@@ -89,6 +89,7 @@ class Consumer:
         self.permits = 0
         self.unacked_messages = 0
         self.blocked_on_unacked = False
+        self.write_paused = False  # its connection's socket buffer is full: no permits usable
         self.epoch = spec.consumer_epoch
         self.closed = False
         self.pending_acks: Any = None  # a PendingAcksMap for Shared and Key_Shared
@@ -127,7 +128,7 @@ class Consumer:
 
     def available_permits(self, max_unacked: int) -> int:
         """Permits usable now: none when blocked on unacked messages."""
-        if self.closed or self.blocked_on_unacked:
+        if self.closed or self.blocked_on_unacked or self.write_paused:
             return 0
         if max_unacked > 0:
             room = max_unacked - self.unacked_messages

@@ -110,7 +110,9 @@ class BrokerServer:
     async def _serve_connection(self, reader: asyncio.StreamReader,
                                 writer: asyncio.StreamWriter) -> None:
         peer = _peer_name(writer)
-        handler = ConnectionHandler(self.context, writer.write, writer.close, peer)
+        handler = ConnectionHandler(self.context, writer.write, writer.close, peer,
+                                    write_buffer_bytes=writer.transport.get_write_buffer_size,
+                                    drain=writer.drain)
         task = asyncio.current_task()
         assert task is not None
         self._connections[handler] = (task, writer)
