@@ -254,6 +254,10 @@ def test_keepalive_closes_a_half_frame_and_a_mute_client(target: BrokerProcess) 
     half.handshake()
     half.send_bytes(encode_frame(wrap(pb.CommandPing()))[:5])
     mute = RawClient(target.port, timeout_s=3 * KEEPALIVE_S)
-    assert half.closed_by_broker()
-    assert mute.closed_by_broker()
+    try:
+        assert half.closed_by_broker()
+        assert mute.closed_by_broker()
+    finally:
+        half.close()
+        mute.close()
     _assert_healthy(target, "keepalive")
