@@ -342,7 +342,13 @@ class Subscription:
             return
         ledger_id, entry_id, ack_set = acks[-1]
         position = Position(ledger_id, entry_id)
-        if position < self.cursor.mark_delete_position:
+        # Already mark-deleted: upstream logs it and the client hears nothing. With an ack
+        # set the cursor would mark-delete the entry before `position`, so `position` at
+        # the mark-delete (the rest of its batch was acked meanwhile) is old news too.
+        mark_delete = self.cursor.mark_delete_position
+        if position < mark_delete or (ack_set is not None and position == mark_delete):
+            log.debug("ignoring a cumulative ack of %s at or below the mark-delete %s on %s",
+                      position, mark_delete, self.name)
             return
         await self.cursor.mark_delete(position, ack_set=ack_set)
         self._after_ack(consumer, [], 0, moved=True)
