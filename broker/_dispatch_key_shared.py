@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["KeySharedDispatcher"]
 
+# A replay round examines at most this many times the read size from the head of the queue.
+REPLAY_SCAN_FACTOR_MAX = 10
+
 LOOK_AHEAD_UNLIMITED = 2**31  # no look-ahead limit configured at all
 
 
@@ -258,14 +261,22 @@ class KeySharedDispatcher(SharedDispatcher):
                    for c in self.consumers)
 
     def _replay_candidates(self, limit: int) -> list[Position]:
-        """Replay positions worth reading now (§2.7.3 replay-position filter)."""
+        """Replay positions worth reading now (§2.7.3 replay-position filter). At most
+        `REPLAY_SCAN_FACTOR_MAX * limit` positions from the head of the queue are
+        examined, and the scan stops once no consumer has permits left, so one round costs
+        O(limit) however long the queue is."""
         chosen: list[Position] = []
         failed_slots: set[int] = set()
         permits = {c: c.available_permits(self.sub.max_unacked_per_consumer())
                    for c in self.consumers}
-        for position in self.replay:
-            if len(chosen) >= limit:
+        with_permits = sum(1 for p in permits.values() if p > 0)
+        scan_max = REPLAY_SCAN_FACTOR_MAX * limit
+        unknown_slots = len(self.replay) - len(self.replay_slots)
+        for scanned, position in enumerate(self.replay):
+            if len(chosen) >= limit or scanned >= scan_max or with_permits == 0:
                 break
+            if unknown_slots == 0 and len(failed_slots) >= len(self.slot_counts):
+                break  # every slot waiting in the queue has failed this pass
             slot = self.replay_slots.get(position, 0)
             if self.allow_out_of_order or slot == 0:
                 chosen.append(position)
@@ -278,6 +289,8 @@ class KeySharedDispatcher(SharedDispatcher):
                 failed_slots.add(slot)
                 continue
             permits[consumer] -= 1
+            if permits[consumer] == 0:
+                with_permits -= 1
             chosen.append(position)
         return chosen
 
