@@ -53,6 +53,7 @@ from ._selectors import (
 )
 from ._server import BrokerServer, serve
 from ._service import BrokerService, Topic
+from ._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
 from ._standalone import StandaloneOptions, run_standalone, serve_standalone
 from ._stats import internal_stats, topic_stats
 from ._subscription import Subscription
@@ -108,6 +109,8 @@ __all__ = [
     "RestError",
     "SchemaRegistry",
     "ServiceNotReadyError",
+    "SimulationConfig",
+    "SimulationReport",
     "StandaloneOptions",
     "StickyKeyConsumerSelector",
     "SubscribeSpec",
@@ -117,6 +120,7 @@ __all__ = [
     "TopicName",
     "TopicNotFoundError",
     "TopicTerminatedError",
+    "Violation",
     "WireConsumerSink",
     "admin_app",
     "for_code",
@@ -125,6 +129,7 @@ __all__ = [
     "matches_topics_pattern",
     "new_selector",
     "render_metrics",
+    "run_simulation",
     "run_standalone",
     "serve",
     "serve_standalone",
