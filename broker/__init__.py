@@ -11,7 +11,7 @@ REST v2 admin API and Prometheus `/metrics`.
 
 from ._admin import AdminServer, RestError, admin_app, start_admin
 from ._config import BrokerConfig
-from ._connection_handler import ConnectionHandler, SchemaRegistry, WireConsumerSink
+from ._connection_handler import ConnectionHandler, WireConsumerSink
 from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
@@ -43,6 +43,7 @@ from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_has
 from ._namespaces import EffectivePolicies, NamespaceRegistry
 from ._pending_acks import PendingAck, PendingAcksMap
 from ._position import Position
+from ._schemas import SchemaRegistry, StoredSchema
 from ._selectors import (
     ConsistentHashingSelector,
     HashRange,
@@ -113,6 +114,7 @@ __all__ = [
     "SimulationReport",
     "StandaloneOptions",
     "StickyKeyConsumerSelector",
+    "StoredSchema",
     "SubscribeSpec",
     "Subscription",
     "SubscriptionNotFoundError",

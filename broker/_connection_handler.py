@@ -40,26 +40,18 @@ ERROR NotAllowed "Transactions are not enabled.", as Pulsar does with its coordi
 Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection that sent no
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
 
-Schemas: `SchemaRegistry` keeps the schemas of each topic (of the partitioned base for a
-partition) in the metadata store, versions 0, 1, ... The policy is deliberately simple: a
-definition already stored gets its version back, a new definition of the latest schema's type
-becomes the next version, and a different type is IncompatibleSchema. Producers without a
-schema (bytes) are always admitted, and a consumer's schema is only stored when the topic has
-none.
+Schemas live in `_schemas.SchemaRegistry` (versions per topic, compatibility policy).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import re
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import quote
 
 from google.protobuf.message import Message
 
@@ -78,19 +70,19 @@ from codec import (
     parse_entry,
     pb,
 )
-from storage import MetadataStore, StorageError
+from storage import StorageError
 
 from ._consumer import Consumer, Delivery, SubscribeSpec
 from ._errors import (
     BrokerError,
     ConsumerNotFoundError,
-    IncompatibleSchemaError,
     NotAllowedError,
     from_storage_error,
 )
 from ._names import TopicName, matches_topics_pattern, topics_hash
 from ._nonpersistent import NonPersistentSubscription
 from ._position import Position
+from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
 from ._service import BrokerService, Topic
 from ._subscription import Subscription
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
@@ -99,9 +91,7 @@ __all__ = [
     "PROTOCOL_VERSION_MAX",
     "SERVER_VERSION",
     "ConnectionHandler",
-    "SchemaRegistry",
     "ServerContext",
-    "StoredSchema",
     "WireConsumerSink",
     "server_error",
 ]
@@ -121,8 +111,6 @@ CLOSED_PRODUCER_IDS_MAX: Final = 1024  # closed ids remembered, to drop their la
 SUBSCRIPTION_PATTERN_LENGTH_MAX: Final = 50  # Pulsar's subscriptionPatternMaxLength
 KEEPALIVE_INTERVAL_S_DEFAULT: Final = 30.0
 WRITE_BUFFER_BYTES_MAX: Final = 1024 * 1024  # unsent bytes before deliveries pause
-SCHEMA_KEY_PREFIX: Final = b"schema/"
-SCHEMA_VERSION_BYTES: Final = 8
 SCHEMA_TYPE_NONE: Final = 0  # Schema.Type "None": what bytes producers may send; no schema
 
 # Codes a lookup-type reply must not carry: the C++ client closes the connection on them.
@@ -202,101 +190,6 @@ def _carries_schema(request: pb.CommandProducer | pb.CommandSubscribe) -> bool:
 
 def _key_values(items: Any) -> dict[str, str]:
     return {item.key: item.value for item in items}
-
-
-# -- schemas -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoredSchema:
-    """One schema version as the registry keeps it."""
-
-    name: str
-    type: int  # a pb.Schema.Type value
-    data: bytes
-    properties: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def from_proto(cls, schema: pb.Schema) -> StoredSchema:
-        pairs = tuple(sorted((p.key, p.value) for p in schema.properties))
-        return cls(schema.name, int(schema.type), bytes(schema.schema_data), pairs)
-
-    def to_proto(self) -> pb.Schema:
-        schema = pb.Schema(name=self.name, schema_data=self.data, type=self.type)  # type: ignore[arg-type]
-        for key, value in self.properties:
-            schema.properties.add(key=key, value=value)
-        return schema
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type,
-                "data": base64.b64encode(self.data).decode(), "properties": dict(self.properties)}
-
-    @classmethod
-    def from_json(cls, item: dict[str, Any]) -> StoredSchema:
-        pairs = tuple(sorted(item.get("properties", {}).items()))
-        return cls(item["name"], int(item["type"]), base64.b64decode(item["data"]), pairs)
-
-
-def encode_schema_version(version: int) -> bytes:
-    """Pulsar's schema version bytes: the version as an 8-byte big-endian number."""
-    assert version >= 0
-    return version.to_bytes(SCHEMA_VERSION_BYTES, "big")
-
-
-class SchemaRegistry:
-    """Schemas per topic in the metadata store (see the module comment for the policy).
-
-    Args:
-        metadata: the storage's metadata store; records live under `b"schema/<topic>"`.
-    """
-
-    def __init__(self, metadata: MetadataStore):
-        self.metadata = metadata
-
-    @staticmethod
-    def _key(topic: TopicName) -> bytes:
-        return SCHEMA_KEY_PREFIX + quote(str(topic.partitioned_base), safe=":/").encode()
-
-    def versions(self, topic: TopicName) -> list[StoredSchema]:
-        """Every version of the topic's schema, oldest first (empty: no schema)."""
-        raw = self.metadata.get(self._key(topic))
-        if raw is None:
-            return []
-        return [StoredSchema.from_json(item) for item in json.loads(raw)["versions"]]
-
-    def get(self, topic: TopicName, version: int | None = None) -> tuple[int, StoredSchema] | None:
-        """The requested version (the latest when None), or None when there is no such one."""
-        versions = self.versions(topic)
-        if not versions:
-            return None
-        index = len(versions) - 1 if version is None else version
-        if not 0 <= index < len(versions):
-            return None
-        return index, versions[index]
-
-    def add(self, topic: TopicName, schema: StoredSchema) -> int:
-        """Register a producer's schema; returns its version.
-
-        Raises:
-            IncompatibleSchemaError: the topic's latest schema has another type.
-        """
-        versions = self.versions(topic)
-        if schema in versions:
-            return versions.index(schema)
-        if versions and versions[-1].type != schema.type:
-            latest = pb.Schema.Type.Name(versions[-1].type)
-            raise IncompatibleSchemaError(
-                f"Trying to register a {pb.Schema.Type.Name(schema.type)} schema "
-                f"on topic {topic.partitioned_base} whose schema is {latest}")
-        versions.append(schema)
-        record = {"versions": [v.to_json() for v in versions]}
-        self.metadata.put(self._key(topic), json.dumps(record, separators=(",", ":")).encode())
-        return len(versions) - 1
-
-    def add_if_absent(self, topic: TopicName, schema: StoredSchema) -> None:
-        """A consumer's schema: stored only when the topic has none yet."""
-        if not self.versions(topic):
-            self.add(topic, schema)
 
 
 # -- shared server state -------------------------------------------------------------------

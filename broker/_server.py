@@ -35,9 +35,9 @@ from ._connection_handler import (
     KEEPALIVE_INTERVAL_S_DEFAULT,
     PENDING_SENDS_MAX_DEFAULT,
     ConnectionHandler,
-    SchemaRegistry,
     ServerContext,
 )
+from ._schemas import SchemaRegistry
 from ._service import BrokerService
 
 __all__ = ["SHUTDOWN_GRACE_S_DEFAULT", "BrokerServer", "serve"]
