@@ -4,6 +4,10 @@ Nothing is stored: a published message is offered to each subscription at once a
 to one consumer that has permits — round robin for Shared, the active consumer for
 Exclusive and Failover, the slot's consumer for Key_Shared — or is dropped (and counted).
 Message ids are always (0, 0); acknowledgements are no-ops.
+
+Failover subscriptions tell their consumers who is active, as persistent ones do: whenever a
+consumer joins or leaves and the active consumer changes, every consumer gets
+ACTIVE_CONSUMER_CHANGE (is_active true for the chosen one only).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class NonPersistentSubscription:
         self.selector: StickyKeyConsumerSelector[Consumer] | None = None
         self._next = 0
         self.msg_drop_counter = 0
+        self.active: Consumer | None = None  # Exclusive and Failover: who receives
 
     def add_consumer(self, consumer: Consumer) -> None:
         spec = consumer.spec
@@ -50,6 +55,7 @@ class NonPersistentSubscription:
         if self.selector is not None:
             self.selector.add_consumer(consumer)
         self.consumers.append(consumer)
+        self._update_active()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         consumer.closed = True
@@ -57,6 +63,7 @@ class NonPersistentSubscription:
             self.consumers.remove(consumer)
             if self.selector is not None:
                 self.selector.remove_consumer(consumer)
+            self._update_active()
 
     def flow(self, consumer: Consumer, permits: int) -> None:
         consumer.add_permits(permits)
@@ -74,15 +81,31 @@ class NonPersistentSubscription:
         if self.sub_type == "Key_Shared":
             assert self.selector is not None
             chosen = self.selector.select(self.selector.slot_for(sticky_key(metadata)))
-        elif self.sub_type == "Exclusive":
-            chosen = self.consumers[0]
         else:
-            ordered = sorted(self.consumers, key=lambda c: (c.priority_level, c.consumer_name))
-            top = [c for c in ordered if c.priority_level == ordered[0].priority_level]
-            index = self.topic.name.partition_index
-            chosen = top[index % len(top)] if index >= 0 else failover_ring_choice(
-                top, str(self.topic.name))
+            chosen = self.active
         return chosen if chosen is not None and chosen.permits > 0 else None
+
+    def _pick_active(self) -> Consumer | None:
+        """Exclusive: the only consumer; Failover: the partition-index rule or the ring."""
+        if not self.consumers or self.sub_type not in ("Exclusive", "Failover"):
+            return None
+        if self.sub_type == "Exclusive":
+            return self.consumers[0]
+        ordered = sorted(self.consumers, key=lambda c: (c.priority_level, c.consumer_name))
+        top = [c for c in ordered if c.priority_level == ordered[0].priority_level]
+        index = self.topic.name.partition_index
+        if index >= 0:
+            return top[index % len(top)]
+        return failover_ring_choice(top, str(self.topic.name))
+
+    def _update_active(self) -> None:
+        chosen = self._pick_active()
+        if chosen is self.active:
+            return
+        self.active = chosen
+        if self.sub_type == "Failover" and chosen is not None:
+            for consumer in self.consumers:
+                consumer.sink.active_consumer_changed(consumer, consumer is chosen)
 
     def offer(self, entry: bytes, metadata: pb.MessageMetadata, messages: int) -> bool:
         """Deliver to one consumer now, or drop; returns whether it was delivered."""

@@ -169,6 +169,37 @@ def test_failover_delivers_to_the_ring_choice(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_failover_consumers_are_told_who_is_active(tmp_path: Path) -> None:
+    """Every Failover consumer hears ACTIVE_CONSUMER_CHANGE when the active one changes: on
+    join (each consumer's latest notice names the ring's choice) and when the active one
+    leaves (the survivors hear the new choice); a Shared subscription hears nothing."""
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            service = env.service
+            topic, _unused = await _producer(service)
+            sink = RecordingSink()
+            consumers = [await _subscribe(service, sink, name, "Failover", 10)
+                         for name in ("c1", "c2", "c3")]
+            active = failover_ring_choice(consumers, TOPIC)
+            latest = dict(sink.active_changes)
+            assert set(latest) == set(consumers)
+            assert [c for c, is_active in latest.items() if is_active] == [active]
+            assert active is not None
+            sink.active_changes.clear()
+            topic.consumer_closed(_subscription(topic), active)
+            survivors = [c for c in consumers if c is not active]
+            successor = failover_ring_choice(survivors, TOPIC)
+            latest = dict(sink.active_changes)
+            assert set(latest) == set(survivors)
+            assert [c for c, is_active in latest.items() if is_active] == [successor]
+            shared_sink = RecordingSink()
+            await _subscribe(service, shared_sink, "s1", "Shared", 10, subscription="other")
+            await _subscribe(service, shared_sink, "s2", "Shared", 10, subscription="other")
+            assert shared_sink.active_changes == []
+
+    asyncio.run(scenario())
+
+
 def test_non_persistent_topics_are_not_stored(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with broker_env(tmp_path) as env:
