@@ -54,6 +54,11 @@ class ConsumerBusyError(BrokerError):
     code = 5
 
 
+class SubscriptionBusyError(ConsumerBusyError):
+    """The subscription is being reset; Pulsar answers "Failed to fence subscription"
+    (its SubscriptionBusyException goes out as ConsumerBusy; the admin API answers 412)."""
+
+
 class ServiceNotReadyError(BrokerError):
     code = 6
     retriable = True

@@ -25,7 +25,9 @@ consumer receives which entry. The subscription glues them and adds:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ._consumer import Consumer, SubscribeSpec
@@ -35,7 +37,7 @@ from ._dispatch_key_shared import KeySharedDispatcher
 from ._dispatch_shared import SharedDispatcher
 from ._dispatcher import Dispatcher, SingleActiveConsumerDispatcher
 from ._entry import EntryInfo
-from ._errors import ConsumerBusyError, NotAllowedError
+from ._errors import ConsumerBusyError, NotAllowedError, SubscriptionBusyError
 from ._position import Position
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ class Subscription:
         self._redelivery: dict[Position, int] = {}
         self.delayed: InMemoryDelayedDeliveryTracker | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self._reset_done: asyncio.Event | None = None  # set while a reset runs
         self.last_expire_timestamp = 0
         self.total_msg_expired = 0
         self.last_consumed_flow_timestamp = 0
@@ -397,15 +400,39 @@ class Subscription:
 
     async def reset_cursor(self, position: Position, ack_set: list[int] | None = None) -> None:
         """Seek by message id (§4.7): delivery restarts AT `position`; `ack_set` (a batch
-        id's `CommandSeek.ack_set`) marks the indexes before it acknowledged."""
-        self.disconnect_for_reset()
-        await self.cursor.reset(position, ack_set)
-        self._after_reset()
+        id's `CommandSeek.ack_set`) marks the indexes before it acknowledged.
+
+        Raises:
+            SubscriptionBusyError: another reset is running (nothing changed).
+        """
+        async with self._resetting():
+            self.disconnect_for_reset()
+            await self.cursor.reset(position, ack_set)
+            self._after_reset()
 
     async def reset_cursor_by_time(self, timestamp_ms: int) -> None:
-        self.disconnect_for_reset()
-        await self.cursor.reset_by_time(timestamp_ms, entry_publish_time)
-        self._after_reset()
+        """Seek by publish time (§4.7); raises SubscriptionBusyError as `reset_cursor`."""
+        async with self._resetting():
+            self.disconnect_for_reset()
+            await self.cursor.reset_by_time(timestamp_ms, entry_publish_time)
+            self._after_reset()
+
+    @contextlib.asynccontextmanager
+    async def _resetting(self) -> AsyncIterator[None]:
+        """One reset at a time; consumers that subscribe meanwhile wait (`wait_reset`)."""
+        if self._reset_done is not None:
+            raise SubscriptionBusyError("Failed to fence subscription")
+        done = self._reset_done = asyncio.Event()
+        try:
+            yield
+        finally:
+            self._reset_done = None
+            done.set()
+
+    async def wait_reset(self) -> None:
+        """Return once no reset is running (at once when none is)."""
+        while self._reset_done is not None:
+            await self._reset_done.wait()
 
     def _after_reset(self) -> None:
         self._redelivery.clear()

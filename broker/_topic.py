@@ -429,6 +429,7 @@ class PersistentTopic:
         if limit > 0 and self.consumer_count() >= limit:
             raise ConsumerBusyError("Topic reached max consumers limit")
         subscription = await self._subscription_for(spec)
+        await subscription.wait_reset()
         consumer = Consumer(spec, sink, partition=self.name.partition_index)
         try:
             subscription.add_consumer(consumer)

@@ -21,6 +21,7 @@ from broker import (
     Position,
     ProducerSpec,
     SubscribeSpec,
+    SubscriptionBusyError,
 )
 from broker._position import EARLIEST, LATEST
 from broker._service import BrokerService
@@ -251,5 +252,45 @@ def test_seek_to_a_batch_index_marks_the_earlier_indexes_acked(tmp_path: Path) -
             assert (single.ledger_id, single.entry_id) == after
             assert topic.subscriptions["sub"].backlog() == 2
             assert consumer.permits == 1000 - 6 - 1  # only the unacked indexes are charged
+
+    asyncio.run(scenario())
+
+
+def test_a_reset_while_another_runs_is_busy_and_subscribers_wait(tmp_path: Path) -> None:
+    """Broker reference §4.7: a second reset while one runs fails with "Failed to fence
+    subscription" (ConsumerBusy on the wire) and changes nothing; a consumer that subscribes
+    during the reset is attached only after it and reads from the sought entry."""
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            service = env.service
+            topic, positions = await _setup(service)
+            subscription = topic.subscriptions["sub"]
+            sink = RecordingSink()
+            order: list[str] = []
+
+            async def reset() -> None:
+                await subscription.reset_cursor(positions[4])
+                order.append("reset")
+
+            async def join() -> None:
+                await _consume(service, "Shared", sink, "late")
+                order.append("joined")
+
+            first = asyncio.create_task(reset())
+            await wait_for(lambda: subscription._reset_done is not None)
+            with pytest.raises(SubscriptionBusyError, match="Failed to fence subscription"):
+                await subscription.reset_cursor(positions[8])
+            with pytest.raises(SubscriptionBusyError):
+                await subscription.reset_cursor_by_time(0)
+            assert SubscriptionBusyError.code == 5  # ConsumerBusy
+            joining = asyncio.create_task(join())
+            await first
+            await joining
+            assert order == ["reset", "joined"]
+            await wait_for(lambda: len(sink.received) >= 6)
+            await settle(service)
+            assert sink.positions() == [tuple(p) for p in positions[4:]]
+            await subscription.reset_cursor(positions[8])  # free again once it finished
+            assert subscription.backlog() == 2
 
     asyncio.run(scenario())
