@@ -17,7 +17,8 @@ What is measured
   timed); then consumers subscribe (Exclusive: one; Failover, Shared, Key_Shared: two) with
   a receiver queue of `RECEIVER_QUEUE` permits, and each consumer, as a client would,
   acknowledges every delivery batch it receives (Exclusive and Failover cumulatively, Shared
-  and Key_Shared individually, whole entries) and grants the permits back. Each
+  and Key_Shared individually, whole entries) and grants the permits back the way the official
+  client does: in one FLOW once half the receiver queue has been consumed. Each
   acknowledgement returns once the cursor is durable. The rate is the backlog's messages
   over the time from the first permit to the last ack returned.
 
@@ -86,6 +87,7 @@ PUBLISH_IN_FLIGHT = (1, 256)
 PUBLISH_IN_FLIGHT_MAX = max(PUBLISH_IN_FLIGHT)
 SUB_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
 RECEIVER_QUEUE = 1000  # permits per consumer, granted back as it acknowledges
+FLOW_THRESHOLD = RECEIVER_QUEUE // 2  # the client sends FLOW once this many were consumed
 KEYS = 16  # Key_Shared keys; a batch carries one key (key-based batching)
 FILL_IN_FLIGHT = 256
 CELL_TIMEOUT_S = 600.0
@@ -331,6 +333,7 @@ class _AckingConsumer:
         self.consumer: Consumer | None = None
         self.queue: asyncio.Queue[list[Delivery]] = asyncio.Queue()
         self.acks = 0
+        self.consumed = 0  # messages consumed since the last FLOW
 
     def deliver(self, consumer: Consumer, deliveries: list[Delivery]) -> None:
         self.queue.put_nowait(deliveries)
@@ -357,7 +360,10 @@ class _AckingConsumer:
                 acks = [(d.ledger_id, d.entry_id, None) for d in deliveries]
             await sub.acknowledge(self.consumer, 1 if self.cumulative else 0, acks)
             self.acks += 1
-            sub.flow(self.consumer, messages)
+            self.consumed += messages
+            if self.consumed >= FLOW_THRESHOLD:
+                sub.flow(self.consumer, self.consumed)
+                self.consumed = 0
             if acked(messages):
                 return
 
