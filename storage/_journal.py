@@ -453,13 +453,16 @@ class Journal:
         try:
             self._fs.point("journal:before-sync")
             last.segment.handle.fdatasync()
+            # A simulated crash just after the sync: the batch is on disk but nobody hears
+            # of it (allowed: durable without an acknowledgment). Inside the try so that the
+            # syncer thread fails the requests instead of dying with them unanswered.
+            self._fs.point("journal:after-sync")
         except OSError as exc:
             with self._lock:
                 self._sync_busy = False
             self._fail([r for b in batches for r in b.requests],
                        _as_storage_error(exc, last.segment.handle.path))
             return True
-        self._fs.point("journal:after-sync")
         self._last_sync_monotonic = time.monotonic()
         assert last.end_offset >= self.synced_mark.offset or \
             last.segment.segment_id > self.synced_mark.segment_id

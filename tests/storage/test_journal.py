@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from storage import Completion, OsFileSystem, Storage, StorageConfig
+from storage import Completion, OsFileSystem, Storage, StorageConfig, StorageFailedError
 from storage._fs import FileSystem
 from storage._journal import Journal, JournalRequest, parse_segment_name, segment_file_name
 from storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
 from storage.simfs import SimFileSystem
 from tests.storage.helpers import CountingFileSystem, journal_files, small_config, wait_until
+
+WAIT_RESULT_S = 10.0
 
 
 class JournalHarness:
@@ -416,3 +418,21 @@ def test_the_waiting_thread_does_not_sync_when_disabled(tmp_path: Path) -> None:
         assert completion.result(10) == i
     assert threading.current_thread() not in finished_in
     store.close()
+
+
+@pytest.mark.parametrize("point", ["journal:before-sync", "journal:after-sync"])
+def test_a_crash_at_a_sync_point_fails_the_batch_in_the_syncer_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """With background threads, a simulated crash around the sync must fail the waiting
+    requests (never leave them unanswered) and must not kill the syncer thread with an
+    unhandled exception."""
+    escaped: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.exc_value))
+    fs = SimFileSystem(3, crash_at_point=point)
+    harness = JournalHarness(tmp_path / "journal", small_config(background_threads=True), fs)
+    completion = harness.submit(b"only")
+    with pytest.raises(StorageFailedError, match=f"simulated crash at {point}"):
+        completion.result(timeout=WAIT_RESULT_S)
+    assert fs.crashed
+    harness.journal.abandon()
+    assert escaped == []
