@@ -456,9 +456,11 @@ class Subscription:
         of entries expired."""
         ml = self.topic.managed_ledger
         cutoff = self.now_ms() - ttl_s * 1000  # expired: now > publish time + ttl (§7.2)
-        newest = ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
-                                         start=ml.next_valid_position(
-                                             self.cursor.mark_delete_position))
+        newest = self._expired_closed_ledgers_end(cutoff)
+        start = self.cursor.mark_delete_position if newest is None else newest
+        found = ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
+                                        start=ml.next_valid_position(start))
+        newest = found or newest
         if newest is None or newest <= self.cursor.mark_delete_position:
             return 0
         before = self.cursor.backlog()
@@ -468,6 +470,21 @@ class Subscription:
         self.last_expire_timestamp = self.now_ms()
         self._after_ack(None, [], 0, moved=True)
         return expired
+
+    def _expired_closed_ledgers_end(self, cutoff_ms: int) -> Position | None:
+        """TTL's first step (§7.2): the last entry of the last closed ledger, from the
+        mark-delete's ledger on, whose close time and every earlier one's is before
+        `cutoff_ms` — whole ledgers expire by their close time whatever the publish times
+        inside say. None when the first such ledger is not expired."""
+        md_ledger = self.cursor.mark_delete_position.ledger_id
+        end: Position | None = None
+        for ledger in self.topic.managed_ledger.ledgers()[:-1]:  # the last one is open
+            if ledger.ledger_id < md_ledger or ledger.entries == 0:
+                continue
+            if not 0 < ledger.timestamp_ms < cutoff_ms:
+                break
+            end = Position(ledger.ledger_id, ledger.entries - 1)
+        return end
 
     def backlog(self) -> int:
         return int(self.cursor.backlog())

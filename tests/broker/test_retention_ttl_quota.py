@@ -239,6 +239,33 @@ def test_ttl_expires_over_acknowledgement_holes_and_after_a_restart(tmp_path: Pa
     asyncio.run(scenario())
 
 
+def test_ttl_expires_whole_closed_ledgers_by_their_close_time(tmp_path: Path) -> None:
+    """§7.2's first step: closed ledgers whose close time is older than the TTL expire as a
+    whole, even when the publish times inside claim to be fresh (a producer clock running
+    ahead); the open ledger is left to the publish-time search."""
+    async def scenario() -> None:
+        async with broker_env(tmp_path, **SMALL_LEDGERS) as env:
+            service = env.service
+            await _set_policy(service, "message_ttl_in_seconds", 60)
+            topic = await _topic_with_subscription(service)
+            ahead = now_ms() + 3 * 3_600_000  # publish times three hours in the future
+            positions = await _fill(service, 12, publish_time_ms=ahead)
+            closed = [ledger for ledger in topic.managed_ledger.ledgers()[:-1]
+                      if ledger.entries > 0]
+            assert len(closed) == 2  # 5 + 5 entries closed, 2 in the open ledger
+            subscription = topic.subscriptions["sub"]
+            done = await service.run_maintenance(force=True)
+            assert done["expired"] == 0  # by the service's clock nothing is old yet
+            real_clock = service.clock
+            service.clock = lambda: real_clock() + 2 * 3600  # two hours pass
+            done = await service.run_maintenance(force=True)
+            assert done["expired"] == 10
+            assert subscription.cursor.mark_delete_position == positions[9]
+            assert subscription.backlog() == 2
+
+    asyncio.run(scenario())
+
+
 def test_ttl_off_expires_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with broker_env(tmp_path) as env:
