@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 __all__ = ["BrokerConfig"]
 
+# Pulsar's SchemaCompatibilityStrategy names a broker default may take (not UNDEFINED).
+SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
+                     "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
+
 
 @dataclass(frozen=True)
 class BrokerConfig:
@@ -75,6 +79,12 @@ class BrokerConfig:
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"
 
+    # Schemas: Pulsar's schemaCompatibilityStrategy (the default of namespaces that set
+    # none or UNDEFINED), isAllowAutoUpdateSchemaEnabled, isSchemaValidationEnforced.
+    schema_compatibility_strategy: str = "FULL"
+    is_allow_auto_update_schema_enabled: bool = True
+    is_schema_validation_enforced: bool = False
+
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
@@ -85,3 +95,5 @@ class BrokerConfig:
         assert self.key_shared_consistent_hashing_replica_points > 0
         assert self.backlog_quota_default_retention_policy in (
             "producer_request_hold", "producer_exception", "consumer_backlog_eviction")
+        assert self.schema_compatibility_strategy in SCHEMA_STRATEGIES, \
+            f"schema_compatibility_strategy must be one of {', '.join(SCHEMA_STRATEGIES)}"

@@ -40,7 +40,8 @@ ERROR NotAllowed "Transactions are not enabled.", as Pulsar does with its coordi
 Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection that sent no
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
 
-Schemas live in `_schemas.SchemaRegistry` (versions per topic, compatibility policy).
+Schemas live in `_schemas.SchemaRegistry` (versions per topic, compatibility policies): it
+admits each producer's schema (or its lack of one) and each consumer's.
 """
 
 from __future__ import annotations
@@ -684,13 +685,15 @@ class ConnectionHandler:
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         name = TopicName.parse(request.topic)
         topic, producer = await self.service.create_producer(name, self._producer_spec(request))
-        if _carries_schema(request):
-            try:
+        try:
+            if _carries_schema(request):
                 version = self.ctx.schemas.add(name, StoredSchema.from_proto(request.schema))
-            except BaseException:
-                topic.remove_producer(producer)
-                raise
-            state.schema_version = encode_schema_version(version)
+                state.schema_version = encode_schema_version(version)
+            else:
+                self.ctx.schemas.admit_schemaless_producer(name)
+        except BaseException:
+            topic.remove_producer(producer)
+            raise
         setattr(producer, "closer", lambda reason: self._broker_closed_producer(state, reason))  # noqa: B010
         state.topic, state.producer = topic, producer
 
@@ -887,7 +890,7 @@ class ConnectionHandler:
         spec = self._subscribe_spec(request)
         name = TopicName.parse(request.topic)
         if _carries_schema(request):
-            self.ctx.schemas.add_if_absent(name, StoredSchema.from_proto(request.schema))
+            self.ctx.schemas.admit_consumer(name, StoredSchema.from_proto(request.schema))
         topic, consumer = await self.service.subscribe(name, spec, state.sink)
         state.topic, state.consumer = topic, consumer
         state.subscription = _subscription_of(topic, spec)
@@ -1136,8 +1139,8 @@ class ConnectionHandler:
                 reply.error_code = pb.TopicNotFound
                 reply.error_message = f"No schema found for topic {request.topic}"
             else:
-                reply.schema.CopyFrom(found[1].to_proto())
-                reply.schema_version = encode_schema_version(found[0])
+                reply.schema.CopyFrom(found.schema.to_proto())
+                reply.schema_version = encode_schema_version(found.version)
         except Exception as exc:
             self._log_failure(exc)
             code, message = server_error(exc)

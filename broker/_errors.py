@@ -17,6 +17,7 @@ __all__ = [
     "ConsumerBusyError",
     "ConsumerNotFoundError",
     "IncompatibleSchemaError",
+    "InvalidSchemaError",
     "InvalidTopicNameError",
     "MetadataError",
     "NotAllowedError",
@@ -105,6 +106,11 @@ class InvalidTopicNameError(BrokerError):
 
 class IncompatibleSchemaError(BrokerError):
     code = 18
+
+
+class InvalidSchemaError(IncompatibleSchemaError):
+    """A schema definition that does not parse (bad Avro JSON, a truncated KEY_VALUE): the
+    wire has no code of its own for it and answers IncompatibleSchema, as Pulsar does."""
 
 
 class ConsumerAssignError(BrokerError):

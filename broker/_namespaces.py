@@ -10,6 +10,9 @@ durable transaction (these change rarely):
 | `partitioned/<full topic name>`    | `{"partitions": n}`                                  |
 | `topicpolicy/<full topic name>`    | topic-level policies (the same field names)          |
 
+The schema policies (`schema_compatibility_strategy`, `is_allow_auto_update_schema`,
+`schema_validation_enforced`) resolve the same way, into a `SchemaPolicy` (`schema_policy`).
+
 Policy resolution follows Pulsar: a topic-level value beats the namespace's, which beats the
 broker configuration. `Policies` keeps the fields users script against through the admin
 API; the effective values are computed by `effective_policies`.
@@ -27,7 +30,7 @@ from storage import MetadataStore
 from ._config import BrokerConfig
 from ._errors import MetadataError, NotAllowedError
 
-__all__ = ["EffectivePolicies", "NamespaceRegistry"]
+__all__ = ["EffectivePolicies", "NamespaceRegistry", "SchemaPolicy"]
 
 _NAME = re.compile(r"^[-=:.\w]+$")
 
@@ -46,7 +49,20 @@ POLICY_FIELDS = (
     "max_consumers_per_subscription",  # int
     "subscription_types_enabled",  # [str]
     "autoTopicCreationOverride",  # {"allowAutoTopicCreation", "topicType", "defaultNumPartitions"}
+    "schema_compatibility_strategy",  # str, a SchemaCompatibilityStrategy name
+    "is_allow_auto_update_schema",  # bool
+    "schema_validation_enforced",  # bool
 )
+
+
+@dataclass(frozen=True)
+class SchemaPolicy:
+    """The schema policies in force for one topic (see `_schema_compat` for strategies)."""
+
+    compatibility_strategy: str  # never UNDEFINED: that resolves to the broker's default
+    allow_auto_update: bool  # False: a producer may only use a registered schema
+    validation_enforced: bool  # True: a producer without a schema is refused on a topic
+    #                            that has one
 
 
 @dataclass(frozen=True)
@@ -257,6 +273,21 @@ class NamespaceRegistry:
             subscription_types_enabled=tuple(p.get("subscription_types_enabled")
                                              or c.subscription_types_enabled),
         )
+
+    def schema_policy(self, topic: str, namespace: str) -> SchemaPolicy:
+        """The schema policies of a topic: topic > namespace > broker configuration."""
+        merged = self.policies(namespace) if self.namespace_exists(namespace) else {}
+        merged.update(self.topic_policies(topic))
+        c = self._config
+        strategy = merged.get("schema_compatibility_strategy")
+        if strategy in (None, "UNDEFINED"):
+            strategy = c.schema_compatibility_strategy
+        return SchemaPolicy(
+            compatibility_strategy=str(strategy),
+            allow_auto_update=bool(merged.get("is_allow_auto_update_schema",
+                                              c.is_allow_auto_update_schema_enabled)),
+            validation_enforced=bool(merged.get("schema_validation_enforced",
+                                                c.is_schema_validation_enforced)))
 
     def auto_topic_creation(self, namespace: str) -> tuple[bool, str, int]:
         """(allowed, "partitioned"|"non-partitioned", default partitions) for a namespace."""

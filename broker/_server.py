@@ -37,7 +37,6 @@ from ._connection_handler import (
     ConnectionHandler,
     ServerContext,
 )
-from ._schemas import SchemaRegistry
 from ._service import BrokerService
 
 __all__ = ["SHUTDOWN_GRACE_S_DEFAULT", "BrokerServer", "serve"]
@@ -78,7 +77,7 @@ class BrokerServer:
         self.port = port
         self._advertised_url = advertised_url
         self.context = ServerContext(service, advertised_url or "",
-                                     SchemaRegistry(service.storage.metadata),
+                                     service.schemas,
                                      keepalive_interval_s, pending_sends_max)
         self._server: asyncio.Server | None = None
         # handler -> (its reading task, its writer)

@@ -34,6 +34,7 @@ from ._errors import MetadataError, NotAllowedError, TopicNotFoundError
 from ._managed_ledger import ml_key
 from ._names import TopicName, matches_topics_pattern
 from ._namespaces import NamespaceRegistry
+from ._schemas import SchemaRegistry
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
 
 __all__ = ["BrokerService", "Topic"]
@@ -53,6 +54,7 @@ class BrokerService:
         self.config = config or BrokerConfig()
         self.clock = clock
         self.namespaces = NamespaceRegistry(storage.metadata, self.config)
+        self.schemas = SchemaRegistry(storage.metadata, self.namespaces, clock)
         self.topics: dict[str, Topic] = {}
         self._loading: dict[str, asyncio.Future[Topic]] = {}
         self._maintenance: asyncio.Task[None] | None = None
@@ -212,6 +214,8 @@ class BrokerService:
         topic = await self.get_topic(topic_name, create=False)
         await topic.delete(force=force)
         self.topics.pop(str(topic_name), None)
+        if not topic_name.is_partitioned:  # a partition's schemas are its base's
+            self.schemas.delete_all(topic_name)
 
     async def delete_partitioned_topic(self, name: str | TopicName, *, force: bool = False,
                                        ) -> None:
@@ -224,6 +228,7 @@ class BrokerService:
             if self.topic_exists(partition):
                 await self.delete_topic(partition, force=force)
         self.namespaces.set_partitions(str(topic_name), 0, create=False)
+        self.schemas.delete_all(topic_name)
 
     def list_topics(self, namespace: str, mode: str = "PERSISTENT",
                     include_system: bool = False) -> list[str]:

@@ -299,9 +299,18 @@ def test_get_or_create_schema_for_java_clients(raw: Connect, topic: str) -> None
                                                              schema=avro),
                                  T.GET_OR_CREATE_SCHEMA_RESPONSE)
     assert (created.HasField("error_code"), created.schema_version) == (False, bytes(8))
+    # Under the broker default (FULL) a new field needs a default, as in Pulsar.
+    no_default = pb.Schema(name="rec", type=pb.Schema.Avro,
+                           schema_data=b'{"type":"record","name":"R","fields":[{"name":"a",'
+                                       b'"type":"int"}]}')
+    refused = connection.request(pb.CommandGetOrCreateSchema(request_id=4, topic=topic,
+                                                             schema=no_default),
+                                 T.GET_OR_CREATE_SCHEMA_RESPONSE)
+    assert refused.error_code == pb.IncompatibleSchema
+    assert "R.a" in refused.error_message
     avro_v2 = pb.Schema(name="rec", type=pb.Schema.Avro,
                         schema_data=b'{"type":"record","name":"R","fields":[{"name":"a",'
-                                    b'"type":"int"}]}')
+                                    b'"type":"int","default":0}]}')
     second = connection.request(pb.CommandGetOrCreateSchema(request_id=2, topic=topic,
                                                             schema=avro_v2),
                                 T.GET_OR_CREATE_SCHEMA_RESPONSE)
