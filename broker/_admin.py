@@ -23,6 +23,8 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
   `resetcursor` (ResetCursorData body), `expireMessages/{s}`, and
   `all_subscription/expireMessages/{s}`. Topic and subscription names arrive URL-encoded in
   the path and are decoded by the router;
+* `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
+  `_admin_schemas` (registered from here);
 * `/metrics`: `render_metrics`.
 
 A partitioned topic's base name stands for all its partitions where Pulsar allows it
@@ -34,7 +36,8 @@ Errors answer as Pulsar's do, with a status and `{"reason": "…"}`: 400 a malfo
 404 a missing tenant, namespace, topic or subscription, 405 an operation the topic (a
 partitioned base, a non-persistent topic) does not support, 406 a partition count below 1,
 409 something that exists already or a namespace/tenant that is not empty, 412 an invalid
-name or value or clients still connected. Handlers raise `RestError`; the middleware turns
+name or value or clients still connected (409 also an incompatible schema, 422 a schema
+definition that does not parse). Handlers raise `RestError`; the middleware turns
 it, the router's own 404/405 and any stray `BrokerError` into that shape.
 """
 
@@ -56,6 +59,8 @@ from ._errors import (
     BrokerError,
     ConsumerBusyError,
     ConsumerNotFoundError,
+    IncompatibleSchemaError,
+    InvalidSchemaError,
     InvalidTopicNameError,
     MetadataError,
     NotAllowedError,
@@ -113,7 +118,9 @@ def _status_of(error: BrokerError) -> int:
     if isinstance(error, TopicNotFoundError | SubscriptionNotFoundError
                   | ConsumerNotFoundError):
         return 404
-    if isinstance(error, MetadataError):
+    if isinstance(error, InvalidSchemaError):
+        return 422
+    if isinstance(error, MetadataError | IncompatibleSchemaError):
         return 409
     if isinstance(error, InvalidTopicNameError | NotAllowedError | ConsumerBusyError):
         return 412
@@ -1036,6 +1043,9 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False) -> web.
     r.add_post(_SUB + "/expireMessages/{seconds:[0-9]+}", expire_messages)
     r.add_post(_SUB + "/resetcursor/{timestamp:[0-9]+}", reset_cursor_by_time)
     r.add_post(_SUB + "/resetcursor", reset_cursor_to_position)
+    from ._admin_schemas import add_schema_routes  # it imports this module's helpers
+
+    add_schema_routes(r)
     return app
 
 

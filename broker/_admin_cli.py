@@ -1,5 +1,5 @@
 """The client-side subcommands of `magnetar`: `produce`, `consume`, `topics`, `namespaces`
-and `tenants`.
+and `tenants` (and `schemas`, from `_admin_cli_schemas`).
 
 Theory of operation
 -------------------
@@ -483,6 +483,9 @@ def _add_namespaces(sub: SubParsers) -> None:
         limit.add_argument("-m", "--max-num", type=int, required=True,
                            help="the limit (0: no limit)")
     _add_backlog_quota(commands)
+    from ._admin_cli_schemas import add_namespace_schema_commands  # it imports this module
+
+    add_namespace_schema_commands(commands)
 
 
 def _retention_body(args: argparse.Namespace) -> dict[str, int]:
@@ -649,7 +652,7 @@ def _reset_cursor(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: SubParsers) -> None:
-    """Register produce, consume, topics, namespaces and tenants on `magnetar`'s parser.
+    """Register produce, consume, topics, namespaces, tenants and schemas on `magnetar`'s parser.
 
     Args:
         sub: the top-level subparsers of `magnetar`.
@@ -659,3 +662,6 @@ def add_commands(sub: SubParsers) -> None:
     _add_topics(sub)
     _add_namespaces(sub)
     _add_tenants(sub)
+    from ._admin_cli_schemas import add_schema_commands  # it imports this module
+
+    add_schema_commands(sub)

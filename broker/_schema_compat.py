@@ -39,7 +39,7 @@ from ._avro_compat import ParsedAvro, parse_avro, read_problems
 from ._config import SCHEMA_STRATEGIES
 from ._errors import IncompatibleSchemaError, InvalidSchemaError
 
-__all__ = ["BROKER_DEFAULT_STRATEGY", "KEY_VALUE", "STRATEGIES", "SchemaDefinition",
+__all__ = ["BROKER_DEFAULT_STRATEGY", "KEY_VALUE", "NAME_TO_WIRE", "STRATEGIES", "SchemaDefinition",
            "check_compatible", "check_readable", "type_name", "validate"]
 
 STRATEGIES: Final = ("UNDEFINED", *SCHEMA_STRATEGIES)
