@@ -22,7 +22,7 @@ import sys
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from ._admin_cli import _call, _command, _group, _policy_commands
+from ._admin_cli import Handler, _call, _command, _group, _policy_commands
 
 __all__ = ["add_namespace_schema_commands", "add_schema_commands"]
 
@@ -46,19 +46,30 @@ def _get_path(args: argparse.Namespace) -> str:
     return _schemas_path(args.topic, "schema")
 
 
-def _read_payload(filename: str) -> dict[str, Any]:
-    """The schema file's PostSchemaPayload (exits 1 with a message when it is unusable)."""
+def _read_payload(filename: str) -> dict[str, Any] | str:
+    """The schema file's PostSchemaPayload, or what is wrong with the file."""
     try:
         with open(filename, encoding="utf-8") as source:
             payload = json.load(source)
     except (OSError, ValueError) as error:
-        print(f"magnetar: cannot read the schema file {filename}: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
+        return f"cannot read the schema file {filename}: {error}"
     if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
-        print(f"magnetar: the schema file {filename} must hold a JSON object "
-              '{"type": ..., "schema": ..., "properties": {}}', file=sys.stderr)
-        raise SystemExit(1)
+        return (f"the schema file {filename} must hold a JSON object "
+                '{"type": ..., "schema": ..., "properties": {}}')
     return payload
+
+
+def _post_file(suffix: str) -> Handler:
+    """POST the schema file of `--filename` to the topic's `suffix` endpoint."""
+
+    def handle(args: argparse.Namespace) -> int:
+        payload = _read_payload(args.filename)
+        if isinstance(payload, str):
+            print(f"magnetar: {payload}", file=sys.stderr)
+            return 1
+        return _call("POST", lambda a: _schemas_path(a.topic, suffix), lambda a: payload)(args)
+
+    return handle
 
 
 def add_schema_commands(sub: SubParsers) -> None:
@@ -72,12 +83,10 @@ def add_schema_commands(sub: SubParsers) -> None:
     which.add_argument("--version", type=int, help="show this version")
     which.add_argument("-a", "--all-versions", action="store_true", help="show every version")
     upload = _command(commands, "upload", "register a schema for a topic",
-                      _call("POST", lambda a: _schemas_path(a.topic, "schema"),
-                            lambda a: _read_payload(a.filename)))
+                      _post_file("schema"))
     check = _command(commands, "compatibility",
                      "test a schema against a topic's schemas without registering it",
-                     _call("POST", lambda a: _schemas_path(a.topic, "compatibility"),
-                           lambda a: _read_payload(a.filename)))
+                     _post_file("compatibility"))
     for parser in (upload, check):
         parser.add_argument("topic")
         parser.add_argument("-f", "--filename", required=True,
