@@ -123,6 +123,9 @@ def parse_avro(text: str | bytes) -> ParsedAvro:
         document = json.loads(text)
     except (ValueError, UnicodeDecodeError) as error:
         raise InvalidSchemaError(f"Invalid Avro schema: not JSON ({error})") from error
+    except RecursionError as error:  # the JSON itself nests too deep for the decoder
+        raise InvalidSchemaError(f"Invalid Avro schema: nested deeper than {DEPTH_MAX} "
+                                 "levels") from error
     parsed = ParsedAvro(_Primitive("null"))
     parsed.root = _Parser(parsed.names).node(document, "", "schema", 0)
     return parsed
@@ -135,7 +138,7 @@ class _Parser:
     def node(self, value: Any, namespace: str, where: str, depth: int) -> _Node:
         if depth > DEPTH_MAX:
             raise InvalidSchemaError(f"Invalid Avro schema: nested deeper than {DEPTH_MAX} "
-                                     f"at {where}")
+                                     f"levels at …{where[-60:]}")
         if isinstance(value, str):
             return self.reference(value, namespace, where)
         if isinstance(value, list):
@@ -147,7 +150,12 @@ class _Parser:
             raise InvalidSchemaError(f"Invalid Avro schema: {json.dumps(value)} at {where} is "
                                      "not a type")
         kind = value.get("type")
-        if isinstance(kind, str) and kind in PRIMITIVES:
+        if isinstance(kind, dict | list):  # {"type": {...}} nests a type
+            return self.node(kind, namespace, f"{where}.type", depth + 1)
+        if not isinstance(kind, str):
+            raise InvalidSchemaError(f"Invalid Avro schema: unknown type {json.dumps(kind)} "
+                                     f"at {where}")
+        if kind in PRIMITIVES:
             return _Primitive(kind)  # {"type": "long", "logicalType": ...}
         if kind == "array":
             return _Array(self.node(self.need(value, "items", where), namespace,
@@ -157,10 +165,7 @@ class _Parser:
                                   f"{where}.values", depth + 1))
         if kind in NAMED_KINDS:
             return self.named(value, namespace, where, depth)
-        if isinstance(kind, dict | list):  # {"type": {...}} nests a type
-            return self.node(kind, namespace, f"{where}.type", depth + 1)
-        raise InvalidSchemaError(f"Invalid Avro schema: unknown type {json.dumps(kind)} "
-                                 f"at {where}")
+        return self.reference(kind, namespace, where)  # {"type": "MyRecord"}, or unknown
 
     @staticmethod
     def need(value: dict[str, Any], key: str, where: str) -> Any:

@@ -95,5 +95,7 @@ class BrokerConfig:
         assert self.key_shared_consistent_hashing_replica_points > 0
         assert self.backlog_quota_default_retention_policy in (
             "producer_request_hold", "producer_exception", "consumer_backlog_eviction")
-        assert self.schema_compatibility_strategy in SCHEMA_STRATEGIES, \
-            f"schema_compatibility_strategy must be one of {', '.join(SCHEMA_STRATEGIES)}"
+        if self.schema_compatibility_strategy not in SCHEMA_STRATEGIES:  # a user's setting
+            raise ValueError(f"schema_compatibility_strategy must be one of "
+                             f"{', '.join(SCHEMA_STRATEGIES)}, not "
+                             f"{self.schema_compatibility_strategy!r}")

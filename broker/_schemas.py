@@ -19,7 +19,8 @@ broker configuration; `_schema_compat` has the strategies):
 * a producer without a schema (`admit_schemaless_producer`) is refused when the topic has a
   schema and schemaValidationEnforced is on;
 * a consumer's schema (`admit_consumer`) is stored when the topic has none, else it must be
-  registered already or able to read the active versions (`check_readable`);
+  registered already or able to read the active versions (`check_readable`); an
+  AUTO_CONSUME consumer takes whatever the topic has and is never checked;
 * `check` answers the admin's compatibility test without registering anything.
 
 Refusals raise IncompatibleSchemaError (InvalidSchemaError for a definition that does not
@@ -60,6 +61,7 @@ SCHEMA_VERSION_BYTES: Final = 8
 TYPES_WITH_DATA: Final = frozenset({pb.Schema.Avro, pb.Schema.Json, pb.Schema.Protobuf,
                                     pb.Schema.ProtobufNative, KEY_VALUE,
                                     pb.Schema.External})
+AUTO_CONSUME: Final = pb.Schema.AutoConsume
 DEFAULT_POLICY: Final = SchemaPolicy(BROKER_DEFAULT_STRATEGY, True, False)
 
 
@@ -223,6 +225,8 @@ class SchemaRegistry:
             IncompatibleSchemaError: it cannot read it (nothing is stored).
             InvalidSchemaError: the definition does not parse (nothing is stored).
         """
+        if schema.type == AUTO_CONSUME:
+            return  # it takes whatever the topic has, as in Pulsar
         active = self.history(topic)
         if not active:
             check_compatible(schema, [], self.policy(topic).compatibility_strategy)

@@ -190,9 +190,12 @@ BAD_DEFINITIONS = [
      "unknown type 'Missing'"),
     ('{"type": "enum", "name": "E", "symbols": [1]}', "symbols"),
     ('{"type": "fixed", "name": "F", "size": "4"}', "size"),
-    ('{"type": "wat"}', "unknown type"),
     ("[]", "empty union"),
     ("42", "not a type"),
+    ('{"type": 5}', "unknown type 5"),
+    ('{"type": "wat"}', "unknown type 'wat'"),
+    ("[" * 100_000, "nested deeper"),
+    ('{"type": ' * 70 + '"int"' + "}" * 70, "nested deeper than 64 levels"),
 ]
 
 

@@ -155,7 +155,21 @@ def test_consumers_store_a_first_schema_and_must_read_the_topics(tmp_path: Path)
             registry.admit_consumer(TopicName.parse("fresh"),
                                     StoredSchema("x", pb.Schema.Avro, b"{oops"))
         assert registry.get(TopicName.parse("fresh")) is None
+        auto = StoredSchema("auto", pb.Schema.AutoConsume, b"")
+        registry.admit_consumer(TOPIC, auto)  # takes whatever the topic has
+        registry.admit_consumer(TopicName.parse("fresh"), auto)
+        assert registry.get(TopicName.parse("fresh")) is None  # and is never stored
     with_service(tmp_path, check)
+
+
+def test_the_broker_default_strategy_is_a_checked_setting() -> None:
+    from broker._standalone import config_with_overrides
+
+    assert config_with_overrides([]).schema_compatibility_strategy == "FULL"
+    assert config_with_overrides(["schema_compatibility_strategy=FORWARD"]
+                                 ).schema_compatibility_strategy == "FORWARD"
+    with pytest.raises(ValueError, match="schema_compatibility_strategy must be one of"):
+        config_with_overrides(["schema_compatibility_strategy=SOMETIMES"])
 
 
 def test_deletion_frees_the_topic_and_never_reuses_versions(tmp_path: Path) -> None:
