@@ -370,6 +370,8 @@ def _policies_view(service: BrokerService, namespace: str) -> dict[str, Any]:
     view: dict[str, Any] = dict.fromkeys(POLICY_FIELDS)
     view["backlog_quota_map"] = {}
     view["subscription_types_enabled"] = []
+    view["schema_compatibility_strategy"] = "UNDEFINED"  # Pulsar's Policies defaults
+    view["schema_validation_enforced"] = False
     view.update(service.namespaces.policies(namespace))
     view["replication_clusters"] = [service.config.cluster_name]
     return view

@@ -107,6 +107,9 @@ def test_namespace_schema_policies(tmp_path: Path) -> None:
         async with admin_env(tmp_path) as (env, _, client):
             strategy = f"{NS}/schemaCompatibilityStrategy"
             assert await expect(client, "GET", strategy, 200) == "UNDEFINED"
+            view = await expect(client, "GET", NS, 200)
+            assert (view["schema_compatibility_strategy"], view["is_allow_auto_update_schema"],
+                    view["schema_validation_enforced"]) == ("UNDEFINED", None, False)
             await expect(client, "PUT", strategy, 204, "BACKWARD_TRANSITIVE")
             assert await expect(client, "GET", strategy, 200) == "BACKWARD_TRANSITIVE"
             await expect(client, "PUT", strategy, 400, "SOMETIMES")
