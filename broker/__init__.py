@@ -42,10 +42,10 @@ from ._errors import (
 from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ._metrics import render_metrics
 from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
-from ._namespaces import EffectivePolicies, NamespaceRegistry
+from ._namespaces import EffectivePolicies, NamespaceRegistry, SchemaPolicy
 from ._pending_acks import PendingAck, PendingAcksMap
 from ._position import Position
-from ._schemas import SchemaRegistry, StoredSchema
+from ._schemas import SchemaEntry, SchemaRegistry, StoredSchema
 from ._selectors import (
     ConsistentHashingSelector,
     HashRange,
@@ -111,6 +111,8 @@ __all__ = [
     "ProducerSpec",
     "PublishResult",
     "RestError",
+    "SchemaEntry",
+    "SchemaPolicy",
     "SchemaRegistry",
     "ServiceNotReadyError",
     "SimulationConfig",
