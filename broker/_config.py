@@ -75,6 +75,16 @@ class BrokerConfig:
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"
 
+    # Authentication (broker/_auth.py); no authorization: superuser roles are only logged.
+    authentication_enabled: bool = False
+    token_secret_key: str = ""  # path, file:///path or data:;base64,... (HS tokens)
+    token_public_key: str = ""  # same forms, DER or PEM (RS/ES tokens)
+    token_auth_claim: str = "sub"  # the claim holding the role
+    token_allowed_clock_skew_s: float = 0.0
+    superuser_roles: tuple[str, ...] = ()
+    auth_refresh_check_interval_s: float = 60.0  # Pulsar's authenticationRefreshCheckSeconds
+    authenticate_metrics_endpoint: bool = False  # Pulsar's broker default
+
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
@@ -83,5 +93,6 @@ class BrokerConfig:
         assert self.default_num_partitions >= 1
         assert self.max_message_size_bytes > 0
         assert self.key_shared_consistent_hashing_replica_points > 0
+        assert self.token_allowed_clock_skew_s >= 0
         assert self.backlog_quota_default_retention_policy in (
             "producer_request_hold", "producer_exception", "consumer_backlog_eviction")
