@@ -159,10 +159,21 @@ def test_mutual_tls(pki: Pki, tmp_path: Path) -> None:
         broker.cleanup()
 
 
-def test_bad_tls_settings_stop_the_broker_with_a_reason(pki: Pki, tmp_path: Path) -> None:
-    broker = SecureBrokerProcess(tmp_path / "data", tmp_path / "broker.log", extra=(
-        "--tls-port", str(free_port()), "--tls-cert-file", str(tmp_path / "missing.pem"),
-        "--tls-key-file", str(pki.server_key)))
+@pytest.mark.parametrize(("flags", "reason"), [
+    (("--tls-cert-file", "{missing}", "--tls-key-file", "{key}", "--tls-port", "0"),
+     "cannot load the TLS certificate"),
+    (("--tls-port", "0"), "--tls-port and --https-port need --tls-cert-file"),
+    (("--tls-cert-file", "{cert}", "--tls-key-file", "{key}", "--tls-port", "0",
+      "--tls-require-trusted-client-cert"), "needs --tls-trust-certs-file"),
+    (("--auth-token-secret-key", "{missing}"), "cannot read key file"),
+    (("--auth-token-public-key", "{cert}"), "not a DER or PEM public key"),
+])
+def test_bad_security_settings_stop_the_broker_with_a_reason(
+        pki: Pki, tmp_path: Path, flags: tuple[str, ...], reason: str) -> None:
+    names = {"missing": str(tmp_path / "missing.pem"), "key": str(pki.server_key),
+             "cert": str(pki.server_cert)}
+    broker = SecureBrokerProcess(tmp_path / "data", tmp_path / "broker.log",
+                                 extra=tuple(flag.format(**names) for flag in flags))
     with pytest.raises(AssertionError, match="exited with 1"):
         broker.start()
-    assert "cannot load the TLS certificate" in broker.log_tail()
+    assert reason in broker.log_tail()
