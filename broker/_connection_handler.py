@@ -41,6 +41,10 @@ Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection th
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
 
 Schemas live in `_schemas.SchemaRegistry` (versions per topic, compatibility policy).
+
+Authentication, when the server has an `AuthenticationService`, is `_auth.py`'s: CONNECT is
+checked there (a refusal is ERROR with request id -1, then close), and the connection's
+`AuthSession` sends AUTH_CHALLENGE when the credentials expire and takes the AUTH_RESPONSE.
 """
 
 from __future__ import annotations
