@@ -6,8 +6,8 @@ With authentication enabled, every admin request must carry `Authorization: Bear
 that the broker's `AuthenticationService` accepts; otherwise the answer is 401 with Pulsar's
 `{"reason": "..."}` body and a `WWW-Authenticate: Bearer` header, and the handler never runs.
 `/metrics` is exempt unless `authenticate_metrics_endpoint` is set (Pulsar's broker default
-is not to authenticate it). The principal of an accepted request is stored on the request
-(`PRINCIPAL`) for the handlers and logs; nothing is authorized by role.
+is not to authenticate it). The role of an accepted request is logged at DEBUG; nothing is
+authorized by role.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from aiohttp.typedefs import Middleware
 from ._auth import AuthenticationService
 from ._errors import AuthenticationError
 
-__all__ = ["METRICS_PATHS", "PRINCIPAL_KEY", "Middleware", "auth_middleware"]
+__all__ = ["METRICS_PATHS", "Middleware", "auth_middleware"]
 
 log = logging.getLogger(__name__)
 
 METRICS_PATHS: Final = frozenset({"/metrics", "/metrics/"})
-PRINCIPAL_KEY: Final = "magnetar.principal"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -45,7 +44,7 @@ def auth_middleware(auth: AuthenticationService, authenticate_metrics: bool) -> 
             log.info("admin request %s %s refused: %s", request.method, request.path, exc)
             return web.json_response({"reason": f"Authentication required: {exc}"},
                                      status=401, headers={"WWW-Authenticate": "Bearer"})
-        request[PRINCIPAL_KEY] = principal
+        log.debug("admin request %s %s by %r", request.method, request.path, principal.role)
         return await handler(request)
 
     return authenticate
