@@ -297,8 +297,7 @@ class AuthenticationService:
         Raises:
             AuthenticationError: the connection must be refused (nothing was started).
         """
-        method = connect.auth_method_name or ("" if not connect.HasField("auth_method")
-                                              else AUTH_METHOD_TOKEN)
+        method = connect.auth_method_name  # the deprecated enum auth_method names no token
         principal = self.authenticate(method, connect.auth_data)
         supports_refresh = (connect.HasField("feature_flags")
                             and connect.feature_flags.supports_auth_refresh)

@@ -84,7 +84,8 @@ class BrokerServer:
                  keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT,
                  pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT,
                  ssl_context: ssl.SSLContext | None = None, tls_port: int | None = None,
-                 auth: AuthenticationService | None = None):
+                 auth: AuthenticationService | None = None,
+                 advertised_url_tls: str | None = None):
         assert pending_sends_max >= 1
         assert (ssl_context is None) == (tls_port is None), "TLS needs a context and a port"
         self.host = host
@@ -92,6 +93,7 @@ class BrokerServer:
         self.tls_port = tls_port
         self._ssl_context = ssl_context
         self._advertised_url = advertised_url
+        self._advertised_url_tls = advertised_url_tls
         self.context = ServerContext(service, advertised_url or "",
                                      SchemaRegistry(service.storage.metadata),
                                      keepalive_interval_s, pending_sends_max, auth=auth)
@@ -122,8 +124,8 @@ class BrokerServer:
             self._tls_server = await asyncio.start_server(
                 self._serve_connection, self.host, self.tls_port, ssl=self._ssl_context)
             self.tls_port = self._tls_server.sockets[0].getsockname()[1]
-            self.context.advertised_url_tls = advertised_url_for(self.host, self.tls_port,
-                                                                 "pulsar+ssl")
+            self.context.advertised_url_tls = self._advertised_url_tls or advertised_url_for(
+                self.host, self.tls_port, "pulsar+ssl")
             log.info("TLS listening on %s:%d", self.host, self.tls_port)
         try:
             self._server = await asyncio.start_server(self._serve_connection, self.host,
@@ -216,7 +218,8 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
                 keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT,
                 pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT,
                 ssl_context: ssl.SSLContext | None = None, tls_port: int | None = None,
-                auth: AuthenticationService | None = None) -> BrokerServer:
+                auth: AuthenticationService | None = None,
+                advertised_url_tls: str | None = None) -> BrokerServer:
     """Serve a broker over TCP until `shutdown()` is awaited on the result.
 
     Args:
@@ -228,6 +231,7 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
         pending_sends_max: SENDs awaiting receipts per connection before reading pauses.
         ssl_context: with `tls_port`: also serve TLS there (0: any free port).
         auth: authenticate every connection with this service (None: no authentication).
+        advertised_url_tls: the TLS URL LOOKUP answers (default `pulsar+ssl://host:tls_port`).
 
     Returns:
         The running server.
@@ -238,6 +242,6 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
     server = BrokerServer(service, host, port, advertised_url=advertised_url,
                           keepalive_interval_s=keepalive_interval_s,
                           pending_sends_max=pending_sends_max, ssl_context=ssl_context,
-                          tls_port=tls_port, auth=auth)
+                          tls_port=tls_port, auth=auth, advertised_url_tls=advertised_url_tls)
     await server.start()
     return server

@@ -88,6 +88,7 @@ class StandaloneOptions:
         tls: certificate and key for the TLS listeners (None: no TLS).
         tls_port: the `pulsar+ssl://` port (needs `tls`; 0: any free port).
         https_port: the admin API's HTTPS port (needs `tls`).
+        advertised_url_tls: the TLS URL LOOKUP answers (default `pulsar+ssl://host:tls_port`).
     """
 
     data_dir: str
@@ -100,6 +101,7 @@ class StandaloneOptions:
     tls: TlsOptions | None = None
     tls_port: int | None = None
     https_port: int | None = None
+    advertised_url_tls: str | None = None
 
 
 def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
@@ -231,6 +233,9 @@ class _Security:
                                     or options.https_port is not None):
             raise ConfigurationError("--tls-port and --https-port need --tls-cert-file and "
                                      "--tls-key-file")
+        if options.tls is not None and options.tls_port is None and options.https_port is None:
+            log.warning("TLS certificate given but neither --tls-port nor --https-port: "
+                        "nothing is served over TLS")
         return cls(AuthenticationService.from_config(options.config),
                    None if options.tls is None else server_ssl_context(options.tls))
 
@@ -249,7 +254,8 @@ async def _serve_until(service: BrokerService, options: StandaloneOptions, stop:
     server = await serve(service, options.host, options.port,
                          advertised_url=options.advertised_url, auth=security.auth,
                          ssl_context=security.ssl_context if tls else None,
-                         tls_port=options.tls_port if tls else None)
+                         tls_port=options.tls_port if tls else None,
+                         advertised_url_tls=options.advertised_url_tls)
     http: object | None = None
     try:
         http = await start_http(service, options.host, options.http_port,

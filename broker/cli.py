@@ -94,6 +94,7 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         tls=tls,
         tls_port=args.tls_port,
         https_port=args.https_port,
+        advertised_url_tls=args.advertised_url_tls,
     )
     return run_standalone(options)
 
@@ -133,6 +134,8 @@ def _add_standalone_security(standalone: argparse.ArgumentParser) -> None:
                       "public key (DER or PEM; a path, file:///path or data:;base64,...)")
     standalone.add_argument("--tls-port", type=int, default=None, help="also serve "
                             "pulsar+ssl:// on this port (e.g. 6651; needs the TLS files)")
+    standalone.add_argument("--advertised-url-tls", default=None, help="the TLS URL lookups "
+                            "answer with (default pulsar+ssl://HOST:TLS_PORT)")
     standalone.add_argument("--https-port", type=int, default=None, help="also serve the "
                             "admin API over HTTPS on this port (e.g. 8443)")
     standalone.add_argument("--tls-cert-file", default=None, help="the server certificate "

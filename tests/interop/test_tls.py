@@ -157,3 +157,23 @@ def test_mutual_tls(pki: Pki, tmp_path: Path) -> None:
             without.close()
     finally:
         broker.cleanup()
+
+
+def test_the_advertised_tls_url_can_be_set(pki: Pki, tmp_path: Path) -> None:
+    advertised = "pulsar+ssl://broker.example.test:6651"
+    broker = start_secure(tmp_path, *_tls_flags(pki, free_port()), "--advertised-url-tls",
+                          advertised)
+    try:
+        client, reply = raw_connect(broker.port, None)
+        try:
+            assert isinstance(reply, Frame)
+            assert reply.type == T.CONNECTED
+            answer = client.request(pb.CommandLookupTopic(
+                topic="persistent://public/default/advertised", request_id=3),
+                T.LOOKUP_RESPONSE)
+            assert answer.brokerServiceUrl == broker.url
+            assert answer.brokerServiceUrlTls == advertised
+        finally:
+            client.close()
+    finally:
+        broker.cleanup()
