@@ -6,10 +6,18 @@ subscriptions with the four dispatchers (Exclusive, Failover, Shared, Key_Shared
 PIP-379 draining), cursors persisted through the journal's group commit, deduplication,
 delayed delivery, tag filtering, retention, TTL and backlog quotas. `serve` and
 `run_standalone` put it on the Pulsar binary protocol over TCP; `start_admin` serves the
-REST v2 admin API and Prometheus `/metrics`.
+REST v2 admin API and Prometheus `/metrics`. `AuthenticationService` (JWT tokens, our own
+`encode_token`/`decode_token`) and `TlsOptions` secure both.
 """
 
 from ._admin import AdminServer, RestError, admin_app, start_admin
+from ._auth import (
+    AuthenticationProvider,
+    AuthenticationService,
+    AuthSession,
+    Principal,
+    TokenAuthenticationProvider,
+)
 from ._config import BrokerConfig
 from ._connection_handler import ConnectionHandler, WireConsumerSink
 from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
@@ -18,7 +26,9 @@ from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
 from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 from ._draining import ConsumerDrainingStats, DrainingHash, DrainingHashesTracker
 from ._errors import (
+    AuthenticationError,
     BrokerError,
+    ConfigurationError,
     ConsumerAssignError,
     ConsumerBusyError,
     ConsumerNotFoundError,
@@ -39,6 +49,7 @@ from ._errors import (
     for_code,
     from_storage_error,
 )
+from ._jwt import TokenError, decode_token, encode_token
 from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ._metrics import render_metrics
 from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
@@ -60,15 +71,21 @@ from ._simulation import SimulationConfig, SimulationReport, Violation, run_simu
 from ._standalone import StandaloneOptions, run_standalone, serve_standalone
 from ._stats import internal_stats, topic_stats
 from ._subscription import Subscription
+from ._tls import TlsOptions
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec, PublishResult
 
 __all__ = [
     "DEDUP_CURSOR_NAME",
     "AdminServer",
+    "AuthSession",
+    "AuthenticationError",
+    "AuthenticationProvider",
+    "AuthenticationService",
     "BrokerConfig",
     "BrokerError",
     "BrokerServer",
     "BrokerService",
+    "ConfigurationError",
     "ConnectionHandler",
     "ConsistentHashingSelector",
     "Consumer",
@@ -104,6 +121,7 @@ __all__ = [
     "PersistenceError",
     "PersistentTopic",
     "Position",
+    "Principal",
     "Producer",
     "ProducerBlockedQuotaExceededError",
     "ProducerBlockedQuotaExceededException",
@@ -124,6 +142,9 @@ __all__ = [
     "Subscription",
     "SubscriptionBusyError",
     "SubscriptionNotFoundError",
+    "TlsOptions",
+    "TokenAuthenticationProvider",
+    "TokenError",
     "Topic",
     "TopicName",
     "TopicNotFoundError",
@@ -131,6 +152,8 @@ __all__ = [
     "Violation",
     "WireConsumerSink",
     "admin_app",
+    "decode_token",
+    "encode_token",
     "for_code",
     "from_storage_error",
     "internal_stats",

@@ -39,6 +39,10 @@ partitioned base, a non-persistent topic) does not support, 406 a partition coun
 name or value or clients still connected (409 also an incompatible schema, 422 a schema
 definition that does not parse). Handlers raise `RestError`; the middleware turns
 it, the router's own 404/405 and any stray `BrokerError` into that shape.
+
+With authentication enabled (`auth`), `_admin_auth.auth_middleware` runs first and answers
+401 to requests without a valid `Authorization: Bearer` token. `start_admin` can serve HTTPS
+too, on `https_port` with the broker's TLS context.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -54,6 +59,8 @@ from aiohttp import web
 
 from codec import parse_entry
 
+from ._admin_auth import Middleware, auth_middleware
+from ._auth import AuthenticationService
 from ._dedup import DEDUP_CURSOR_NAME
 from ._errors import (
     BrokerError,
@@ -988,17 +995,23 @@ _TOPIC = _DOMAIN + "/{topic}"
 _SUB = _TOPIC + "/subscription/{subscription}"
 
 
-def admin_app(service: BrokerService, *, consumer_metrics: bool = False) -> web.Application:
+def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
+              auth: AuthenticationService | None = None) -> web.Application:
     """The admin API of `service` as an aiohttp application.
 
     Args:
         service: the broker the handlers drive; it must run on the serving loop.
         consumer_metrics: write the per-consumer metrics at /metrics.
+        auth: require a valid bearer token (None: no authentication).
 
     Returns:
         The application, routes registered.
     """
-    app = web.Application(middlewares=[_errors])
+    middlewares: list[Middleware] = [_errors]
+    if auth is not None:
+        middlewares.insert(0, auth_middleware(
+            auth, service.config.authenticate_metrics_endpoint))
+    app = web.Application(middlewares=middlewares)
     app[SERVICE] = service
     app[CONSUMER_METRICS] = consumer_metrics
     r = app.router
@@ -1054,10 +1067,12 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False) -> web.
 class AdminServer:
     """A running admin API; `close()` stops it."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int):
+    def __init__(self, runner: web.AppRunner, host: str, port: int,
+                 https_port: int | None = None):
         self._runner = runner
         self.host = host
         self.port = port
+        self.https_port = https_port
 
     @property
     def url(self) -> str:
@@ -1070,7 +1085,9 @@ class AdminServer:
 
 
 async def start_admin(service: BrokerService, host: str, port: int, *,
-                      consumer_metrics: bool = False) -> AdminServer:
+                      consumer_metrics: bool = False, auth: AuthenticationService | None = None,
+                      ssl_context: ssl.SSLContext | None = None,
+                      https_port: int | None = None) -> AdminServer:
     """Serve the admin API of `service` on `host:port` from the running loop.
 
     Args:
@@ -1078,6 +1095,8 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
         host: the address to listen on.
         port: the TCP port; 0 picks a free one (see `AdminServer.port`).
         consumer_metrics: write the per-consumer metrics at /metrics.
+        auth: require bearer tokens (None: no authentication).
+        ssl_context: with `https_port`: serve HTTPS there too (0: any free port).
 
     Returns:
         The running server.
@@ -1085,16 +1104,20 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
     Raises:
         OSError: the address cannot be bound.
     """
-    runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics),
+    assert (ssl_context is None) == (https_port is None), "HTTPS needs a context and a port"
+    runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics, auth=auth),
                            access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
     try:
-        await site.start()
+        await web.TCPSite(runner, host, port).start()
+        if ssl_context is not None:
+            await web.TCPSite(runner, host, https_port, ssl_context=ssl_context).start()
     except BaseException:
         await runner.cleanup()
         raise
     bound = runner.addresses[0][1] if runner.addresses else port
     assert bound > 0
-    log.info("admin API listening on %s:%d", host, bound)
-    return AdminServer(runner, host, bound)
+    bound_https = runner.addresses[1][1] if ssl_context is not None else None
+    log.info("admin API listening on %s:%d%s", host, bound,
+             "" if bound_https is None else f", HTTPS on port {bound_https}")
+    return AdminServer(runner, host, bound, bound_https)

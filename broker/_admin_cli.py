@@ -16,6 +16,11 @@ URL-encoded in the path, as the admin API expects. Times take an optional unit s
 (s, m, h, d, w; seconds without one) and sizes one of k, M, G, T (bytes without one),
 as `pulsar-admin` does; -1 means unlimited where the policy allows it.
 
+Security: `--auth-token TOKEN` or `--auth-token-file FILE` authenticates (the client's
+`AuthenticationToken`; `Authorization: Bearer` for the admin API), and
+`--tls-trust-certs-file FILE` names the CAs that verify a `pulsar+ssl://` broker or an
+`https://` admin URL.
+
 Nothing here imports the pulsar client or opens a connection until a subcommand runs,
 so `magnetar --help` stays fast.
 """
@@ -26,6 +31,7 @@ import argparse
 import importlib
 import json
 import re
+import ssl
 import sys
 import time
 import urllib.error
@@ -128,7 +134,8 @@ def _quote(segment: str) -> str:
 
 
 def admin_request(admin_url: str, method: str, path: str, body: Any = None,
-                  query: dict[str, str] | None = None) -> Any:
+                  query: dict[str, str] | None = None, *, token: str | None = None,
+                  trust_certs_file: str | None = None) -> Any:
     """One admin API call.
 
     Args:
@@ -137,6 +144,8 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
         path: the path, already encoded.
         body: a JSON-able body, or None for none.
         query: query parameters.
+        token: sent as `Authorization: Bearer <token>`.
+        trust_certs_file: the CAs that verify an https admin URL (default: the system's).
 
     Returns:
         The decoded JSON answer; None for an empty one (204).
@@ -149,11 +158,14 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
     if query:
         url += "?" + urllib.parse.urlencode(query)
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json",
-                                              "Accept": "application/json"})
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    context = ssl.create_default_context(cafile=trust_certs_file) if trust_certs_file else None
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S,
+                                    context=context) as answer:
             raw = answer.read()
     except urllib.error.HTTPError as error:
         raise AdminHttpError(error.code, _error_reason(error)) from None
@@ -193,7 +205,8 @@ def _call(method: str, path: Callable[[argparse.Namespace], str],
         try:
             answer = admin_request(args.admin_url, method, path(args),
                                    body(args) if body is not None else None,
-                                   query(args) if query is not None else None)
+                                   query(args) if query is not None else None,
+                                   **_http_security(args))
         except AdminHttpError as error:
             print(str(error), file=sys.stderr)
             return 1
@@ -202,6 +215,36 @@ def _call(method: str, path: Callable[[argparse.Namespace], str],
         return 0
 
     return handle
+
+
+def _auth_token(args: argparse.Namespace) -> str | None:
+    """The token of --auth-token or --auth-token-file (None: neither)."""
+    token: str | None = getattr(args, "auth_token", None)
+    token_file: str | None = getattr(args, "auth_token_file", None)
+    if token_file:
+        try:
+            with open(token_file) as file:
+                token = file.read().strip()
+        except OSError as error:
+            raise SystemExit(f"magnetar: cannot read --auth-token-file {token_file}: "
+                             f"{error.strerror or error}") from None
+    return token or None
+
+
+def _http_security(args: argparse.Namespace) -> dict[str, Any]:
+    return {"token": _auth_token(args),
+            "trust_certs_file": getattr(args, "tls_trust_certs_file", None)}
+
+
+def _security_options(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+    default: Any = argparse.SUPPRESS if suppress else None
+    tokens = parser.add_mutually_exclusive_group()
+    tokens.add_argument("--auth-token", default=default, metavar="TOKEN",
+                        help="authenticate with this token")
+    tokens.add_argument("--auth-token-file", default=default, metavar="FILE",
+                        help="authenticate with the token in this file")
+    parser.add_argument("--tls-trust-certs-file", default=default, metavar="FILE",
+                        help="CA certificates (PEM) that verify the broker's TLS certificate")
 
 
 def _force(args: argparse.Namespace) -> dict[str, str]:
@@ -222,9 +265,15 @@ def _client(pulsar: Any, args: argparse.Namespace) -> Any:
     logger = logging.getLogger("pulsar")
     if not getattr(args, "verbose", False):
         logger.setLevel(logging.WARNING)  # the client's connection chatter
+    options: dict[str, Any] = {}
+    token = _auth_token(args)
+    if token:
+        options["authentication"] = pulsar.AuthenticationToken(token)
+    if args.tls_trust_certs_file:
+        options["tls_trust_certs_file_path"] = args.tls_trust_certs_file
     try:
         return pulsar.Client(args.url, operation_timeout_seconds=timeout_s,
-                             connection_timeout_ms=timeout_s * 1000, logger=logger)
+                             connection_timeout_ms=timeout_s * 1000, logger=logger, **options)
     except (ValueError, pulsar.PulsarException) as error:
         print(f"magnetar: invalid --url {args.url}: {error}", file=sys.stderr)
         return None
@@ -327,6 +376,7 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=30.0,
                         help="give up connecting, sending or waiting for a message after "
                              "this many seconds (default 30)")
+    _security_options(parser)
 
 
 def _add_produce(sub: SubParsers) -> None:
@@ -377,6 +427,7 @@ def _group(sub: SubParsers, name: str, help_text: str, description: str) -> SubP
     group = sub.add_parser(name, help=help_text, description=description)
     group.add_argument("--admin-url", default=DEFAULT_ADMIN_URL,
                        help=f"the admin API's URL (default {DEFAULT_ADMIN_URL})")
+    _security_options(group)
     commands = group.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
     return commands
 
@@ -388,6 +439,7 @@ def _command(commands: SubParsers, name: str, help_text: str, handler: Handler,
     # Also accepted after the command; unset here, the group's value (or default) stands.
     parser.add_argument("--admin-url", default=argparse.SUPPRESS,
                         help=f"the admin API's URL (default {DEFAULT_ADMIN_URL})")
+    _security_options(parser, suppress=True)
     parser.set_defaults(handler=handler)
     return parser
 
@@ -418,7 +470,8 @@ def _add_tenants(sub: SubParsers) -> None:
 def _tenant_info(args: argparse.Namespace) -> dict[str, Any]:
     clusters = [c for c in args.allowed_clusters.split(",") if c]
     if not clusters:
-        clusters = admin_request(args.admin_url, "GET", "/admin/v2/clusters")
+        clusters = admin_request(args.admin_url, "GET", "/admin/v2/clusters",
+                                 **_http_security(args))
     return {"adminRoles": [r for r in args.admin_roles.split(",") if r],
             "allowedClusters": clusters}
 

@@ -84,6 +84,15 @@ class BrokerConfig:
     schema_compatibility_strategy: str = "FULL"
     is_allow_auto_update_schema_enabled: bool = True
     is_schema_validation_enforced: bool = False
+    # Authentication (broker/_auth.py); no authorization: superuser roles are only logged.
+    authentication_enabled: bool = False
+    token_secret_key: str = ""  # path, file:///path or data:;base64,... (HS tokens)
+    token_public_key: str = ""  # same forms, DER or PEM (RS/ES tokens)
+    token_auth_claim: str = "sub"  # the claim holding the role
+    token_allowed_clock_skew_s: float = 0.0
+    superuser_roles: tuple[str, ...] = ()
+    auth_refresh_check_interval_s: float = 60.0  # Pulsar's authenticationRefreshCheckSeconds
+    authenticate_metrics_endpoint: bool = False  # Pulsar's broker default
 
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
@@ -93,6 +102,7 @@ class BrokerConfig:
         assert self.default_num_partitions >= 1
         assert self.max_message_size_bytes > 0
         assert self.key_shared_consistent_hashing_replica_points > 0
+        assert self.token_allowed_clock_skew_s >= 0
         assert self.backlog_quota_default_retention_policy in (
             "producer_request_hold", "producer_exception", "consumer_backlog_eviction")
         if self.schema_compatibility_strategy not in SCHEMA_STRATEGIES:  # a user's setting

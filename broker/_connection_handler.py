@@ -42,6 +42,10 @@ frame at all during a whole interval after a PING is closed (Pulsar's rule).
 
 Schemas live in `_schemas.SchemaRegistry` (versions per topic, compatibility policies): it
 admits each producer's schema (or its lack of one) and each consumer's.
+
+Authentication, when the server has an `AuthenticationService`, is `_auth.py`'s: CONNECT is
+checked there (a refusal is ERROR with request id -1, then close), and the connection's
+`AuthSession` sends AUTH_CHALLENGE when the credentials expire and takes the AUTH_RESPONSE.
 """
 
 from __future__ import annotations
@@ -73,8 +77,10 @@ from codec import (
 )
 from storage import StorageError
 
+from ._auth import AuthenticationService, AuthSession
 from ._consumer import Consumer, Delivery, SubscribeSpec
 from ._errors import (
+    AuthenticationError,
     BrokerError,
     ConsumerNotFoundError,
     NotAllowedError,
@@ -205,6 +211,8 @@ class ServerContext:
         advertised_url: what LOOKUP answers; equal to the client's service URL, it keeps
             everything on one connection.
         schemas: the schema registry.
+        advertised_url_tls: the `pulsar+ssl://` URL LOOKUP answers too ("": no TLS).
+        auth: the authentication service (None: authentication is disabled).
         keepalive_interval_s: PING cadence (<= 0 disables the broker's PINGs).
         pending_sends_max: unanswered SENDs per connection before the server stops reading.
         accepting: False while shutting down: new producers and consumers are refused with
@@ -217,6 +225,8 @@ class ServerContext:
     keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT
     pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT
     accepting: bool = True
+    advertised_url_tls: str = ""
+    auth: AuthenticationService | None = None
 
 
 @dataclass
@@ -324,6 +334,7 @@ class ConnectionHandler:
         self.closed = False
         self.client_version = ""
         self.protocol_version = 0
+        self.auth: AuthSession | None = None  # with authentication: who the client is
         self._producers: dict[int, _ProducerState] = {}
         self._consumers: dict[int, _ConsumerState] = {}
         self._closed_producers: OrderedDict[int, None] = OrderedDict()
@@ -527,6 +538,8 @@ class ConnectionHandler:
         if self.closed:
             return
         self.closed = True
+        if self.auth is not None:
+            self.auth.stop()
         if self._keepalive is not None:
             self._keepalive.cancel()
             self._keepalive = None
@@ -556,6 +569,8 @@ class ConnectionHandler:
             # The Java client, unlike the C++ one, handles GET_OR_CREATE_SCHEMA_RESPONSE.
             self.conn.peer_accepted_types = CPP_CLIENT_ACCEPTED_TYPES | {
                 T.GET_OR_CREATE_SCHEMA_RESPONSE}
+        if self.ctx.auth is not None and not self._authenticate(connect):
+            return
         self.send(pb.CommandConnected(
             server_version=SERVER_VERSION, protocol_version=self.protocol_version,
             max_message_size=self.service.config.max_message_size_bytes))
@@ -566,8 +581,25 @@ class ConnectionHandler:
     def _on_pong(self, frame: Frame) -> None:
         self._ping_outstanding = False
 
+    def _authenticate(self, connect: pb.CommandConnect) -> bool:
+        """Authenticate a CONNECT (`_auth.py`); a refusal is ERROR with request id -1, then
+        the connection closes (wire reference 5.1). Returns whether the client may go on."""
+        assert self.ctx.auth is not None
+        try:
+            self.auth = self.ctx.auth.start_session(connect, self.send, self.close, self.peer,
+                                                    SERVER_VERSION)
+        except AuthenticationError as exc:
+            log.info("refusing the connection of %s: %s", self.peer, exc)
+            self._error_code(REQUEST_ID_NONE, exc.code, str(exc))
+            self.close()
+            return False
+        return True
+
     def _on_auth_response(self, frame: Frame) -> None:
-        log.debug("ignoring AUTH_RESPONSE from %s: no authentication configured", self.peer)
+        if self.auth is None:
+            log.debug("ignoring AUTH_RESPONSE from %s: no authentication configured", self.peer)
+            return
+        self.auth.on_response(frame.command.authResponse)
 
     def _on_partitioned_metadata(self, frame: Frame) -> None:
         self._spawn(self._partitioned_metadata(frame.command.partitionMetadata))
@@ -598,6 +630,8 @@ class ConnectionHandler:
         else:
             reply.response = pb.CommandLookupTopicResponse.Connect
             reply.brokerServiceUrl = self.ctx.advertised_url
+            if self.ctx.advertised_url_tls:
+                reply.brokerServiceUrlTls = self.ctx.advertised_url_tls
             reply.authoritative = True
             reply.proxy_through_service_url = False
         self.send(reply)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from storage import StorageError
 
 __all__ = [
+    "AuthenticationError",
     "BrokerError",
+    "ConfigurationError",
     "ConsumerAssignError",
     "ConsumerBusyError",
     "ConsumerNotFoundError",
@@ -41,6 +43,11 @@ class BrokerError(Exception):
     retriable: bool = False
 
 
+class ConfigurationError(BrokerError):
+    """A setting the broker cannot start with (e.g. an unreadable key file); never sent to
+    clients, raised before anything listens."""
+
+
 class MetadataError(BrokerError):
     code = 1
     retriable = True
@@ -49,6 +56,12 @@ class MetadataError(BrokerError):
 class PersistenceError(BrokerError):
     code = 2
     retriable = True
+
+
+class AuthenticationError(BrokerError):
+    """The client's credentials were missing, malformed, wrongly signed or expired."""
+
+    code = 3
 
 
 class ConsumerBusyError(BrokerError):
@@ -123,7 +136,8 @@ class NotAllowedError(BrokerError):
 
 _BY_CODE: dict[int, type[BrokerError]] = {
     cls.code: cls for cls in (
-        BrokerError, MetadataError, PersistenceError, ConsumerBusyError, ServiceNotReadyError,
+        BrokerError, MetadataError, PersistenceError, AuthenticationError, ConsumerBusyError,
+        ServiceNotReadyError,
         ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException,
         TopicNotFoundError, SubscriptionNotFoundError, ConsumerNotFoundError,
         TopicTerminatedError, ProducerBusyError, InvalidTopicNameError,

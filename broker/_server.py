@@ -14,6 +14,12 @@ SENDs without receipts (the client's publishes outrun storage), and while the so
 buffer is above its high-water mark (the client does not read what we send). Either way the
 server simply stops reading that socket; other connections carry on.
 
+TLS. With an `ssl.SSLContext` (`_tls.py`) a second listener on `tls_port` serves the same
+protocol over TLS, with the same context, service and connection table; LOOKUP then answers
+`brokerServiceUrlTls = pulsar+ssl://host:tls_port` next to the plain URL, and a client whose
+service URL is `pulsar+ssl://` follows the TLS one. Authentication (`_auth.py`), when
+configured, applies on both listeners alike.
+
 Errors. A connection's failure -- bad bytes, a reset, a bug in a handler -- ends that
 connection only; the listener and the other connections are untouched.
 
@@ -29,8 +35,10 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from typing import Final
 
+from ._auth import AuthenticationService
 from ._connection_handler import (
     KEEPALIVE_INTERVAL_S_DEFAULT,
     PENDING_SENDS_MAX_DEFAULT,
@@ -49,14 +57,15 @@ CLOSE_WAIT_S_MAX: Final = 2.0  # then connection tasks that have not ended are c
 _WILDCARD_HOSTS: Final = frozenset({"", "0.0.0.0", "::"})
 
 
-def advertised_url_for(host: str, port: int) -> str:
-    """The default URL LOOKUP answers with: `pulsar://host:port`, the machine's name for a
-    wildcard bind address."""
+def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
+    """The default URL LOOKUP answers with: `pulsar://host:port` (`pulsar+ssl://` for TLS),
+    the machine's name for a wildcard bind address."""
     assert 0 < port < 65536
+    assert scheme in ("pulsar", "pulsar+ssl")
     shown = socket.getfqdn() if host in _WILDCARD_HOSTS else host
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"  # an IPv6 literal
-    return f"pulsar://{shown}:{port}"
+    return f"{scheme}://{shown}:{port}"
 
 
 class BrokerServer:
@@ -66,20 +75,29 @@ class BrokerServer:
         context: the state shared by its connections.
         host: the bind address.
         port: the bound port (the OS's choice when 0 was asked for).
+        tls_port: the bound TLS port (None: no TLS listener).
     """
 
     def __init__(self, service: BrokerService, host: str, port: int, *,
                  advertised_url: str | None = None,
                  keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT,
-                 pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT):
+                 pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT,
+                 ssl_context: ssl.SSLContext | None = None, tls_port: int | None = None,
+                 auth: AuthenticationService | None = None,
+                 advertised_url_tls: str | None = None):
         assert pending_sends_max >= 1
+        assert (ssl_context is None) == (tls_port is None), "TLS needs a context and a port"
         self.host = host
         self.port = port
+        self.tls_port = tls_port
+        self._ssl_context = ssl_context
         self._advertised_url = advertised_url
+        self._advertised_url_tls = advertised_url_tls
         self.context = ServerContext(service, advertised_url or "",
                                      service.schemas,
-                                     keepalive_interval_s, pending_sends_max)
+                                     keepalive_interval_s, pending_sends_max, auth=auth)
         self._server: asyncio.Server | None = None
+        self._tls_server: asyncio.Server | None = None
         # handler -> (its reading task, its writer)
         self._connections: dict[ConnectionHandler,
                                 tuple[asyncio.Task[None], asyncio.StreamWriter]] = {}
@@ -100,7 +118,21 @@ class BrokerServer:
             OSError: the address cannot be bound (e.g. the port is taken).
         """
         assert self._server is None, "already started"
-        self._server = await asyncio.start_server(self._serve_connection, self.host, self.port)
+        if self._ssl_context is not None:  # first: the plain port accepting means "ready"
+            assert self.tls_port is not None
+            self._tls_server = await asyncio.start_server(
+                self._serve_connection, self.host, self.tls_port, ssl=self._ssl_context)
+            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            self.context.advertised_url_tls = self._advertised_url_tls or advertised_url_for(
+                self.host, self.tls_port, "pulsar+ssl")
+            log.info("TLS listening on %s:%d", self.host, self.tls_port)
+        try:
+            self._server = await asyncio.start_server(self._serve_connection, self.host,
+                                                      self.port)
+        except BaseException:
+            if self._tls_server is not None:
+                self._tls_server.close()
+            raise
         self.port = self._server.sockets[0].getsockname()[1]
         self.context.advertised_url = self._advertised_url or advertised_url_for(self.host,
                                                                                  self.port)
@@ -146,6 +178,8 @@ class BrokerServer:
         self.context.accepting = False
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         handlers = list(self._connections)
         for _, writer in self._connections.values():
             with contextlib.suppress(RuntimeError, AttributeError):
@@ -166,6 +200,8 @@ class BrokerServer:
                 task.cancel()
         if self._server is not None:
             await self._server.wait_closed()
+        if self._tls_server is not None:
+            await self._tls_server.wait_closed()
         log.info("server on port %d stopped", self.port)
 
 
@@ -179,7 +215,10 @@ def _peer_name(writer: asyncio.StreamWriter) -> str:
 async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 6650, *,
                 advertised_url: str | None = None,
                 keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT,
-                pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT) -> BrokerServer:
+                pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT,
+                ssl_context: ssl.SSLContext | None = None, tls_port: int | None = None,
+                auth: AuthenticationService | None = None,
+                advertised_url_tls: str | None = None) -> BrokerServer:
     """Serve a broker over TCP until `shutdown()` is awaited on the result.
 
     Args:
@@ -189,6 +228,9 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
         advertised_url: what LOOKUP answers (default `pulsar://host:port`).
         keepalive_interval_s: the broker's PING cadence (<= 0: no broker PINGs).
         pending_sends_max: SENDs awaiting receipts per connection before reading pauses.
+        ssl_context: with `tls_port`: also serve TLS there (0: any free port).
+        auth: authenticate every connection with this service (None: no authentication).
+        advertised_url_tls: the TLS URL LOOKUP answers (default `pulsar+ssl://host:tls_port`).
 
     Returns:
         The running server.
@@ -198,6 +240,7 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
     """
     server = BrokerServer(service, host, port, advertised_url=advertised_url,
                           keepalive_interval_s=keepalive_interval_s,
-                          pending_sends_max=pending_sends_max)
+                          pending_sends_max=pending_sends_max, ssl_context=ssl_context,
+                          tls_port=tls_port, auth=auth, advertised_url_tls=advertised_url_tls)
     await server.start()
     return server

@@ -9,6 +9,13 @@ the directory), start the `BrokerService`, start the binary-protocol server
 does the process log that it is ready; the TCP port accepts connections from the moment the
 server starts.
 
+Security. Before the data directory is opened, the authentication service
+(`_auth.AuthenticationService.from_config`: the token key is read) and the TLS context
+(`_tls.server_ssl_context`: certificate, key, trusted CAs) are built, so a bad key or
+certificate stops the process with a clear message before anything listens. Both listeners
+of the binary protocol (plain `port`, TLS `tls_port`) and of the admin API (`http_port`,
+`https_port`) share them.
+
 Shutdown, on the first SIGTERM or SIGINT: stop accepting, let the commands already received
 finish (every SEND that reached the broker is persisted and receipted), close the connections,
 stop the admin server, close the service (topics, cursors, dedup snapshots) and finally the
@@ -16,11 +23,12 @@ storage (queued writes, checkpoint, directory lock). The signal handlers are rem
 a second signal kills the process at once; the data directory recovers from that like from any
 crash.
 
-The admin hook. `start_http(service, host, port)` calls `broker._admin.start_admin(service,
-host, port)` when a `broker._admin` module exists, awaiting its result if it is awaitable, and
-returns what it gives (a handle); without the module it does nothing and returns None. At
-shutdown `stop_http(handle)` calls the handle's `close()` (awaited if awaitable) and then its
-`wait_closed()` if it has one -- the shape of an `asyncio.Server` or an aiohttp runner wrapper.
+The admin hook. `start_http(service, host, port, **options)` calls
+`broker._admin.start_admin(service, host, port, **options)` when a `broker._admin` module
+exists, awaiting its result if it is awaitable, and returns what it gives (a handle);
+without the module it does nothing and returns None. At shutdown `stop_http(handle)` calls
+the handle's `close()` (awaited if awaitable) and then its `wait_closed()` if it has one --
+the shape of an `asyncio.Server` or an aiohttp runner wrapper.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import importlib.util
 import inspect
 import logging
 import signal
+import ssl
 import time
 import types
 import typing
@@ -40,9 +49,12 @@ from typing import Any, Final
 
 from storage import DataDirLockedError, Storage
 
+from ._auth import AuthenticationService
 from ._config import BrokerConfig
+from ._errors import ConfigurationError
 from ._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 from ._service import BrokerService
+from ._tls import TlsOptions, server_ssl_context
 
 __all__ = [
     "StandaloneOptions",
@@ -73,6 +85,10 @@ class StandaloneOptions:
         advertised_url: what LOOKUP answers (default `pulsar://host:port`).
         config: the broker configuration.
         shutdown_grace_s: how long in-flight work may take at shutdown.
+        tls: certificate and key for the TLS listeners (None: no TLS).
+        tls_port: the `pulsar+ssl://` port (needs `tls`; 0: any free port).
+        https_port: the admin API's HTTPS port (needs `tls`).
+        advertised_url_tls: the TLS URL LOOKUP answers (default `pulsar+ssl://host:tls_port`).
     """
 
     data_dir: str
@@ -82,6 +98,10 @@ class StandaloneOptions:
     advertised_url: str | None = None
     config: BrokerConfig = field(default_factory=BrokerConfig)
     shutdown_grace_s: float = SHUTDOWN_GRACE_S_DEFAULT
+    tls: TlsOptions | None = None
+    tls_port: int | None = None
+    https_port: int | None = None
+    advertised_url_tls: str | None = None
 
 
 def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
@@ -123,8 +143,10 @@ def _parse_value(kind: Any, text: str, name: str) -> Any:
     raise ValueError(f"{name} cannot be set from the command line")
 
 
-async def start_http(service: BrokerService, host: str, port: int) -> object | None:
-    """Start the admin HTTP server if the admin module exists (see the module comment).
+async def start_http(service: BrokerService, host: str, port: int,
+                     **options: object) -> object | None:
+    """Start the admin HTTP server if the admin module exists (see the module comment);
+    `options` go to its `start_admin` as keywords.
 
     Returns:
         The admin server's handle, or None when there is no admin module.
@@ -132,7 +154,7 @@ async def start_http(service: BrokerService, host: str, port: int) -> object | N
     if importlib.util.find_spec(ADMIN_MODULE) is None:
         return None
     admin: types.ModuleType = importlib.import_module(ADMIN_MODULE)
-    handle: object = admin.start_admin(service, host, port)
+    handle: object = admin.start_admin(service, host, port, **options)
     if inspect.isawaitable(handle):
         handle = await handle
     return handle
@@ -179,9 +201,11 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
 
     Raises:
         DataDirLockedError: another process owns the data directory.
+        ConfigurationError: a key, certificate or TLS setting is unusable (nothing started).
         OSError: the ports cannot be bound.
     """
     started = time.monotonic()
+    security = _Security.from_options(options)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
     storage = Storage.open(options.data_dir)
@@ -189,7 +213,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
         service = BrokerService(storage, options.config)
         await service.start()
         try:
-            await _serve_until(service, options, stop, started)
+            await _serve_until(service, options, stop, started, security)
         finally:
             await service.close()
     finally:
@@ -198,15 +222,47 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     return EXIT_OK
 
 
+@dataclass(frozen=True)
+class _Security:
+    auth: AuthenticationService | None
+    ssl_context: ssl.SSLContext | None
+
+    @classmethod
+    def from_options(cls, options: StandaloneOptions) -> _Security:
+        if options.tls is None and (options.tls_port is not None
+                                    or options.https_port is not None):
+            raise ConfigurationError("--tls-port and --https-port need --tls-cert-file and "
+                                     "--tls-key-file")
+        if options.tls is not None and options.tls_port is None and options.https_port is None:
+            log.warning("TLS certificate given but neither --tls-port nor --https-port: "
+                        "nothing is served over TLS")
+        return cls(AuthenticationService.from_config(options.config),
+                   None if options.tls is None else server_ssl_context(options.tls))
+
+    def admin_options(self, options: StandaloneOptions) -> dict[str, object]:
+        found: dict[str, object] = {}
+        if self.auth is not None:
+            found["auth"] = self.auth
+        if self.ssl_context is not None and options.https_port is not None:
+            found.update(ssl_context=self.ssl_context, https_port=options.https_port)
+        return found
+
+
 async def _serve_until(service: BrokerService, options: StandaloneOptions, stop: asyncio.Event,
-                       started: float) -> None:
+                       started: float, security: _Security) -> None:
+    tls = security.ssl_context is not None and options.tls_port is not None
     server = await serve(service, options.host, options.port,
-                         advertised_url=options.advertised_url)
+                         advertised_url=options.advertised_url, auth=security.auth,
+                         ssl_context=security.ssl_context if tls else None,
+                         tls_port=options.tls_port if tls else None,
+                         advertised_url_tls=options.advertised_url_tls)
     http: object | None = None
     try:
-        http = await start_http(service, options.host, options.http_port)
-        log.info("Magnetar standalone ready on %s (data in %s, %s, started in %.2f s)",
-                 server.url, options.data_dir,
+        http = await start_http(service, options.host, options.http_port,
+                                **security.admin_options(options))
+        log.info("Magnetar standalone ready on %s%s (data in %s, %s, started in %.2f s)",
+                 server.url, f" and {server.context.advertised_url_tls}"
+                 if server.tls_port is not None else "", options.data_dir,
                  "no admin HTTP" if http is None
                  else f"admin HTTP port {getattr(http, 'port', options.http_port)}",
                  time.monotonic() - started)
@@ -220,7 +276,7 @@ def run_standalone(options: StandaloneOptions) -> int:
     """`magnetar standalone`: run until SIGTERM/SIGINT; returns the exit status."""
     try:
         return asyncio.run(serve_standalone(options))
-    except DataDirLockedError as exc:
+    except (DataDirLockedError, ConfigurationError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_FAILED
     except OSError as exc:

@@ -62,13 +62,28 @@ def _cmd_bench_storage(args: argparse.Namespace) -> int:
 
 
 def _cmd_standalone(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from broker._standalone import StandaloneOptions, config_with_overrides, run_standalone
+    from broker._tls import TlsOptions
 
     try:
         config = config_with_overrides(args.config)
     except ValueError as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
+    if args.auth_token_secret_key or args.auth_token_public_key:
+        config = dataclasses.replace(config, authentication_enabled=True,
+                                     token_secret_key=args.auth_token_secret_key or "",
+                                     token_public_key=args.auth_token_public_key or "")
+    tls = None
+    if args.tls_cert_file or args.tls_key_file:
+        if not (args.tls_cert_file and args.tls_key_file):
+            print("magnetar standalone: TLS needs both --tls-cert-file and --tls-key-file",
+                  file=sys.stderr)
+            return 2
+        tls = TlsOptions(args.tls_cert_file, args.tls_key_file, args.tls_trust_certs_file,
+                         args.tls_require_trusted_client_cert)
     options = StandaloneOptions(
         data_dir=args.data_dir,
         host=args.host,
@@ -76,6 +91,10 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         advertised_url=args.advertised_url,
         config=config,
+        tls=tls,
+        tls_port=args.tls_port,
+        https_port=args.https_port,
+        advertised_url_tls=args.advertised_url_tls,
     )
     return run_standalone(options)
 
@@ -101,7 +120,31 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     standalone.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                             help="override a broker setting, e.g. "
                             "broker_deduplication_enabled=true (repeatable)")
+    _add_standalone_security(standalone)
     standalone.set_defaults(handler=_cmd_standalone)
+
+
+def _add_standalone_security(standalone: argparse.ArgumentParser) -> None:
+    keys = standalone.add_mutually_exclusive_group()
+    keys.add_argument("--auth-token-secret-key", default=None, metavar="KEY",
+                      help="enable token authentication: HS tokens verified with this secret "
+                      "key (a path, file:///path or data:;base64,...)")
+    keys.add_argument("--auth-token-public-key", default=None, metavar="KEY",
+                      help="enable token authentication: RS/ES tokens verified with this "
+                      "public key (DER or PEM; a path, file:///path or data:;base64,...)")
+    standalone.add_argument("--tls-port", type=int, default=None, help="also serve "
+                            "pulsar+ssl:// on this port (e.g. 6651; needs the TLS files)")
+    standalone.add_argument("--advertised-url-tls", default=None, help="the TLS URL lookups "
+                            "answer with (default pulsar+ssl://HOST:TLS_PORT)")
+    standalone.add_argument("--https-port", type=int, default=None, help="also serve the "
+                            "admin API over HTTPS on this port (e.g. 8443)")
+    standalone.add_argument("--tls-cert-file", default=None, help="the server certificate "
+                            "(PEM, chain after it)")
+    standalone.add_argument("--tls-key-file", default=None, help="its private key (PEM)")
+    standalone.add_argument("--tls-trust-certs-file", default=None, help="CAs (PEM) that "
+                            "client certificates must chain to")
+    standalone.add_argument("--tls-require-trusted-client-cert", action="store_true",
+                            help="refuse TLS clients without a trusted certificate (mTLS)")
 
 
 def _add_storage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -185,9 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sub)
     _add_crashtest(sub)
     _add_bench(sub)
-    from . import _admin_cli  # produce, consume, topics, namespaces, tenants
+    from . import _admin_cli, _tokens_cli  # produce, consume, topics, ...; tokens
 
     _admin_cli.add_commands(sub)
+    _tokens_cli.add_tokens_command(sub)
     return parser
 
 

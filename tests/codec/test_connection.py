@@ -224,6 +224,31 @@ def test_auth_challenge_round_during_the_handshake() -> None:
     assert client.state is broker.state is State.CONNECTED
 
 
+def test_auth_refresh_round_after_the_handshake() -> None:
+    """Credential refresh: the broker challenges a connected client, which answers; both stay
+    connected (the C++ client accepts AUTH_CHALLENGE at any time)."""
+    client = Connection(Role.CLIENT)
+    broker = Connection(Role.BROKER)
+    broker.receive_data(client.send(CONNECT))
+    list(broker.events())
+    client.receive_data(broker.send(CONNECTED))
+    list(client.events())
+    challenge = pb.CommandAuthChallenge(
+        server_version="b", challenge=pb.AuthData(auth_method_name="token",
+                                                  auth_data=b"PulsarAuthRefresh"))
+    client.receive_data(broker.send(base_command(challenge)))
+    [received] = client.events()
+    assert isinstance(received, Frame)
+    assert received.command.authChallenge.challenge.auth_data == b"PulsarAuthRefresh"
+    response = pb.CommandAuthResponse(client_version="c", response=pb.AuthData(
+        auth_method_name="token", auth_data=b"fresh"))
+    broker.receive_data(client.send(base_command(response)))
+    [answer] = broker.events()
+    assert isinstance(answer, Frame)
+    assert answer.command.authResponse.response.auth_data == b"fresh"
+    assert client.state is broker.state is State.CONNECTED
+
+
 def test_rejecting_the_handshake_closes_both_sides() -> None:
     client = Connection(Role.CLIENT)
     broker = Connection(Role.BROKER)
