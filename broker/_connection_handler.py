@@ -646,6 +646,7 @@ class ConnectionHandler:
             producer_name=request.producer_name if request.HasField("producer_name") else "",
             access_mode=_ACCESS_MODES.get(request.producer_access_mode, "Shared"),
             epoch=request.epoch,
+            topic_epoch=request.topic_epoch if request.HasField("topic_epoch") else None,
             metadata=_key_values(request.metadata),
             initial_subscription_name=request.initial_subscription_name,
             address=self.peer,
@@ -680,6 +681,25 @@ class ConnectionHandler:
             self._release_producer(state)  # the connection or a CLOSE_PRODUCER beat us
             return
         self._producer_success(request_id, state)
+        waiter = state.producer.waiter if state.producer is not None else None
+        if waiter is not None:  # WaitForExclusive: a second reply once it is promoted
+            waiter.admitted.add_done_callback(
+                lambda granted: self._exclusive_granted(request_id, state, granted))
+
+    def _exclusive_granted(self, request_id: int, state: _ProducerState,
+                           granted: asyncio.Future[int]) -> None:
+        """A waiting producer was promoted (ready now) or fenced out (ERROR); nothing when
+        it left first (its wait was cancelled)."""
+        if granted.cancelled() or self.closed or self._producers.get(state.producer_id) \
+                is not state:
+            return
+        error = granted.exception()
+        if error is None:
+            self._producer_success(request_id, state)
+            return
+        del self._producers[state.producer_id]
+        self._remember_closed_producer(state.producer_id)
+        self._error(request_id, error)
 
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         name = TopicName.parse(request.topic)
@@ -691,15 +711,19 @@ class ConnectionHandler:
                 topic.remove_producer(producer)
                 raise
             state.schema_version = encode_schema_version(version)
-        setattr(producer, "closer", lambda reason: self._broker_closed_producer(state, reason))  # noqa: B010
+        producer.closer = lambda reason: self._broker_closed_producer(state, reason)
         state.topic, state.producer = topic, producer
 
     def _producer_success(self, request_id: int, state: _ProducerState) -> None:
         assert state.topic is not None
         assert state.producer is not None
+        producer = state.producer
         reply = pb.CommandProducerSuccess(
-            request_id=request_id, producer_name=state.producer.name,
-            last_sequence_id=state.topic.last_sequence_id(state.producer), producer_ready=True)
+            request_id=request_id, producer_name=producer.name,
+            last_sequence_id=state.topic.last_sequence_id(producer),
+            producer_ready=producer.waiter is None)
+        if producer.topic_epoch is not None:
+            reply.topic_epoch = producer.topic_epoch
         if state.schema_version is not None:
             reply.schema_version = state.schema_version
         self.send(reply)

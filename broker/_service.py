@@ -24,7 +24,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from storage import Storage
 
@@ -213,6 +212,40 @@ class BrokerService:
         await topic.delete(force=force)
         self.topics.pop(str(topic_name), None)
 
+    async def unload_topic(self, name: str | TopicName) -> bool:
+        """Unload a loaded topic (its clients reconnect and load it again); False when it
+        was not loaded. A non-persistent topic loses what it held in memory."""
+        topic_name = self.parse_topic(name)
+        topic = self.topics.get(str(topic_name))
+        if topic is None:
+            return False
+        try:
+            if isinstance(topic, PersistentTopic):
+                await topic.unload()
+            else:
+                await topic.delete(force=True)
+        finally:
+            if self.topics.get(str(topic_name)) is topic:
+                del self.topics[str(topic_name)]
+        log.info("topic %s unloaded", topic_name)
+        return True
+
+    async def terminate_topic(self, name: str | TopicName) -> tuple[int, int]:
+        """Terminate a persistent topic; returns the (ledger id, entry id) of its last
+        message.
+
+        Raises:
+            NotAllowedError: not a persistent topic.
+            TopicNotFoundError: no such topic.
+        """
+        topic_name = self.parse_topic(name)
+        if not topic_name.is_persistent:
+            raise NotAllowedError("Termination of a non-persistent topic is not allowed")
+        topic = await self.get_topic(topic_name, create=False)
+        assert isinstance(topic, PersistentTopic)
+        position = await topic.terminate()
+        return position.ledger_id, position.entry_id
+
     async def delete_partitioned_topic(self, name: str | TopicName, *, force: bool = False,
                                        ) -> None:
         topic_name = self.parse_topic(name)
@@ -353,9 +386,7 @@ class BrokerService:
         dropped = 0
         for producer in list(topic.producers.values()):
             topic.remove_producer(producer)
-            closer: Any = getattr(producer, "closer", None)
-            if closer is not None:
-                closer("backlog quota exceeded")
+            producer.disconnect("backlog quota exceeded")
             dropped += 1
         return 0, dropped
 
