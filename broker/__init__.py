@@ -9,6 +9,7 @@ delayed delivery, tag filtering, retention, TTL and backlog quotas. `serve` and
 REST v2 admin API and Prometheus `/metrics`.
 """
 
+from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
 from ._admin import AdminServer, RestError, admin_app, start_admin
 from ._config import BrokerConfig
 from ._connection_handler import ConnectionHandler, WireConsumerSink
@@ -30,6 +31,7 @@ from ._errors import (
     ProducerBlockedQuotaExceededError,
     ProducerBlockedQuotaExceededException,
     ProducerBusyError,
+    ProducerFencedError,
     ServiceNotReadyError,
     SubscriptionBusyError,
     SubscriptionNotFoundError,
@@ -43,7 +45,8 @@ from ._metrics import render_metrics
 from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
 from ._namespaces import EffectivePolicies, NamespaceRegistry
 from ._pending_acks import PendingAck, PendingAcksMap
-from ._position import Position
+from ._position import ManagedLedgerTerminatedError, Position
+from ._redelivery import RedeliveryCounts
 from ._schemas import SchemaRegistry, StoredSchema
 from ._selectors import (
     ConsistentHashingSelector,
@@ -63,6 +66,7 @@ from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec,
 
 __all__ = [
     "DEDUP_CURSOR_NAME",
+    "TOPIC_EPOCH_PROPERTY",
     "AdminServer",
     "BrokerConfig",
     "BrokerError",
@@ -83,6 +87,7 @@ __all__ = [
     "DrainingHash",
     "DrainingHashesTracker",
     "EffectivePolicies",
+    "ExclusiveAccess",
     "HashRange",
     "HashRangeAutoSplitSelector",
     "HashRangeExclusiveSelector",
@@ -92,6 +97,7 @@ __all__ = [
     "ManagedCursor",
     "ManagedLedger",
     "ManagedLedgerConfig",
+    "ManagedLedgerTerminatedError",
     "MetadataError",
     "NamespaceName",
     "NamespaceRegistry",
@@ -106,8 +112,10 @@ __all__ = [
     "ProducerBlockedQuotaExceededError",
     "ProducerBlockedQuotaExceededException",
     "ProducerBusyError",
+    "ProducerFencedError",
     "ProducerSpec",
     "PublishResult",
+    "RedeliveryCounts",
     "RestError",
     "SchemaRegistry",
     "ServiceNotReadyError",

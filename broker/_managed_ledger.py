@@ -78,6 +78,10 @@ from ._position import (
     ManagedLedgerTerminatedError,
     Position,
 )
+from ._redelivery import (
+    REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT,
+    REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT,
+)
 
 __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerConfig", "ml_key"]
 
@@ -108,6 +112,7 @@ class ManagedLedgerConfig:
     retention_size_mb: float = 0
     max_unacked_ranges_to_persist: int = 10_000
     max_batch_deleted_index_to_persist: int = 10_000
+    max_redelivery_counts_to_persist: int = REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT
     batch_index_ack_enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -115,6 +120,7 @@ class ManagedLedgerConfig:
         assert self.max_size_per_ledger_bytes >= 1
         assert self.max_unacked_ranges_to_persist >= 0
         assert self.max_batch_deleted_index_to_persist >= 0
+        assert 0 <= self.max_redelivery_counts_to_persist <= REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT
 
     @classmethod
     def from_broker_config(cls, config: BrokerConfig) -> ManagedLedgerConfig:
@@ -127,6 +133,8 @@ class ManagedLedgerConfig:
             retention_time_minutes=config.default_retention_time_minutes,
             retention_size_mb=config.default_retention_size_mb,
             max_unacked_ranges_to_persist=config.managed_ledger_max_unacked_ranges_to_persist,
+            max_redelivery_counts_to_persist=(
+                config.managed_ledger_max_redelivery_counts_to_persist),
             batch_index_ack_enabled=config.acknowledgment_at_batch_index_level_enabled,
         )
 

@@ -57,6 +57,7 @@ class BrokerService:
         self._maintenance: asyncio.Task[None] | None = None
         self._last_run: dict[str, float] = {}
         self.closed = False
+        self.stopping = False  # set by the server's shutdown: clients leave, state stays
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -68,6 +69,7 @@ class BrokerService:
     async def close(self) -> None:
         """Close every loaded topic (managed ledgers closed, dedup snapshotted)."""
         self.closed = True
+        self.stopping = True
         if self._maintenance is not None:
             self._maintenance.cancel()
             try:
