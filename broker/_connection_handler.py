@@ -33,6 +33,14 @@ a publish. ServiceNotReady and TooManyRequests are never put in a lookup reply (
 would drop the whole connection); MetadataError, which it retries, stands in. Bad bytes (any
 codec `ProtocolError`) and SENDs for unknown producers close this connection only.
 
+Producers. A WaitForExclusive producer that has to wait gets PRODUCER_SUCCESS with
+producer_ready=false at once, and a second one (same request id, ready, with its topic epoch)
+from a callback on its waiter when the topic promotes it — or ERROR ProducerFenced when an
+ExclusiveWithFencing producer clears the queue. No task waits meanwhile, so a shutdown does
+not wait for waiting producers. The broker's own closes of producers (fencing, termination,
+unload, forced delete, backlog quota) arrive through `Producer.closer` and become
+CLOSE_PRODUCER with request id 2**64-1; later SENDs of that producer id are dropped quietly.
+
 The broker-to-client commands the C++ client cannot handle (REACHED_END_OF_TOPIC, transaction
 replies, ...) are refused by the codec's `peer_accepted_types`; transactions are answered with
 ERROR NotAllowed "Transactions are not enabled.", as Pulsar does with its coordinator off.

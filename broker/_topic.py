@@ -154,7 +154,74 @@ def _metadata_of(entry: bytes) -> pb.MessageMetadata:
     return parse_entry(entry, verify_checksum=False).metadata
 
 
-class PersistentTopic:
+class _ProducerHost:
+    """What both topic kinds do with producers: admission under the access modes
+    (`ExclusiveAccess`), registration, removal with promotion of a waiting producer, and
+    broker-side disconnects. Subclasses set `name`, `producers`, `access` and `fenced`."""
+
+    name: TopicName
+    producers: dict[str, Producer]
+    access: ExclusiveAccess
+    fenced: bool
+
+    def _admit(self, producer: Producer) -> Producer:
+        """Apply the access mode (see `ExclusiveAccess.admit`, whose errors pass through);
+        a producer that must wait is returned unregistered with its `waiter` set."""
+        spec = producer.spec
+        granted = self.access.admit(producer.name, spec.access_mode, spec.topic_epoch,
+                                    len(self.producers), self._evict_producers, producer)
+        if isinstance(granted, Waiter):
+            producer.waiter = granted
+            log.info("producer %s waits for exclusive access to %s (%d waiting)",
+                     producer.name, self.name, len(self.access.waiters))
+            return producer
+        producer.topic_epoch = granted
+        self._register(producer)
+        return producer
+
+    def _name_taken(self, name: str) -> bool:
+        return name in self.producers or any(w.name == name for w in self.access.waiters)
+
+    def _register(self, producer: Producer) -> None:
+        assert producer.name not in self.producers
+        self.producers[producer.name] = producer
+
+    def _unregistered(self, producer: Producer) -> None:
+        """Hook: `producer` just left `producers`."""
+
+    def _evict_producers(self) -> None:
+        self.disconnect_producers("fenced by an ExclusiveWithFencing producer")
+
+    def disconnect_producers(self, reason: str) -> None:
+        """Remove every producer, waiting ones included, and tell its connection
+        (CLOSE_PRODUCER; the client reconnects)."""
+        for producer in list(self.producers.values()) + \
+                [w.producer for w in self.access.waiters]:
+            self.remove_producer(producer)
+            producer.disconnect(reason)
+
+    def remove_producer(self, producer: Producer) -> None:
+        """A producer leaves (or stops waiting). Idempotent. When it held exclusive access,
+        the first waiting producer is promoted and registered (not while closing)."""
+        producer.closed = True
+        if producer.waiter is not None:
+            self.access.removed(producer.name, producer.waiter, len(self.producers))
+            return
+        if self.producers.get(producer.name) is not producer:
+            return
+        del self.producers[producer.name]
+        self._unregistered(producer)
+        if self.fenced:
+            return  # closing: nobody is promoted (the waiters reconnect to the reloaded topic)
+        promoted = self.access.removed(producer.name, None, len(self.producers))
+        if promoted is not None:
+            waiting: Producer = promoted.producer
+            waiting.waiter = None
+            waiting.topic_epoch = promoted.admitted.result()
+            self._register(waiting)
+
+
+class PersistentTopic(_ProducerHost):
     """A persistent topic (or one partition of a partitioned topic)."""
 
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
@@ -285,66 +352,29 @@ class PersistentTopic:
         if self.terminated:
             raise TopicTerminatedError(f"Topic {self.name} is terminated")
         name = spec.producer_name or self._generated_name()
-        if name in self.producers or any(w.name == name for w in self.access.waiters):
+        if self._name_taken(name):
             raise ProducerBusyError(
                 f"Producer with name '{name}' is already connected to topic '{self.name}'")
         limit = self.policies.max_producers_per_topic
         if limit > 0 and len(self.producers) >= limit:
             raise ProducerBusyError("Topic reached max producers limit")
         self._check_backlog_quota()
-        producer = Producer(self, spec, name, bool(spec.producer_name))
-        granted = self.access.admit(name, spec.access_mode, spec.topic_epoch,
-                                    len(self.producers), self._evict_producers, producer)
-        if isinstance(granted, Waiter):
-            producer.waiter = granted
-            return producer
-        producer.topic_epoch = granted
-        self._register(producer)
-        return producer
+        return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
 
     def _register(self, producer: Producer) -> None:
-        assert producer.name not in self.producers
-        self.producers[producer.name] = producer
+        super()._register(producer)
         if self.dedup is not None:
             self.dedup.producer_connected(producer.name)
 
-    def _evict_producers(self) -> None:
-        self.disconnect_producers("fenced by an ExclusiveWithFencing producer")
-
-    def disconnect_producers(self, reason: str) -> None:
-        """Remove every producer and tell its connection (CLOSE_PRODUCER; the client
-        reconnects)."""
-        for producer in list(self.producers.values()) + \
-                [w.producer for w in self.access.waiters]:
-            self.remove_producer(producer)
-            producer.disconnect(reason)
+    def _unregistered(self, producer: Producer) -> None:
+        if self.dedup is not None:
+            self.dedup.producer_disconnected(producer.name, _now_ms())
 
     def _generated_name(self) -> str:
         while True:
             name = f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
             if name not in self.producers:
                 return name
-
-    def remove_producer(self, producer: Producer) -> None:
-        """A producer leaves (or stops waiting). Idempotent. When it held exclusive access,
-        the first waiting producer is promoted and registered."""
-        producer.closed = True
-        if producer.waiter is not None:
-            self.access.removed(producer.name, producer.waiter, len(self.producers))
-            return
-        if self.producers.get(producer.name) is not producer:
-            return
-        del self.producers[producer.name]
-        if self.dedup is not None:
-            self.dedup.producer_disconnected(producer.name, _now_ms())
-        if self.fenced:
-            return  # closing: nobody is promoted (the waiters reconnect to the reloaded topic)
-        promoted = self.access.removed(producer.name, None, len(self.producers))
-        if promoted is not None:
-            waiting: Producer = promoted.producer
-            waiting.waiter = None
-            waiting.topic_epoch = promoted.admitted.result()
-            self._register(waiting)
 
     def last_sequence_id(self, producer: Producer) -> int:
         return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
@@ -666,7 +696,7 @@ class PersistentTopic:
         await self.managed_ledger.delete()
 
 
-class NonPersistentTopic:
+class NonPersistentTopic(_ProducerHost):
     """A non-persistent topic: messages go to the consumers that can take them now and are
     otherwise dropped (broker reference §3.7)."""
 
@@ -684,24 +714,28 @@ class NonPersistentTopic:
         self.bytes_out_counter = 0
         self.msg_drop_counter = 0
         self.fenced = False
+        self.access = ExclusiveAccess(None, lambda epoch: None)  # the epoch: memory only
 
     @property
     def config(self) -> BrokerConfig:
         return self.service.config
 
     def add_producer(self, spec: ProducerSpec) -> Producer:
+        """Admit a producer (access modes as for persistent topics; the topic epoch is
+        not persisted).
+
+        Raises:
+            ServiceNotReadyError: the topic is closing.
+            ProducerBusyError, ProducerFencedError: as `ExclusiveAccess.admit`, or the name
+                is taken.
+        """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
         name = spec.producer_name or f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
-        if name in self.producers:
+        if self._name_taken(name):
             raise ProducerBusyError(
                 f"Producer with name '{name}' is already connected to topic '{self.name}'")
-        producer = Producer(self, spec, name, bool(spec.producer_name))
-        self.producers[name] = producer
-        return producer
-
-    def remove_producer(self, producer: Producer) -> None:
-        producer.closed = True
-        if self.producers.get(producer.name) is producer:
-            del self.producers[producer.name]
+        return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
 
     def last_sequence_id(self, producer: Producer) -> int:
         return -1
@@ -709,6 +743,13 @@ class NonPersistentTopic:
     async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
                       highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
                       ) -> PublishResult:
+        """Offer one entry to the subscriptions (dropped where it does not fit).
+
+        Raises:
+            TopicTerminatedError: the producer is closed or still waits for exclusive access.
+        """
+        if self.producers.get(producer.name) is not producer:
+            raise TopicTerminatedError(f"Producer {producer.name} is not accepting messages")
         metadata = metadata if metadata is not None else _metadata_of(entry)
         messages = _count_in(self, producer, entry, metadata)
         for subscription in self.subscriptions.values():
@@ -749,8 +790,8 @@ class NonPersistentTopic:
         """Drop the topic; with clients connected only when forced (they are closed)."""
         if (self.producers or self.consumer_count()) and not force:
             raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
-        for producer in list(self.producers.values()):
-            self.remove_producer(producer)
+        self.fenced = True
+        self.disconnect_producers("topic deleted")
         for subscription in list(self.subscriptions.values()):
             for consumer in list(subscription.consumers):
                 subscription.remove_consumer(consumer)

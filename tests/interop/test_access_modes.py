@@ -14,7 +14,7 @@ import pytest
 
 from codec import pb
 
-from . import RawClient, wait_for
+from . import BrokerProcess, RawClient, wait_for
 from .conftest import BrokerFactory, new_client
 
 pytestmark = pytest.mark.interop
@@ -62,16 +62,17 @@ def test_exclusive_refused_while_shared_producers(client: pulsar.Client, topic: 
     client.create_producer(topic, access_mode=Mode.Exclusive).close()
 
 
-def test_wait_for_exclusive_blocks_until_the_topic_is_free(client: pulsar.Client,
-                                                           topic: str) -> None:
+def test_wait_for_exclusive_blocks_until_the_topic_is_free(
+        broker: BrokerProcess, client: pulsar.Client, topic: str) -> None:
     holder = client.create_producer(topic, access_mode=Mode.Exclusive)
     waiting = _create_in_thread(client, topic, access_mode=Mode.WaitForExclusive)
-    # Not promoted while the holder stays: the thread must still be blocked well after the
-    # broker answered producer_ready=false (a refusal would end the thread at once).
-    waiting["thread"].join(1.0)
+    # Once the broker has queued it (and answered producer_ready=false), the creation stays
+    # blocked while the holder is there.
+    wait_for(lambda: f"waits for exclusive access to {topic}" in broker.log_path.read_text(),
+             WAIT_DEADLINE_S, "the broker queueing the producer")
+    holder.send(b"from the holder")
     assert waiting["thread"].is_alive()
     assert "error" not in waiting
-    holder.send(b"from the holder")
     holder.close()
     waiting["thread"].join(WAIT_DEADLINE_S)
     assert not waiting["thread"].is_alive(), "WaitForExclusive never became ready"
@@ -120,7 +121,10 @@ def _error(raw: RawClient) -> pb.CommandError:
     return reply
 
 
-def test_raw_ready_false_then_true_and_epochs(raw: Callable[[], RawClient], topic: str) -> None:
+@pytest.mark.parametrize("domain", ["persistent", "non-persistent"])
+def test_raw_ready_false_then_true_and_epochs(raw: Callable[[], RawClient], topic: str,
+                                              domain: str) -> None:
+    topic = topic.replace("persistent://", f"{domain}://", 1)
     holder, waiter = raw(), raw()
     holder.handshake()
     waiter.handshake()

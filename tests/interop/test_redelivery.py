@@ -134,8 +134,9 @@ def test_cumulative_ack_inside_a_batch(client: pulsar.Client, topic: str) -> Non
         last.receive(QUIET_MS)
 
 
-def test_redelivery_counts_survive_kill_9_and_the_dlq_keeps_counting(
-        broker_factory: BrokerFactory, topic: str) -> None:
+@pytest.mark.parametrize("stop", ["kill-9", "sigterm"])
+def test_redelivery_counts_survive_a_restart_and_the_dlq_keeps_counting(
+        broker_factory: BrokerFactory, topic: str, stop: str) -> None:
     max_redeliver = 3
     process = broker_factory()
     options = dict(consumer_type=pulsar.ConsumerType.Shared,
@@ -160,7 +161,10 @@ def test_redelivery_counts_survive_kill_9_and_the_dlq_keeps_counting(
         # durable.
         producer.send(b"barrier")
     finally:
-        process.kill()
+        if stop == "kill-9":
+            process.kill()
+        else:
+            assert process.stop() == 0  # clients are dropped while the broker stops
         client.close()
     process.start()
     client = new_client(process.url)
