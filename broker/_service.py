@@ -385,11 +385,8 @@ class BrokerService:
                 for subscription in list(topic.subscriptions.values()):
                     evicted += await subscription.expire_messages(int(age_limit_s * 0.9))
             return evicted, 0
-        dropped = 0
-        for producer in list(topic.producers.values()):
-            topic.remove_producer(producer)
-            producer.disconnect("backlog quota exceeded")
-            dropped += 1
+        dropped = len(topic.producers) + len(topic.access.waiters)
+        topic.disconnect_producers("backlog quota exceeded")
         return 0, dropped
 
     async def _evict(self, topic: PersistentTopic) -> int:

@@ -195,8 +195,9 @@ class _ProducerHost:
     def disconnect_producers(self, reason: str) -> None:
         """Remove every producer, waiting ones included, and tell its connection
         (CLOSE_PRODUCER; the client reconnects)."""
-        for producer in list(self.producers.values()) + \
-                [w.producer for w in self.access.waiters]:
+        # Waiters first: removing a holder while they wait would promote one.
+        for producer in [w.producer for w in self.access.waiters] + \
+                list(self.producers.values()):
             self.remove_producer(producer)
             producer.disconnect(reason)
 
