@@ -26,8 +26,9 @@ from .test_admin import PT, expect
 TOPIC = "persistent://public/default/control"
 
 
+@pytest.mark.parametrize("crash", [False, True], ids=["restart", "crash"])
 def test_terminate_refuses_publishes_and_producers_and_survives_restart(
-        tmp_path: Path) -> None:
+        tmp_path: Path, crash: bool) -> None:
     async def scenario() -> None:
         async with broker_env(tmp_path) as env:
             service = env.service
@@ -56,7 +57,7 @@ def test_terminate_refuses_publishes_and_producers_and_survives_restart(
             await settle(service)
             assert sink.bodies(consumer) == [b"m0", b"m1", b"m2"]
 
-            service = await env.restart()
+            service = await (env.crash() if crash else env.restart())
             reloaded = await service.get_topic(TOPIC)
             assert isinstance(reloaded, PersistentTopic)
             assert reloaded.terminated
