@@ -125,17 +125,22 @@ def test_unload_while_producing_and_consuming(http_broker: HttpBrokerProcess,
         client.close()
 
 
-def test_forced_delete_closes_the_producer(http_broker: HttpBrokerProcess, topic: str) -> None:
+def test_forced_delete_closes_producers_and_consumers(http_broker: HttpBrokerProcess,
+                                                      topic: str) -> None:
     client = new_client(http_broker.url)
     try:
+        consumer = client.subscribe(topic, "sub",
+                                    initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(topic)
         producer.send(b"old")
+        assert consumer.receive(RECEIVE_MS).data() == b"old"  # not acked: deleted with it
         _admin(http_broker, "DELETE", _rest_path(topic) + "?force=true")
         log = http_broker.log_path
-        wait_for(lambda: "topic deleted" in log.read_text(), DEADLINE_S,
-                 "the broker closing the producer")
-        # The client reconnects to a freshly auto-created topic and publishes there.
+        wait_for(lambda: log.read_text().count("topic deleted") >= 2, DEADLINE_S,
+                 "the broker closing the producer and the consumer")
+        # Both reconnect to a freshly auto-created topic and carry on there.
         producer.send(b"new")
+        assert consumer.receive(RECEIVE_MS).data() == b"new"
         reader = client.create_reader(topic, pulsar.MessageId.earliest)
         assert reader.read_next(RECEIVE_MS).data() == b"new"
         assert not reader.has_message_available()
