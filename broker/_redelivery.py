@@ -23,6 +23,7 @@ positions are not counted (their count stays 0) until acks make room.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -78,7 +79,9 @@ class RedeliveryCounts:
 
     def to_record(self, acked: Callable[[Position], bool]) -> list[list[int]]:
         """The lowest `persist_max` unacknowledged positions with their counts."""
-        kept = sorted(p for p in self._counts if not acked(p))[:self.persist_max]
+        if not self._counts:
+            return []
+        kept = heapq.nsmallest(self.persist_max, (p for p in self._counts if not acked(p)))
         return [[p.ledger_id, p.entry_id, self._counts[p]] for p in kept]
 
     def restore(self, record: Any, valid: Callable[[Position], bool]) -> None:
