@@ -14,7 +14,9 @@ from typing import Any
 import pulsar
 import pytest
 
-from . import HOST, wait_for
+from codec import SingleMessage, build_message, pb
+
+from . import HOST, RawClient, wait_for
 from .conftest import new_client
 from .test_key_shared_interop import HTTP_TIMEOUT_S, HttpBrokerProcess
 
@@ -146,3 +148,30 @@ def test_forced_delete_closes_producers_and_consumers(http_broker: HttpBrokerPro
         assert not reader.has_message_available()
     finally:
         client.close()
+
+
+def _send(connection: RawClient, sequence_id: int, body: bytes) -> None:
+    metadata, payload = build_message(SingleMessage(body, sequence_id=sequence_id),
+                                      producer_name="raw", publish_time=1_700_000_000_000)
+    connection.send(pb.CommandSend(producer_id=1, sequence_id=sequence_id), metadata, payload)
+
+
+def test_raw_termination_closes_the_producer_and_refuses_it(http_broker: HttpBrokerProcess,
+                                                            topic: str) -> None:
+    T = pb.BaseCommand
+    connection = RawClient(http_broker.port)
+    try:
+        connection.handshake()
+        connection.request(pb.CommandProducer(topic=topic, producer_id=1, request_id=1),
+                           T.PRODUCER_SUCCESS)
+        _send(connection, 0, b"kept")
+        assert connection.expect(T.SEND_RECEIPT).body.sequence_id == 0
+        _admin(http_broker, "POST", _rest_path(topic) + "/terminate")
+        closed = connection.expect(T.CLOSE_PRODUCER).body
+        assert (closed.producer_id, closed.request_id) == (1, 2**64 - 1)
+        _send(connection, 1, b"crossed the close")  # dropped quietly, as Pulsar does
+        connection.send(pb.CommandProducer(topic=topic, producer_id=1, request_id=2))
+        refused = connection.expect(T.ERROR).body
+        assert (refused.request_id, refused.error) == (2, pb.TopicTerminatedError)
+    finally:
+        connection.close()
