@@ -10,6 +10,7 @@ REST v2 admin API and Prometheus `/metrics`. `AuthenticationService` (JWT tokens
 `encode_token`/`decode_token`) and `TlsOptions` secure both.
 """
 
+from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
 from ._admin import AdminServer, RestError, admin_app, start_admin
 from ._auth import (
     AuthenticationProvider,
@@ -41,6 +42,7 @@ from ._errors import (
     ProducerBlockedQuotaExceededError,
     ProducerBlockedQuotaExceededException,
     ProducerBusyError,
+    ProducerFencedError,
     ServiceNotReadyError,
     SubscriptionBusyError,
     SubscriptionNotFoundError,
@@ -55,7 +57,8 @@ from ._metrics import render_metrics
 from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
 from ._namespaces import EffectivePolicies, NamespaceRegistry, SchemaPolicy
 from ._pending_acks import PendingAck, PendingAcksMap
-from ._position import Position
+from ._position import ManagedLedgerTerminatedError, Position
+from ._redelivery import RedeliveryCounts
 from ._schemas import SchemaEntry, SchemaRegistry, StoredSchema
 from ._selectors import (
     ConsistentHashingSelector,
@@ -76,6 +79,7 @@ from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec,
 
 __all__ = [
     "DEDUP_CURSOR_NAME",
+    "TOPIC_EPOCH_PROPERTY",
     "AdminServer",
     "AuthSession",
     "AuthenticationError",
@@ -101,6 +105,7 @@ __all__ = [
     "DrainingHash",
     "DrainingHashesTracker",
     "EffectivePolicies",
+    "ExclusiveAccess",
     "HashRange",
     "HashRangeAutoSplitSelector",
     "HashRangeExclusiveSelector",
@@ -111,6 +116,7 @@ __all__ = [
     "ManagedCursor",
     "ManagedLedger",
     "ManagedLedgerConfig",
+    "ManagedLedgerTerminatedError",
     "MetadataError",
     "NamespaceName",
     "NamespaceRegistry",
@@ -126,8 +132,10 @@ __all__ = [
     "ProducerBlockedQuotaExceededError",
     "ProducerBlockedQuotaExceededException",
     "ProducerBusyError",
+    "ProducerFencedError",
     "ProducerSpec",
     "PublishResult",
+    "RedeliveryCounts",
     "RestError",
     "SchemaEntry",
     "SchemaPolicy",

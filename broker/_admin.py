@@ -18,7 +18,8 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
   service re-applies the namespace's policies to its loaded topics;
 * `/admin/v2/{persistent|non-persistent}/{tenant}/{namespace}[/partitioned]` (listings) and
   `…/{topic}` with `partitions`, `stats`, `internalStats`, `partitioned-stats`,
-  `partitioned-internalStats`, `subscriptions`, `subscription/{sub}` (create with a message
+  `partitioned-internalStats`, `terminate` (answers the last message id),
+  `terminate/partitions`, `unload`, `subscriptions`, `subscription/{sub}` (create with a message
   id body, delete) and the cursor operations `skip/{n}`, `skip_all`, `resetcursor/{ms}`,
   `resetcursor` (ResetCursorData body), `expireMessages/{s}`, and
   `all_subscription/expireMessages/{s}`. Topic and subscription names arrive URL-encoded in
@@ -708,6 +709,49 @@ async def delete_topic(request: web.Request) -> web.Response:
     return _ok()
 
 
+def _last_message_id(position: tuple[int, int]) -> dict[str, int]:
+    """Pulsar's MessageIdImpl JSON for the last message of a terminated topic."""
+    return {"ledgerId": position[0], "entryId": position[1], "partitionIndex": -1}
+
+
+async def terminate_topic(request: web.Request) -> web.Response:
+    service = _service(request)
+    name = _topic_name(request)
+    if _partitions(service, name) > 0:
+        raise RestError(405, "Termination of a partitioned topic is not allowed")
+    await _persistent(service, name)
+    return _ok(_last_message_id(await service.terminate_topic(name)))
+
+
+async def terminate_partitioned_topic(request: web.Request) -> web.Response:
+    service = _service(request)
+    name = _topic_name(request)
+    partitions = _partitions(service, name)
+    if partitions == 0:
+        raise RestError(404, f"Partitioned Topic {name} not found")
+    if not name.is_persistent:
+        raise RestError(405, "Termination of a non-persistent topic is not allowed")
+    result = {}
+    for index in range(partitions):
+        partition = name.partition(index)
+        if service.topic_exists(partition):
+            result[str(index)] = _last_message_id(await service.terminate_topic(partition))
+    return _ok(result)
+
+
+async def unload_topic(request: web.Request) -> web.Response:
+    """Unload the topic (every partition of a partitioned one): its clients reconnect."""
+    service = _service(request)
+    name = _topic_name(request)
+    partitions = _partitions(service, name)
+    if partitions == 0 and not service.topic_exists(name):
+        raise _not_found(name)
+    names = [name] if partitions == 0 else [name.partition(i) for i in range(partitions)]
+    for each in names:
+        await service.unload_topic(each)
+    return _ok()
+
+
 async def get_stats(request: web.Request) -> web.Response:
     topic = await _topic(_service(request), _topic_name(request))
     return _ok(topic_stats(topic))
@@ -1044,6 +1088,9 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     r.add_delete(_TOPIC + "/partitions", delete_partitioned_topic)
     r.add_put(_TOPIC, create_topic)
     r.add_delete(_TOPIC, delete_topic)
+    r.add_post(_TOPIC + "/terminate", terminate_topic)
+    r.add_post(_TOPIC + "/terminate/partitions", terminate_partitioned_topic)
+    r.add_put(_TOPIC + "/unload", unload_topic)
     r.add_get(_TOPIC + "/stats", get_stats)
     r.add_get(_TOPIC + "/internalStats", get_internal_stats)
     r.add_get(_TOPIC + "/partitioned-stats", get_partitioned_stats)

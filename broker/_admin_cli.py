@@ -613,6 +613,11 @@ def _add_topics(sub: SubParsers) -> None:
         ("stats-internal", "GET", "/internalStats",
          "show a topic's managed ledger and cursors"),
         ("subscriptions", "GET", "/subscriptions", "list a topic's subscriptions"),
+        ("terminate", "POST", "/terminate",
+         "terminate a topic (no more messages); prints its last message id"),
+        ("partitioned-terminate", "POST", "/terminate/partitions",
+         "terminate every partition of a partitioned topic"),
+        ("unload", "PUT", "/unload", "unload a topic (its clients reconnect)"),
     ]
     for name, method, suffix, text in simple:
         _command(commands, name, text, _call(method, at(suffix))).add_argument("topic")

@@ -53,6 +53,9 @@ class BrokerConfig:
     managed_ledger_max_ledger_rollover_time_s: int = 240 * 60
     managed_ledger_min_ledger_rollover_time_s: int = 10 * 60
     managed_ledger_max_unacked_ranges_to_persist: int = 10_000
+    # Redelivery counts written with each cursor (the lowest positions; the rest are
+    # memory-only and a crash loses them).
+    managed_ledger_max_redelivery_counts_to_persist: int = 10_000
 
     # Deduplication.
     broker_deduplication_enabled: bool = False
@@ -101,6 +104,7 @@ class BrokerConfig:
         assert self.allow_auto_topic_creation_type in ("non-partitioned", "partitioned")
         assert self.default_num_partitions >= 1
         assert self.max_message_size_bytes > 0
+        assert self.managed_ledger_max_redelivery_counts_to_persist >= 0
         assert self.key_shared_consistent_hashing_replica_points > 0
         assert self.token_allowed_clock_skew_s >= 0
         assert self.backlog_quota_default_retention_policy in (

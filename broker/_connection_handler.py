@@ -33,6 +33,14 @@ a publish. ServiceNotReady and TooManyRequests are never put in a lookup reply (
 would drop the whole connection); MetadataError, which it retries, stands in. Bad bytes (any
 codec `ProtocolError`) and SENDs for unknown producers close this connection only.
 
+Producers. A WaitForExclusive producer that has to wait gets PRODUCER_SUCCESS with
+producer_ready=false at once, and a second one (same request id, ready, with its topic epoch)
+from a callback on its waiter when the topic promotes it — or ERROR ProducerFenced when an
+ExclusiveWithFencing producer clears the queue. No task waits meanwhile, so a shutdown does
+not wait for waiting producers. The broker's own closes of producers (fencing, termination,
+unload, forced delete, backlog quota) arrive through `Producer.closer` and become
+CLOSE_PRODUCER with request id 2**64-1; later SENDs of that producer id are dropped quietly.
+
 The broker-to-client commands the C++ client cannot handle (REACHED_END_OF_TOPIC, transaction
 replies, ...) are refused by the codec's `peer_accepted_types`; transactions are answered with
 ERROR NotAllowed "Transactions are not enabled.", as Pulsar does with its coordinator off.
@@ -681,6 +689,7 @@ class ConnectionHandler:
             producer_name=request.producer_name if request.HasField("producer_name") else "",
             access_mode=_ACCESS_MODES.get(request.producer_access_mode, "Shared"),
             epoch=request.epoch,
+            topic_epoch=request.topic_epoch if request.HasField("topic_epoch") else None,
             metadata=_key_values(request.metadata),
             initial_subscription_name=request.initial_subscription_name,
             address=self.peer,
@@ -715,6 +724,25 @@ class ConnectionHandler:
             self._release_producer(state)  # the connection or a CLOSE_PRODUCER beat us
             return
         self._producer_success(request_id, state)
+        waiter = state.producer.waiter if state.producer is not None else None
+        if waiter is not None:  # WaitForExclusive: a second reply once it is promoted
+            waiter.admitted.add_done_callback(
+                lambda granted: self._exclusive_granted(request_id, state, granted))
+
+    def _exclusive_granted(self, request_id: int, state: _ProducerState,
+                           granted: asyncio.Future[int]) -> None:
+        """A waiting producer was promoted (ready now) or fenced out (ERROR); nothing when
+        it left first (its wait was cancelled)."""
+        if granted.cancelled() or self.closed or self._producers.get(state.producer_id) \
+                is not state:
+            return
+        error = granted.exception()
+        if error is None:
+            self._producer_success(request_id, state)
+            return
+        del self._producers[state.producer_id]
+        self._remember_closed_producer(state.producer_id)
+        self._error(request_id, error)
 
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         name = TopicName.parse(request.topic)
@@ -728,15 +756,19 @@ class ConnectionHandler:
         except BaseException:
             topic.remove_producer(producer)
             raise
-        setattr(producer, "closer", lambda reason: self._broker_closed_producer(state, reason))  # noqa: B010
+        producer.closer = lambda reason: self._broker_closed_producer(state, reason)
         state.topic, state.producer = topic, producer
 
     def _producer_success(self, request_id: int, state: _ProducerState) -> None:
         assert state.topic is not None
         assert state.producer is not None
+        producer = state.producer
         reply = pb.CommandProducerSuccess(
-            request_id=request_id, producer_name=state.producer.name,
-            last_sequence_id=state.topic.last_sequence_id(state.producer), producer_ready=True)
+            request_id=request_id, producer_name=producer.name,
+            last_sequence_id=state.topic.last_sequence_id(producer),
+            producer_ready=producer.waiter is None)
+        if producer.topic_epoch is not None:
+            reply.topic_epoch = producer.topic_epoch
         if state.schema_version is not None:
             reply.schema_version = state.schema_version
         self.send(reply)

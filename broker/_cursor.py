@@ -22,13 +22,16 @@ whole-entry delete. Whenever MD moves, ranges and bitsets at or below it are dro
 read position is pushed past MD.
 
 Persistence (§4.5; durable cursors only). The record — MD, the lowest
-`max_unacked_ranges_to_persist` ranges, the lowest `max_batch_deleted_index_to_persist` bitsets
-and both property maps, as compact JSON — goes under `b"cursor/" + ml + b"\\x00" + name` through
+`max_unacked_ranges_to_persist` ranges, the lowest `max_batch_deleted_index_to_persist` bitsets,
+both property maps and the subscription's redelivery counts (`_redelivery.py`), as compact
+JSON — goes under `b"cursor/" + ml + b"\\x00" + name` through
 `storage.metadata.apply_journaled`, which rides the journal's group commit. At most one write is
 in flight per cursor: changes made meanwhile are merged into the next write, which starts when
 the current one is durable. Every mutating call bumps the state version and returns only once a
 write that includes its version is durable, so an ack that returned survives a `kill -9`. Ranges
 beyond the persisted limit live in memory only: after a crash those entries are redelivered.
+Redelivery-count changes are the exception: nobody waits for them (`count_redelivery`
+starts a background write, and the writes chain while changes keep coming).
 
 Recovery: an MD in a ledger that no longer exists moves to `(next existing ledger, -1)`, an MD
 beyond the last entry is clamped to it, ranges and bitsets at or below MD are dropped, and the
@@ -57,6 +60,7 @@ from ._position import (
     int_to_ack_set,
 )
 from ._range_set import RangeSet
+from ._redelivery import RedeliveryCounts
 
 if TYPE_CHECKING:
     from ._managed_ledger import ManagedLedger
@@ -95,7 +99,9 @@ class ManagedCursor:
         self.batch_deleted: dict[Position, int] = {}
         self.properties: dict[str, int] = {}
         self.cursor_properties: dict[str, str] = {}
+        self.redelivery = RedeliveryCounts(ml.config.max_redelivery_counts_to_persist)
         self.deleted = False
+        self._background_write = False  # a change nobody waits for is not yet durable
         self._version = 0
         self._durable_version = 0
         self._flight: asyncio.Future[None] | None = None
@@ -158,6 +164,9 @@ class ManagedCursor:
         cursor.properties = {k: int(v) for k, v in record["props"].items()}
         cursor.cursor_properties = {k: str(v) for k, v in record["cprops"].items()}
         cursor._advance_mark_delete()
+        cursor.redelivery.restore(
+            record.get("redel"),
+            lambda p: ml.is_valid_position(p) and not cursor.is_acked(p))
         cursor.read_position = ml.next_valid_position(cursor.mark_delete_position)
         if cursor.mark_delete_position != stored:
             cursor._version = 1  # written by the next flush (the ML's close at the latest)
@@ -282,6 +291,7 @@ class ManagedCursor:
 
     def _delete_entry(self, position: Position) -> bool:
         self.batch_deleted.pop(position, None)
+        self.redelivery.discard((position,))
         return self.individually_deleted.add(position)
 
     async def delete_batch_index(self, position: Position, ack_set_words: list[int],
@@ -383,6 +393,7 @@ class ManagedCursor:
         md = self.mark_delete_position
         for position in [p for p in self.batch_deleted if p <= md]:
             del self.batch_deleted[position]
+        self.redelivery.discard_up_to(md)
         if self.read_position <= md:
             self.read_position = ml.next_valid_position(md)
 
@@ -514,6 +525,7 @@ class ManagedCursor:
             "batch": [[p.ledger_id, p.entry_id, int_to_ack_set(mask)] for p, mask in bitsets],
             "props": self.properties,
             "cprops": self.cursor_properties,
+            "redel": self.redelivery.to_record(self.is_acked),
         }
         return json.dumps(data, separators=(",", ":")).encode()
 
@@ -533,6 +545,38 @@ class ManagedCursor:
             flight = self._flight
             assert flight is not None
             await asyncio.shield(flight)
+
+    # -- redelivery counts (written in the background) -------------------------------------
+
+    @property
+    def writes_pending(self) -> bool:
+        """Whether a change is not yet durable (a background write under way, or due)."""
+        return self.durable and not self.deleted and self._durable_version < self._version
+
+    def count_redelivery(self, position: Position) -> None:
+        """One more redelivery of `position`, persisted in the background."""
+        if self.redelivery.increment(position):
+            self._persist_soon()
+
+    def clear_redelivery_counts(self) -> None:
+        if self.redelivery.clear():
+            self._persist_soon()
+
+    def _persist_soon(self) -> None:
+        if not self.durable or self.deleted or self.ml.closed:
+            return
+        self._version += 1
+        self._background_write = True
+        if self._flight is None:
+            self._start_write()
+
+    def _write_more(self) -> None:
+        """After a write: chain the next one while background changes are not durable."""
+        if self._durable_version >= self._version:
+            self._background_write = False
+        elif self._background_write and self._flight is None and not self.deleted \
+                and not self.ml.closed:
+            self._start_write()
 
     def _start_write(self) -> None:
         loop = asyncio.get_running_loop()
@@ -558,10 +602,12 @@ class ManagedCursor:
         if error is not None:
             log.warning("cursor %s/%s: persisting failed: %s", self.ml.name, self.name, error)
             flight.set_exception(error)
+            flight.exception()  # retrieved: a background write has nobody awaiting it
             return
         self._durable_version = max(self._durable_version, version)
         previous, self.persisted_mark_delete_position = self.persisted_mark_delete_position, md
         flight.set_result(None)
+        self._write_more()
         if md != previous:
             self.ml.on_cursor_persisted(self, previous, md)
 

@@ -20,8 +20,9 @@ no reads are issued until the total falls to half.
 When a consumer leaves, its pending acks go back to the replay queue (their redelivery
 count unchanged). A redelivery request (negative ack, ack timeout, redeliver-all) moves the
 named pending acks to the replay queue with their redelivery count raised by one. When the
-last consumer leaves, the replay queue and the redelivery counts are dropped and the cursor
-rewinds when the next consumer arrives.
+last consumer leaves, the replay queue and the redelivery counts are dropped (the counts are
+kept when the broker stops or the topic unloads: `Subscription.clear_redelivery_counts`) and
+the cursor rewinds when the next consumer arrives.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ __all__ = [
     "ProducerBlockedQuotaExceededError",
     "ProducerBlockedQuotaExceededException",
     "ProducerBusyError",
+    "ProducerFencedError",
     "ServiceNotReadyError",
     "SubscriptionNotFoundError",
     "TopicNotFoundError",
@@ -134,6 +135,12 @@ class NotAllowedError(BrokerError):
     code = 22
 
 
+class ProducerFencedError(BrokerError):
+    """A newer exclusive producer took the topic over (its topic epoch is higher)."""
+
+    code = 25
+
+
 _BY_CODE: dict[int, type[BrokerError]] = {
     cls.code: cls for cls in (
         BrokerError, MetadataError, PersistenceError, AuthenticationError, ConsumerBusyError,
@@ -141,7 +148,7 @@ _BY_CODE: dict[int, type[BrokerError]] = {
         ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException,
         TopicNotFoundError, SubscriptionNotFoundError, ConsumerNotFoundError,
         TopicTerminatedError, ProducerBusyError, InvalidTopicNameError,
-        IncompatibleSchemaError, ConsumerAssignError, NotAllowedError)
+        IncompatibleSchemaError, ConsumerAssignError, NotAllowedError, ProducerFencedError)
 }
 
 

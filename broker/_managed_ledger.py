@@ -7,7 +7,8 @@ first. Writes go to the last one, the *current* ledger; the others are closed. A
 `(ledger_id, entry_id)` and entry ids run 0..n-1 inside each ledger.
 
 Metadata. The list lives in `storage.metadata` under `b"ml/" + N`, as JSON
-`{"ledgers": [{"ledger_id", "entries", "size", "timestamp_ms"}], "properties": {}}`, written
+`{"ledgers": [{"ledger_id", "entries", "size", "timestamp_ms"}], "properties": {}}` (plus
+`"terminated": [ledger_id, entry_id]` once terminated: Pulsar's terminatedPosition), written
 with a direct durable `transaction()` each time the list changes (rollover, trim, close). A
 ledger's `timestamp_ms` is its close time (0 while it is the current ledger). Storage ledgers
 carry the metadata `{"ml": N}` so that orphans can be found.
@@ -74,7 +75,12 @@ from ._position import (
     InvalidPositionError,
     ManagedLedgerClosedError,
     ManagedLedgerFencedError,
+    ManagedLedgerTerminatedError,
     Position,
+)
+from ._redelivery import (
+    REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT,
+    REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT,
 )
 
 __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerConfig", "ml_key"]
@@ -106,6 +112,7 @@ class ManagedLedgerConfig:
     retention_size_mb: float = 0
     max_unacked_ranges_to_persist: int = 10_000
     max_batch_deleted_index_to_persist: int = 10_000
+    max_redelivery_counts_to_persist: int = REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT
     batch_index_ack_enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -113,6 +120,7 @@ class ManagedLedgerConfig:
         assert self.max_size_per_ledger_bytes >= 1
         assert self.max_unacked_ranges_to_persist >= 0
         assert self.max_batch_deleted_index_to_persist >= 0
+        assert 0 <= self.max_redelivery_counts_to_persist <= REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT
 
     @classmethod
     def from_broker_config(cls, config: BrokerConfig) -> ManagedLedgerConfig:
@@ -125,6 +133,8 @@ class ManagedLedgerConfig:
             retention_time_minutes=config.default_retention_time_minutes,
             retention_size_mb=config.default_retention_size_mb,
             max_unacked_ranges_to_persist=config.managed_ledger_max_unacked_ranges_to_persist,
+            max_redelivery_counts_to_persist=(
+                config.managed_ledger_max_redelivery_counts_to_persist),
             batch_index_ack_enabled=config.acknowledgment_at_batch_index_level_enabled,
         )
 
@@ -166,7 +176,7 @@ class ManagedLedger:
 
     def __init__(self, storage: Storage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
-                 properties: dict[str, str]):
+                 properties: dict[str, str], terminated: Position | None = None):
         """Internal: use `ManagedLedger.open`."""
         assert ledgers, "an open managed ledger always has a current ledger"
         self.storage = storage
@@ -186,6 +196,8 @@ class ManagedLedger:
         self._non_durable: dict[int, ManagedCursor] = {}
         self.on_entries_added: list[Callable[[Position], None]] = []
         self._last_confirmed = self._initial_last_confirmed()
+        self.terminated_position = terminated
+        self._last_add: asyncio.Future[Position] | None = None
 
     # -- opening -------------------------------------------------------------------------
 
@@ -215,8 +227,10 @@ class ManagedLedger:
         orphans = [info.ledger_id for info in storage.list_ledgers()
                    if info.metadata.get("ml") == name and info.ledger_id not in known]
         new_id = await storage.create_ledger({"ml": name})
+        terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
-                 dict(record.get("properties", {})))
+                 dict(record.get("properties", {})),
+                 Position(*terminated) if terminated else None)
         ml._write_record()
         for ledger_id in dropped + orphans:
             await _delete_storage_ledger(storage, ledger_id)
@@ -236,11 +250,35 @@ class ManagedLedger:
 
     def _write_record(self) -> None:
         """Persist the ledger list and properties (direct durable commit)."""
-        data = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
-                "properties": self.properties}
+        data: dict[str, Any] = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
+                                "properties": self.properties}
+        if self.terminated_position is not None:
+            data["terminated"] = list(self.terminated_position)
         encoded = json.dumps(data, separators=(",", ":")).encode()
         with self.storage.metadata.transaction() as txn:
             txn.put(ml_key(self.name), encoded)
+
+    async def terminate(self) -> Position:
+        """Take no more entries from now on; returns the last entry's position (entry -1 of
+        the current ledger when there is none), once every earlier add is durable and the
+        termination is recorded. Idempotent.
+
+        Raises:
+            ManagedLedgerClosedError: closed or deleted; nothing changed.
+            StorageError: recording failed; the ML refuses adds until it is reopened (the
+                record may or may not say terminated).
+        """
+        self._check_open()
+        if self.terminated_position is not None:
+            return self.terminated_position
+        async with self._submit_lock:
+            self.terminated_position = Position(-1, -1)  # adds are refused from here on
+            if self._last_add is not None:
+                await asyncio.wait([self._last_add])
+            self.terminated_position = self._last_confirmed
+            self._write_record()
+        log.info("ml %s terminated at %s", self.name, self.terminated_position)
+        return self.terminated_position
 
     def set_property(self, key: str, value: str | None) -> None:
         """Set (or remove, with None) an ML property, durably."""
@@ -409,6 +447,7 @@ class ManagedLedger:
         Raises:
             ManagedLedgerClosedError: the ML is closed or deleted; nothing written.
             ManagedLedgerFencedError: an earlier rollover failed; nothing written.
+            ManagedLedgerTerminatedError: the ML is terminated; nothing written.
             StorageError: the storage refused or failed the add (see `storage.add_entry`).
         """
         self._check_writable()
@@ -417,6 +456,7 @@ class ManagedLedger:
             if self._current_is_full():
                 await self._rollover()
             done = self._submit(bytes(data))
+            self._last_add = done
             ledger = self._ledgers[-1]
             filled = self._current_is_full()
         position = await done
@@ -430,6 +470,8 @@ class ManagedLedger:
 
     def _check_writable(self) -> None:
         self._check_open()
+        if self.terminated_position is not None:
+            raise ManagedLedgerTerminatedError(f"managed ledger {self.name} is terminated")
         if self._fenced is not None:
             raise ManagedLedgerFencedError(
                 f"managed ledger {self.name} is fenced after a failed rollover: "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from ._errors import PersistenceError
+from ._errors import PersistenceError, TopicTerminatedError
 
 __all__ = [
     "EARLIEST",
@@ -31,6 +31,7 @@ __all__ = [
     "ManagedLedgerClosedError",
     "ManagedLedgerError",
     "ManagedLedgerFencedError",
+    "ManagedLedgerTerminatedError",
     "Position",
     "ack_set_to_int",
     "int_to_ack_set",
@@ -107,6 +108,14 @@ class ManagedLedgerFencedError(ManagedLedgerError):
     is reopened (what was acknowledged stays readable)."""
 
     retriable = True
+
+
+class ManagedLedgerTerminatedError(ManagedLedgerError, TopicTerminatedError):
+    """The managed ledger is terminated: it takes no more entries (wire code
+    TopicTerminatedError)."""
+
+    code = TopicTerminatedError.code
+    retriable = False
 
 
 class InvalidPositionError(ManagedLedgerError):

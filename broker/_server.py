@@ -176,6 +176,7 @@ class BrokerServer:
     async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S_DEFAULT) -> None:
         """Stop gracefully (see the module comment). Idempotent."""
         self.context.accepting = False
+        self.context.service.stopping = True
         if self._server is not None:
             self._server.close()
         if self._tls_server is not None:

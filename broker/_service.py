@@ -24,7 +24,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from storage import Storage
 
@@ -60,6 +59,7 @@ class BrokerService:
         self._maintenance: asyncio.Task[None] | None = None
         self._last_run: dict[str, float] = {}
         self.closed = False
+        self.stopping = False  # set by the server's shutdown: clients leave, state stays
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -71,6 +71,7 @@ class BrokerService:
     async def close(self) -> None:
         """Close every loaded topic (managed ledgers closed, dedup snapshotted)."""
         self.closed = True
+        self.stopping = True
         if self._maintenance is not None:
             self._maintenance.cancel()
             try:
@@ -217,6 +218,40 @@ class BrokerService:
         if not topic_name.is_partitioned:  # a partition's schemas are its base's
             self.schemas.delete_all(topic_name)
 
+    async def unload_topic(self, name: str | TopicName) -> bool:
+        """Unload a loaded topic (its clients reconnect and load it again); False when it
+        was not loaded. A non-persistent topic loses what it held in memory."""
+        topic_name = self.parse_topic(name)
+        topic = self.topics.get(str(topic_name))
+        if topic is None:
+            return False
+        try:
+            if isinstance(topic, PersistentTopic):
+                await topic.unload()
+            else:
+                await topic.delete(force=True)
+        finally:
+            if self.topics.get(str(topic_name)) is topic:
+                del self.topics[str(topic_name)]
+        log.info("topic %s unloaded", topic_name)
+        return True
+
+    async def terminate_topic(self, name: str | TopicName) -> tuple[int, int]:
+        """Terminate a persistent topic; returns the (ledger id, entry id) of its last
+        message.
+
+        Raises:
+            NotAllowedError: not a persistent topic.
+            TopicNotFoundError: no such topic.
+        """
+        topic_name = self.parse_topic(name)
+        if not topic_name.is_persistent:
+            raise NotAllowedError("Termination of a non-persistent topic is not allowed")
+        topic = await self.get_topic(topic_name, create=False)
+        assert isinstance(topic, PersistentTopic)
+        position = await topic.terminate()
+        return position.ledger_id, position.entry_id
+
     async def delete_partitioned_topic(self, name: str | TopicName, *, force: bool = False,
                                        ) -> None:
         topic_name = self.parse_topic(name)
@@ -355,13 +390,8 @@ class BrokerService:
                 for subscription in list(topic.subscriptions.values()):
                     evicted += await subscription.expire_messages(int(age_limit_s * 0.9))
             return evicted, 0
-        dropped = 0
-        for producer in list(topic.producers.values()):
-            topic.remove_producer(producer)
-            closer: Any = getattr(producer, "closer", None)
-            if closer is not None:
-                closer("backlog quota exceeded")
-            dropped += 1
+        dropped = len(topic.producers) + len(topic.access.waiters)
+        topic.disconnect_producers("backlog quota exceeded")
         return 0, dropped
 
     async def _evict(self, topic: PersistentTopic) -> int:

@@ -423,8 +423,8 @@ class _SubModel:
         self.tainted.clear()
 
     def reset_redeliveries(self) -> None:
-        """The broker forgets redelivery counts when it restarts and when the last
-        consumer leaves."""
+        """The broker forgets redelivery counts when the last consumer leaves (not when it
+        restarts: the cursor persists them)."""
         self.redeliveries.clear()
         self.redeliveries_unknown.clear()
 
@@ -1362,7 +1362,8 @@ class _Simulation:
             for model in list(sub.consumers.values()):
                 self._forget_consumer(model)
             sub.reset_window()
-            sub.reset_redeliveries()
+            if kind != "clean":  # a crash may lose increments not yet written
+                sub.redeliveries_unknown.update(sub.redeliveries)
         await self._open()
         lost: list[_Entry] = []
         for topic in self.topics:

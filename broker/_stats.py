@@ -183,7 +183,7 @@ def internal_stats(topic: PersistentTopic) -> dict[str, Any]:
         "currentLedgerEntries": ml.ledger_entries(ml.current_ledger_id),
         "currentLedgerSize": 0,
         "lastConfirmedEntry": f"{last.ledger_id}:{last.entry_id}",
-        "state": "LedgerOpened",
+        "state": "Terminated" if ml.terminated_position is not None else "LedgerOpened",
         "ledgers": ledgers,
         "cursors": cursors,
     }

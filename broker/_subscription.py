@@ -17,7 +17,11 @@ consumer receives which entry. The subscription glues them and adds:
   dispatcher's replay queue when due. The tracker holds positions only; the entries stay in
   the ledger, and after a restart the tracker is rebuilt by re-reading from the
   mark-delete position;
-* redelivery counts (in memory, per entry, cleared on ack);
+* redelivery counts, per entry, cleared on ack and on a seek; they live in the cursor
+  (`_redelivery.py`), which persists them. Pulsar drops them when the last consumer of a
+  Shared/Key_Shared subscription leaves; here they are kept when that happens because the
+  broker stops or the topic unloads (the consumers did not choose to leave), so a restart
+  keeps counting towards the client's dead-letter limit;
 * acknowledgements: individual, cumulative, and batch-index ack sets, applied to the cursor
   and then reported to the dispatcher.
 """
@@ -60,7 +64,6 @@ class Subscription:
         self.name = name
         self.cursor = cursor
         self.dispatcher: Dispatcher | None = None
-        self._redelivery: dict[Position, int] = {}
         self.delayed: InMemoryDelayedDeliveryTracker | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._reset_done: asyncio.Event | None = None  # set while a reset runs
@@ -120,14 +123,18 @@ class Subscription:
         self.cursor.rewind()
 
     def redelivery_count(self, position: Position) -> int:
-        return self._redelivery.get(position, 0)
+        return self.cursor.redelivery.get(position)
 
     def increment_redelivery_count(self, position: Position) -> None:
         if self.config.subscription_redelivery_tracker_enabled:
-            self._redelivery[position] = self._redelivery.get(position, 0) + 1
+            self.cursor.count_redelivery(position)
 
     def clear_redelivery_counts(self) -> None:
-        self._redelivery.clear()
+        """The last consumer left: forget the counts, unless the broker is stopping or the
+        topic is closing (see the module docstring)."""
+        if self.topic.fenced or self.topic.service.stopping:
+            return
+        self.cursor.clear_redelivery_counts()
 
     def clear_delayed(self) -> None:
         if self.delayed is not None:
@@ -358,8 +365,7 @@ class Subscription:
 
     def _after_ack(self, consumer: Consumer | None, positions: list[Position], messages: int,
                    moved: bool, remaining: dict[tuple[int, int], int] | None = None) -> None:
-        for position in positions:
-            self._redelivery.pop(position, None)
+        self.cursor.redelivery.discard(positions)
         if self.dispatcher is not None:
             self.dispatcher.acked(consumer, [(p.ledger_id, p.entry_id) for p in positions],
                                    messages, remaining)
@@ -435,7 +441,7 @@ class Subscription:
             await self._reset_done.wait()
 
     def _after_reset(self) -> None:
-        self._redelivery.clear()
+        self.cursor.clear_redelivery_counts()
         self.clear_delayed()
         if isinstance(self.dispatcher, SharedDispatcher):
             self.dispatcher.replay.clear()

@@ -17,9 +17,21 @@ Publishing to a persistent topic (`PersistentTopic.publish`):
    after it, so a restart or a crash loses nothing.
 5. subscriptions are woken through the managed ledger's entries-added hook.
 
-Producers: names are unique per topic (ProducerBusy); access modes Shared (default),
-Exclusive and ExclusiveWithFencing and WaitForExclusive (treated as Exclusive); the backlog
-quota is checked at creation (broker reference §7.3).
+Producers: names are unique per topic (ProducerBusy); the access modes (Shared, Exclusive,
+ExclusiveWithFencing, WaitForExclusive) and the topic epoch are `_access_modes.ExclusiveAccess`'s
+business: a WaitForExclusive producer that must wait is returned with its `waiter` set and
+is registered in `producers` only once promoted. The backlog quota is checked at creation
+(broker reference §7.3).
+
+Closing (`fenced`): while a topic closes, unloads or is deleted, new producers and consumers
+get ServiceNotReady (the client retries and lands on the reloaded topic). A broker-side close
+of a producer or consumer goes through `Producer.disconnect` / the consumer's sink, which the
+connection turns into CLOSE_PRODUCER / CLOSE_CONSUMER (the client reconnects).
+
+Termination (`terminate`): the managed ledger records its last position and takes no more
+entries; producers are disconnected and refused with TopicTerminatedError from then on;
+consumers read up to the last entry and then get nothing more (no REACHED_END_OF_TOPIC: the
+C++ client cannot handle it, wire reference §10.5).
 """
 
 from __future__ import annotations
@@ -29,12 +41,14 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from codec import parse_entry
 from codec._proto import pulsar_api_pb2 as pb
 
+from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DEDUP_UNKNOWN_MESSAGE, DeduplicationState, DedupResult
@@ -46,6 +60,7 @@ from ._errors import (
     ProducerBlockedQuotaExceededError,
     ProducerBlockedQuotaExceededException,
     ProducerBusyError,
+    ServiceNotReadyError,
     SubscriptionNotFoundError,
     TopicTerminatedError,
     from_storage_error,
@@ -76,6 +91,7 @@ class ProducerSpec:
     producer_name: str = ""
     access_mode: str = "Shared"  # Shared | Exclusive | ExclusiveWithFencing | WaitForExclusive
     epoch: int = 0
+    topic_epoch: int | None = None  # what the client got from an earlier exclusive access
     metadata: dict[str, str] = field(default_factory=dict)
     initial_subscription_name: str = ""
     address: str = ""
@@ -95,6 +111,15 @@ class Producer:
         self.bytes_in_counter = 0
         self.closed = False
         self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.topic_epoch: int | None = None  # granted with exclusive access
+        self.waiter: Waiter | None = None  # set while a WaitForExclusive producer waits
+        self.closer: Callable[[str], None] | None = None  # the connection's CLOSE_PRODUCER
+
+    def disconnect(self, reason: str) -> None:
+        """The broker drops this producer (already removed from its topic): its connection
+        tells the client, which reconnects."""
+        if self.closer is not None:
+            self.closer(reason)
 
 
 @dataclass(frozen=True)
@@ -129,7 +154,75 @@ def _metadata_of(entry: bytes) -> pb.MessageMetadata:
     return parse_entry(entry, verify_checksum=False).metadata
 
 
-class PersistentTopic:
+class _ProducerHost:
+    """What both topic kinds do with producers: admission under the access modes
+    (`ExclusiveAccess`), registration, removal with promotion of a waiting producer, and
+    broker-side disconnects. Subclasses set `name`, `producers`, `access` and `fenced`."""
+
+    name: TopicName
+    producers: dict[str, Producer]
+    access: ExclusiveAccess
+    fenced: bool
+
+    def _admit(self, producer: Producer) -> Producer:
+        """Apply the access mode (see `ExclusiveAccess.admit`, whose errors pass through);
+        a producer that must wait is returned unregistered with its `waiter` set."""
+        spec = producer.spec
+        granted = self.access.admit(producer.name, spec.access_mode, spec.topic_epoch,
+                                    len(self.producers), self._evict_producers, producer)
+        if isinstance(granted, Waiter):
+            producer.waiter = granted
+            log.info("producer %s waits for exclusive access to %s (%d waiting)",
+                     producer.name, self.name, len(self.access.waiters))
+            return producer
+        producer.topic_epoch = granted
+        self._register(producer)
+        return producer
+
+    def _name_taken(self, name: str) -> bool:
+        return name in self.producers or any(w.name == name for w in self.access.waiters)
+
+    def _register(self, producer: Producer) -> None:
+        assert producer.name not in self.producers
+        self.producers[producer.name] = producer
+
+    def _unregistered(self, producer: Producer) -> None:
+        """Hook: `producer` just left `producers`."""
+
+    def _evict_producers(self) -> None:
+        self.disconnect_producers("fenced by an ExclusiveWithFencing producer")
+
+    def disconnect_producers(self, reason: str) -> None:
+        """Remove every producer, waiting ones included, and tell its connection
+        (CLOSE_PRODUCER; the client reconnects)."""
+        # Waiters first: removing a holder while they wait would promote one.
+        for producer in [w.producer for w in self.access.waiters] + \
+                list(self.producers.values()):
+            self.remove_producer(producer)
+            producer.disconnect(reason)
+
+    def remove_producer(self, producer: Producer) -> None:
+        """A producer leaves (or stops waiting). Idempotent. When it held exclusive access,
+        the first waiting producer is promoted and registered (not while closing)."""
+        producer.closed = True
+        if producer.waiter is not None:
+            self.access.removed(producer.name, producer.waiter, len(self.producers))
+            return
+        if self.producers.get(producer.name) is not producer:
+            return
+        del self.producers[producer.name]
+        self._unregistered(producer)
+        if self.fenced:
+            return  # closing: nobody is promoted (the waiters reconnect to the reloaded topic)
+        promoted = self.access.removed(producer.name, None, len(self.producers))
+        if promoted is not None:
+            waiting: Producer = promoted.producer
+            waiting.waiter = None
+            waiting.topic_epoch = promoted.admitted.result()
+            self._register(waiting)
+
+
+class PersistentTopic(_ProducerHost):
     """A persistent topic (or one partition of a partitioned topic)."""
 
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
@@ -144,6 +237,9 @@ class PersistentTopic:
         self.dedup: DeduplicationState | None = None
         self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
         self.fenced = False
+        self.access = ExclusiveAccess(
+            ExclusiveAccess.restored_epoch(ml.properties),
+            lambda epoch: ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch)))
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
@@ -234,46 +330,52 @@ class PersistentTopic:
 
     # -- producers -------------------------------------------------------------------------
 
+    @property
+    def terminated(self) -> bool:
+        return self.managed_ledger.terminated_position is not None
+
     def add_producer(self, spec: ProducerSpec) -> Producer:
-        """Admit a producer.
+        """Admit a producer. A WaitForExclusive producer that has to wait comes back with
+        its `waiter` set and is not yet in `producers`.
 
         Raises:
-            ProducerBusyError: the name is taken, an exclusive producer is connected, or the
+            ProducerBusyError: the name is taken, an exclusive producer excludes it, or the
                 producer limit is reached.
-            TopicTerminatedError: the topic is fenced.
+            ProducerFencedError: its topic epoch is older than the topic's.
+            ServiceNotReadyError: the topic is closing, or too many producers wait.
+            TopicTerminatedError: the topic is terminated.
             ProducerBlockedQuotaExceededError/Exception: the backlog quota is exceeded.
+        Nothing is left behind on failure (but an ExclusiveWithFencing producer has evicted
+        the others even when it then fails).
         """
         if self.fenced:
-            raise TopicTerminatedError(f"Topic {self.name} is fenced")
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        if self.terminated:
+            raise TopicTerminatedError(f"Topic {self.name} is terminated")
         name = spec.producer_name or self._generated_name()
-        if name in self.producers:
+        if self._name_taken(name):
             raise ProducerBusyError(
                 f"Producer with name '{name}' is already connected to topic '{self.name}'")
-        exclusive = [p for p in self.producers.values() if p.spec.access_mode != "Shared"]
-        if exclusive or (spec.access_mode != "Shared" and self.producers):
-            raise ProducerBusyError(f"Topic {self.name} has an exclusive producer")
         limit = self.policies.max_producers_per_topic
         if limit > 0 and len(self.producers) >= limit:
             raise ProducerBusyError("Topic reached max producers limit")
         self._check_backlog_quota()
-        producer = Producer(self, spec, name, bool(spec.producer_name))
-        self.producers[name] = producer
+        return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
+
+    def _register(self, producer: Producer) -> None:
+        super()._register(producer)
         if self.dedup is not None:
-            self.dedup.producer_connected(name)
-        return producer
+            self.dedup.producer_connected(producer.name)
+
+    def _unregistered(self, producer: Producer) -> None:
+        if self.dedup is not None:
+            self.dedup.producer_disconnected(producer.name, _now_ms())
 
     def _generated_name(self) -> str:
         while True:
             name = f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
             if name not in self.producers:
                 return name
-
-    def remove_producer(self, producer: Producer) -> None:
-        producer.closed = True
-        if self.producers.get(producer.name) is producer:
-            del self.producers[producer.name]
-            if self.dedup is not None:
-                self.dedup.producer_disconnected(producer.name, _now_ms())
 
     def last_sequence_id(self, producer: Producer) -> int:
         return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
@@ -339,9 +441,10 @@ class PersistentTopic:
             NotAllowedError: too large, or delayed beyond the maximum; nothing written.
             PersistenceError: dedup cannot tell yet, or storage failed; nothing written
                 (on a storage failure the entry may or may not be durable).
-            TopicTerminatedError: the topic is fenced.
+            TopicTerminatedError: the topic is terminated, closing, or the producer is
+                closed (or still waiting for exclusive access).
         """
-        if self.fenced or producer.closed:
+        if self.fenced or producer.closed or self.producers.get(producer.name) is not producer:
             raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
         metadata = metadata if metadata is not None else _metadata_of(entry)
         self._check_message(entry, metadata)
@@ -420,6 +523,8 @@ class PersistentTopic:
         Raises:
             NotAllowedError, ConsumerBusyError, ConsumerAssignError: as Pulsar answers.
         """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
         if not spec.subscription:
             raise NotAllowedError("Empty subscription name")
         if spec.subscription == DEDUP_CURSOR_NAME or \
@@ -545,21 +650,54 @@ class PersistentTopic:
                 log.warning("final dedup snapshot of %s failed: %s", self.name, exc)
         await self.managed_ledger.close()
 
+    async def terminate(self) -> Position:
+        """Terminate the topic: no more messages (see the module docstring). Returns the
+        last message's position. Idempotent.
+
+        Raises:
+            ServiceNotReadyError: the topic is closing.
+            BrokerError: the managed ledger failed (see `ManagedLedger.terminate`).
+        """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        position = await self.managed_ledger.terminate()
+        self.disconnect_producers("topic terminated")
+        return position
+
+    def _disconnect_all(self, reason: str) -> None:
+        self.disconnect_producers(reason)
+        for subscription in self.all_subscriptions():
+            for consumer in list(subscription.consumers):
+                subscription.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, reason)
+
+    async def unload(self) -> None:
+        """Close the topic with every producer and consumer told to reconnect (they come
+        back to the topic reloaded). What is durable stays; the caller forgets the topic."""
+        self.fenced = True
+        self._disconnect_all("topic unloaded")
+        await self.close()
+
     async def delete(self, force: bool = False) -> None:
+        """Delete the topic; with clients connected only when forced (each is told, with
+        CLOSE_PRODUCER / CLOSE_CONSUMER, and reconnects: to a new topic when automatic
+        creation is on).
+
+        Raises:
+            NotAllowedError: clients are connected and not forced; nothing changed.
+        """
         if (self.producers or self.consumer_count()) and not force:
             raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
         self.fenced = True
-        for producer in list(self.producers.values()):
-            self.remove_producer(producer)
+        self._disconnect_all("topic deleted")
         for subscription in self.all_subscriptions():
-            for consumer in subscription.consumers:
-                subscription.remove_consumer(consumer)
-                consumer.sink.close_consumer(consumer, "topic deleted")
             subscription.close()
+        for task in list(self._background):
+            task.cancel()
         await self.managed_ledger.delete()
 
 
-class NonPersistentTopic:
+class NonPersistentTopic(_ProducerHost):
     """A non-persistent topic: messages go to the consumers that can take them now and are
     otherwise dropped (broker reference §3.7)."""
 
@@ -577,24 +715,28 @@ class NonPersistentTopic:
         self.bytes_out_counter = 0
         self.msg_drop_counter = 0
         self.fenced = False
+        self.access = ExclusiveAccess(None, lambda epoch: None)  # the epoch: memory only
 
     @property
     def config(self) -> BrokerConfig:
         return self.service.config
 
     def add_producer(self, spec: ProducerSpec) -> Producer:
+        """Admit a producer (access modes as for persistent topics; the topic epoch is
+        not persisted).
+
+        Raises:
+            ServiceNotReadyError: the topic is closing.
+            ProducerBusyError, ProducerFencedError: as `ExclusiveAccess.admit`, or the name
+                is taken.
+        """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
         name = spec.producer_name or f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
-        if name in self.producers:
+        if self._name_taken(name):
             raise ProducerBusyError(
                 f"Producer with name '{name}' is already connected to topic '{self.name}'")
-        producer = Producer(self, spec, name, bool(spec.producer_name))
-        self.producers[name] = producer
-        return producer
-
-    def remove_producer(self, producer: Producer) -> None:
-        producer.closed = True
-        if self.producers.get(producer.name) is producer:
-            del self.producers[producer.name]
+        return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
 
     def last_sequence_id(self, producer: Producer) -> int:
         return -1
@@ -602,6 +744,13 @@ class NonPersistentTopic:
     async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
                       highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
                       ) -> PublishResult:
+        """Offer one entry to the subscriptions (dropped where it does not fit).
+
+        Raises:
+            TopicTerminatedError: the producer is closed or still waits for exclusive access.
+        """
+        if self.producers.get(producer.name) is not producer:
+            raise TopicTerminatedError(f"Producer {producer.name} is not accepting messages")
         metadata = metadata if metadata is not None else _metadata_of(entry)
         messages = _count_in(self, producer, entry, metadata)
         for subscription in self.subscriptions.values():
@@ -642,8 +791,8 @@ class NonPersistentTopic:
         """Drop the topic; with clients connected only when forced (they are closed)."""
         if (self.producers or self.consumer_count()) and not force:
             raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
-        for producer in list(self.producers.values()):
-            self.remove_producer(producer)
+        self.fenced = True
+        self.disconnect_producers("topic deleted")
         for subscription in list(self.subscriptions.values()):
             for consumer in list(subscription.consumers):
                 subscription.remove_consumer(consumer)

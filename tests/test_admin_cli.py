@@ -45,7 +45,8 @@ def test_every_admin_group_has_its_commands() -> None:
     assert {"storage", "crashtest", "bench"} <= set(top)  # still there
     topics = set(_subcommands(top["topics"]))
     assert {"list", "create-partitioned-topic", "stats", "stats-internal",
-            "partitioned-stats", "create-subscription", "reset-cursor"} <= topics
+            "partitioned-stats", "create-subscription", "reset-cursor", "terminate",
+            "partitioned-terminate", "unload"} <= topics
     namespaces = set(_subcommands(top["namespaces"]))
     assert {"create", "list", "set-retention", "get-retention", "set-message-ttl",
             "set-backlog-quota", "set-deduplication"} <= namespaces
@@ -230,6 +231,29 @@ def test_topic_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
             assert not service.topic_exists("plain")
             assert await cli("topics", "stats", "plain", ok=False) == \
                 "HTTP 404: Topic persistent://public/default/plain not found\n"
+
+    asyncio.run(scenario())
+
+
+def test_terminate_and_unload_commands(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with admin_env(tmp_path) as (env, server, _):
+            cli = Cli(server.url, capsys)
+            service = env.service
+            topic, producer = await persistent_producer(service, "ending")
+            metadata, entry = make_entry(b"last", sequence_id=0, producer_name="p1")
+            result = await topic.publish(producer, entry, 0, 0, metadata)
+            answer = json.loads(await cli("topics", "terminate", "ending"))
+            assert answer == {"ledgerId": result.ledger_id, "entryId": result.entry_id,
+                              "partitionIndex": -1}
+            assert topic.terminated
+            await cli("topics", "unload", "ending")
+            assert "persistent://public/default/ending" not in service.topics
+            await cli("topics", "create-partitioned-topic", "parts", "-p", "2")
+            assert set(json.loads(await cli("topics", "partitioned-terminate", "parts"))) \
+                == {"0", "1"}
+            assert "HTTP 405" in await cli("topics", "terminate", "parts", ok=False)
 
     asyncio.run(scenario())
 

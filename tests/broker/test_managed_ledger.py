@@ -18,6 +18,7 @@ from broker._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
 from broker._position import (
     InvalidPositionError,
     ManagedLedgerClosedError,
+    ManagedLedgerTerminatedError,
     Position,
 )
 from storage import Storage
@@ -567,5 +568,32 @@ def test_trim_writes_metadata_before_deleting_ledgers(env: Env,
         assert ml.trim_consumed_ledgers() == [doomed, second]
         assert len(recorded_at_delete) == 2
         assert all(doomed not in ids and second not in ids for ids in recorded_at_delete)
+
+    run(body)
+
+
+# -- termination ---------------------------------------------------------------------------
+
+
+def test_terminate_waits_for_adds_under_way_and_refuses_later_ones(env: Env) -> None:
+    async def body() -> None:
+        ml = await env.open()
+        earlier = [asyncio.ensure_future(ml.add_entry(b"m%d" % i)) for i in range(5)]
+        # Tasks start in creation order, so the adds reach the submit lock first.
+        terminating = asyncio.ensure_future(ml.terminate())
+        later = asyncio.ensure_future(ml.add_entry(b"late"))
+        positions = [await add for add in earlier]
+        last = await terminating
+        assert last == positions[-1] == ml.last_confirmed_position
+        with pytest.raises(ManagedLedgerTerminatedError):
+            await later
+        assert await ml.terminate() == last  # idempotent
+        await ml.close()
+        reopened = await ManagedLedger.open(env.crash(), "topic", KEEP_ALL, clock=env.clock)
+        assert reopened.terminated_position == last
+        with pytest.raises(ManagedLedgerTerminatedError):
+            await reopened.add_entry(b"after a crash")
+        assert json.loads(env.storage.metadata.get(ml_key("topic")) or b"{}")[
+            "terminated"] == list(last)
 
     run(body)

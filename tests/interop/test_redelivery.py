@@ -1,10 +1,13 @@
 """Redelivery through the official client: negative acks, ack timeout, explicit
-redeliver-all, unacked messages of a closed consumer, and batch-index acknowledgements."""
+redeliver-all, unacked messages of a closed consumer, batch-index acknowledgements, and
+redelivery counts (with a dead-letter policy) that survive a kill -9 of the broker."""
 
 from __future__ import annotations
 
 import pulsar
 import pytest
+
+from .conftest import BrokerFactory, new_client
 
 pytestmark = pytest.mark.interop
 
@@ -129,3 +132,57 @@ def test_cumulative_ack_inside_a_batch(client: pulsar.Client, topic: str) -> Non
     assert last.receive(RECEIVE_MS).data() == b"m-1"
     with pytest.raises(pulsar.Timeout):
         last.receive(QUIET_MS)
+
+
+@pytest.mark.parametrize("stop", ["kill-9", "sigterm"])
+def test_redelivery_counts_survive_a_restart_and_the_dlq_keeps_counting(
+        broker_factory: BrokerFactory, topic: str, stop: str) -> None:
+    max_redeliver = 3
+    process = broker_factory()
+    options = dict(consumer_type=pulsar.ConsumerType.Shared,
+                   negative_ack_redelivery_delay_ms=NACK_DELAY_MS,
+                   dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
+                       max_redeliver_count=max_redeliver,
+                       initial_subscription_name="dead"))
+    client = new_client(process.url)
+    try:
+        consumer = client.subscribe(topic, "sub", **options)  # type: ignore[arg-type]
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(b"poison")
+        counts = []
+        for _ in range(3):
+            message = consumer.receive(RECEIVE_MS)
+            counts.append(message.redelivery_count())
+            if len(counts) < 3:
+                consumer.negative_acknowledge(message)
+        assert counts == [0, 1, 2]
+        # The broker started the cursor write of count 2 before delivering it; this publish
+        # goes through the same journal after it, so once it is receipted the count is
+        # durable.
+        producer.send(b"barrier")
+    finally:
+        if stop == "kill-9":
+            process.kill()
+        else:
+            assert process.stop() == 0  # clients are dropped while the broker stops
+        client.close()
+    process.start()
+    client = new_client(process.url)
+    try:
+        consumer = client.subscribe(topic, "sub", **options)  # type: ignore[arg-type]
+        seen = {}
+        for _ in range(3):
+            message = consumer.receive(RECEIVE_MS)
+            seen.setdefault(message.data(), []).append(message.redelivery_count())
+            if message.data() == b"barrier":
+                consumer.acknowledge(message)
+            else:
+                consumer.negative_acknowledge(message)
+        assert seen == {b"poison": [2, 3], b"barrier": [0]}
+        # Count 3 reached the limit: the next nack sent it to the dead-letter topic.
+        dead = client.subscribe(f"{topic}-sub-DLQ", "dead")
+        assert dead.receive(RECEIVE_MS).data() == b"poison"
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(QUIET_MS)
+    finally:
+        client.close()
