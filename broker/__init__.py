@@ -11,7 +11,12 @@ REST v2 admin API and Prometheus `/metrics`.
 
 from ._admin import AdminServer, RestError, admin_app, start_admin
 from ._config import BrokerConfig
-from ._connection_handler import ConnectionHandler, WireConsumerSink
+from ._connection_handler import (
+    KEEPALIVE_INTERVAL_S_DEFAULT,
+    PENDING_SENDS_MAX_DEFAULT,
+    ConnectionHandler,
+    WireConsumerSink,
+)
 from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
@@ -63,6 +68,8 @@ from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec,
 
 __all__ = [
     "DEDUP_CURSOR_NAME",
+    "KEEPALIVE_INTERVAL_S_DEFAULT",
+    "PENDING_SENDS_MAX_DEFAULT",
     "AdminServer",
     "BrokerConfig",
     "BrokerError",

@@ -88,6 +88,8 @@ from ._subscription import Subscription
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
 
 __all__ = [
+    "KEEPALIVE_INTERVAL_S_DEFAULT",
+    "PENDING_SENDS_MAX_DEFAULT",
     "PROTOCOL_VERSION_MAX",
     "SERVER_VERSION",
     "ConnectionHandler",

@@ -41,6 +41,7 @@ from typing import Any, Final
 from storage import DataDirLockedError, Storage
 
 from ._config import BrokerConfig
+from ._connection_handler import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
 from ._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 from ._service import BrokerService
 
@@ -73,6 +74,10 @@ class StandaloneOptions:
         advertised_url: what LOOKUP answers (default `pulsar://host:port`).
         config: the broker configuration.
         shutdown_grace_s: how long in-flight work may take at shutdown.
+        keepalive_interval_s: the broker's PING cadence; a connection silent for a whole
+            interval after a PING is closed (<= 0: no broker PINGs, no idle timeout).
+        pending_sends_max: SENDs awaiting receipts per connection before the broker stops
+            reading that connection (Pulsar's maxPendingPublishRequestsPerConnection).
     """
 
     data_dir: str
@@ -82,6 +87,12 @@ class StandaloneOptions:
     advertised_url: str | None = None
     config: BrokerConfig = field(default_factory=BrokerConfig)
     shutdown_grace_s: float = SHUTDOWN_GRACE_S_DEFAULT
+    keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT
+    pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT
+
+    def __post_init__(self) -> None:
+        assert self.pending_sends_max >= 1, "pending_sends_max must be at least 1"
+        assert self.shutdown_grace_s >= 0, "shutdown_grace_s must not be negative"
 
 
 def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
@@ -201,7 +212,9 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
 async def _serve_until(service: BrokerService, options: StandaloneOptions, stop: asyncio.Event,
                        started: float) -> None:
     server = await serve(service, options.host, options.port,
-                         advertised_url=options.advertised_url)
+                         advertised_url=options.advertised_url,
+                         keepalive_interval_s=options.keepalive_interval_s,
+                         pending_sends_max=options.pending_sends_max)
     http: object | None = None
     try:
         http = await start_http(service, options.host, options.http_port)

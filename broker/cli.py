@@ -69,6 +69,10 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
+    if args.max_pending_sends < 1 or args.shutdown_grace_s < 0:
+        print("magnetar standalone: --max-pending-sends must be at least 1 and "
+              "--shutdown-grace-s not negative", file=sys.stderr)
+        return 2
     options = StandaloneOptions(
         data_dir=args.data_dir,
         host=args.host,
@@ -76,6 +80,9 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         advertised_url=args.advertised_url,
         config=config,
+        shutdown_grace_s=args.shutdown_grace_s,
+        keepalive_interval_s=args.keepalive_interval_s,
+        pending_sends_max=args.max_pending_sends,
     )
     return run_standalone(options)
 
@@ -98,6 +105,19 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "(default 8080)")
     standalone.add_argument("--advertised-url", default=None, help="the URL lookups answer "
                             "with (default pulsar://HOST:PORT)")
+    standalone.add_argument("--keepalive-interval-s", type=float, default=30.0,
+                            metavar="SECONDS", help="the broker PINGs each connection this "
+                            "often and closes one that sent nothing for a whole interval "
+                            "after a PING (Pulsar's keepAliveIntervalSeconds; default 30; "
+                            "0 disables broker PINGs and the idle timeout)")
+    standalone.add_argument("--max-pending-sends", type=int, default=1000, metavar="N",
+                            help="SENDs awaiting their receipts per connection before the "
+                            "broker stops reading that connection until receipts go out "
+                            "(Pulsar's maxPendingPublishRequestsPerConnection; default 1000)")
+    standalone.add_argument("--shutdown-grace-s", type=float, default=10.0,
+                            metavar="SECONDS", help="at SIGTERM/SIGINT, how long the commands "
+                            "already received may take to finish before connections are "
+                            "closed (default 10)")
     standalone.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                             help="override a broker setting, e.g. "
                             "broker_deduplication_enabled=true (repeatable)")

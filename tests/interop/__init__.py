@@ -71,6 +71,7 @@ class BrokerProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     config: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()  # more `magnetar standalone` options
     process: subprocess.Popen[bytes] | None = None
     startup_s: float = 0.0  # from Popen to the first accepted connection, last start
 
@@ -83,7 +84,7 @@ class BrokerProcess:
                 str(self.data_dir), "--host", HOST, "--port", str(self.port), "--http-port", "0"]
         for item in self.config:
             args += ["--config", item]
-        return args
+        return args + list(self.extra_args)
 
     def start(self) -> float:
         """Start the process and wait until it accepts connections; returns the time that took."""
