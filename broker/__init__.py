@@ -59,17 +59,20 @@ from ._selectors import (
     new_selector,
 )
 from ._server import BrokerServer, serve
-from ._service import BrokerService, Topic
+from ._service import TOPIC_LISTENERS_MAX, BrokerService, Topic, TopicListener
 from ._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
 from ._standalone import StandaloneOptions, run_standalone, serve_standalone
 from ._stats import internal_stats, topic_stats
 from ._subscription import Subscription
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec, PublishResult
+from ._topic_watchers import WATCHERS_PER_CONNECTION_MAX, TopicListWatchers
 
 __all__ = [
     "DEDUP_CURSOR_NAME",
     "KEEPALIVE_INTERVAL_S_DEFAULT",
     "PENDING_SENDS_MAX_DEFAULT",
+    "TOPIC_LISTENERS_MAX",
+    "WATCHERS_PER_CONNECTION_MAX",
     "AdminServer",
     "BrokerConfig",
     "BrokerError",
@@ -128,6 +131,8 @@ __all__ = [
     "SubscriptionBusyError",
     "SubscriptionNotFoundError",
     "Topic",
+    "TopicListWatchers",
+    "TopicListener",
     "TopicName",
     "TopicNotFoundError",
     "TopicTerminatedError",

@@ -36,6 +36,9 @@ codec `ProtocolError`) and SENDs for unknown producers close this connection onl
 The broker-to-client commands the C++ client cannot handle (REACHED_END_OF_TOPIC, transaction
 replies, ...) are refused by the codec's `peer_accepted_types`; transactions are answered with
 ERROR NotAllowed "Transactions are not enabled.", as Pulsar does with its coordinator off.
+WATCH_TOPIC_LIST is served by `_topic_watchers.TopicListWatchers` for clients that declared
+feature_flags.supports_topic_watchers in CONNECT (their connection then accepts the
+WATCH_TOPIC_* replies); other clients get ERROR NotAllowed.
 
 Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection that sent no
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
@@ -86,6 +89,7 @@ from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
 from ._service import BrokerService, Topic
 from ._subscription import Subscription
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
+from ._topic_watchers import SUBSCRIPTION_PATTERN_LENGTH_MAX, WATCHER_REPLY_TYPES, TopicListWatchers
 
 __all__ = [
     "KEEPALIVE_INTERVAL_S_DEFAULT",
@@ -110,7 +114,6 @@ REQUEST_ID_NONE: Final = UINT64_MASK  # broker-initiated CLOSE_PRODUCER / CLOSE_
 FRAME_PADDING_BYTES: Final = 10 * 1024  # room for command and metadata (wire reference §2.4)
 PENDING_SENDS_MAX_DEFAULT: Final = 1000  # per connection (Pulsar's maxPendingPublishRequests)
 CLOSED_PRODUCER_IDS_MAX: Final = 1024  # closed ids remembered, to drop their late SENDs quietly
-SUBSCRIPTION_PATTERN_LENGTH_MAX: Final = 50  # Pulsar's subscriptionPatternMaxLength
 KEEPALIVE_INTERVAL_S_DEFAULT: Final = 30.0
 WRITE_BUFFER_BYTES_MAX: Final = 1024 * 1024  # unsent bytes before deliveries pause
 SCHEMA_TYPE_NONE: Final = 0  # Schema.Type "None": what bytes producers may send; no schema
@@ -335,6 +338,7 @@ class ConnectionHandler:
         self._received_since_ping = True
         self._ping_outstanding = False
         self._keepalive: asyncio.TimerHandle | None = None
+        self.watchers = TopicListWatchers(self.service, self.send, peer)
         self._dispatch_table: dict[int, Callable[[Frame], None]] = self._build_dispatch()
 
     def _build_dispatch(self) -> dict[int, Callable[[Frame], None]]:
@@ -546,6 +550,7 @@ class ConnectionHandler:
         for consumer_state in list(self._consumers.values()):
             self._detach(consumer_state)
         self._consumers.clear()
+        self.watchers.close_all()
 
     # -- handshake, keep-alive, discovery --------------------------------------------------
 
@@ -553,13 +558,17 @@ class ConnectionHandler:
         connect = frame.command.connect
         self.client_version = connect.client_version
         self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION_MAX)
+        accepted = CPP_CLIENT_ACCEPTED_TYPES
         if connect.client_version.startswith("Pulsar-Java"):
             # The Java client, unlike the C++ one, handles GET_OR_CREATE_SCHEMA_RESPONSE.
-            self.conn.peer_accepted_types = CPP_CLIENT_ACCEPTED_TYPES | {
-                T.GET_OR_CREATE_SCHEMA_RESPONSE}
+            accepted |= {T.GET_OR_CREATE_SCHEMA_RESPONSE}
+        if connect.feature_flags.supports_topic_watchers:
+            accepted |= WATCHER_REPLY_TYPES  # the C++ client never declares it
+        self.conn.peer_accepted_types = accepted
         self.send(pb.CommandConnected(
             server_version=SERVER_VERSION, protocol_version=self.protocol_version,
-            max_message_size=self.service.config.max_message_size_bytes))
+            max_message_size=self.service.config.max_message_size_bytes,
+            feature_flags=pb.FeatureFlags(supports_topic_watchers=True)))
 
     def _on_ping(self, frame: Frame) -> None:
         self.send(pb.CommandPong())
@@ -628,11 +637,23 @@ class ConnectionHandler:
         self.send(reply)
 
     def _on_watch_topic_list(self, frame: Frame) -> None:
-        self._error_code(frame.command.watchTopicList.request_id, pb.NotAllowedError,
-                         "Topic list watchers are not supported")
+        request = frame.command.watchTopicList
+        peer_types = self.conn.peer_accepted_types
+        if peer_types is not None and not peer_types >= WATCHER_REPLY_TYPES:
+            self._error_code(request.request_id, pb.NotAllowedError, "Topic list watchers "
+                             "need supports_topic_watchers in CONNECT's feature flags")
+            return
+        try:
+            reply = self.watchers.watch(request)
+        except Exception as exc:
+            self._error(request.request_id, exc)
+            return
+        self.send(reply)
 
     def _on_watch_topic_list_close(self, frame: Frame) -> None:
-        self._success(frame.command.watchTopicListClose.request_id)
+        request = frame.command.watchTopicListClose
+        self.watchers.close_watcher(request.watcher_id)
+        self._success(request.request_id)
 
     def _on_transaction(self, frame: Frame) -> None:
         body: Any = frame.body
