@@ -43,6 +43,7 @@ from ._errors import (
     for_code,
     from_storage_error,
 )
+from ._lookup_http import LookupUrls
 from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ._metrics import render_metrics
 from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
@@ -99,6 +100,7 @@ __all__ = [
     "InMemoryDelayedDeliveryTracker",
     "IncompatibleSchemaError",
     "InvalidTopicNameError",
+    "LookupUrls",
     "ManagedCursor",
     "ManagedLedger",
     "ManagedLedgerConfig",

@@ -23,7 +23,9 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
   `resetcursor` (ResetCursorData body), `expireMessages/{s}`, and
   `all_subscription/expireMessages/{s}`. Topic and subscription names arrive URL-encoded in
   the path and are decoded by the router;
-* `/metrics`: `render_metrics`.
+* `/metrics`: `render_metrics`;
+* HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
+  and `…/partitions?checkAllowAutoCreation=true`.
 
 A partitioned topic's base name stands for all its partitions where Pulsar allows it
 (listing, creating and deleting subscriptions, `skip_all`, expiry, reset by time,
@@ -63,6 +65,7 @@ from ._errors import (
     SubscriptionNotFoundError,
     TopicNotFoundError,
 )
+from ._lookup_http import LookupUrls, lookup_routes, partitions_for_client
 from ._metrics import CONTENT_TYPE, render_metrics
 from ._names import NamespaceName, TopicDomain, TopicName
 from ._namespaces import POLICY_FIELDS
@@ -653,6 +656,8 @@ async def update_partitioned_topic(request: web.Request) -> web.Response:
 
 async def get_partitioned_metadata(request: web.Request) -> web.Response:
     service = _service(request)
+    if _flag(request, "checkAllowAutoCreation"):  # a client's lookup, not an admin's question
+        return await partitions_for_client(service, request)
     name = _topic_name(request)
     partitions = _partitions(service, name)
     if partitions == 0 and not service.topic_exists(name):
@@ -979,12 +984,14 @@ _TOPIC = _DOMAIN + "/{topic}"
 _SUB = _TOPIC + "/subscription/{subscription}"
 
 
-def admin_app(service: BrokerService, *, consumer_metrics: bool = False) -> web.Application:
+def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
+              lookup_urls: LookupUrls | None = None) -> web.Application:
     """The admin API of `service` as an aiohttp application.
 
     Args:
         service: the broker the handlers drive; it must run on the serving loop.
         consumer_metrics: write the per-consumer metrics at /metrics.
+        lookup_urls: what HTTP lookups answer (default: no broker URL, lookups answer 503).
 
     Returns:
         The application, routes registered.
@@ -1036,6 +1043,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False) -> web.
     r.add_post(_SUB + "/expireMessages/{seconds:[0-9]+}", expire_messages)
     r.add_post(_SUB + "/resetcursor/{timestamp:[0-9]+}", reset_cursor_by_time)
     r.add_post(_SUB + "/resetcursor", reset_cursor_to_position)
+    r.add_routes(lookup_routes(service, lookup_urls or LookupUrls()))
     return app
 
 
@@ -1058,7 +1066,8 @@ class AdminServer:
 
 
 async def start_admin(service: BrokerService, host: str, port: int, *,
-                      consumer_metrics: bool = False) -> AdminServer:
+                      consumer_metrics: bool = False,
+                      broker_url: str | None = None) -> AdminServer:
     """Serve the admin API of `service` on `host:port` from the running loop.
 
     Args:
@@ -1066,6 +1075,7 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
         host: the address to listen on.
         port: the TCP port; 0 picks a free one (see `AdminServer.port`).
         consumer_metrics: write the per-consumer metrics at /metrics.
+        broker_url: the binary-protocol URL HTTP lookups answer with.
 
     Returns:
         The running server.
@@ -1073,7 +1083,9 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
     Raises:
         OSError: the address cannot be bound.
     """
-    runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics),
+    urls = LookupUrls(broker_url)
+    runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics,
+                                     lookup_urls=urls),
                            access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -1084,5 +1096,6 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
         raise
     bound = runner.addresses[0][1] if runner.addresses else port
     assert bound > 0
+    urls.http_url = f"http://{host}:{bound}"
     log.info("admin API listening on %s:%d", host, bound)
     return AdminServer(runner, host, bound)

@@ -16,11 +16,13 @@ storage (queued writes, checkpoint, directory lock). The signal handlers are rem
 a second signal kills the process at once; the data directory recovers from that like from any
 crash.
 
-The admin hook. `start_http(service, host, port)` calls `broker._admin.start_admin(service,
-host, port)` when a `broker._admin` module exists, awaiting its result if it is awaitable, and
-returns what it gives (a handle); without the module it does nothing and returns None. At
-shutdown `stop_http(handle)` calls the handle's `close()` (awaited if awaitable) and then its
-`wait_closed()` if it has one -- the shape of an `asyncio.Server` or an aiohttp runner wrapper.
+The admin hook. `start_http(service, host, port, broker_url)` calls
+`broker._admin.start_admin(service, host, port, broker_url=broker_url)` (the URL its HTTP
+lookups answer with) when a `broker._admin` module exists, awaiting its result if it is
+awaitable, and returns what it gives (a handle); without the module it does nothing and
+returns None. At shutdown `stop_http(handle)` calls the handle's `close()` (awaited if
+awaitable) and then its `wait_closed()` if it has one -- the shape of an `asyncio.Server` or
+an aiohttp runner wrapper.
 """
 
 from __future__ import annotations
@@ -134,7 +136,8 @@ def _parse_value(kind: Any, text: str, name: str) -> Any:
     raise ValueError(f"{name} cannot be set from the command line")
 
 
-async def start_http(service: BrokerService, host: str, port: int) -> object | None:
+async def start_http(service: BrokerService, host: str, port: int,
+                     broker_url: str | None = None) -> object | None:
     """Start the admin HTTP server if the admin module exists (see the module comment).
 
     Returns:
@@ -143,7 +146,7 @@ async def start_http(service: BrokerService, host: str, port: int) -> object | N
     if importlib.util.find_spec(ADMIN_MODULE) is None:
         return None
     admin: types.ModuleType = importlib.import_module(ADMIN_MODULE)
-    handle: object = admin.start_admin(service, host, port)
+    handle: object = admin.start_admin(service, host, port, broker_url=broker_url)
     if inspect.isawaitable(handle):
         handle = await handle
     return handle
@@ -217,7 +220,7 @@ async def _serve_until(service: BrokerService, options: StandaloneOptions, stop:
                          pending_sends_max=options.pending_sends_max)
     http: object | None = None
     try:
-        http = await start_http(service, options.host, options.http_port)
+        http = await start_http(service, options.host, options.http_port, server.url)
         log.info("Magnetar standalone ready on %s (data in %s, %s, started in %.2f s)",
                  server.url, options.data_dir,
                  "no admin HTTP" if http is None
