@@ -22,6 +22,7 @@ from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
 from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 from ._draining import ConsumerDrainingStats, DrainingHash, DrainingHashesTracker
+from ._entry_metadata import EntryMetadataAppender
 from ._errors import (
     BrokerError,
     ConsumerAssignError,
@@ -94,6 +95,7 @@ __all__ = [
     "DrainingHash",
     "DrainingHashesTracker",
     "EffectivePolicies",
+    "EntryMetadataAppender",
     "HashRange",
     "HashRangeAutoSplitSelector",
     "HashRangeExclusiveSelector",

@@ -75,10 +75,18 @@ class BrokerConfig:
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"
 
+    # Broker entry metadata (Pulsar's brokerEntryMetadataInterceptors): "timestamp" and/or
+    # "index", or upstream's class names; empty = entries stored as the producer sent them.
+    broker_entry_metadata_interceptors: tuple[str, ...] = ()
+
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
     def __post_init__(self) -> None:
+        """Raises ValueError for an unknown broker entry metadata interceptor."""
+        from ._entry_metadata import interceptors_of
+
+        interceptors_of(self.broker_entry_metadata_interceptors)
         assert self.allow_auto_topic_creation_type in ("non-partitioned", "partitioned")
         assert self.default_num_partitions >= 1
         assert self.max_message_size_bytes > 0

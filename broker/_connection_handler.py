@@ -40,6 +40,10 @@ WATCH_TOPIC_LIST is served by `_topic_watchers.TopicListWatchers` for clients th
 feature_flags.supports_topic_watchers in CONNECT (their connection then accepts the
 WATCH_TOPIC_* replies); other clients get ERROR NotAllowed.
 
+Broker entry metadata: a stored entry may carry the 0x0e02 block (`_entry_metadata.py`); it
+goes out verbatim to clients that declared supports_broker_entry_metadata and is stripped for
+the others.
+
 Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection that sent no
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
 
@@ -72,6 +76,7 @@ from codec import (
     base_command,
     parse_entry,
     pb,
+    strip_broker_entry_metadata,
 )
 from storage import StorageError
 
@@ -328,6 +333,7 @@ class ConnectionHandler:
         self.closed = False
         self.client_version = ""
         self.protocol_version = 0
+        self.wants_entry_metadata = False  # the client declared supports_broker_entry_metadata
         self._producers: dict[int, _ProducerState] = {}
         self._consumers: dict[int, _ConsumerState] = {}
         self._closed_producers: OrderedDict[int, None] = OrderedDict()
@@ -414,7 +420,8 @@ class ConnectionHandler:
 
     def write_messages(self, consumer_id: int, deliveries: list[Delivery],
                        send_epoch: bool) -> None:
-        """MESSAGE frames for deliveries, the stored entries appended verbatim."""
+        """MESSAGE frames for deliveries, the stored entries appended verbatim (their broker
+        entry metadata stripped for a client that did not declare it can read it)."""
         if self.closed or not deliveries:
             return
         out = bytearray()
@@ -428,7 +435,9 @@ class ConnectionHandler:
                 message.ack_set.extend(delivery.ack_set)
             if send_epoch:
                 message.consumer_epoch = delivery.epoch
-            out += self.conn.send(base_command(message), entry=delivery.entry)
+            entry = delivery.entry if self.wants_entry_metadata else \
+                strip_broker_entry_metadata(delivery.entry)
+            out += self.conn.send(base_command(message), entry=entry)
         self._write(bytes(out))
         self._check_write_room()
 
@@ -558,6 +567,7 @@ class ConnectionHandler:
         connect = frame.command.connect
         self.client_version = connect.client_version
         self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION_MAX)
+        self.wants_entry_metadata = connect.feature_flags.supports_broker_entry_metadata
         accepted = CPP_CLIENT_ACCEPTED_TYPES
         if connect.client_version.startswith("Pulsar-Java"):
             # The Java client, unlike the C++ one, handles GET_OR_CREATE_SCHEMA_RESPONSE.

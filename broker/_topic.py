@@ -38,6 +38,7 @@ from codec._proto import pulsar_api_pb2 as pb
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DEDUP_UNKNOWN_MESSAGE, DeduplicationState, DedupResult
+from ._entry_metadata import EntryMetadataAppender, interceptors_of
 from ._errors import (
     BrokerError,
     ConsumerBusyError,
@@ -142,6 +143,9 @@ class PersistentTopic:
         self.policies: EffectivePolicies = service.namespaces.effective_policies(
             str(name), name.namespace_name)
         self.dedup: DeduplicationState | None = None
+        interceptors = interceptors_of(service.config.broker_entry_metadata_interceptors)
+        self.entry_metadata = EntryMetadataAppender.open(
+            interceptors, ml, lambda: int(service.clock() * 1000)) if interceptors else None
         self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
         self.fenced = False
         self.msg_in_counter = 0
@@ -355,8 +359,10 @@ class PersistentTopic:
                 return PublishResult(-1, -1)
             if verdict is DedupResult.UNKNOWN:
                 raise PersistenceError(DEDUP_UNKNOWN_MESSAGE)
+        stored = entry if self.entry_metadata is None else \
+            self.entry_metadata.prefix(entry, metadata)
         try:
-            position = await self.managed_ledger.add_entry(entry)
+            position = await self.managed_ledger.add_entry(stored)
         except BrokerError:
             raise
         except Exception as exc:
