@@ -36,9 +36,9 @@ codec `ProtocolError`) and SENDs for unknown producers close this connection onl
 The broker-to-client commands the C++ client cannot handle (REACHED_END_OF_TOPIC, transaction
 replies, ...) are refused by the codec's `peer_accepted_types`; transactions are answered with
 ERROR NotAllowed "Transactions are not enabled.", as Pulsar does with its coordinator off.
-WATCH_TOPIC_LIST is served by `_topic_watchers.TopicListWatchers` for clients that declared
-feature_flags.supports_topic_watchers in CONNECT (their connection then accepts the
-WATCH_TOPIC_* replies); other clients get ERROR NotAllowed.
+WATCH_TOPIC_LIST is served by `_topic_watchers.TopicListWatchers` for the Java client and for
+clients that declared feature_flags.supports_topic_watchers in CONNECT (their connection then
+accepts the WATCH_TOPIC_* replies); other clients get ERROR NotAllowed.
 
 Broker entry metadata: a stored entry may carry the 0x0e02 block (`_entry_metadata.py`); it
 goes out verbatim to clients that declared supports_broker_entry_metadata and is stripped for
@@ -569,11 +569,14 @@ class ConnectionHandler:
         self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION_MAX)
         self.wants_entry_metadata = connect.feature_flags.supports_broker_entry_metadata
         accepted = CPP_CLIENT_ACCEPTED_TYPES
-        if connect.client_version.startswith("Pulsar-Java"):
+        java = connect.client_version.startswith("Pulsar-Java")
+        if java:
             # The Java client, unlike the C++ one, handles GET_OR_CREATE_SCHEMA_RESPONSE.
             accepted |= {T.GET_OR_CREATE_SCHEMA_RESPONSE}
-        if connect.feature_flags.supports_topic_watchers:
-            accepted |= WATCHER_REPLY_TYPES  # the C++ client never declares it
+        if java or connect.feature_flags.supports_topic_watchers:
+            # The Java client watches topic lists (it learns the broker can from CONNECTED's
+            # flag and does not declare its own); the C++ client never does.
+            accepted |= WATCHER_REPLY_TYPES
         self.conn.peer_accepted_types = accepted
         self.send(pb.CommandConnected(
             server_version=SERVER_VERSION, protocol_version=self.protocol_version,
@@ -651,7 +654,8 @@ class ConnectionHandler:
         peer_types = self.conn.peer_accepted_types
         if peer_types is not None and not peer_types >= WATCHER_REPLY_TYPES:
             self._error_code(request.request_id, pb.NotAllowedError, "Topic list watchers "
-                             "need supports_topic_watchers in CONNECT's feature flags")
+                             "need a Java client or supports_topic_watchers in CONNECT's "
+                             "feature flags")
             return
         try:
             reply = self.watchers.watch(request)

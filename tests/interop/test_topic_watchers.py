@@ -24,12 +24,14 @@ NS = "public/default"
 PATTERN = "persistent://public/default/watched-.*"
 
 
-async def _connect(port: int, *, watchers: bool) -> tuple[_AsyncClient, pb.CommandConnected]:
+async def _connect(port: int, *, watchers: bool, client_version: str = "",
+                   ) -> tuple[_AsyncClient, pb.CommandConnected]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     client = _AsyncClient(reader, writer)
     flags = pb.FeatureFlags(supports_topic_watchers=watchers)
-    client.send(pb.CommandConnect(client_version="Pulsar-CPP-v3.5.0" if not watchers
-                                  else "watcher-test", protocol_version=20, feature_flags=flags))
+    version = client_version or ("watcher-test" if watchers else "Pulsar-CPP-v3.5.0")
+    client.send(pb.CommandConnect(client_version=version, protocol_version=20,
+                                  feature_flags=flags))
     connected = (await client.expect(T.CONNECTED)).body
     return client, connected
 
@@ -99,10 +101,13 @@ def test_watcher_lists_then_follows_creates_and_deletes(tmp_path: Path) -> None:
     asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=0))
 
 
-def test_watcher_hash_match_sends_an_empty_list(tmp_path: Path) -> None:
+def test_java_client_watches_without_declaring_and_a_hash_match_sends_no_list(
+        tmp_path: Path) -> None:
     async def body(server: BrokerServer, service: BrokerService) -> None:
         await service.create_topic("persistent://public/default/watched-x")
-        client, _ = await _connect(server.port, watchers=True)
+        # The Java client learns of watchers from CONNECTED and declares nothing itself.
+        client, _ = await _connect(server.port, watchers=False,
+                                   client_version="Pulsar-Java-v3.3.0")
         _, digest = await _listed_hash(client, PATTERN)
         client.send(pb.CommandWatchTopicList(request_id=1, watcher_id=1, namespace=NS,
                                              topics_pattern=PATTERN, topics_hash=digest))
