@@ -47,7 +47,13 @@ from ._errors import (
 from ._lookup_http import LookupUrls
 from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ._metrics import render_metrics
-from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
+from ._names import (
+    NamespaceName,
+    TopicName,
+    matches_topics_pattern,
+    strip_domain_scheme,
+    topics_hash,
+)
 from ._namespaces import EffectivePolicies, NamespaceRegistry
 from ._pending_acks import PendingAck, PendingAcksMap
 from ._position import Position
@@ -154,5 +160,6 @@ __all__ = [
     "serve",
     "serve_standalone",
     "start_admin",
+    "strip_domain_scheme",
     "topic_stats",
 ]

@@ -19,11 +19,12 @@ it sends through the connection's `send`, which refuses (and logs) what the peer
 so only connections that accept WATCH_TOPIC_* replies (`WATCHER_REPLY_TYPES`, decided at
 CONNECT) register watchers at all.
 
-Limits and errors (CommandError, upstream's wording where it has one): a pattern longer than
-`SUBSCRIPTION_PATTERN_LENGTH_MAX` or more than `WATCHERS_PER_CONNECTION_MAX` watchers on one
-connection -> NotAllowedError "Unable to create topic list watcher: ..."; a pattern that is not
-a valid regular expression -> NotAllowedError naming the pattern and the regex error; a bad
-namespace -> InvalidTopicName. A refused request registers nothing.
+Limits and errors (CommandError, in upstream's form): a pattern longer than
+`SUBSCRIPTION_PATTERN_LENGTH_MAX` once its domain scheme is removed, or more than
+`WATCHERS_PER_CONNECTION_MAX` watchers on one connection -> NotAllowedError "Unable to create
+topic list watcher: ..."; a pattern that is not a valid regular expression -> InvalidTopicName
+"Invalid topics pattern: <the regex error>"; a bad namespace -> InvalidTopicName. A refused
+request registers nothing.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from google.protobuf.message import Message
 
 from codec import pb
 
-from ._errors import NotAllowedError
-from ._names import NamespaceName, matches_topics_pattern, topics_hash
+from ._errors import InvalidTopicNameError, NotAllowedError
+from ._names import NamespaceName, matches_topics_pattern, strip_domain_scheme, topics_hash
 from ._service import BrokerService
 
 __all__ = [
@@ -91,9 +92,10 @@ class TopicListWatchers:
         """Register a watcher (or find the one with that id) and build its SUCCESS reply.
 
         Raises:
-            NotAllowedError: the pattern is too long or invalid, or the connection has
+            NotAllowedError: the pattern is too long, or the connection has
                 `WATCHERS_PER_CONNECTION_MAX` watchers. Nothing is registered.
-            InvalidTopicNameError: the namespace is not a valid name. Nothing is registered.
+            InvalidTopicNameError: the namespace is not a valid name or the pattern not a valid
+                regular expression. Nothing is registered.
         """
         watcher = self._watchers.get(request.watcher_id)
         if watcher is None:
@@ -109,7 +111,7 @@ class TopicListWatchers:
         namespace = str(NamespaceName.parse(request.namespace))
         pattern = request.topics_pattern if request.HasField("topics_pattern") else ""
         pattern = pattern or ALL_TOPICS_PATTERN
-        if len(pattern) > SUBSCRIPTION_PATTERN_LENGTH_MAX:
+        if len(strip_domain_scheme(pattern)) > SUBSCRIPTION_PATTERN_LENGTH_MAX:
             raise NotAllowedError(
                 f"{_ERROR_PREFIX}Pattern longer than maximum: {SUBSCRIPTION_PATTERN_LENGTH_MAX}")
         if len(self._watchers) >= WATCHERS_PER_CONNECTION_MAX:
@@ -118,8 +120,7 @@ class TopicListWatchers:
         try:
             matches_topics_pattern(pattern, f"persistent://{namespace}/probe")
         except (re.error, ValueError) as exc:
-            raise NotAllowedError(f"{_ERROR_PREFIX}invalid topics pattern {pattern!r}: {exc}",
-                                  ) from None
+            raise InvalidTopicNameError(f"Invalid topics pattern: {exc}") from None
         topics = self.service.list_topics(namespace, "PERSISTENT")
         watcher = _Watcher(request.watcher_id, namespace, pattern,
                            {t for t in topics if matches_topics_pattern(pattern, t)})
