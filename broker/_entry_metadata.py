@@ -21,7 +21,9 @@ The prefixed entry is stored and dispatched as it is: after a CommandMessage it 
 the frame layout that carries the block, so clients that declared
 `supports_broker_entry_metadata` get it verbatim, and the connection strips it for the others
 (`codec.strip_broker_entry_metadata`). Everything in the broker that reads stored entries goes
-through `codec.parse_entry`, which skips the block.
+through `codec.parse_entry`, which skips the block; an entry's time for seek by time, TTL and
+the message-age backlog quota is the block's broker timestamp when present (`_entry.EntryInfo
+.timestamp`), as upstream's `getEntryTimestamp`.
 
 Assigning the index happens synchronously just before the append, in the managed ledger's call
 order, so indexes rise with positions. An append that fails after its index was taken leaves a

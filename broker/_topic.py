@@ -38,6 +38,7 @@ from codec._proto import pulsar_api_pb2 as pb
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DEDUP_UNKNOWN_MESSAGE, DeduplicationState, DedupResult
+from ._entry import EntryInfo
 from ._entry_metadata import EntryMetadataAppender, interceptors_of
 from ._errors import (
     BrokerError,
@@ -299,8 +300,9 @@ class PersistentTopic:
         return self.exceeded_backlog_quota() is not None
 
     def oldest_unacked_publish_time(self) -> int | None:
-        """Publish time (ms) of the oldest unacknowledged entry over durable
-        subscriptions, or None when nothing is unacknowledged."""
+        """Time (ms) of the oldest unacknowledged entry over durable subscriptions -- its
+        broker timestamp when stored with one, else its publish time -- or None when nothing
+        is unacknowledged."""
         ml = self.managed_ledger
         oldest: int | None = None
         for subscription in self.subscriptions.values():
@@ -311,7 +313,7 @@ class PersistentTopic:
                 position = ml.next_valid_position(position)
             if position > ml.last_confirmed_position:
                 continue
-            published = _metadata_of(ml.read_entry(position)).publish_time
+            published = EntryInfo(position, ml.read_entry(position)).timestamp
             oldest = published if oldest is None else min(oldest, published)
         return oldest
 
