@@ -23,6 +23,7 @@ class BrokerConfig:
     max_consumers_per_topic: int = 0
     max_consumers_per_subscription: int = 0
     max_message_size_bytes: int = 5 * 1024 * 1024
+    subscription_pattern_max_length: int = 50  # regex consumers' patterns, domain removed
 
     # Dispatch.
     max_unacked_messages_per_consumer: int = 50_000
@@ -90,6 +91,7 @@ class BrokerConfig:
         assert self.allow_auto_topic_creation_type in ("non-partitioned", "partitioned")
         assert self.default_num_partitions >= 1
         assert self.max_message_size_bytes > 0
+        assert self.subscription_pattern_max_length > 0
         assert self.key_shared_consistent_hashing_replica_points > 0
         assert self.backlog_quota_default_retention_policy in (
             "producer_request_hold", "producer_exception", "consumer_backlog_eviction")

@@ -94,7 +94,7 @@ from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
 from ._service import BrokerService, Topic
 from ._subscription import Subscription
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
-from ._topic_watchers import SUBSCRIPTION_PATTERN_LENGTH_MAX, WATCHER_REPLY_TYPES, TopicListWatchers
+from ._topic_watchers import WATCHER_REPLY_TYPES, TopicListWatchers
 
 __all__ = [
     "KEEPALIVE_INTERVAL_S_DEFAULT",
@@ -634,7 +634,7 @@ class ConnectionHandler:
             return
         reply = pb.CommandGetTopicsOfNamespaceResponse(request_id=request.request_id)
         pattern = request.topics_pattern if request.HasField("topics_pattern") else ""
-        if pattern and len(pattern) <= SUBSCRIPTION_PATTERN_LENGTH_MAX:
+        if pattern and len(pattern) <= self.service.config.subscription_pattern_max_length:
             try:
                 topics = [t for t in topics if matches_topics_pattern(pattern, t)]
                 reply.filtered = True

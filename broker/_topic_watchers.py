@@ -20,7 +20,8 @@ so only connections that accept WATCH_TOPIC_* replies (`WATCHER_REPLY_TYPES`, de
 CONNECT) register watchers at all.
 
 Limits and errors (CommandError, in upstream's form): a pattern longer than
-`SUBSCRIPTION_PATTERN_LENGTH_MAX` once its domain scheme is removed, or more than
+the broker's `subscription_pattern_max_length` (Pulsar's subscriptionPatternMaxLength, 50)
+once its domain scheme is removed, or more than
 `WATCHERS_PER_CONNECTION_MAX` watchers on one connection -> NotAllowedError "Unable to create
 topic list watcher: ..."; a pattern that is not a valid regular expression -> InvalidTopicName
 "Invalid topics pattern: <the regex error>"; a bad namespace -> InvalidTopicName. A refused
@@ -44,7 +45,6 @@ from ._names import NamespaceName, matches_topics_pattern, strip_domain_scheme, 
 from ._service import BrokerService
 
 __all__ = [
-    "SUBSCRIPTION_PATTERN_LENGTH_MAX",
     "WATCHERS_PER_CONNECTION_MAX",
     "WATCHER_REPLY_TYPES",
     "TopicListWatchers",
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 T = pb.BaseCommand
 
-SUBSCRIPTION_PATTERN_LENGTH_MAX: Final = 50  # Pulsar's subscriptionPatternMaxLength
 WATCHERS_PER_CONNECTION_MAX: Final = 64
 ALL_TOPICS_PATTERN: Final = ".*"  # a request without a pattern watches every topic
 WATCHER_REPLY_TYPES: Final = frozenset({T.WATCH_TOPIC_LIST_SUCCESS, T.WATCH_TOPIC_UPDATE})
@@ -111,9 +110,9 @@ class TopicListWatchers:
         namespace = str(NamespaceName.parse(request.namespace))
         pattern = request.topics_pattern if request.HasField("topics_pattern") else ""
         pattern = pattern or ALL_TOPICS_PATTERN
-        if len(strip_domain_scheme(pattern)) > SUBSCRIPTION_PATTERN_LENGTH_MAX:
-            raise NotAllowedError(
-                f"{_ERROR_PREFIX}Pattern longer than maximum: {SUBSCRIPTION_PATTERN_LENGTH_MAX}")
+        length_max = self.service.config.subscription_pattern_max_length
+        if len(strip_domain_scheme(pattern)) > length_max:
+            raise NotAllowedError(f"{_ERROR_PREFIX}Pattern longer than maximum: {length_max}")
         if len(self._watchers) >= WATCHERS_PER_CONNECTION_MAX:
             raise NotAllowedError(f"{_ERROR_PREFIX}more than {WATCHERS_PER_CONNECTION_MAX} "
                                   "watchers on one connection")
