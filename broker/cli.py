@@ -101,8 +101,9 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "127.0.0.1)")
     standalone.add_argument("--port", type=int, default=6650, help="binary protocol port "
                             "(default 6650; 0 picks a free one)")
-    standalone.add_argument("--http-port", type=int, default=8080, help="admin HTTP port "
-                            "(default 8080)")
+    standalone.add_argument("--http-port", type=int, default=8080, help="admin HTTP port; it also "
+                            "answers the lookups of clients given http://HOST:PORT as their "
+                            "service URL (default 8080)")
     standalone.add_argument("--advertised-url", default=None, help="the URL lookups answer "
                             "with (default pulsar://HOST:PORT)")
     standalone.add_argument("--keepalive-interval-s", type=float, default=30.0,
@@ -120,7 +121,9 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "closed (default 10)")
     standalone.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                             help="override a broker setting, e.g. "
-                            "broker_deduplication_enabled=true (repeatable)")
+                            "broker_deduplication_enabled=true, or "
+                            "broker_entry_metadata_interceptors=timestamp,index to store "
+                            "broker entry metadata with each entry (repeatable)")
     standalone.set_defaults(handler=_cmd_standalone)
 
 
