@@ -1,8 +1,9 @@
 """Broker entry metadata (0x0e02) with `broker_entry_metadata_interceptors=timestamp,index`:
 clients that declare supports_broker_entry_metadata receive the block (broker time, a
 topic-wide message index counting batch sizes), others get the entry without it; the official
-client still decodes everything; seek by time, last-message-id, delayed delivery and dedup
-replay read the prefixed entries; the index continues across a restart."""
+client still decodes everything; seek by time, last-message-id, delayed delivery, tag filtering,
+Key_Shared keys and dedup replay read the prefixed entries; the index continues across a
+restart. (`MAGNETAR_INTEROP_BROKER_CONFIG` runs the whole interop suite with the setting on.)"""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import pytest
 
 from codec import Frame, pb
 
-from . import BrokerProcess, RawClient
+from . import BrokerProcess, RawClient, wait_for
 from .conftest import BrokerFactory, new_client
+from .test_dlq_routing_tags import _subscription_with_properties
 
 T = pb.BaseCommand
 INTERCEPTORS = "broker_entry_metadata_interceptors=timestamp,index"
@@ -25,6 +27,9 @@ RECEIVE_TIMEOUT_MS = 10_000
 TICK_MS = 100  # the delayed-delivery tick of the module's broker
 DELAY_MS = 1000
 BATCHES = (3, 1, 4)  # messages per batch the test producer sends
+KEYS = 24  # Key_Shared keys: all on one of two consumers has odds of about 2**-23
+POLL_MS = 50
+QUIET_MS = 300
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +155,43 @@ def test_delayed_delivery_reads_prefixed_entries(bem_broker: BrokerProcess, topi
         assert time.monotonic() - sent >= (DELAY_MS - TICK_MS) / 1000
     finally:
         client.close()
+
+
+def test_tags_and_key_shared_keys_are_read_from_prefixed_entries(bem_broker: BrokerProcess,
+                                                                 topic: str) -> None:
+    _subscription_with_properties(bem_broker.port, topic, "tagged", {"tag1": "1"})
+    client = new_client(bem_broker.url)
+    try:
+        tagged = client.subscribe(topic, "tagged", consumer_type=pulsar.ConsumerType.Shared)
+        keyed = [client.subscribe(topic, "keyed", consumer_type=pulsar.ConsumerType.KeyShared,
+                                  consumer_name=f"c{i}") for i in range(2)]
+        producer = client.create_producer(topic, batching_enabled=False)
+        keys = [f"key-{i}" for i in range(KEYS)]
+        for key in keys:
+            producer.send(key.encode(), partition_key=key,
+                          properties={"tag1": "TAGS"} if key == keys[0] else {"tag2": "TAGS"})
+        assert tagged.receive(RECEIVE_TIMEOUT_MS).data() == keys[0].encode()
+        with pytest.raises(pulsar.Timeout):
+            tagged.receive(QUIET_MS)  # the other messages carry another tag: filtered out
+        owner: dict[str, int] = {}
+        for _ in keys:  # poll both consumers until every message arrived once
+            index, message = wait_for(lambda: _receive_any(keyed), RECEIVE_TIMEOUT_MS / 1000,
+                                      "a Key_Shared delivery")
+            assert owner.setdefault(message.partition_key(), index) == index
+        # A lost key would send every message to one consumer (all hash as the empty key).
+        assert set(owner.values()) == {0, 1}
+        assert sorted(owner) == sorted(keys)
+    finally:
+        client.close()
+
+
+def _receive_any(consumers: list[pulsar.Consumer]) -> tuple[int, pulsar.Message] | None:
+    for index, consumer in enumerate(consumers):
+        try:
+            return index, consumer.receive(POLL_MS)
+        except pulsar.Timeout:
+            continue
+    return None
 
 
 def test_index_continues_across_a_restart_and_dedup_replays(broker_factory: BrokerFactory,
