@@ -70,6 +70,7 @@ from ._metrics import CONTENT_TYPE, render_metrics
 from ._names import NamespaceName, TopicDomain, TopicName
 from ._namespaces import POLICY_FIELDS
 from ._position import Position, int_to_ack_set
+from ._server import advertised_url_for
 from ._service import BrokerService, Topic
 from ._stats import internal_stats, topic_stats
 from ._subscription import Subscription
@@ -1096,6 +1097,6 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
         raise
     bound = runner.addresses[0][1] if runner.addresses else port
     assert bound > 0
-    urls.http_url = f"http://{host}:{bound}"
+    urls.http_url = "http://" + advertised_url_for(host, bound).removeprefix("pulsar://")
     log.info("admin API listening on %s:%d", host, bound)
     return AdminServer(runner, host, bound)
