@@ -20,12 +20,18 @@ from ._auth import (
     TokenAuthenticationProvider,
 )
 from ._config import BrokerConfig
-from ._connection_handler import ConnectionHandler, WireConsumerSink
+from ._connection_handler import (
+    KEEPALIVE_INTERVAL_S_DEFAULT,
+    PENDING_SENDS_MAX_DEFAULT,
+    ConnectionHandler,
+    WireConsumerSink,
+)
 from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
 from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 from ._draining import ConsumerDrainingStats, DrainingHash, DrainingHashesTracker
+from ._entry_metadata import EntryMetadataAppender
 from ._errors import (
     AuthenticationError,
     BrokerError,
@@ -52,9 +58,16 @@ from ._errors import (
     from_storage_error,
 )
 from ._jwt import TokenError, decode_token, encode_token
+from ._lookup_http import LookupUrls
 from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ._metrics import render_metrics
-from ._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
+from ._names import (
+    NamespaceName,
+    TopicName,
+    matches_topics_pattern,
+    strip_domain_scheme,
+    topics_hash,
+)
 from ._namespaces import EffectivePolicies, NamespaceRegistry, SchemaPolicy
 from ._pending_acks import PendingAck, PendingAcksMap
 from ._position import ManagedLedgerTerminatedError, Position
@@ -69,17 +82,22 @@ from ._selectors import (
     new_selector,
 )
 from ._server import BrokerServer, serve
-from ._service import BrokerService, Topic
+from ._service import TOPIC_LISTENERS_MAX, BrokerService, Topic, TopicListener
 from ._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
 from ._standalone import StandaloneOptions, run_standalone, serve_standalone
 from ._stats import internal_stats, topic_stats
 from ._subscription import Subscription
 from ._tls import TlsOptions
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec, PublishResult
+from ._topic_watchers import WATCHERS_PER_CONNECTION_MAX, TopicListWatchers
 
 __all__ = [
     "DEDUP_CURSOR_NAME",
+    "KEEPALIVE_INTERVAL_S_DEFAULT",
+    "PENDING_SENDS_MAX_DEFAULT",
     "TOPIC_EPOCH_PROPERTY",
+    "TOPIC_LISTENERS_MAX",
+    "WATCHERS_PER_CONNECTION_MAX",
     "AdminServer",
     "AuthSession",
     "AuthenticationError",
@@ -105,6 +123,7 @@ __all__ = [
     "DrainingHash",
     "DrainingHashesTracker",
     "EffectivePolicies",
+    "EntryMetadataAppender",
     "ExclusiveAccess",
     "HashRange",
     "HashRangeAutoSplitSelector",
@@ -113,6 +132,7 @@ __all__ = [
     "IncompatibleSchemaError",
     "InvalidSchemaError",
     "InvalidTopicNameError",
+    "LookupUrls",
     "ManagedCursor",
     "ManagedLedger",
     "ManagedLedgerConfig",
@@ -154,6 +174,8 @@ __all__ = [
     "TokenAuthenticationProvider",
     "TokenError",
     "Topic",
+    "TopicListWatchers",
+    "TopicListener",
     "TopicName",
     "TopicNotFoundError",
     "TopicTerminatedError",
@@ -173,5 +195,6 @@ __all__ = [
     "serve",
     "serve_standalone",
     "start_admin",
+    "strip_domain_scheme",
     "topic_stats",
 ]

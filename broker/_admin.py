@@ -26,7 +26,9 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
   the path and are decoded by the router;
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
-* `/metrics`: `render_metrics`.
+* `/metrics`: `render_metrics`;
+* HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
+  and `…/partitions?checkAllowAutoCreation=true`.
 
 A partitioned topic's base name stands for all its partitions where Pulsar allows it
 (listing, creating and deleting subscriptions, `skip_all`, expiry, reset by time,
@@ -76,10 +78,12 @@ from ._errors import (
     SubscriptionNotFoundError,
     TopicNotFoundError,
 )
+from ._lookup_http import LookupUrls, lookup_routes, partitions_for_client
 from ._metrics import CONTENT_TYPE, render_metrics
 from ._names import NamespaceName, TopicDomain, TopicName
 from ._namespaces import POLICY_FIELDS
 from ._position import Position, int_to_ack_set
+from ._server import advertised_url_for
 from ._service import BrokerService, Topic
 from ._stats import internal_stats, topic_stats
 from ._subscription import Subscription
@@ -670,6 +674,8 @@ async def update_partitioned_topic(request: web.Request) -> web.Response:
 
 async def get_partitioned_metadata(request: web.Request) -> web.Response:
     service = _service(request)
+    if _flag(request, "checkAllowAutoCreation"):  # a client's lookup, not an admin's question
+        return await partitions_for_client(service, request)
     name = _topic_name(request)
     partitions = _partitions(service, name)
     if partitions == 0 and not service.topic_exists(name):
@@ -1040,13 +1046,15 @@ _SUB = _TOPIC + "/subscription/{subscription}"
 
 
 def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
-              auth: AuthenticationService | None = None) -> web.Application:
+              auth: AuthenticationService | None = None,
+              lookup_urls: LookupUrls | None = None) -> web.Application:
     """The admin API of `service` as an aiohttp application.
 
     Args:
         service: the broker the handlers drive; it must run on the serving loop.
         consumer_metrics: write the per-consumer metrics at /metrics.
         auth: require a valid bearer token (None: no authentication).
+        lookup_urls: what HTTP lookups answer (default: no broker URL, lookups answer 503).
 
     Returns:
         The application, routes registered.
@@ -1108,6 +1116,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     from ._admin_schemas import add_schema_routes  # it imports this module's helpers
 
     add_schema_routes(r)
+    r.add_routes(lookup_routes(service, lookup_urls or LookupUrls()))
     return app
 
 
@@ -1134,7 +1143,8 @@ class AdminServer:
 async def start_admin(service: BrokerService, host: str, port: int, *,
                       consumer_metrics: bool = False, auth: AuthenticationService | None = None,
                       ssl_context: ssl.SSLContext | None = None,
-                      https_port: int | None = None) -> AdminServer:
+                      https_port: int | None = None, broker_url: str | None = None,
+                      broker_url_tls: str | None = None) -> AdminServer:
     """Serve the admin API of `service` on `host:port` from the running loop.
 
     Args:
@@ -1144,6 +1154,8 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
         consumer_metrics: write the per-consumer metrics at /metrics.
         auth: require bearer tokens (None: no authentication).
         ssl_context: with `https_port`: serve HTTPS there too (0: any free port).
+        broker_url: the binary-protocol URL HTTP lookups answer with.
+        broker_url_tls: the `pulsar+ssl://` URL they answer with (None: no TLS listener).
 
     Returns:
         The running server.
@@ -1152,7 +1164,9 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
         OSError: the address cannot be bound.
     """
     assert (ssl_context is None) == (https_port is None), "HTTPS needs a context and a port"
-    runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics, auth=auth),
+    urls = LookupUrls(broker_url, broker_url_tls=broker_url_tls)
+    runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics, auth=auth,
+                                     lookup_urls=urls),
                            access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     try:
@@ -1165,6 +1179,10 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
     bound = runner.addresses[0][1] if runner.addresses else port
     assert bound > 0
     bound_https = runner.addresses[1][1] if ssl_context is not None else None
+    host_port = advertised_url_for(host, bound).removeprefix("pulsar://")
+    urls.http_url = "http://" + host_port
+    if bound_https is not None:
+        urls.http_url_tls = "https://" + host_port.rsplit(":", 1)[0] + f":{bound_https}"
     log.info("admin API listening on %s:%d%s", host, bound,
              "" if bound_https is None else f", HTTPS on port {bound_https}")
     return AdminServer(runner, host, bound, bound_https)

@@ -27,6 +27,7 @@ class BrokerConfig:
     max_consumers_per_topic: int = 0
     max_consumers_per_subscription: int = 0
     max_message_size_bytes: int = 5 * 1024 * 1024
+    subscription_pattern_max_length: int = 50  # regex consumers' patterns, domain removed
 
     # Dispatch.
     max_unacked_messages_per_consumer: int = 50_000
@@ -96,15 +97,23 @@ class BrokerConfig:
     superuser_roles: tuple[str, ...] = ()
     auth_refresh_check_interval_s: float = 60.0  # Pulsar's authenticationRefreshCheckSeconds
     authenticate_metrics_endpoint: bool = False  # Pulsar's broker default
+    # Broker entry metadata (Pulsar's brokerEntryMetadataInterceptors): "timestamp" and/or
+    # "index", or upstream's class names; empty = entries stored as the producer sent them.
+    broker_entry_metadata_interceptors: tuple[str, ...] = ()
 
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
     def __post_init__(self) -> None:
+        """Raises ValueError for an unknown broker entry metadata interceptor."""
+        from ._entry_metadata import interceptors_of
+
+        interceptors_of(self.broker_entry_metadata_interceptors)
         assert self.allow_auto_topic_creation_type in ("non-partitioned", "partitioned")
         assert self.default_num_partitions >= 1
         assert self.max_message_size_bytes > 0
         assert self.managed_ledger_max_redelivery_counts_to_persist >= 0
+        assert self.subscription_pattern_max_length > 0
         assert self.key_shared_consistent_hashing_replica_points > 0
         assert self.token_allowed_clock_skew_s >= 0
         assert self.backlog_quota_default_retention_policy in (

@@ -44,6 +44,13 @@ CLOSE_PRODUCER with request id 2**64-1; later SENDs of that producer id are drop
 The broker-to-client commands the C++ client cannot handle (REACHED_END_OF_TOPIC, transaction
 replies, ...) are refused by the codec's `peer_accepted_types`; transactions are answered with
 ERROR NotAllowed "Transactions are not enabled.", as Pulsar does with its coordinator off.
+WATCH_TOPIC_LIST is served by `_topic_watchers.TopicListWatchers` for the Java client and for
+clients that declared feature_flags.supports_topic_watchers in CONNECT (their connection then
+accepts the WATCH_TOPIC_* replies); other clients get ERROR NotAllowed.
+
+Broker entry metadata: a stored entry may carry the 0x0e02 block (`_entry_metadata.py`); it
+goes out verbatim to clients that declared supports_broker_entry_metadata and is stripped for
+the others.
 
 Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection that sent no
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
@@ -82,6 +89,7 @@ from codec import (
     base_command,
     parse_entry,
     pb,
+    strip_broker_entry_metadata,
 )
 from storage import StorageError
 
@@ -101,8 +109,11 @@ from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
 from ._service import BrokerService, Topic
 from ._subscription import Subscription
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
+from ._topic_watchers import WATCHER_REPLY_TYPES, TopicListWatchers
 
 __all__ = [
+    "KEEPALIVE_INTERVAL_S_DEFAULT",
+    "PENDING_SENDS_MAX_DEFAULT",
     "PROTOCOL_VERSION_MAX",
     "SERVER_VERSION",
     "ConnectionHandler",
@@ -123,7 +134,6 @@ REQUEST_ID_NONE: Final = UINT64_MASK  # broker-initiated CLOSE_PRODUCER / CLOSE_
 FRAME_PADDING_BYTES: Final = 10 * 1024  # room for command and metadata (wire reference §2.4)
 PENDING_SENDS_MAX_DEFAULT: Final = 1000  # per connection (Pulsar's maxPendingPublishRequests)
 CLOSED_PRODUCER_IDS_MAX: Final = 1024  # closed ids remembered, to drop their late SENDs quietly
-SUBSCRIPTION_PATTERN_LENGTH_MAX: Final = 50  # Pulsar's subscriptionPatternMaxLength
 KEEPALIVE_INTERVAL_S_DEFAULT: Final = 30.0
 WRITE_BUFFER_BYTES_MAX: Final = 1024 * 1024  # unsent bytes before deliveries pause
 SCHEMA_TYPE_NONE: Final = 0  # Schema.Type "None": what bytes producers may send; no schema
@@ -343,6 +353,7 @@ class ConnectionHandler:
         self.client_version = ""
         self.protocol_version = 0
         self.auth: AuthSession | None = None  # with authentication: who the client is
+        self.wants_entry_metadata = False  # the client declared supports_broker_entry_metadata
         self._producers: dict[int, _ProducerState] = {}
         self._consumers: dict[int, _ConsumerState] = {}
         self._closed_producers: OrderedDict[int, None] = OrderedDict()
@@ -353,6 +364,7 @@ class ConnectionHandler:
         self._received_since_ping = True
         self._ping_outstanding = False
         self._keepalive: asyncio.TimerHandle | None = None
+        self.watchers = TopicListWatchers(self.service, self.send, peer)
         self._dispatch_table: dict[int, Callable[[Frame], None]] = self._build_dispatch()
 
     def _build_dispatch(self) -> dict[int, Callable[[Frame], None]]:
@@ -428,7 +440,8 @@ class ConnectionHandler:
 
     def write_messages(self, consumer_id: int, deliveries: list[Delivery],
                        send_epoch: bool) -> None:
-        """MESSAGE frames for deliveries, the stored entries appended verbatim."""
+        """MESSAGE frames for deliveries, the stored entries appended verbatim (their broker
+        entry metadata stripped for a client that did not declare it can read it)."""
         if self.closed or not deliveries:
             return
         out = bytearray()
@@ -442,7 +455,9 @@ class ConnectionHandler:
                 message.ack_set.extend(delivery.ack_set)
             if send_epoch:
                 message.consumer_epoch = delivery.epoch
-            out += self.conn.send(base_command(message), entry=delivery.entry)
+            entry = delivery.entry if self.wants_entry_metadata else \
+                strip_broker_entry_metadata(delivery.entry)
+            out += self.conn.send(base_command(message), entry=entry)
         self._write(bytes(out))
         self._check_write_room()
 
@@ -566,6 +581,7 @@ class ConnectionHandler:
         for consumer_state in list(self._consumers.values()):
             self._detach(consumer_state)
         self._consumers.clear()
+        self.watchers.close_all()
 
     # -- handshake, keep-alive, discovery --------------------------------------------------
 
@@ -573,15 +589,23 @@ class ConnectionHandler:
         connect = frame.command.connect
         self.client_version = connect.client_version
         self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION_MAX)
-        if connect.client_version.startswith("Pulsar-Java"):
+        self.wants_entry_metadata = connect.feature_flags.supports_broker_entry_metadata
+        accepted = CPP_CLIENT_ACCEPTED_TYPES
+        java = connect.client_version.startswith("Pulsar-Java")
+        if java:
             # The Java client, unlike the C++ one, handles GET_OR_CREATE_SCHEMA_RESPONSE.
-            self.conn.peer_accepted_types = CPP_CLIENT_ACCEPTED_TYPES | {
-                T.GET_OR_CREATE_SCHEMA_RESPONSE}
+            accepted |= {T.GET_OR_CREATE_SCHEMA_RESPONSE}
+        if java or connect.feature_flags.supports_topic_watchers:
+            # The Java client watches topic lists (it learns the broker can from CONNECTED's
+            # flag and does not declare its own); the C++ client never does.
+            accepted |= WATCHER_REPLY_TYPES
+        self.conn.peer_accepted_types = accepted
         if self.ctx.auth is not None and not self._authenticate(connect):
             return
         self.send(pb.CommandConnected(
             server_version=SERVER_VERSION, protocol_version=self.protocol_version,
-            max_message_size=self.service.config.max_message_size_bytes))
+            max_message_size=self.service.config.max_message_size_bytes,
+            feature_flags=pb.FeatureFlags(supports_topic_watchers=True)))
 
     def _on_ping(self, frame: Frame) -> None:
         self.send(pb.CommandPong())
@@ -653,7 +677,7 @@ class ConnectionHandler:
             return
         reply = pb.CommandGetTopicsOfNamespaceResponse(request_id=request.request_id)
         pattern = request.topics_pattern if request.HasField("topics_pattern") else ""
-        if pattern and len(pattern) <= SUBSCRIPTION_PATTERN_LENGTH_MAX:
+        if pattern and len(pattern) <= self.service.config.subscription_pattern_max_length:
             try:
                 topics = [t for t in topics if matches_topics_pattern(pattern, t)]
                 reply.filtered = True
@@ -669,11 +693,24 @@ class ConnectionHandler:
         self.send(reply)
 
     def _on_watch_topic_list(self, frame: Frame) -> None:
-        self._error_code(frame.command.watchTopicList.request_id, pb.NotAllowedError,
-                         "Topic list watchers are not supported")
+        request = frame.command.watchTopicList
+        peer_types = self.conn.peer_accepted_types
+        if peer_types is not None and not peer_types >= WATCHER_REPLY_TYPES:
+            self._error_code(request.request_id, pb.NotAllowedError, "Topic list watchers "
+                             "need a Java client or supports_topic_watchers in CONNECT's "
+                             "feature flags")
+            return
+        try:
+            reply = self.watchers.watch(request)
+        except Exception as exc:
+            self._error(request.request_id, exc)
+            return
+        self.send(reply)
 
     def _on_watch_topic_list_close(self, frame: Frame) -> None:
-        self._success(frame.command.watchTopicListClose.request_id)
+        request = frame.command.watchTopicListClose
+        self.watchers.close_watcher(request.watcher_id)
+        self._success(request.request_id)
 
     def _on_transaction(self, frame: Frame) -> None:
         body: Any = frame.body

@@ -1,6 +1,11 @@
 """A stored entry as the dispatchers see it: position, bytes, and the facts they need from its
 MessageMetadata (batch size, sticky-key slot, deliver-at time, tags, publish time).
 
+An entry stored with broker entry metadata (`_entry_metadata.py`) has its time taken from the
+block's `broker_timestamp` (`timestamp`, what seek by time, TTL and the message-age backlog
+quota compare), as upstream's `getEntryTimestamp` does; other entries use the producer's
+publish time.
+
 Parsing metadata costs a protobuf decode, so `EntryInfo` parses once, when first asked, and
 remembers the answers. Tags follow the TDMQ convention: a message property whose value is
 "TAGS" names a tag.
@@ -21,19 +26,24 @@ TAG_VALUE = "TAGS"
 class EntryInfo:
     """One entry read from a managed ledger."""
 
-    __slots__ = ("_metadata", "data", "position", "slot")
+    __slots__ = ("_broker_timestamp", "_metadata", "data", "position", "slot")
 
     def __init__(self, position: Position, data: bytes):
         self.position = position
         self.data = data
         self._metadata: pb.MessageMetadata | None = None
+        self._broker_timestamp: int | None = None  # from the 0x0e02 block, when it has one
         self.slot = 0  # the Key_Shared sticky-key slot, computed by the dispatcher
 
     @property
     def metadata(self) -> pb.MessageMetadata:
         if self._metadata is None:
             try:
-                self._metadata = parse_entry(self.data, verify_checksum=False).metadata
+                parsed = parse_entry(self.data, verify_checksum=False)
+                self._metadata = parsed.metadata
+                block = parsed.broker_entry_metadata
+                if block is not None and block.HasField("broker_timestamp"):
+                    self._broker_timestamp = int(block.broker_timestamp)
             except Exception:  # a stored entry we cannot parse: dispatch it as opaque
                 self._metadata = pb.MessageMetadata(producer_name="", sequence_id=0,
                                                     publish_time=0)
@@ -54,6 +64,14 @@ class EntryInfo:
     @property
     def publish_time(self) -> int:
         return int(self.metadata.publish_time)
+
+    @property
+    def timestamp(self) -> int:
+        """The broker's timestamp (ms) when the entry carries one, else its publish time."""
+        metadata = self.metadata  # parses, and finds the broker timestamp
+        if self._broker_timestamp is not None:
+            return self._broker_timestamp
+        return int(metadata.publish_time)
 
     def tags(self) -> set[str]:
         return {p.key for p in self.metadata.properties if p.value == TAG_VALUE}

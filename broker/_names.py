@@ -56,6 +56,7 @@ __all__ = [
     "TopicDomain",
     "TopicName",
     "matches_topics_pattern",
+    "strip_domain_scheme",
     "topics_hash",
 ]
 
@@ -386,7 +387,7 @@ def topics_hash(names: Iterable[str]) -> str:
     return text
 
 
-def _strip_domain_scheme(pattern: str) -> str:
+def strip_domain_scheme(pattern: str) -> str:
     """Remove the `persistent://` / `non-persistent://` scheme from a topics pattern, keeping
     anything before the domain word (such as a leading `^`)."""
     if "://" not in pattern:
@@ -422,4 +423,4 @@ def matches_topics_pattern(pattern: str, topic: str | TopicName) -> bool:
     name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
     base = str(name.partitioned_base)
     _, _, without_scheme = base.partition("://")
-    return re.fullmatch(_strip_domain_scheme(pattern), without_scheme) is not None
+    return re.fullmatch(strip_domain_scheme(pattern), without_scheme) is not None

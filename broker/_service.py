@@ -12,6 +12,11 @@ metadata store; partitioned topics are a separate metadata record (`NamespaceReg
 and each partition is an ordinary topic. Automatic creation follows the namespace override
 or the broker configuration.
 
+Topic events: `add_topic_listener` registers a callable told `(name, created)` whenever a
+persistent topic is created (its managed ledger did not exist before) or deleted; topic-list
+watchers (`_topic_watchers.py`) use it. At most `TOPIC_LISTENERS_MAX` listeners; a listener
+that raises is logged and stays registered.
+
 Maintenance (`run_maintenance`, every second from `start`): time-based retention trimming,
 message TTL, backlog quotas (producer hold/exception disconnect producers;
 consumer_backlog_eviction skips the slowest cursor), dedup snapshots by time and purging of
@@ -36,12 +41,14 @@ from ._namespaces import NamespaceRegistry
 from ._schemas import SchemaRegistry
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
 
-__all__ = ["BrokerService", "Topic"]
+__all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "Topic", "TopicListener"]
 
 log = logging.getLogger(__name__)
 
 Topic = PersistentTopic | NonPersistentTopic
+TopicListener = Callable[[str, bool], None]  # (complete topic name, created: else deleted)
 MAINTENANCE_INTERVAL_S = 1.0
+TOPIC_LISTENERS_MAX = 10_000  # topic-list watchers of every connection together
 
 
 class BrokerService:
@@ -58,6 +65,7 @@ class BrokerService:
         self._loading: dict[str, asyncio.Future[Topic]] = {}
         self._maintenance: asyncio.Task[None] | None = None
         self._last_run: dict[str, float] = {}
+        self._topic_listeners: list[TopicListener] = []
         self.closed = False
         self.stopping = False  # set by the server's shutdown: clients leave, state stays
 
@@ -133,6 +141,33 @@ class BrokerService:
         finally:
             del self._loading[key]
 
+    # -- topic events ----------------------------------------------------------------------
+
+    def add_topic_listener(self, listener: TopicListener) -> None:
+        """Tell `listener(name, created)` about persistent topics created and deleted.
+
+        Raises:
+            NotAllowedError: `TOPIC_LISTENERS_MAX` listeners are registered already; nothing
+                was added.
+        """
+        if len(self._topic_listeners) >= TOPIC_LISTENERS_MAX:
+            raise NotAllowedError(f"more than {TOPIC_LISTENERS_MAX} topic listeners")
+        self._topic_listeners.append(listener)
+
+    def remove_topic_listener(self, listener: TopicListener) -> None:
+        """Forget a listener (nothing happens when it is not registered)."""
+        if listener in self._topic_listeners:
+            self._topic_listeners.remove(listener)
+
+    def _topic_event(self, name: TopicName, created: bool) -> None:
+        if name.is_system_topic:
+            return
+        for listener in list(self._topic_listeners):
+            try:
+                listener(str(name), created)
+            except Exception:
+                log.exception("a topic listener failed on %s", name)
+
     async def _load(self, name: TopicName, create: bool, explicit: bool = False) -> Topic:
         namespace = name.namespace_name
         if not self.namespaces.namespace_exists(namespace):
@@ -141,12 +176,15 @@ class BrokerService:
             raise NotAllowedError(f"{name} is a partitioned topic: use its partitions")
         if not name.is_persistent:
             return NonPersistentTopic(self, name)
-        if not self.persistent_topic_exists(name):
+        created = not self.persistent_topic_exists(name)
+        if created:
             allowed = explicit or self._may_create(name)
             if not create or not allowed:
                 raise TopicNotFoundError(f"Topic {name} does not exist")
         topic = await PersistentTopic.load(self, name)
-        log.info("topic %s loaded", name)
+        log.info("topic %s %s", name, "created" if created else "loaded")
+        if created:
+            self._topic_event(name, True)
         return topic
 
     def _may_create(self, name: TopicName) -> bool:
@@ -217,6 +255,8 @@ class BrokerService:
         self.topics.pop(str(topic_name), None)
         if not topic_name.is_partitioned:  # a partition's schemas are its base's
             self.schemas.delete_all(topic_name)
+        if topic_name.is_persistent:
+            self._topic_event(topic_name, False)
 
     async def unload_topic(self, name: str | TopicName) -> bool:
         """Unload a loaded topic (its clients reconnect and load it again); False when it

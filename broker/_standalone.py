@@ -26,9 +26,11 @@ crash.
 The admin hook. `start_http(service, host, port, **options)` calls
 `broker._admin.start_admin(service, host, port, **options)` when a `broker._admin` module
 exists, awaiting its result if it is awaitable, and returns what it gives (a handle);
-without the module it does nothing and returns None. At shutdown `stop_http(handle)` calls
-the handle's `close()` (awaited if awaitable) and then its `wait_closed()` if it has one --
-the shape of an `asyncio.Server` or an aiohttp runner wrapper.
+without the module it does nothing and returns None. The options carry the URLs its HTTP
+lookups answer with and, when configured, authentication and HTTPS. At shutdown
+`stop_http(handle)` calls the handle's `close()` (awaited if awaitable) and then its
+`wait_closed()` if it has one -- the shape of an `asyncio.Server` or an aiohttp runner
+wrapper.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from storage import DataDirLockedError, Storage
 
 from ._auth import AuthenticationService
 from ._config import BrokerConfig
+from ._connection_handler import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
 from ._errors import ConfigurationError
 from ._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 from ._service import BrokerService
@@ -89,6 +92,10 @@ class StandaloneOptions:
         tls_port: the `pulsar+ssl://` port (needs `tls`; 0: any free port).
         https_port: the admin API's HTTPS port (needs `tls`).
         advertised_url_tls: the TLS URL LOOKUP answers (default `pulsar+ssl://host:tls_port`).
+        keepalive_interval_s: the broker's PING cadence; a connection silent for a whole
+            interval after a PING is closed (<= 0: no broker PINGs, no idle timeout).
+        pending_sends_max: SENDs awaiting receipts per connection before the broker stops
+            reading that connection (Pulsar's maxPendingPublishRequestsPerConnection).
     """
 
     data_dir: str
@@ -102,6 +109,12 @@ class StandaloneOptions:
     tls_port: int | None = None
     https_port: int | None = None
     advertised_url_tls: str | None = None
+    keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT
+    pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT
+
+    def __post_init__(self) -> None:
+        assert self.pending_sends_max >= 1, "pending_sends_max must be at least 1"
+        assert self.shutdown_grace_s >= 0, "shutdown_grace_s must not be negative"
 
 
 def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
@@ -255,10 +268,14 @@ async def _serve_until(service: BrokerService, options: StandaloneOptions, stop:
                          advertised_url=options.advertised_url, auth=security.auth,
                          ssl_context=security.ssl_context if tls else None,
                          tls_port=options.tls_port if tls else None,
-                         advertised_url_tls=options.advertised_url_tls)
+                         advertised_url_tls=options.advertised_url_tls,
+                         keepalive_interval_s=options.keepalive_interval_s,
+                         pending_sends_max=options.pending_sends_max)
     http: object | None = None
     try:
         http = await start_http(service, options.host, options.http_port,
+                                broker_url=server.url,
+                                broker_url_tls=server.context.advertised_url_tls or None,
                                 **security.admin_options(options))
         log.info("Magnetar standalone ready on %s%s (data in %s, %s, started in %.2f s)",
                  server.url, f" and {server.context.advertised_url_tls}"

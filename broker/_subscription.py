@@ -503,4 +503,6 @@ class Subscription:
 
 
 def entry_publish_time(data: bytes) -> int:
-    return EntryInfo(Position(0, 0), data).publish_time
+    """The time (ms) seek by time and TTL compare: the broker timestamp of an entry stored with
+    one, else the producer's publish time."""
+    return EntryInfo(Position(0, 0), data).timestamp

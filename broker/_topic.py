@@ -52,6 +52,8 @@ from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._cursor import ManagedCursor
 from ._dedup import DEDUP_CURSOR_NAME, DEDUP_UNKNOWN_MESSAGE, DeduplicationState, DedupResult
+from ._entry import EntryInfo
+from ._entry_metadata import EntryMetadataAppender, interceptors_of
 from ._errors import (
     BrokerError,
     ConsumerBusyError,
@@ -235,6 +237,9 @@ class PersistentTopic(_ProducerHost):
         self.policies: EffectivePolicies = service.namespaces.effective_policies(
             str(name), name.namespace_name)
         self.dedup: DeduplicationState | None = None
+        interceptors = interceptors_of(service.config.broker_entry_metadata_interceptors)
+        self.entry_metadata = EntryMetadataAppender.open(
+            interceptors, ml, lambda: int(service.clock() * 1000)) if interceptors else None
         self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
         self.fenced = False
         self.access = ExclusiveAccess(
@@ -397,8 +402,9 @@ class PersistentTopic(_ProducerHost):
         return self.exceeded_backlog_quota() is not None
 
     def oldest_unacked_publish_time(self) -> int | None:
-        """Publish time (ms) of the oldest unacknowledged entry over durable
-        subscriptions, or None when nothing is unacknowledged."""
+        """Time (ms) of the oldest unacknowledged entry over durable subscriptions -- its
+        broker timestamp when stored with one, else its publish time -- or None when nothing
+        is unacknowledged."""
         ml = self.managed_ledger
         oldest: int | None = None
         for subscription in self.subscriptions.values():
@@ -409,7 +415,7 @@ class PersistentTopic(_ProducerHost):
                 position = ml.next_valid_position(position)
             if position > ml.last_confirmed_position:
                 continue
-            published = _metadata_of(ml.read_entry(position)).publish_time
+            published = EntryInfo(position, ml.read_entry(position)).timestamp
             oldest = published if oldest is None else min(oldest, published)
         return oldest
 
@@ -458,8 +464,10 @@ class PersistentTopic(_ProducerHost):
                 return PublishResult(-1, -1)
             if verdict is DedupResult.UNKNOWN:
                 raise PersistenceError(DEDUP_UNKNOWN_MESSAGE)
+        stored = entry if self.entry_metadata is None else \
+            self.entry_metadata.prefix(entry, metadata)
         try:
-            position = await self.managed_ledger.add_entry(entry)
+            position = await self.managed_ledger.add_entry(stored)
         except BrokerError:
             raise
         except Exception as exc:

@@ -72,6 +72,10 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
+    if args.max_pending_sends < 1 or args.shutdown_grace_s < 0:
+        print("magnetar standalone: --max-pending-sends must be at least 1 and "
+              "--shutdown-grace-s not negative", file=sys.stderr)
+        return 2
     if args.auth_token_secret_key or args.auth_token_public_key:
         config = dataclasses.replace(config, authentication_enabled=True,
                                      token_secret_key=args.auth_token_secret_key or "",
@@ -95,6 +99,9 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         tls_port=args.tls_port,
         https_port=args.https_port,
         advertised_url_tls=args.advertised_url_tls,
+        shutdown_grace_s=args.shutdown_grace_s,
+        keepalive_interval_s=args.keepalive_interval_s,
+        pending_sends_max=args.max_pending_sends,
     )
     return run_standalone(options)
 
@@ -113,13 +120,29 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "127.0.0.1)")
     standalone.add_argument("--port", type=int, default=6650, help="binary protocol port "
                             "(default 6650; 0 picks a free one)")
-    standalone.add_argument("--http-port", type=int, default=8080, help="admin HTTP port "
-                            "(default 8080)")
+    standalone.add_argument("--http-port", type=int, default=8080, help="admin HTTP port; it also "
+                            "answers the lookups of clients given http://HOST:PORT as their "
+                            "service URL (default 8080)")
     standalone.add_argument("--advertised-url", default=None, help="the URL lookups answer "
                             "with (default pulsar://HOST:PORT)")
+    standalone.add_argument("--keepalive-interval-s", type=float, default=30.0,
+                            metavar="SECONDS", help="the broker PINGs each connection this "
+                            "often and closes one that sent nothing for a whole interval "
+                            "after a PING (Pulsar's keepAliveIntervalSeconds; default 30; "
+                            "0 disables broker PINGs and the idle timeout)")
+    standalone.add_argument("--max-pending-sends", type=int, default=1000, metavar="N",
+                            help="SENDs awaiting their receipts per connection before the "
+                            "broker stops reading that connection until receipts go out "
+                            "(Pulsar's maxPendingPublishRequestsPerConnection; default 1000)")
+    standalone.add_argument("--shutdown-grace-s", type=float, default=10.0,
+                            metavar="SECONDS", help="at SIGTERM/SIGINT, how long the commands "
+                            "already received may take to finish before connections are "
+                            "closed (default 10)")
     standalone.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                             help="override a broker setting, e.g. "
-                            "broker_deduplication_enabled=true (repeatable)")
+                            "broker_deduplication_enabled=true, or "
+                            "broker_entry_metadata_interceptors=timestamp,index to store "
+                            "broker entry metadata with each entry (repeatable)")
     _add_standalone_security(standalone)
     standalone.set_defaults(handler=_cmd_standalone)
 

@@ -71,6 +71,9 @@ from ._framer import (
     encode_entry,
     encode_frame,
     parse_entry,
+    prefix_broker_entry_metadata,
+    split_broker_entry_metadata,
+    strip_broker_entry_metadata,
 )
 from ._frames import NEED_DATA, ChecksumMismatch, ConnectionClosed, Frame, NeedData
 from ._hashing import (
@@ -156,7 +159,10 @@ __all__ = [
     "murmur3_32_raw",
     "parse_entry",
     "pb",
+    "prefix_broker_entry_metadata",
+    "split_broker_entry_metadata",
     "split_into_chunks",
     "sticky_key",
+    "strip_broker_entry_metadata",
     "unpack_messages",
 ]

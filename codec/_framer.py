@@ -31,7 +31,10 @@ Payload command (SEND from a client, MESSAGE from a broker):
 
 The part from the magic (or from metadataSize when there is no magic) to the end is the *entry*:
 a broker stores it verbatim and sends it back after a CommandMessage, so the producer's checksum
-and metadata reach consumers unchanged (`encode_entry` / `parse_entry`).
+and metadata reach consumers unchanged (`encode_entry` / `parse_entry`). A broker that keeps
+broker entry metadata stores the entry behind the 0x0e02 block (`prefix_broker_entry_metadata`);
+such a *prefixed entry* is exactly the tail of a MESSAGE frame that carries the block, and
+`parse_entry` accepts it too. `split_broker_entry_metadata` separates the two again.
 
 CRC32C is Castagnoli (reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF), as in
 iSCSI and SSE4.2; crc32c(b"123456789") = 0xE3069283. The magic and the checksum itself are not
@@ -72,6 +75,9 @@ __all__ = [
     "encode_entry",
     "encode_frame",
     "parse_entry",
+    "prefix_broker_entry_metadata",
+    "split_broker_entry_metadata",
+    "strip_broker_entry_metadata",
 ]
 
 MAGIC_CRC32C: Final = 0x0E01
@@ -131,11 +137,13 @@ class Entry:
         metadata: the entry's MessageMetadata.
         payload: the payload (possibly compressed or a batch).
         checksum: the verified CRC32C, or None when the entry carries none.
+        broker_entry_metadata: the broker's 0x0e02 block of a prefixed entry, else None.
     """
 
     metadata: pb.MessageMetadata
     payload: bytes
     checksum: int | None
+    broker_entry_metadata: pb.BrokerEntryMetadata | None = None
 
 
 def encode_entry(metadata: pb.MessageMetadata, payload: bytes, *, checksum: bool = True) -> bytes:
@@ -229,24 +237,78 @@ def _split_entry(entry: bytes) -> tuple[int | None, int, int]:
     return checksum, pos, meta_end
 
 
+def _broker_entry_metadata_end(data: bytes | memoryview, pos: int) -> int:
+    """The end of the 0x0e02 block at `pos`, or `pos` when there is none there."""
+    if bytes(data[pos : pos + 2]) != _MAGIC_BROKER_ENTRY_METADATA_BYTES:
+        return pos
+    if len(data) - pos < 6:
+        raise RemoteProtocolError("entry ends inside the broker entry metadata size")
+    end: int = pos + 6 + _U32.unpack_from(data, pos + 2)[0]
+    if end > len(data):
+        raise RemoteProtocolError("broker entry metadata runs past the end of the entry")
+    return end
+
+
+def prefix_broker_entry_metadata(metadata: pb.BrokerEntryMetadata, entry: bytes) -> bytes:
+    """`entry` behind a 0x0e02 block: the form a broker stores and sends to clients that
+    declared `supports_broker_entry_metadata`.
+
+    Raises:
+        LocalProtocolError: `entry` already carries a block.
+    """
+    if entry[:2] == _MAGIC_BROKER_ENTRY_METADATA_BYTES:
+        raise LocalProtocolError("the entry already carries broker entry metadata")
+    block = serialize_message(metadata, "BrokerEntryMetadata")
+    return _MAGIC_BROKER_ENTRY_METADATA_BYTES + _U32.pack(len(block)) + block + entry
+
+
+def split_broker_entry_metadata(entry: bytes) -> tuple[pb.BrokerEntryMetadata | None, bytes]:
+    """(the 0x0e02 block or None, the entry without it); an entry without one is returned as
+    it is.
+
+    Raises:
+        RemoteProtocolError: the block is truncated or invalid.
+    """
+    end = _broker_entry_metadata_end(entry, 0)
+    if end == 0:
+        return None, entry
+    block = parse_message(pb.BrokerEntryMetadata, entry[6:end], "BrokerEntryMetadata")
+    return block, entry[end:]
+
+
+def strip_broker_entry_metadata(entry: bytes) -> bytes:
+    """The entry without its 0x0e02 block (unchanged when it has none); the block is not
+    decoded.
+
+    Raises:
+        RemoteProtocolError: the block's size runs past the end of the entry.
+    """
+    end = _broker_entry_metadata_end(entry, 0)
+    return entry[end:] if end else entry
+
+
 def parse_entry(entry: bytes, *, verify_checksum: bool = True) -> Entry:
     """Split stored entry bytes into metadata and payload.
 
     Args:
-        entry: bytes as `Frame.entry` or `encode_entry` give them.
+        entry: bytes as `Frame.entry` or `encode_entry` give them, or a prefixed entry
+            (`prefix_broker_entry_metadata`).
         verify_checksum: check the CRC32C when the entry carries one.
 
     Raises:
         RemoteProtocolError: the entry is truncated, its metadata is invalid, or its checksum
             does not match.
     """
+    broker_entry_metadata = None
+    if entry[:2] == _MAGIC_BROKER_ENTRY_METADATA_BYTES:
+        broker_entry_metadata, entry = split_broker_entry_metadata(entry)
     checksum, start, meta_end = _split_entry(entry)
     if verify_checksum and checksum is not None:
         actual = crc32c(memoryview(entry)[start:])
         if actual != checksum:
             raise RemoteProtocolError(f"entry checksum {checksum:#010x} != computed {actual:#010x}")
     metadata = parse_message(pb.MessageMetadata, entry[start + 4 : meta_end], "MessageMetadata")
-    return Entry(metadata, entry[meta_end:], checksum)
+    return Entry(metadata, entry[meta_end:], checksum, broker_entry_metadata)
 
 
 def decode_frame(frame: bytes) -> Frame | ChecksumMismatch:
@@ -287,11 +349,7 @@ def _decode_payload(command: pb.BaseCommand, frame: bytes, pos: int) -> Frame | 
     if command.type == pb.BaseCommand.MESSAGE and frame[pos : pos + 2] == (
         _MAGIC_BROKER_ENTRY_METADATA_BYTES
     ):
-        if len(frame) - pos < 6:
-            raise RemoteProtocolError("frame ends inside the broker entry metadata size")
-        end = pos + 6 + _U32.unpack_from(frame, pos + 2)[0]
-        if end > len(frame):
-            raise RemoteProtocolError("broker entry metadata runs past the end of the frame")
+        end = _broker_entry_metadata_end(frame, pos)
         broker_entry_metadata = parse_message(
             pb.BrokerEntryMetadata, frame[pos + 6 : end], "BrokerEntryMetadata"
         )

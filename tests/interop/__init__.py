@@ -4,6 +4,10 @@
 This module holds the helpers the tests share: `BrokerProcess` (start, stop by signal, kill,
 restart -- always by PID), `RawClient` (one protocol connection, frame by frame) and small
 pollers. Waiting is always a poll bounded by a deadline; nothing sleeps as an assertion.
+
+`MAGNETAR_INTEROP_BROKER_CONFIG="name=value;name=value"` adds settings to every broker a
+`BrokerProcess` starts: e.g. `broker_entry_metadata_interceptors=timestamp,index` runs the
+whole interop suite against stored entries prefixed with broker entry metadata.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ STARTUP_DEADLINE_S = 30.0  # from Popen to accepting connections
 STOP_DEADLINE_S = 20.0  # from the signal to the process's exit
 POLL_INTERVAL_S = 0.01  # between two looks while polling
 RECEIVE_BYTES_MAX = 65536
+EXTRA_CONFIG = tuple(item for item in os.environ.get("MAGNETAR_INTEROP_BROKER_CONFIG",
+                                                     "").split(";") if item.strip())
 
 
 def free_port() -> int:
@@ -71,6 +77,7 @@ class BrokerProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     config: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()  # more `magnetar standalone` options
     process: subprocess.Popen[bytes] | None = None
     startup_s: float = 0.0  # from Popen to the first accepted connection, last start
 
@@ -81,9 +88,9 @@ class BrokerProcess:
     def command(self) -> list[str]:
         args = [sys.executable, "-m", "broker.cli", "standalone", "--data-dir",
                 str(self.data_dir), "--host", HOST, "--port", str(self.port), "--http-port", "0"]
-        for item in self.config:
+        for item in EXTRA_CONFIG + self.config:
             args += ["--config", item]
-        return args
+        return args + list(self.extra_args)
 
     def start(self) -> float:
         """Start the process and wait until it accepts connections; returns the time that took."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
+import time
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from . import HOST, BrokerProcess, free_port
+from . import HOST, STARTUP_DEADLINE_S, BrokerProcess, free_port, wait_for
 from .conftest import new_client
 
 pytestmark = pytest.mark.interop
@@ -38,6 +40,22 @@ class HttpBrokerProcess(BrokerProcess):
         args = super().command()
         args[args.index("--http-port") + 1] = str(self.http_port)
         return args
+
+    def start(self) -> float:
+        """Start, and wait until the admin HTTP server accepts too (it starts after the
+        binary port)."""
+        began = time.monotonic()
+        super().start()
+        wait_for(self._http_accepting, STARTUP_DEADLINE_S, f"admin HTTP on {self.http_port}")
+        self.startup_s = time.monotonic() - began
+        return self.startup_s
+
+    def _http_accepting(self) -> bool:
+        try:
+            with socket.create_connection((HOST, self.http_port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def get_json(self, path: str) -> Any:
         url = f"http://{HOST}:{self.http_port}{path}"

@@ -1,0 +1,65 @@
+"""Prefixed entries: `prefix_broker_entry_metadata`, `split_…`, `strip_…`, and `parse_entry`
+accepting the 0x0e02 block in front of an entry; a MESSAGE built from a prefixed entry decodes
+with the block."""
+
+from __future__ import annotations
+
+import pytest
+
+from codec import (
+    LocalProtocolError,
+    RemoteProtocolError,
+    base_command,
+    decode_frame,
+    encode_entry,
+    encode_frame,
+    parse_entry,
+    pb,
+    prefix_broker_entry_metadata,
+    split_broker_entry_metadata,
+    strip_broker_entry_metadata,
+)
+
+
+def _entry() -> bytes:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=3, publish_time=42,
+                                  num_messages_in_batch=2)
+    return encode_entry(metadata, b"payload")
+
+
+def test_prefix_split_strip_and_parse() -> None:
+    entry = _entry()
+    block = pb.BrokerEntryMetadata(broker_timestamp=1_700_000_000_000, index=41)
+    prefixed = prefix_broker_entry_metadata(block, entry)
+    assert prefixed.endswith(entry)
+    assert prefixed[:2] == b"\x0e\x02"
+    assert split_broker_entry_metadata(prefixed) == (block, entry)
+    assert split_broker_entry_metadata(entry) == (None, entry)
+    assert strip_broker_entry_metadata(prefixed) == entry
+    assert strip_broker_entry_metadata(entry) == entry
+    parsed = parse_entry(prefixed)
+    assert parsed.broker_entry_metadata == block
+    assert (parsed.metadata.sequence_id, parsed.payload) == (3, b"payload")
+    assert parse_entry(entry).broker_entry_metadata is None
+    with pytest.raises(LocalProtocolError, match="already carries"):
+        prefix_broker_entry_metadata(block, prefixed)
+
+
+def test_a_truncated_block_is_refused() -> None:
+    prefixed = prefix_broker_entry_metadata(pb.BrokerEntryMetadata(index=1), _entry())
+    with pytest.raises(RemoteProtocolError, match="broker entry metadata"):
+        parse_entry(prefixed[:4])
+    with pytest.raises(RemoteProtocolError, match="runs past the end"):
+        strip_broker_entry_metadata(prefixed[:2] + b"\x7f\xff\xff\xff")
+
+
+def test_a_message_carrying_a_prefixed_entry_decodes_with_its_block() -> None:
+    block = pb.BrokerEntryMetadata(broker_timestamp=5, index=9)
+    entry = _entry()
+    message = base_command(pb.CommandMessage(
+        consumer_id=1, message_id=pb.MessageIdData(ledgerId=1, entryId=2)))
+    frame = decode_frame(encode_frame(message, entry=prefix_broker_entry_metadata(block,
+                                                                                   entry))[4:])
+    assert frame.broker_entry_metadata == block  # type: ignore[union-attr]
+    assert frame.entry == entry  # type: ignore[union-attr]
+    assert frame.checksum is not None  # type: ignore[union-attr]
