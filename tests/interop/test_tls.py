@@ -118,7 +118,7 @@ def test_an_untrusted_ca_fails(pki: Pki, tls_broker: tuple[SecureBrokerProcess, 
 
 def test_https_admin_and_authenticated_metrics(
         pki: Pki, tls_broker: tuple[SecureBrokerProcess, int, int]) -> None:
-    broker, _, https_port = tls_broker
+    broker, tls_port, https_port = tls_broker
     base = f"https://{HOST}:{https_port}"
     trusted = ssl.create_default_context(cafile=str(pki.ca))
     status, body = broker.http("/admin/v2/clusters", token(), base=base, context=trusted)
@@ -130,6 +130,13 @@ def test_https_admin_and_authenticated_metrics(
     status, text = broker.http("/metrics", token())
     assert status == 200
     assert "pulsar_" in text
+    # HTTP lookup names the TLS listener and the HTTPS admin port as well.
+    status, lookup = broker.http("/lookup/v2/topic/persistent/public/default/https-lookup",
+                                 token(), base=base, context=trusted)
+    assert status == 200
+    assert lookup["brokerUrl"] == broker.url
+    assert lookup["brokerUrlTls"] == f"pulsar+ssl://{HOST}:{tls_port}"
+    assert lookup["httpUrlTls"] == f"https://{HOST}:{https_port}"
     untrusted = ssl.create_default_context(cafile=str(pki.other_ca))
     with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
         broker.http("/admin/v2/clusters", token(), base=base, context=untrusted)
