@@ -18,9 +18,16 @@ from codec._proto import pulsar_api_pb2 as pb
 
 from ._position import Position
 
-__all__ = ["TAG_VALUE", "EntryInfo"]
+__all__ = ["TAG_VALUE", "EntryInfo", "messages_in"]
 
 TAG_VALUE = "TAGS"
+
+
+def messages_in(metadata: pb.MessageMetadata) -> int:
+    """How many messages an entry holds (a batch's size, at least 1; else 1)."""
+    if metadata.HasField("num_messages_in_batch"):
+        return max(1, metadata.num_messages_in_batch)
+    return 1
 
 
 class EntryInfo:
@@ -51,10 +58,7 @@ class EntryInfo:
 
     @property
     def batch_size(self) -> int:
-        metadata = self.metadata
-        if metadata.HasField("num_messages_in_batch"):
-            return max(1, metadata.num_messages_in_batch)
-        return 1
+        return messages_in(self.metadata)
 
     @property
     def deliver_at(self) -> int | None:

@@ -37,6 +37,7 @@ from typing import Final
 
 from codec import parse_entry, pb, prefix_broker_entry_metadata
 
+from ._entry import messages_in
 from ._managed_ledger import ManagedLedger
 from ._position import Position
 
@@ -69,13 +70,6 @@ def interceptors_of(names: Iterable[str]) -> frozenset[str]:
                              f"{', '.join(sorted(_NAMES))})")
         found.add(short)
     return frozenset(found)
-
-
-def messages_in(metadata: pb.MessageMetadata) -> int:
-    """How many messages an entry holds (a batch's size, else 1)."""
-    if metadata.HasField("num_messages_in_batch"):
-        return max(1, metadata.num_messages_in_batch)
-    return 1
 
 
 class EntryMetadataAppender:

@@ -211,8 +211,7 @@ def encode_frame(
     elif entry is not None:
         tail = entry
     if broker_entry_metadata is not None:
-        prefix = serialize_message(broker_entry_metadata, "BrokerEntryMetadata")
-        tail = _MAGIC_BROKER_ENTRY_METADATA_BYTES + _U32.pack(len(prefix)) + prefix + tail
+        tail = prefix_broker_entry_metadata(broker_entry_metadata, tail)
     total = 4 + len(command_bytes) + len(tail)
     if total > frame_size_bytes_max:
         raise LocalProtocolError(f"frame of {total} bytes exceeds {frame_size_bytes_max}")
