@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from codec import parse_entry
 
@@ -80,7 +81,13 @@ from ._errors import (
 )
 from ._lookup_http import LookupUrls, lookup_routes, partitions_for_client
 from ._metrics import CONTENT_TYPE, render_metrics
-from ._names import NamespaceName, TopicDomain, TopicName
+from ._names import (
+    NamespaceName,
+    TopicDomain,
+    TopicName,
+    check_subscription_name,
+    check_tenant_name,
+)
 from ._namespaces import POLICY_FIELDS
 from ._position import Position, int_to_ack_set
 from ._server import advertised_url_for
@@ -106,6 +113,22 @@ BACKLOG_QUOTA_POLICIES = ("producer_request_hold", "producer_exception",
 BACKLOG_QUOTA_TYPES = ("destination_storage", "message_age")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _HttpServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger for the admin API. aiohttp logs every malformed request (a line
+    longer than its limit, a bad header: the client's mistake, answered 400, connection closed)
+    as an ERROR with a traceback; here it is one WARNING line without the traceback. Anything
+    else aiohttp logs keeps its level and traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if isinstance(error, HttpProcessingError) and 400 <= error.code < 500:
+            log.warning("bad HTTP request from %s refused with %d: %s",
+                        args[0] if args else "?", error.code, error.message)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 class RestError(Exception):
@@ -197,8 +220,14 @@ def _int_body(value: Any, what: str) -> int:
     return value
 
 
+INT_PATH_DIGITS_MAX = 19  # a path's number (the route admits digits only): a Java long
+
+
 def _int_path(request: web.Request, name: str) -> int:
-    return int(request.match_info[name])  # the route's pattern admits digits only
+    text = request.match_info[name]  # the route's pattern admits digits only
+    if len(text) > INT_PATH_DIGITS_MAX or int(text) > LONG_MAX:
+        raise RestError(400, f"{name} is out of range: {text[:INT_PATH_DIGITS_MAX]}...")
+    return int(text)
 
 
 # -- names ----------------------------------------------------------------------------------
@@ -337,6 +366,10 @@ async def create_tenant(request: web.Request) -> web.Response:
     info = _tenant_info(await _body(request), service.config.cluster_name)
     if _TENANT_NAME.fullmatch(tenant) is None:
         raise RestError(412, "Tenant name is not valid")
+    try:
+        check_tenant_name(tenant)
+    except InvalidTopicNameError as error:
+        raise RestError(412, f"Tenant name is not valid: {error}") from error
     if service.namespaces.tenant_exists(tenant):
         raise RestError(409, "Tenant already exists")
     service.namespaces.create_tenant(tenant, info)
@@ -902,6 +935,10 @@ async def create_subscription(request: web.Request) -> web.Response:
         raise RestError(405, "Creating a subscription needs a persistent topic")
     if subscription == DEDUP_CURSOR_NAME or subscription.startswith("pulsar.repl"):
         raise RestError(412, "Subscription name is reserved")
+    try:
+        check_subscription_name(subscription)
+    except BrokerError as error:
+        raise RestError(412, str(error)) from error
     ledger_id, entry_id, _ = _message_id(await _body(request))
     partitions = _partitions(service, name)
     targets = ([name.partition(i) for i in range(partitions)] if partitions else [name])
@@ -1167,7 +1204,8 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
     urls = LookupUrls(broker_url, broker_url_tls=broker_url_tls)
     runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics, auth=auth,
                                      lookup_urls=urls),
-                           access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+                           access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
+                           logger=_HttpServerLog(logging.getLogger("aiohttp.server")))
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

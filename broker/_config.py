@@ -101,6 +101,18 @@ class BrokerConfig:
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
 
+    # Connections (the binary protocol server, broker/_server.py). Pulsar's brokerMaxConnections
+    # and maxConnectionsPerIp default to 0 (off); a single-process broker sets both: every
+    # connection costs a file descriptor (shared with the storage's files) and a task on the
+    # one event loop, so the total stays well inside a typical descriptor limit and one
+    # address (a runaway client pool) cannot take every slot. 0 = no limit.
+    broker_max_connections: int = 2048
+    max_connections_per_ip: int = 512
+    # Bytes held for frames not yet complete, summed over all connections (each may hold up
+    # to one frame of max_message_size_bytes plus its command); a connection whose bytes push
+    # the sum over this is closed. The default takes 25 maximal frames arriving at once.
+    max_incomplete_frames_bytes: int = 128 * 1024 * 1024
+
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
@@ -114,6 +126,10 @@ class BrokerConfig:
         assert self.max_message_size_bytes > 0
         assert self.managed_ledger_max_redelivery_counts_to_persist >= 0
         assert self.subscription_pattern_max_length > 0
+        if min(self.broker_max_connections, self.max_connections_per_ip) < 0 \
+                or self.max_incomplete_frames_bytes <= 0:  # a user's settings
+            raise ValueError("broker_max_connections and max_connections_per_ip must be 0 (no "
+                             "limit) or more, max_incomplete_frames_bytes more than 0")
         assert self.key_shared_consistent_hashing_replica_points > 0
         assert self.token_allowed_clock_skew_s >= 0
         assert self.backlog_quota_default_retention_policy in (

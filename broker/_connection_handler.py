@@ -102,7 +102,13 @@ from ._errors import (
     NotAllowedError,
     from_storage_error,
 )
-from ._names import TopicName, matches_topics_pattern, topics_hash
+from ._names import (
+    TopicName,
+    check_producer_name,
+    check_subscription_name,
+    matches_topics_pattern,
+    topics_hash,
+)
 from ._nonpersistent import NonPersistentSubscription
 from ._position import Position
 from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
@@ -357,6 +363,7 @@ class ConnectionHandler:
         self._producers: dict[int, _ProducerState] = {}
         self._consumers: dict[int, _ConsumerState] = {}
         self._closed_producers: OrderedDict[int, None] = OrderedDict()
+        self._logged_once: set[str] = set()  # what `_warn_once`/`_log_failure` logged once
         self._tasks: set[asyncio.Task[None]] = set()
         self.pending_sends = 0
         self._send_room = asyncio.Event()
@@ -432,8 +439,10 @@ class ConnectionHandler:
             return False
         try:
             data = self.conn.send(base_command(body))
-        except LocalProtocolError as exc:
-            log.error("not sending %s to %s: %s", type(body).__name__, self.peer, exc.reason)
+        except LocalProtocolError as exc:  # e.g. a C++ client asked GET_OR_CREATE_SCHEMA
+            self._warn_once(f"not sending {type(body).__name__}",
+                            "not sending %s to %s: %s", type(body).__name__, self.peer,
+                            exc.reason)
             return False
         self._write(data)
         return True
@@ -500,10 +509,27 @@ class ConnectionHandler:
         self.send(pb.CommandError(request_id=request_id, error=code, message=message))  # type: ignore[arg-type]
 
     def _log_failure(self, exc: BaseException) -> None:
+        """Log a failed request: a refusal at INFO; an unexpected exception (a bug a client
+        may be able to repeat at will) at ERROR with its traceback once per connection and
+        exception type, then at DEBUG."""
         if isinstance(exc, BrokerError | StorageError):
             log.info("request from %s failed: %s: %s", self.peer, type(exc).__name__, exc)
-        else:
-            log.error("request from %s failed unexpectedly", self.peer, exc_info=exc)
+            return
+        key = f"unexpected {type(exc).__name__}"
+        if key in self._logged_once:
+            log.debug("request from %s failed unexpectedly: %r", self.peer, exc)
+            return
+        self._logged_once.add(key)
+        log.error("request from %s failed unexpectedly (further %s of this connection are "
+                  "logged at DEBUG)", self.peer, type(exc).__name__, exc_info=exc)
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        """A client's mistake: WARNING the first time on this connection, DEBUG after."""
+        if key in self._logged_once:
+            log.debug(message, *args)
+            return
+        self._logged_once.add(key)
+        log.warning(message + " (repeats on this connection are logged at DEBUG)", *args)
 
     def _success(self, request_id: int) -> None:
         self.send(pb.CommandSuccess(request_id=request_id))
@@ -567,6 +593,7 @@ class ConnectionHandler:
             self._keepalive.cancel()
             self._keepalive = None
         self._release_all()
+        self.conn.discard_received()  # a partial frame's bytes do not outlive the connection
         self._send_room.set()
         self._close_transport()
 
@@ -783,6 +810,7 @@ class ConnectionHandler:
 
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         name = TopicName.parse(request.topic)
+        check_producer_name(request.producer_name)  # before anything is created
         topic, producer = await self.service.create_producer(name, self._producer_spec(request))
         try:
             if _carries_schema(request):
@@ -879,8 +907,8 @@ class ConnectionHandler:
     def _on_corrupt_send(self, event: ChecksumMismatch) -> None:
         send = event.command.send
         state = self._producers.get(send.producer_id)
-        log.warning("SEND from %s failed its checksum (%#010x != %#010x)", self.peer,
-                    event.expected, event.actual)
+        self._warn_once("checksum", "SEND from %s failed its checksum (%#010x != %#010x)",
+                        self.peer, event.expected, event.actual)
         if state is None or state.producer is None:
             if send.producer_id in self._closed_producers:
                 return
@@ -992,6 +1020,7 @@ class ConnectionHandler:
     async def _open_consumer(self, state: _ConsumerState, request: pb.CommandSubscribe) -> None:
         spec = self._subscribe_spec(request)
         name = TopicName.parse(request.topic)
+        check_subscription_name(spec.subscription)  # before anything is created
         if _carries_schema(request):
             self.ctx.schemas.admit_consumer(name, StoredSchema.from_proto(request.schema))
         topic, consumer = await self.service.subscribe(name, spec, state.sink)
