@@ -35,13 +35,20 @@ A partitioned topic's base name stands for all its partitions where Pulsar allow
 partitioned stats); skipping n entries and resetting to a position need one partition
 (405, as upstream).
 
-Errors answer as Pulsar's do, with a status and `{"reason": "…"}`: 400 a malformed body,
-404 a missing tenant, namespace, topic or subscription, 405 an operation the topic (a
-partitioned base, a non-persistent topic) does not support, 406 a partition count below 1,
+Errors answer as Pulsar's do, with a status and `{"reason": "…"}`: 400 a malformed body
+or an out-of-range number in the path, 404 a missing tenant, namespace, topic or
+subscription, 405 an operation the topic (a partitioned base, a non-persistent topic) does not
+support, 406 a partition count below 1 or above `max_num_partitions_per_partitioned_topic`,
 409 something that exists already or a namespace/tenant that is not empty, 412 an invalid
-name or value or clients still connected (409 also an incompatible schema, 422 a schema
-definition that does not parse). Handlers raise `RestError`; the middleware turns
-it, the router's own 404/405 and any stray `BrokerError` into that shape.
+name or value (a name too long to store included, `_names.py`: nothing is created) or clients
+still connected (409 also an incompatible schema, 422 a schema definition that does not
+parse). Handlers raise `RestError`; the middleware turns it, the router's own 404/405 and any
+stray `BrokerError` into that shape.
+
+Logging. A malformed HTTP request (a line over aiohttp's limit, a bad header) is the client's
+mistake: aiohttp answers 400 and closes the connection, and `_HttpServerLog` makes its ERROR
+traceback one WARNING line. An unexpected exception in a handler stays an ERROR with its
+traceback (a bug), answered 500.
 
 With authentication enabled (`auth`), `_admin_auth.auth_middleware` runs first and answers
 401 to requests without a valid `Authorization: Bearer` token. `start_admin` can serve HTTPS
@@ -591,6 +598,8 @@ def _policy_handlers(policy: _Policy) -> tuple[Handler, Handler, Handler]:
         service = _service(request)
         namespace = _namespace(request)
         value = policy.check(await _body(request), service.namespaces.policies(namespace))
+        if isinstance(value, dict) and "defaultNumPartitions" in value:
+            _check_partition_limit(service, value["defaultNumPartitions"])
         await _set_policy(service, namespace, policy.field, value)
         return _ok()
 
@@ -670,17 +679,25 @@ async def list_partitioned_topics(request: web.Request) -> web.Response:
     return _ok(sorted(n for n in names if n.startswith(prefix)))
 
 
-def _partition_count(value: Any) -> int:
+def _partition_count(service: BrokerService, value: Any) -> int:
     count = _int_body(value, "the number of partitions")
     if count <= 0:
         raise RestError(406, "Number of partitions should be more than 0")
+    _check_partition_limit(service, count)
     return count
+
+
+def _check_partition_limit(service: BrokerService, count: int) -> None:
+    """406 beyond `max_num_partitions_per_partitioned_topic` (0: no limit), as upstream."""
+    limit = service.config.max_num_partitions_per_partitioned_topic
+    if 0 < limit < count:
+        raise RestError(406, f"Number of partitions should be less than or equal to {limit}")
 
 
 async def create_partitioned_topic(request: web.Request) -> web.Response:
     service = _service(request)
     name = _topic_name(request)
-    count = _partition_count(await _body(request))
+    count = _partition_count(service, await _body(request))
     if name.is_partitioned:
         raise RestError(412, "Partitioned Topic Name should not contain '-partition-'")
     if _partitions(service, name) > 0:
@@ -694,7 +711,7 @@ async def create_partitioned_topic(request: web.Request) -> web.Response:
 async def update_partitioned_topic(request: web.Request) -> web.Response:
     service = _service(request)
     name = _topic_name(request)
-    count = _partition_count(await _body(request))
+    count = _partition_count(service, await _body(request))
     current = _partitions(service, name)
     if current == 0:
         raise RestError(404, f"Partitioned Topic {name} not found")

@@ -27,6 +27,10 @@ class BrokerConfig:
     max_consumers_per_topic: int = 0
     max_consumers_per_subscription: int = 0
     max_message_size_bytes: int = 5 * 1024 * 1024
+    # Pulsar's maxNumPartitionsPerPartitionedTopic (0 = no limit, upstream's default). Every
+    # partition is a managed ledger of this one process, created on the spot; more than this
+    # buy no parallelism on one event loop, and 10^9 of them would never finish creating.
+    max_num_partitions_per_partitioned_topic: int = 1024
     subscription_pattern_max_length: int = 50  # regex consumers' patterns, domain removed
 
     # Dispatch.
@@ -126,6 +130,10 @@ class BrokerConfig:
         assert self.max_message_size_bytes > 0
         assert self.managed_ledger_max_redelivery_counts_to_persist >= 0
         assert self.subscription_pattern_max_length > 0
+        if 0 < self.max_num_partitions_per_partitioned_topic < self.default_num_partitions \
+                or self.max_num_partitions_per_partitioned_topic < 0:  # a user's settings
+            raise ValueError("max_num_partitions_per_partitioned_topic must be 0 (no limit) or "
+                             "at least default_num_partitions")
         if min(self.broker_max_connections, self.max_connections_per_ip) < 0 \
                 or self.max_incomplete_frames_bytes <= 0:  # a user's settings
             raise ValueError("broker_max_connections and max_connections_per_ip must be 0 (no "

@@ -52,6 +52,15 @@ Broker entry metadata: a stored entry may carry the 0x0e02 block (`_entry_metada
 goes out verbatim to clients that declared supports_broker_entry_metadata and is stripped for
 the others.
 
+Names are checked before anything is created (`_names.py`): an over-long topic is
+InvalidTopicName, an over-long subscription, initial subscription or producer name ProducerBusy
+(upstream's answer to a refused name).
+
+Logging. A client's mistake is logged once per connection at WARNING (a reply its declared
+command set cannot take, a SEND with a bad checksum), repeats at DEBUG; a refused request is
+INFO. An unexpected exception in a request (a bug a client may repeat at will) is an ERROR
+with its traceback once per connection and exception type, then DEBUG.
+
 Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection that sent no
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
 
@@ -811,6 +820,7 @@ class ConnectionHandler:
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         name = TopicName.parse(request.topic)
         check_producer_name(request.producer_name)  # before anything is created
+        check_subscription_name(request.initial_subscription_name)
         topic, producer = await self.service.create_producer(name, self._producer_spec(request))
         try:
             if _carries_schema(request):

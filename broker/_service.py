@@ -343,7 +343,11 @@ class BrokerService:
                 topic.remove_producer(producer)
                 raise NotAllowedError("Could not create the initial subscription: "
                                       "auto subscription creation is disabled")
-            await topic.create_subscription(initial, "earliest")
+            try:
+                await topic.create_subscription(initial, "earliest")
+            except BaseException:
+                topic.remove_producer(producer)  # a failed creation leaves no producer behind
+                raise
         return topic, producer
 
     async def subscribe(self, name: str | TopicName, spec: SubscribeSpec,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import PersistentTopic
+from broker import BrokerConfig, PersistentTopic, ProducerSpec
 from broker._names import (
     NAMED_ENTITY_CHARS_MAX,
     SUBSCRIPTION_NAME_BYTES_MAX,
@@ -119,3 +119,41 @@ def test_malformed_http_requests_are_one_warning_each_without_traceback(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == len(requests) * 2  # one per request, and each closed its connection
     assert all("bad HTTP request" in r.getMessage() for r in warnings)
+
+
+def test_partition_counts_beyond_the_limit_are_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with admin_env(tmp_path, max_num_partitions_per_partitioned_topic=8) as (
+                env, _, client):
+            answer = await client.call("PUT", f"{PT}/many/partitions", 9)
+            assert (answer.status, answer.body["reason"]) == (
+                406, "Number of partitions should be less than or equal to 8")
+            assert env.service.namespaces.partitions("persistent://public/default/many") == 0
+            assert (await client.call("PUT", f"{PT}/many/partitions", 8)).status == 204
+            assert (await client.call("POST", f"{PT}/many/partitions", 9)).status == 406
+            assert env.service.namespaces.partitions("persistent://public/default/many") == 8
+            override = {"allowAutoTopicCreation": True, "topicType": "partitioned",
+                        "defaultNumPartitions": 9}
+            answer = await client.call("POST", "/admin/v2/namespaces/public/default/"
+                                       "autoTopicCreation", override)
+            assert answer.status == 406
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match="max_num_partitions_per_partitioned_topic"):
+        BrokerConfig(default_num_partitions=9, max_num_partitions_per_partitioned_topic=8)
+
+
+def test_a_producer_whose_initial_subscription_fails_is_not_left_behind(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            name = TopicName.parse("persistent://public/default/initial")
+            spec = ProducerSpec(producer_name="p", initial_subscription_name=LONG_SUB)
+            with pytest.raises(ValueError, match="metadata keys"):  # the store refuses it
+                await env.service.create_producer(name, spec)
+            topic = env.service.topics[str(name)]
+            assert isinstance(topic, PersistentTopic)
+            assert not topic.producers
+            assert LONG_SUB not in topic.managed_ledger.cursors
+            assert await env.service.unload_topic(name)
+
+    asyncio.run(scenario())

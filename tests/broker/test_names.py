@@ -388,7 +388,7 @@ def _is_valid(text: str) -> bool:
 def _longest_valid(prefix: str, unit: str) -> TopicName:
     """The topic `prefix + unit * n` for the largest n that is valid; one more is too long."""
     count = 0
-    while _is_valid(prefix + unit * (count + 1)):
+    while count < METADATA_KEY_BYTES_MAX and _is_valid(prefix + unit * (count + 1)):
         count += 1
     with pytest.raises(InvalidTopicNameError, match="too long"):
         TopicName.parse(prefix + unit * (count + 1))
