@@ -20,7 +20,8 @@ protocol over TLS, with the same context, service and connection table; LOOKUP t
 service URL is `pulsar+ssl://` follows the TLS one. Authentication (`_auth.py`), when
 configured, applies on both listeners alike.
 
-Limits (`BrokerConfig`). A connection beyond `broker_max_connections`, or beyond
+Limits (`BrokerConfig`). A connection beyond `broker_max_connections` (lowered, with a
+WARNING, to what the descriptor limit leaves after `DESCRIPTORS_RESERVED`), or beyond
 `max_connections_per_ip` from one address, is refused as Pulsar refuses it: ERROR
 NotAllowedError (request id -1) naming the limit, then close; nothing else is done for it.
 After every read the server counts the bytes each connection's codec holds for a frame not yet
@@ -43,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import socket
 import ssl
 from typing import Final
@@ -71,6 +73,9 @@ REFUSAL_WRITE_S_MAX: Final = 1.0  # a refused connection's ERROR is written this
 # A refused or closed connection is a WARNING the first time and every this many times after
 # (the rest DEBUG): a flood of them does not flood the log.
 LIMIT_WARNING_EVERY: Final = 1000
+# File descriptors kept for everything but client connections (the storage's files, LMDB, the
+# admin HTTP server): the connection limit never lets clients take these.
+DESCRIPTORS_RESERVED: Final = 256
 
 
 def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
@@ -120,6 +125,7 @@ class BrokerServer:
         self._per_ip: dict[str, int] = {}  # open connections (refused ones not) per address
         self.incomplete_frames_bytes = 0  # summed over the connections (see the module comment)
         self.refused_connections = 0  # refused for a connection limit, since start
+        self.connections_max = _connections_max(service.config.broker_max_connections)
         self.buffer_limit_closes = 0  # closed for max_incomplete_frames_bytes, since start
 
     @property
@@ -160,8 +166,8 @@ class BrokerServer:
 
     def _refusal(self, address: str) -> str | None:
         """Why a new connection from `address` is refused (None: it is not)."""
-        config = self.context.service.config
-        total_max, per_ip_max = config.broker_max_connections, config.max_connections_per_ip
+        total_max = self.connections_max
+        per_ip_max = self.context.service.config.max_connections_per_ip
         if total_max > 0 and len(self._connections) >= total_max:
             return "Reached the maximum number of connections"
         if per_ip_max > 0 and self._per_ip.get(address, 0) >= per_ip_max:
@@ -287,6 +293,21 @@ class BrokerServer:
         if self._tls_server is not None:
             await self._tls_server.wait_closed()
         log.info("server on port %d stopped", self.port)
+
+
+def _connections_max(configured: int) -> int:
+    """The total connection limit in force: `broker_max_connections` (0: none), lowered to
+    what the process's descriptor limit leaves after `DESCRIPTORS_RESERVED` (logged)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    room = max(1, soft - DESCRIPTORS_RESERVED)
+    if configured == 0 or configured > room:
+        log.warning("broker_max_connections=%d lowered to %d: the process may open %d files "
+                    "(ulimit -n) and keeps %d for storage and the admin server", configured,
+                    room, soft, DESCRIPTORS_RESERVED)
+        return room
+    return configured
 
 
 def _logged_in_full(count: int) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
@@ -21,7 +22,7 @@ import pytest
 from broker import BrokerConfig, BrokerService
 from broker._connection_handler import ConnectionHandler
 from broker._names import SUBSCRIPTION_NAME_BYTES_MAX
-from broker._server import BrokerServer, serve
+from broker._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
 from codec import (
     ConnectionClosed,
     Frame,
@@ -294,3 +295,20 @@ def test_a_repeated_client_mistake_is_one_warning_per_connection(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("not sending CommandGetOrCreateSchemaResponse" in m for m in warnings) == 2
     assert sum("failed its checksum" in m for m in warnings) == 2
+
+
+def test_the_connection_limit_leaves_descriptors_for_the_storage(
+        caplog: pytest.LogCaptureFixture) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = 1000
+    if hard != resource.RLIM_INFINITY and hard < lowered:
+        lowered = hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        with caplog.at_level(logging.WARNING, logger="broker"):
+            assert _connections_max(2048) == lowered - DESCRIPTORS_RESERVED
+            assert _connections_max(0) == lowered - DESCRIPTORS_RESERVED
+        assert _connections_max(lowered - DESCRIPTORS_RESERVED) == lowered - DESCRIPTORS_RESERVED
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len([r for r in caplog.records if "lowered to" in r.getMessage()]) == 2
