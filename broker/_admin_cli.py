@@ -7,8 +7,9 @@ Theory of operation
 against `--url` (the broker's binary protocol). `topics`, `namespaces` and `tenants` are
 `pulsar-admin`'s, with its subcommand names: each one is a single request to the admin
 HTTP API at `--admin-url`, made with `urllib`, whose JSON answer is printed (objects
-indented, lists one item a line). An error answer prints `HTTP <status>: <reason>` on
-stderr and exits 1.
+indented, lists one item a line). An error answer raises `AdminHttpError`, which
+`cli.main` prints as `magnetar <command>: HTTP <status>: <reason>` on stderr, exiting 1;
+an invalid topic or namespace name is refused the same way before any request (exit 2).
 
 Topic arguments take any form `TopicName.parse` does (`my-topic`,
 `tenant/ns/my-topic`, `persistent://tenant/ns/my-topic`); the local name travels
@@ -154,6 +155,10 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
         AdminHttpError: an error status (with Pulsar's `reason`), or status 0 when the API
             cannot be reached.
     """
+    scheme = admin_url.partition("://")[0] if "://" in admin_url else ""
+    if scheme.lower() not in ("http", "https"):
+        raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: expected "
+                                "http://HOST:PORT or https://HOST:PORT")
     url = admin_url.rstrip("/") + path
     if query:
         url += "?" + urllib.parse.urlencode(query)
@@ -161,7 +166,10 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    except ValueError as error:  # e.g. "Invalid IPv6 URL"
+        raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: {error}") from None
     context = ssl.create_default_context(cafile=trust_certs_file) if trust_certs_file else None
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S,
@@ -169,7 +177,10 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
             raw = answer.read()
     except urllib.error.HTTPError as error:
         raise AdminHttpError(error.code, _error_reason(error)) from None
-    except (urllib.error.URLError, OSError) as error:
+    except urllib.error.URLError as error:
+        raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: "
+                                f"{error.reason}") from None
+    except (OSError, ValueError) as error:
         raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: {error}") from None
     return json.loads(raw) if raw.strip() else None
 
@@ -202,14 +213,12 @@ def _call(method: str, path: Callable[[argparse.Namespace], str],
     """A handler making one admin call and printing its answer."""
 
     def handle(args: argparse.Namespace) -> int:
-        try:
-            answer = admin_request(args.admin_url, method, path(args),
-                                   body(args) if body is not None else None,
-                                   query(args) if query is not None else None,
-                                   **_http_security(args))
-        except AdminHttpError as error:
-            print(str(error), file=sys.stderr)
-            return 1
+        # AdminHttpError and invalid names go up to the CLI's boundary (`cli.main`), which
+        # prints them as one line and exits 1 (2 for a name).
+        answer = admin_request(args.admin_url, method, path(args),
+                               body(args) if body is not None else None,
+                               query(args) if query is not None else None,
+                               **_http_security(args))
         if answer is not None:
             _print(answer)
         return 0
@@ -289,7 +298,19 @@ def _properties(pairs: list[str]) -> dict[str, str]:
     return found
 
 
+def _check_topic(topic: str) -> None:
+    """Validate a topic name before connecting.
+
+    Raises:
+        InvalidTopicNameError: with upstream's message (the CLI prints it on one line).
+    """
+    from ._names import TopicName
+
+    TopicName.parse(topic)
+
+
 def _cmd_produce(args: argparse.Namespace) -> int:
+    _check_topic(args.topic)
     pulsar = _pulsar()
     properties = _properties(args.property)
     messages = [m for text in args.messages for m in
@@ -319,6 +340,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _cmd_consume(args: argparse.Namespace) -> int:
+    _check_topic(args.topic)
     pulsar = _pulsar()
     client = _client(pulsar, args)
     if client is None:

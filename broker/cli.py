@@ -3,6 +3,14 @@
 Each subcommand lives in a small `_cmd_*` function that imports what it needs lazily, so
 `magnetar --help` stays fast and a subcommand's heavy dependencies (matplotlib, the
 pulsar client) load only when that subcommand runs.
+
+Errors reach the user as one line on stderr, never a traceback: argument errors as
+`magnetar <command>: <what is wrong> (see magnetar <command> --help)` with exit status 2
+(`_Parser`), and the errors of our packages that a handler lets through (`main`'s
+boundary: `BrokerError`, `StorageError`, the admin API's `AdminHttpError`, `OSError`) as
+`magnetar <command>: <message>`, exit status 2 for bad input (a setting out of range, an
+invalid topic or namespace name) and 1 otherwise. Anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -11,10 +19,45 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 __all__ = ["build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
+
+EXIT_FAILED = 1  # the command ran and failed (unreachable broker, locked directory, ...)
+EXIT_USAGE = 2  # the command line asked for something invalid
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
+PORT_MAX = 65535
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the command (subparsers inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _port(text: str) -> int:
+    """A TCP port for argparse: 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: not a number") from None
+    if not 0 <= port <= PORT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"invalid port {port}: must be from 0 (any free port) to {PORT_MAX}")
+    return port
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid number {value}: must be at least 1")
+    return value
 
 
 def _cmd_storage_check(args: argparse.Namespace) -> int:
@@ -67,15 +110,10 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     from broker._standalone import StandaloneOptions, config_with_overrides, run_standalone
     from broker._tls import TlsOptions
 
-    try:
-        config = config_with_overrides(args.config)
-    except ValueError as exc:
-        print(f"magnetar standalone: {exc}", file=sys.stderr)
-        return 2
-    if args.max_pending_sends < 1 or args.shutdown_grace_s < 0:
-        print("magnetar standalone: --max-pending-sends must be at least 1 and "
-              "--shutdown-grace-s not negative", file=sys.stderr)
-        return 2
+    config = config_with_overrides(args.config)  # ConfigurationError: main's one line
+    if args.shutdown_grace_s < 0:
+        print("magnetar standalone: --shutdown-grace-s must not be negative", file=sys.stderr)
+        return EXIT_USAGE
     if args.auth_token_secret_key or args.auth_token_public_key:
         config = dataclasses.replace(config, authentication_enabled=True,
                                      token_secret_key=args.auth_token_secret_key or "",
@@ -118,10 +156,10 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "when missing)")
     standalone.add_argument("--host", default="127.0.0.1", help="bind address (default "
                             "127.0.0.1)")
-    standalone.add_argument("--port", type=int, default=6650, help="binary protocol port "
+    standalone.add_argument("--port", type=_port, default=6650, help="binary protocol port "
                             "(default 6650; 0 picks a free one)")
-    standalone.add_argument("--http-port", type=int, default=8080, help="admin HTTP port; it also "
-                            "answers the lookups of clients given http://HOST:PORT as their "
+    standalone.add_argument("--http-port", type=_port, default=8080, help="admin HTTP port; it "
+                            "also answers the lookups of clients given http://HOST:PORT as their "
                             "service URL (default 8080)")
     standalone.add_argument("--advertised-url", default=None, help="the URL lookups answer "
                             "with (default pulsar://HOST:PORT)")
@@ -130,7 +168,7 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "often and closes one that sent nothing for a whole interval "
                             "after a PING (Pulsar's keepAliveIntervalSeconds; default 30; "
                             "0 disables broker PINGs and the idle timeout)")
-    standalone.add_argument("--max-pending-sends", type=int, default=1000, metavar="N",
+    standalone.add_argument("--max-pending-sends", type=_positive_int, default=1000, metavar="N",
                             help="SENDs awaiting their receipts per connection before the "
                             "broker stops reading that connection until receipts go out "
                             "(Pulsar's maxPendingPublishRequestsPerConnection; default 1000)")
@@ -155,11 +193,11 @@ def _add_standalone_security(standalone: argparse.ArgumentParser) -> None:
     keys.add_argument("--auth-token-public-key", default=None, metavar="KEY",
                       help="enable token authentication: RS/ES tokens verified with this "
                       "public key (DER or PEM; a path, file:///path or data:;base64,...)")
-    standalone.add_argument("--tls-port", type=int, default=None, help="also serve "
+    standalone.add_argument("--tls-port", type=_port, default=None, help="also serve "
                             "pulsar+ssl:// on this port (e.g. 6651; needs the TLS files)")
     standalone.add_argument("--advertised-url-tls", default=None, help="the TLS URL lookups "
                             "answer with (default pulsar+ssl://HOST:TLS_PORT)")
-    standalone.add_argument("--https-port", type=int, default=None, help="also serve the "
+    standalone.add_argument("--https-port", type=_port, default=None, help="also serve the "
                             "admin API over HTTPS on this port (e.g. 8443)")
     standalone.add_argument("--tls-cert-file", default=None, help="the server certificate "
                             "(PEM, chain after it)")
@@ -209,7 +247,8 @@ def _add_crashtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     crash.add_argument("--data-dir", required=True, help="scratch directory (its contents "
                        "are replaced)")
-    crash.add_argument("--iterations", type=int, default=100, help="crashes to run (default 100)")
+    crash.add_argument("--iterations", type=_positive_int, default=100,
+                       help="crashes to run (default 100)")
     crash.add_argument("--seed", type=int, default=None, help="workload seed (default: random)")
     crash.add_argument("--mode", choices=["kill", "powerloss", "both"], default="both",
                        help="which crashes to simulate (default both)")
@@ -240,7 +279,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(  # its subparsers are _Parsers too
         prog="magnetar",
         description="Magnetar: Apache Pulsar's messaging model on a BookKeeper-style storage "
         "engine, in one Python process with one data directory.",
@@ -266,7 +305,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        status = _error_status(error)
+        if status is None:
+            raise
+        print(f"{_command_name(args)}: {error}", file=sys.stderr)
+        return status
+
+
+def _error_status(error: Exception) -> int | None:
+    """The exit status for an error that reached `main` (None: a bug, let it through)."""
+    from storage import StorageError
+
+    from ._admin_cli import AdminHttpError
+    from ._errors import BrokerError, ConfigurationError, InvalidTopicNameError
+
+    if isinstance(error, ConfigurationError | InvalidTopicNameError):
+        return EXIT_USAGE
+    if isinstance(error, BrokerError | StorageError | AdminHttpError | OSError):
+        return EXIT_FAILED
+    return None
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """`magnetar topics create`: the words of the command that ran."""
+    words = ["magnetar", args.command]
+    for key, value in vars(args).items():
+        if key.endswith("_command") and isinstance(value, str):
+            words.append(value)
+    return " ".join(words)
 
 
 if __name__ == "__main__":

@@ -155,9 +155,10 @@ def test_tenant_and_namespace_commands(tmp_path: Path,
                 ["destination_storage"]
             # Errors: exit 1 with the API's reason.
             assert await cli("namespaces", "create", "acme/orders", ok=False) == \
-                "HTTP 409: Namespace already exists\n"
+                "magnetar namespaces create: HTTP 409: Namespace already exists\n"
             assert await cli("namespaces", "set-message-ttl", "acme/orders", "-ttl", "-5",
-                             ok=False) == "HTTP 412: Invalid value for message TTL\n"
+                             ok=False) == (
+                "magnetar namespaces set-message-ttl: HTTP 412: Invalid value for message TTL\n")
             assert "HTTP 409" in await cli("tenants", "delete", "acme", ok=False)
             await cli("namespaces", "delete", "acme/orders")
             await cli("tenants", "delete", "acme")
@@ -230,7 +231,8 @@ def test_topic_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
             await cli("topics", "delete", "plain", "-f")
             assert not service.topic_exists("plain")
             assert await cli("topics", "stats", "plain", ok=False) == \
-                "HTTP 404: Topic persistent://public/default/plain not found\n"
+                ("magnetar topics stats: HTTP 404: Topic persistent://public/default/plain "
+                 "not found\n")
 
     asyncio.run(scenario())
 

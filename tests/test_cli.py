@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from broker._errors import ConfigurationError
+from broker._standalone import config_with_overrides
 from broker.cli import build_parser, main
 from storage import Storage
 
@@ -87,3 +91,154 @@ def test_console_script_runs() -> None:
                           text=True, check=False, timeout=60)
     assert done.returncode == 0
     assert "crashtest" in done.stdout
+
+
+# -- wrong arguments: one clear line on stderr, never a traceback ---------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLI_DEADLINE_S = 60  # a generous bound for one `magnetar` run in a subprocess
+# Were a refusal to regress, the broker would start: on free ports, in the test's directory.
+STANDALONE = ["standalone", "--data-dir", "{tmp}", "--port", "0", "--http-port", "0"]
+SHORT_NAME_RULE = ("it should be in the format of <tenant>/<namespace>/<topic> or <topic>")
+
+
+def _magnetar(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`magnetar ARGV` in a subprocess (this checkout's code), its output captured."""
+    return subprocess.run([sys.executable, "-m", "broker.cli", *argv], capture_output=True,
+                          text=True, check=False, timeout=CLI_DEADLINE_S, cwd=REPO_ROOT)
+
+
+def _closed_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(("argv", "code", "line"), [
+    (["topics", "create", "acme//x"], 2,
+     f"magnetar topics create: Invalid short topic name 'acme//x', {SHORT_NAME_RULE}"),
+    (["namespaces", "create", "acme"], 2,
+     "magnetar namespaces create: Invalid namespace format. expected <tenant>/<namespace> or "
+     "<tenant>/<cluster>/<namespace> but got: acme"),
+    (["standalone", "--data-dir", "{tmp}/data", "--port", "70000"], 2,
+     "magnetar standalone: argument --port: invalid port 70000: must be from 0 (any free "
+     "port) to 65535 (see magnetar standalone --help)"),
+    (["standalone", "--data-dir", "{tmp}/data", "--config", "max_message_size_bytes=-5"], 2,
+     "magnetar standalone: max_message_size_bytes must be at least 1, not -5"),
+])
+def test_the_issue_s_commands_print_one_line(argv: list[str], code: int, line: str,
+                                             tmp_path: Path) -> None:
+    done = _magnetar(*[arg.format(tmp=tmp_path) for arg in argv])
+    assert "Traceback" not in done.stderr
+    assert (done.returncode, done.stderr) == (code, line + "\n")
+    assert not (tmp_path / "data").exists()  # refused before the data directory is touched
+
+
+@pytest.mark.parametrize(("argv", "code", "line"), [
+    ([*STANDALONE, "--port", "-1"], 2,
+     "magnetar standalone: argument --port: invalid port -1: must be from 0 (any free port) "
+     "to 65535 (see magnetar standalone --help)"),
+    ([*STANDALONE, "--http-port", "http"], 2,
+     "magnetar standalone: argument --http-port: invalid port 'http': not a number (see "
+     "magnetar standalone --help)"),
+    ([*STANDALONE, "--tls-port", "65536"], 2,
+     "magnetar standalone: argument --tls-port: invalid port 65536: must be from 0 (any free "
+     "port) to 65535 (see magnetar standalone --help)"),
+    ([*STANDALONE, "--max-pending-sends", "0"], 2,
+     "magnetar standalone: argument --max-pending-sends: invalid number 0: must be at least 1 "
+     "(see magnetar standalone --help)"),
+    ([*STANDALONE, "--config", "max_mesage_size_bytes=5"], 2,
+     "magnetar standalone: not a broker setting: 'max_mesage_size_bytes=5'; did you mean "
+     "max_message_size_bytes?"),
+    ([*STANDALONE, "--config", "nonsense"], 2,
+     "magnetar standalone: not a broker setting: 'nonsense' (expected name=value)"),
+    ([*STANDALONE, "--config", "default_num_partitions=0"], 2,
+     "magnetar standalone: default_num_partitions must be at least 1, not 0"),
+    ([*STANDALONE, "--config", "retention_check_interval_s=nan"], 2,
+     "magnetar standalone: retention_check_interval_s takes a number, not 'nan'"),
+    ([*STANDALONE, "--config", "token_allowed_clock_skew_s=inf"], 2,
+     "magnetar standalone: token_allowed_clock_skew_s takes a finite number, not 'inf'"),
+    ([*STANDALONE, "--config", "allow_auto_topic_creation_type=some"], 2,
+     "magnetar standalone: allow_auto_topic_creation_type must be one of non-partitioned, "
+     "partitioned, not 'some'"),
+    (["crashtest", "--data-dir", "{tmp}", "--iterations", "0"], 2,
+     "magnetar crashtest: argument --iterations: invalid number 0: must be at least 1 (see "
+     "magnetar crashtest --help)"),
+    (["produce", "a//b", "-m", "x", "--url", "pulsar://127.0.0.1:1"], 2,
+     f"magnetar produce: Invalid short topic name 'a//b', {SHORT_NAME_RULE}"),
+    (["consume", "persistent://a/b", "-s", "s", "--url", "pulsar://127.0.0.1:1"], 2,
+     "magnetar consume: Invalid topic name: persistent://a/b"),
+    (["topics", "stats", "t", "--admin-url", "127.0.0.1:8080"], 1,
+     "magnetar topics stats: invalid --admin-url '127.0.0.1:8080': expected http://HOST:PORT "
+     "or https://HOST:PORT"),
+    (["topics", "stats", "t", "--admin-url", "http://[::1"], 1,
+     "magnetar topics stats: invalid --admin-url 'http://[::1': Invalid IPv6 URL"),
+    (["namespaces", "set-retention", "acme", "-t", "1h", "-s", "1M"], 2,
+     "magnetar namespaces set-retention: Invalid namespace format. expected "
+     "<tenant>/<namespace> or <tenant>/<cluster>/<namespace> but got: acme"),
+])
+def test_wrong_arguments_print_one_line(argv: list[str], code: int, line: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        status = main([arg.format(tmp=tmp_path) for arg in argv])
+    except SystemExit as exit_info:  # argparse's refusals
+        status = exit_info.code  # type: ignore[assignment]
+    assert (status, capsys.readouterr().err) == (code, line + "\n")
+
+
+def test_an_unreachable_admin_api_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    url = _closed_url()
+    # `tenants create` asks the API for its clusters before the request itself.
+    assert main(["tenants", "create", "acme", "--admin-url", url]) == 1
+    assert capsys.readouterr().err == (f"magnetar tenants create: cannot reach the admin API at "
+                                       f"{url}: [Errno 111] Connection refused\n")
+
+
+def _last_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    return stderr.rstrip("\n").splitlines()[-1]
+
+
+def test_standalone_refuses_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    done = _magnetar("standalone", "--data-dir", str(tmp_path / "file"), "--port", "0",
+                     "--http-port", "0")
+    assert done.returncode == 1
+    assert _last_line(done.stderr).endswith(
+        f"cannot start: --data-dir {tmp_path / 'file'} is not a directory")
+
+
+def test_standalone_refuses_a_locked_data_dir(tmp_path: Path) -> None:
+    with Storage.open(tmp_path):
+        done = _magnetar("standalone", "--data-dir", str(tmp_path), "--port", "0",
+                         "--http-port", "0")
+    assert done.returncode == 1
+    assert _last_line(done.stderr).endswith(
+        f"cannot start: data directory {tmp_path} is locked by process {os.getpid()}")
+
+
+def test_standalone_refuses_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _magnetar("standalone", "--data-dir", str(tmp_path), "--port", str(port),
+                         "--http-port", "0")
+    assert done.returncode == 1
+    assert "address already in use" in _last_line(done.stderr)
+    assert f"('127.0.0.1', {port})" in _last_line(done.stderr)
+
+
+def _ranged_settings() -> list[tuple[str, float]]:
+    try:
+        from broker._config import SETTING_RANGES
+    except ImportError:  # before the settings had ranges: every setting failed the same way
+        return [("max_message_size_bytes", 1)]
+    return sorted((name, low) for name, (low, _) in SETTING_RANGES.items())
+
+
+@pytest.mark.parametrize(("name", "low"), _ranged_settings())
+def test_every_ranged_setting_names_itself_and_its_range(name: str, low: float) -> None:
+    with pytest.raises(ConfigurationError, match=rf"^{name} must be at least {low}, not -?\d"):
+        config_with_overrides([f"{name}={int(low) - 1}"])
+    config_with_overrides([f"{name}={int(low)}"])  # the bound itself is allowed
