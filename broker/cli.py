@@ -245,8 +245,9 @@ def _add_crashtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "every crash the data directory is reopened and verified. Prints the seed; the same "
         "seed replays the same workload. Exits 1 on any violation.",
     )
-    crash.add_argument("--data-dir", required=True, help="scratch directory (its contents "
-                       "are replaced)")
+    crash.add_argument("--data-dir", required=True, help="scratch directory (its "
+                       "crashtest-* subdirectories are replaced; refused while a broker or "
+                       "another run holds its lock)")
     crash.add_argument("--iterations", type=_positive_int, default=100,
                        help="crashes to run (default 100)")
     crash.add_argument("--seed", type=int, default=None, help="workload seed (default: random)")
