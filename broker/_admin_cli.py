@@ -97,6 +97,25 @@ def parse_size_bytes(text: str) -> int:
     return value if value < 0 else value * _UNIT_BYTES.get(unit, 1)
 
 
+def _count(text: str) -> int:
+    """A number of entries: at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count '{text}': not a number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {value}: must be at least 1")
+    return value
+
+
+def _age_s(text: str) -> int:
+    """`parse_duration_s`, not negative: how old messages must be to expire."""
+    value = parse_duration_s(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid time '{text}': must not be negative")
+    return value
+
+
 def _message_id(text: str) -> dict[str, int]:
     """`latest`, `earliest` or `ledger:entry[:partition]` as a MessageId body."""
     lowered = text.strip().lower()
@@ -269,11 +288,16 @@ def _pulsar() -> Any:
 
 def _client(pulsar: Any, args: argparse.Namespace) -> Any:
     import logging
+    import os
 
     timeout_s = max(1, int(args.timeout_s))
-    logger = logging.getLogger("pulsar")
-    if not getattr(args, "verbose", False):
-        logger.setLevel(logging.WARNING)  # the client's connection chatter
+    # Without -v the client's own log goes nowhere: the command prints one line when it
+    # fails. A Python logger is passed only with -v: with one, the client's threads can
+    # abort the process at exit ("terminate called without an active exception", exit 134;
+    # pulsar-client-python issue 256), which happened on most runs at WARNING level.
+    logger: Any = pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    if getattr(args, "verbose", False):
+        logger = logging.getLogger("pulsar")
     options: dict[str, Any] = {}
     token = _auth_token(args)
     if token:
@@ -694,12 +718,12 @@ def _add_subscription_commands(commands: SubParsers,
                              help="even with consumers connected (they are disconnected)")
     skip = _command(commands, "skip", "skip entries of a subscription's backlog",
                     _call("POST", lambda a: sub(a, f"/skip/{a.count}")))
-    skip.add_argument("-n", "--count", type=int, required=True, help="entries to skip")
+    skip.add_argument("-n", "--count", type=_count, required=True, help="entries to skip")
     clear = _command(commands, "clear-backlog", "skip a subscription's whole backlog",
                      _call("POST", lambda a: sub(a, "/skip_all")))
     expire = _command(commands, "expire-messages", "expire a subscription's messages older "
                       "than a time", _call("POST", lambda a: sub(a, f"/expireMessages/{a.time}")))
-    expire.add_argument("-t", "--expireTime", dest="time", type=parse_duration_s,
+    expire.add_argument("-t", "--expireTime", dest="time", type=_age_s,
                         required=True, help="expire messages older than this (e.g. 10m)")
     reset = _command(commands, "reset-cursor", "move a subscription to a time or a message",
                      _reset_cursor)
@@ -717,7 +741,7 @@ def _add_subscription_commands(commands: SubParsers,
                           _call("POST", lambda a: topic(a, f"/all_subscription/expireMessages/"
                                                            f"{a.time}")))
     expire_all.add_argument("topic")
-    expire_all.add_argument("-t", "--expireTime", dest="time", type=parse_duration_s,
+    expire_all.add_argument("-t", "--expireTime", dest="time", type=_age_s,
                             required=True, help="expire messages older than this (e.g. 10m)")
 
 

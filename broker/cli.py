@@ -9,7 +9,7 @@ Errors reach the user as one line on stderr, never a traceback: argument errors 
 (`_Parser`), and the errors of our packages that a handler lets through (`main`'s
 boundary: `BrokerError`, `StorageError`, the admin API's `AdminHttpError`, `OSError`) as
 `magnetar <command>: <message>`, exit status 2 for bad input (a setting out of range, an
-invalid topic or namespace name) and 1 otherwise. Anything else is a bug and keeps its
+invalid topic or namespace name or message id) and 1 otherwise. Anything else is a bug and keeps its
 traceback.
 """
 
@@ -326,7 +326,8 @@ def _error_status(error: Exception) -> int | None:
     from ._admin_cli import AdminHttpError
     from ._errors import BrokerError, ConfigurationError, InvalidTopicNameError
 
-    if isinstance(error, ConfigurationError | InvalidTopicNameError):
+    if isinstance(error, ConfigurationError | InvalidTopicNameError
+                  | argparse.ArgumentTypeError):  # the last: a value checked when used
         return EXIT_USAGE
     if isinstance(error, BrokerError | StorageError | AdminHttpError | OSError):
         return EXIT_FAILED

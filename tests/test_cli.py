@@ -173,6 +173,18 @@ def test_the_issue_s_commands_print_one_line(argv: list[str], code: int, line: s
      "or https://HOST:PORT"),
     (["topics", "stats", "t", "--admin-url", "http://[::1"], 1,
      "magnetar topics stats: invalid --admin-url 'http://[::1': Invalid IPv6 URL"),
+    (["topics", "skip", "t", "-s", "s", "-n", "-5"], 2,
+     "magnetar topics skip: argument -n/--count: invalid count -5: must be at least 1 (see "
+     "magnetar topics skip --help)"),
+    (["topics", "expire-messages", "t", "-s", "s", "-t", "-5"], 2,
+     "magnetar topics expire-messages: argument -t/--expireTime: invalid time '-5': must not "
+     "be negative (see magnetar topics expire-messages --help)"),
+    (["topics", "reset-cursor", "t", "-s", "s", "-m", "abc"], 2,
+     "magnetar topics reset-cursor: invalid message id 'abc': use latest, earliest or "
+     "ledger:entry"),
+    (["topics", "create-subscription", "t", "-s", "s", "-m", "1:x"], 2,
+     "magnetar topics create-subscription: invalid message id '1:x': use latest, earliest or "
+     "ledger:entry"),
     (["namespaces", "set-retention", "acme", "-t", "1h", "-s", "1M"], 2,
      "magnetar namespaces set-retention: Invalid namespace format. expected "
      "<tenant>/<namespace> or <tenant>/<cluster>/<namespace> but got: acme"),
