@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import ssl
 import time
 import types
@@ -323,6 +324,9 @@ def run_standalone(options: StandaloneOptions) -> int:
         return asyncio.run(serve_standalone(options))
     except (DataDirLockedError, ConfigurationError) as exc:
         log.error("cannot start: %s", exc)
+        return EXIT_FAILED
+    except socket.gaierror as exc:  # an OSError that does not say which name
+        log.error("cannot start: --host %s: %s", options.host, exc.strerror)
         return EXIT_FAILED
     except OSError as exc:
         log.error("cannot start: %s", exc)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
@@ -48,6 +50,36 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid port {port}: must be from 0 (any free port) to {PORT_MAX}")
     return port
+
+
+def _seconds(text: str) -> float:
+    """A duration in seconds for argparse: a finite number, not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {text!r}: must be a number of seconds, 0 or more")
+    return value
+
+
+def _url(scheme: str) -> Callable[[str], str]:
+    """An argparse type for `SCHEME://HOST:PORT` URLs."""
+
+    def parse(text: str) -> str:
+        try:
+            parts = urllib.parse.urlsplit(text)
+            port = parts.port
+        except ValueError:
+            port = None
+            parts = urllib.parse.urlsplit("")
+        if parts.scheme != scheme or not parts.hostname or port is None:
+            raise argparse.ArgumentTypeError(
+                f"invalid URL {text!r}: expected {scheme}://HOST:PORT")
+        return text
+
+    return parse
 
 
 def _positive_int(text: str) -> int:
@@ -111,9 +143,6 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     from broker._tls import TlsOptions
 
     config = config_with_overrides(args.config)  # ConfigurationError: main's one line
-    if args.shutdown_grace_s < 0:
-        print("magnetar standalone: --shutdown-grace-s must not be negative", file=sys.stderr)
-        return EXIT_USAGE
     if args.auth_token_secret_key or args.auth_token_public_key:
         config = dataclasses.replace(config, authentication_enabled=True,
                                      token_secret_key=args.auth_token_secret_key or "",
@@ -161,9 +190,10 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     standalone.add_argument("--http-port", type=_port, default=8080, help="admin HTTP port; it "
                             "also answers the lookups of clients given http://HOST:PORT as their "
                             "service URL (default 8080)")
-    standalone.add_argument("--advertised-url", default=None, help="the URL lookups answer "
+    standalone.add_argument("--advertised-url", type=_url("pulsar"), default=None,
+                            help="the URL lookups answer "
                             "with (default pulsar://HOST:PORT)")
-    standalone.add_argument("--keepalive-interval-s", type=float, default=30.0,
+    standalone.add_argument("--keepalive-interval-s", type=_seconds, default=30.0,
                             metavar="SECONDS", help="the broker PINGs each connection this "
                             "often and closes one that sent nothing for a whole interval "
                             "after a PING (Pulsar's keepAliveIntervalSeconds; default 30; "
@@ -172,7 +202,7 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             help="SENDs awaiting their receipts per connection before the "
                             "broker stops reading that connection until receipts go out "
                             "(Pulsar's maxPendingPublishRequestsPerConnection; default 1000)")
-    standalone.add_argument("--shutdown-grace-s", type=float, default=10.0,
+    standalone.add_argument("--shutdown-grace-s", type=_seconds, default=10.0,
                             metavar="SECONDS", help="at SIGTERM/SIGINT, how long the commands "
                             "already received may take to finish before connections are "
                             "closed (default 10)")
@@ -195,7 +225,8 @@ def _add_standalone_security(standalone: argparse.ArgumentParser) -> None:
                       "public key (DER or PEM; a path, file:///path or data:;base64,...)")
     standalone.add_argument("--tls-port", type=_port, default=None, help="also serve "
                             "pulsar+ssl:// on this port (e.g. 6651; needs the TLS files)")
-    standalone.add_argument("--advertised-url-tls", default=None, help="the TLS URL lookups "
+    standalone.add_argument("--advertised-url-tls", type=_url("pulsar+ssl"), default=None,
+                            help="the TLS URL lookups "
                             "answer with (default pulsar+ssl://HOST:TLS_PORT)")
     standalone.add_argument("--https-port", type=_port, default=None, help="also serve the "
                             "admin API over HTTPS on this port (e.g. 8443)")

@@ -161,6 +161,18 @@ def test_the_issue_s_commands_print_one_line(argv: list[str], code: int, line: s
     ([*STANDALONE, "--config", "allow_auto_topic_creation_type=some"], 2,
      "magnetar standalone: allow_auto_topic_creation_type must be one of non-partitioned, "
      "partitioned, not 'some'"),
+    ([*STANDALONE, "--keepalive-interval-s", "nan"], 2,
+     "magnetar standalone: argument --keepalive-interval-s: invalid time 'nan': must be a "
+     "number of seconds, 0 or more (see magnetar standalone --help)"),
+    ([*STANDALONE, "--shutdown-grace-s", "-1"], 2,
+     "magnetar standalone: argument --shutdown-grace-s: invalid time '-1': must be a number "
+     "of seconds, 0 or more (see magnetar standalone --help)"),
+    ([*STANDALONE, "--advertised-url", "broker.example.test"], 2,
+     "magnetar standalone: argument --advertised-url: invalid URL 'broker.example.test': "
+     "expected pulsar://HOST:PORT (see magnetar standalone --help)"),
+    ([*STANDALONE, "--advertised-url-tls", "pulsar://h:6651"], 2,
+     "magnetar standalone: argument --advertised-url-tls: invalid URL 'pulsar://h:6651': "
+     "expected pulsar+ssl://HOST:PORT (see magnetar standalone --help)"),
     (["crashtest", "--data-dir", "{tmp}", "--iterations", "0"], 2,
      "magnetar crashtest: argument --iterations: invalid number 0: must be at least 1 (see "
      "magnetar crashtest --help)"),
@@ -247,6 +259,22 @@ def _ranged_settings() -> list[tuple[str, float]]:
     except ImportError:  # before the settings had ranges: every setting failed the same way
         return [("max_message_size_bytes", 1)]
     return sorted((name, low) for name, (low, _) in SETTING_RANGES.items())
+
+
+def test_standalone_names_a_host_that_does_not_resolve(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from broker._standalone import StandaloneOptions, run_standalone
+
+    def unknown(host: object, *args: object, **kwargs: object) -> object:
+        # What the resolver answers for an unknown name (no DNS query made by the test).
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    options = StandaloneOptions(data_dir=str(tmp_path), host="broker.invalid", port=0,
+                                http_port=0)
+    assert run_standalone(options) == 1
+    assert caplog.messages[-1] == "cannot start: --host broker.invalid: Name or service not known"
 
 
 @pytest.mark.parametrize(("name", "low"), _ranged_settings())
