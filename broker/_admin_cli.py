@@ -172,7 +172,7 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
 
     Raises:
         AdminHttpError: an error status (with Pulsar's `reason`), or status 0 when the API
-            cannot be reached.
+            cannot be reached, the URL is malformed or the answer is not JSON.
     """
     scheme = admin_url.partition("://")[0] if "://" in admin_url else ""
     if scheme.lower() not in ("http", "https"):
@@ -201,7 +201,13 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
                                 f"{error.reason}") from None
     except (OSError, ValueError) as error:
         raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: {error}") from None
-    return json.loads(raw) if raw.strip() else None
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise AdminHttpError(0, f"{admin_url} is not the admin API: it answered {url} with "
+                                f"something other than JSON") from None
 
 
 def _error_reason(error: urllib.error.HTTPError) -> str:

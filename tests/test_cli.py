@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -216,6 +218,38 @@ def test_an_unreachable_admin_api_is_one_line(capsys: pytest.CaptureFixture[str]
     assert main(["tenants", "create", "acme", "--admin-url", url]) == 1
     assert capsys.readouterr().err == (f"magnetar tenants create: cannot reach the admin API at "
                                        f"{url}: [Errno 111] Connection refused\n")
+
+
+class _HtmlPage(http.server.BaseHTTPRequestHandler):
+    """Any web server that is not the admin API: 200 with an HTML page."""
+
+    def do_GET(self) -> None:
+        body = b"<html><body>a web page</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_an_admin_url_that_is_not_the_admin_api_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _HtmlPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["topics", "list", "public/default", "--admin-url", url]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert capsys.readouterr().err == (
+        f"magnetar topics list: {url} is not the admin API: it answered "
+        f"{url}/admin/v2/persistent/public/default with something other than JSON\n")
 
 
 def _last_line(stderr: str) -> str:
