@@ -108,6 +108,7 @@ from ._position import Position
 from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
 from ._service import BrokerService, Topic
 from ._subscription import Subscription
+from ._tasks import log_task_failure
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
 from ._topic_watchers import WATCHER_REPLY_TYPES, TopicListWatchers
 
@@ -476,6 +477,8 @@ class ConnectionHandler:
             self._writes_paused = True
             # not a command task: shutdown must not wait for a client that never reads
             self._resume_task = asyncio.ensure_future(self._resume_writes())
+            self._resume_task.add_done_callback(
+                lambda task: log_task_failure(task, f"resuming writes to {self.peer}"))
 
     async def _resume_writes(self) -> None:
         assert self._drain is not None

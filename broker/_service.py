@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from storage import Storage
+from storage import Storage, StorageFullError
 
 from ._config import BrokerConfig
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
@@ -39,6 +39,7 @@ from ._managed_ledger import ml_key
 from ._names import TopicName, matches_topics_pattern
 from ._namespaces import NamespaceRegistry
 from ._schemas import SchemaRegistry
+from ._tasks import log_task_failure
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
 
 __all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "Topic", "TopicListener"]
@@ -75,6 +76,8 @@ class BrokerService:
         self.namespaces.bootstrap()
         if maintenance:
             self._maintenance = asyncio.ensure_future(self._maintenance_loop())
+            self._maintenance.add_done_callback(
+                lambda task: log_task_failure(task, "broker maintenance"))
 
     async def close(self) -> None:
         """Close every loaded topic (managed ledgers closed, dedup snapshotted)."""
@@ -92,6 +95,11 @@ class BrokerService:
             except Exception as exc:  # keep closing the others
                 log.error("closing %s failed: %s", topic.name, exc)
         self.topics.clear()
+
+    @property
+    def storage_full(self) -> bool:
+        """Whether the storage refuses writes because the disk is full."""
+        return isinstance(self.storage.failed, StorageFullError)
 
     # -- topics ----------------------------------------------------------------------------
 

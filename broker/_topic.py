@@ -32,6 +32,14 @@ Termination (`terminate`): the managed ledger records its last position and take
 entries; producers are disconnected and refused with TopicTerminatedError from then on;
 consumers read up to the last entry and then get nothing more (no REACHED_END_OF_TOPIC: the
 C++ client cannot handle it, wire reference §10.5).
+
+Read failure (`read_failed`): when a dispatcher finds stored entries it can never read (a
+corrupt entry log or index: `CorruptionError`, `NoSuchEntryError`), the topic logs the error
+(it names the file and offset), records it in `failure` (stats: `storageFailure`, metrics:
+`pulsar_topic_storage_failed`), closes every consumer with CLOSE_CONSUMER and refuses new
+subscriptions with NotAllowedError naming the failure: the official client then reports the
+error instead of waiting for messages that never come. Producers and other topics are not
+affected; unloading the topic (or a restart) clears the mark.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ from ._names import TopicName
 from ._namespaces import EffectivePolicies
 from ._position import Position
 from ._subscription import Subscription
+from ._tasks import spawn
 
 if TYPE_CHECKING:
     from ._config import BrokerConfig
@@ -242,6 +251,7 @@ class PersistentTopic(_ProducerHost):
             interceptors, ml, lambda: int(service.clock() * 1000)) if interceptors else None
         self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
         self.fenced = False
+        self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
         self.access = ExclusiveAccess(
             ExclusiveAccess.restored_epoch(ml.properties),
             lambda epoch: ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch)))
@@ -516,9 +526,7 @@ class PersistentTopic(_ProducerHost):
         """A cursor moved; trimming is the managed ledger's business."""
 
     def _spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        spawn(work, self._background, f"topic {self.name}")
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -533,6 +541,8 @@ class PersistentTopic(_ProducerHost):
         """
         if self.fenced:
             raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        if self.failure is not None:
+            raise NotAllowedError(f"Topic {self.name} cannot be read: {self.failure}")
         if not spec.subscription:
             raise NotAllowedError("Empty subscription name")
         if spec.subscription == DEDUP_CURSOR_NAME or \
@@ -672,6 +682,20 @@ class PersistentTopic(_ProducerHost):
         self.disconnect_producers("topic terminated")
         return position
 
+    def read_failed(self, error: BaseException, subscription: Subscription) -> None:
+        """A dispatcher cannot read the topic's entries, for good (see the module comment).
+        Every consumer is closed; the topic stays loaded, marked failed, until unloaded."""
+        if self.failure is None:
+            self.failure = f"{type(error).__name__}: {error}"
+            log.error("topic %s failed: subscription %s cannot read its entries: %s; closing "
+                      "its consumers and refusing new ones until it is unloaded", self.name,
+                      subscription.name, self.failure)
+        reason = f"topic cannot be read: {self.failure}"
+        for sub in self.all_subscriptions():
+            for consumer in list(sub.consumers):
+                sub.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, reason)
+
     def _disconnect_all(self, reason: str) -> None:
         self.disconnect_producers(reason)
         for subscription in self.all_subscriptions():
@@ -723,6 +747,7 @@ class NonPersistentTopic(_ProducerHost):
         self.bytes_out_counter = 0
         self.msg_drop_counter = 0
         self.fenced = False
+        self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
         self.access = ExclusiveAccess(None, lambda epoch: None)  # the epoch: memory only
 
     @property

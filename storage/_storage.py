@@ -42,6 +42,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
 
+import lmdb
+
 from ._completion import Completion
 from ._config import StorageConfig
 from ._entry_log import EntryLogReader, EntryLogWriter
@@ -396,7 +398,8 @@ class Storage:
         Raises:
             LedgerNotFoundError: no such ledger.
             NoSuchEntryError: the range is empty or goes beyond the LAC.
-            CorruptionError: a stored record fails its checks (names file and offset).
+            CorruptionError: a stored record fails its checks (names file and offset), or
+                the index cannot be read (names the index directory).
         """
         with self.lock:
             ledger = self._ledger(ledger_id)
@@ -423,6 +426,10 @@ class Storage:
                     raise CorruptionError(
                         f"ledger {ledger_id}: the entry log the index points at is missing",
                         path=str(exc.filename), offset=0) from exc
+            except lmdb.Error as exc:  # a damaged index page
+                raise CorruptionError(
+                    f"ledger {ledger_id}: the index cannot be read ({type(exc).__name__}: "
+                    f"{exc})", path=os.path.join(self.data_dir, "index"), offset=0) from exc
         for (entry_id, _), data in zip(wanted, datas, strict=True):
             found[entry_id - first] = data
         absent = [e for e in missing if found[e - first] is None]
