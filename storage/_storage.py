@@ -25,6 +25,14 @@ persisted mark into the cache, a checkpoint makes the result durable, and a fres
 segment starts. Garbage collection (`_gc.py`) drops entry logs whose ledgers are all
 deleted and compacts the ones that are mostly dead.
 
+A full disk (`StorageFullError`) fails the engine like any I/O error, but need not end it:
+`try_resume_writes` (the owner calls it periodically while `full`) stops the failed journal,
+cuts the journal after its last acknowledged record, and recovers the directory into a fresh
+engine state exactly as an open would (replay, a new segment, a checkpoint). When that
+succeeds, the recovered state replaces the failed one under the lock and writes resume;
+when the disk is still full, nothing changes and a later call tries again. Adds that failed
+are gone (their ids are handed out again); every acknowledged one is kept.
+
 Threads: callers may use a `Storage` from any number of threads and from asyncio (a
 `Completion` is awaitable). One lock guards the in-memory state; the journal has its
 writer and syncer threads, and a checkpoint thread runs checkpoints and GC.
@@ -58,10 +66,11 @@ from ._errors import (
     StorageClosedError,
     StorageError,
     StorageFailedError,
+    StorageFullError,
 )
 from ._fs import FileSystem, LockHandle, OsFileSystem
 from ._index import EntryLogRecord, Index
-from ._journal import Journal, JournalRequest
+from ._journal import Journal, JournalRequest, segment_file_name
 from ._journal_format import RecordType
 from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo, LedgerState
 from ._metadata import MetadataStore
@@ -111,6 +120,8 @@ class Storage:
         self._last_gc = time.monotonic()
         self.replay_stats: object = None
         self.metadata = MetadataStore(self)
+        self._resume_lock = threading.Lock()
+        self._retired_readers: list[EntryLogReader] = []
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -201,6 +212,8 @@ class Storage:
             self.writer.close()
             self.writer = None
         self.reader.close()
+        for reader in self._retired_readers:
+            reader.close()
         self.index.close()
         self._dir_lock.release()
 
@@ -210,6 +223,96 @@ class Storage:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    # -- a full disk ---------------------------------------------------------------------
+
+    @property
+    def full(self) -> bool:
+        """Whether writes are refused because the disk was full (see `try_resume_writes`)."""
+        return isinstance(self.failed, StorageFullError) and not self.closed
+
+    def try_resume_writes(self) -> bool:
+        """After a full disk: recover in place and accept writes again, if there is room now
+        (see the module comment). Returns True when writes resumed, False when the engine
+        is not stopped by a full disk or there is still no room (it then stays as it was).
+        Blocks for a recovery: call it from a worker thread, not an event loop.
+
+        Raises:
+            CorruptionError: recovery found corruption; the engine stays failed.
+        """
+        with self._resume_lock:
+            if not self.full:
+                return False
+            self._stop_background()
+            assert self.journal is not None
+            self.journal.abandon()
+            try:
+                self.journal.discard_unacknowledged()
+                with self.lock:
+                    writer, self.writer = self.writer, None
+                if writer is not None:
+                    writer.close()
+            except OSError as exc:
+                log.warning("storage %s: still cannot write (%s); writes stay off",
+                            self.data_dir, exc)
+                return False
+            fresh = Storage(self.data_dir, self.config, self.fs, self._dir_lock, self.index)
+            try:
+                from ._recovery import recover
+
+                recover(fresh)
+            except (OSError, StorageFailedError) as exc:
+                fresh._discard_failed_recovery()
+                log.warning("storage %s: still cannot write (%s); writes stay off",
+                            self.data_dir, exc)
+                return False
+            self._take_over(fresh)
+        log.warning("storage %s: there is room on the disk again; writes resumed",
+                    self.data_dir)
+        return True
+
+    def _discard_failed_recovery(self) -> None:
+        """A recovery into this (fresh) state failed: stop what it started, and remove the
+        journal segment it created when nothing refers to it."""
+        if self.journal is not None:
+            self.journal.abandon()
+            segment_id = self.journal.current_segment_id
+            mark = self.index.persisted_mark
+            if mark is None or mark.segment_id < segment_id:
+                path = os.path.join(self.journal_dir, segment_file_name(segment_id))
+                try:
+                    self.fs.remove(path)
+                except OSError as exc:
+                    log.debug("could not remove %s: %s", path, exc)
+        if self.writer is not None:
+            self.writer.close()
+        self.reader.close()
+
+    def _take_over(self, fresh: Storage) -> None:
+        """Adopt a recovered state (see `try_resume_writes`). Reads in flight on the old
+        state keep working: its reader stays open until the storage closes."""
+        assert fresh.journal is not None
+        with self.lock:
+            self._retired_readers.append(self.reader)
+            self.cache = fresh.cache
+            self.ledgers = fresh.ledgers
+            self.dirty_ledgers = fresh.dirty_ledgers
+            self.purge_ledgers = fresh.purge_ledgers
+            self.entry_logs = fresh.entry_logs
+            self.next_ledger_id = fresh.next_ledger_id
+            self.next_log_id = fresh.next_log_id
+            self.writer = fresh.writer
+            self.reader = fresh.reader
+            self.journal = fresh.journal
+            self.replay_stats = fresh.replay_stats
+            fresh.journal.rebind(self._on_durable, self._on_failed)
+            self.failed = None
+            self.lock.notify_all()
+        if self.config.background_threads:
+            self._stop.clear()
+            self._background = threading.Thread(target=self._background_loop,
+                                                name="storage-checkpoint", daemon=True)
+            self._background.start()
 
     # -- ledgers -------------------------------------------------------------------------
 
