@@ -99,6 +99,7 @@ from ._errors import (
     AuthenticationError,
     BrokerError,
     ConsumerNotFoundError,
+    DiskFullError,
     NotAllowedError,
     from_storage_error,
 )
@@ -255,6 +256,7 @@ class _PendingSend:
     done: bool = False
     result: PublishResult | None = None
     error: tuple[int, str] | None = None
+    dropped: bool = False  # answered by closing the producer instead (a full disk)
 
 
 @dataclass
@@ -873,6 +875,12 @@ class ConnectionHandler:
         try:
             result = await state.topic.publish(state.producer, frame.entry, pending.sequence_id,
                                                pending.highest_sequence_id, frame.metadata)
+        except DiskFullError as exc:
+            # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client fails
+            # the send itself once its reconnection is refused (see _topic.py).
+            log.debug("SEND of %s dropped: %s", self.peer, exc)
+            pending.dropped = True
+            self._finish_send(state, pending, error=server_error(exc))
         except Exception as exc:
             self._log_failure(exc)
             self._finish_send(state, pending, error=server_error(exc))
@@ -913,6 +921,8 @@ class ConnectionHandler:
 
     def _receipt_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
         body: Message
+        if pending.dropped:
+            return b""
         if pending.result is not None:
             body = pb.CommandSendReceipt(
                 producer_id=producer_id, sequence_id=pending.sequence_id,

@@ -23,6 +23,12 @@ business: a WaitForExclusive producer that must wait is returned with its `waite
 is registered in `producers` only once promoted. The backlog quota is checked at creation
 (broker reference §7.3).
 
+A full disk: a publish that fails with StorageFullError closes its producer (CLOSE_PRODUCER:
+a SEND_ERROR would make the official client drop the connection and resend in a loop), and
+while the disk is full producers are refused with DiskFullError (ProducerBlockedQuota-
+ExceededException on the wire), which the client reports to the pending sends' callers
+before it retries with backoff; the service resumes writes once there is room.
+
 Closing (`fenced`): while a topic closes, unloads or is deleted, new producers and consumers
 get ServiceNotReady (the client retries and lands on the reloaded topic). A broker-side close
 of a producer or consumer goes through `Producer.disconnect` / the consumer's sink, which the
@@ -65,6 +71,7 @@ from ._entry_metadata import EntryMetadataAppender, interceptors_of
 from ._errors import (
     BrokerError,
     ConsumerBusyError,
+    DiskFullError,
     NotAllowedError,
     PersistenceError,
     ProducerBlockedQuotaExceededError,
@@ -375,6 +382,9 @@ class PersistentTopic(_ProducerHost):
         if limit > 0 and len(self.producers) >= limit:
             raise ProducerBusyError("Topic reached max producers limit")
         self._check_backlog_quota()
+        if self.service.storage_full:
+            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full "
+                                f"({self.service.storage.failed})")
         return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
 
     def _register(self, producer: Producer) -> None:
@@ -457,6 +467,7 @@ class PersistentTopic(_ProducerHost):
             NotAllowedError: too large, or delayed beyond the maximum; nothing written.
             PersistenceError: dedup cannot tell yet, or storage failed; nothing written
                 (on a storage failure the entry may or may not be durable).
+            DiskFullError: the disk is full; nothing acknowledged, the producer is closed.
             TopicTerminatedError: the topic is terminated, closing, or the producer is
                 closed (or still waiting for exclusive access).
         """
@@ -483,8 +494,10 @@ class PersistentTopic(_ProducerHost):
         except Exception as exc:
             if dedup is not None:
                 dedup.reset_pushed_to_persisted()
-            from storage import StorageError
+            from storage import StorageError, StorageFullError
 
+            if isinstance(exc, StorageFullError):
+                raise self._refuse_for_full_disk(producer, exc) from exc
             if isinstance(exc, StorageError):
                 raise from_storage_error(exc) from exc
             raise PersistenceError(f"write to {self.name} failed: {exc}") from exc
@@ -500,6 +513,18 @@ class PersistentTopic(_ProducerHost):
                 self._spawn(self._take_dedup_snapshot())
         _count_in(self, producer, entry, metadata)
         return PublishResult(position.ledger_id, position.entry_id)
+
+    def _refuse_for_full_disk(self, producer: Producer, error: Exception) -> DiskFullError:
+        """A publish failed on a full disk: close the producer (CLOSE_PRODUCER) instead of
+        answering SEND_ERROR, which the official client treats as a broken connection and
+        answers by resending forever. It reconnects, is refused with DiskFullError while the
+        disk is full, and fails its pending sends with that error."""
+        if not producer.closed:
+            log.warning("closing producer %s of %s: the disk is full (%s)", producer.name,
+                        self.name, error)
+            self.remove_producer(producer)
+            producer.disconnect("the broker's disk is full")
+        return DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
 
     def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
         limit = self.config.max_message_size_bytes + 10 * 1024

@@ -172,7 +172,12 @@ class Storage:
                                on_failed=self._on_failed)
 
     def close(self) -> None:
-        """Finish queued writes, checkpoint, and release the directory. Idempotent."""
+        """Finish queued writes, checkpoint, and release the directory. Idempotent. Waits
+        for a `try_resume_writes` under way."""
+        with self._resume_lock:
+            self._close()
+
+    def _close(self) -> None:
         if self.closed:
             return
         with self.lock:

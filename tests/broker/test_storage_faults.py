@@ -1,5 +1,11 @@
 """Storage faults seen from the broker (issue 10, items 2 and 6).
 
+A full disk (item 6): the fault-injecting file system fails every write with ENOSPC. A
+publish must then be refused in a way the official client reports to the application (the
+producer is closed and re-creation refused with DiskFullError, ProducerBlockedQuota-
+ExceededException on the wire), stats and metrics must say the disk is full, and writes must
+resume by themselves once there is room, losing nothing acknowledged.
+
 Corrupt data (item 2): bytes flipped in an entry log, or an index that cannot be read, make
 the dispatcher's reads fail for good. The topic must say so: the error is logged with the file
 and offset, the topic is marked failed in stats and metrics, its consumers are closed and new
@@ -10,18 +16,31 @@ a real restart; the corruption is made on disk between two runs.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from pathlib import Path
 
 import pytest
 
-from broker import BrokerService, NotAllowedError, PersistentTopic, ProducerSpec, SubscribeSpec
+from broker import (
+    BrokerConfig,
+    BrokerService,
+    NotAllowedError,
+    PersistentTopic,
+    Producer,
+    ProducerSpec,
+    SubscribeSpec,
+)
+from broker._errors import DiskFullError
 from broker._metrics import render_metrics
 from broker._stats import topic_stats
+from broker._topic import PublishResult
+from storage import Storage
 from storage._entry_log import entry_log_name, split_location
+from storage.simfs import SimFileSystem
 
-from .helpers import BrokerEnv, RecordingSink, broker_env, make_entry, wait_for
+from .helpers import BrokerEnv, RecordingSink, broker_env, make_entry, settle, wait_for
 
 BAD = "persistent://public/default/bad"
 GOOD = "persistent://public/default/good"
@@ -144,3 +163,87 @@ def test_index_lookup_error_is_a_corruption_error(tmp_path: Path,
         with pytest.raises(CorruptionError, match="index cannot be read") as caught:
             store.read_entries(ledger, 0, 2)
         assert caught.value.path == os.path.join(str(tmp_path), "index")
+
+
+# -- a full disk (item 6) -------------------------------------------------------------------
+
+
+class _FullDiskEnv:
+    """A real storage on the fault-injecting file system with a started service: `fill()`
+    makes every write fail with ENOSPC, `make_room()` lets them through again."""
+
+    def __init__(self, path: Path):
+        self.fs = SimFileSystem(seed=11)
+        self.storage = Storage.open(path, fs=self.fs)
+        self.service = BrokerService(self.storage, BrokerConfig())
+
+    def fill(self) -> None:
+        self.fs.fail_writes(errno.ENOSPC)
+
+    def make_room(self) -> None:
+        self.fs.heal()
+
+    async def close(self) -> None:
+        await self.service.close()
+        self.storage.close()
+
+
+async def _publish_one(topic: PersistentTopic, producer: Producer, i: int) -> PublishResult:
+    metadata, entry = make_entry(f"m{i}".encode(), sequence_id=i, producer_name=producer.name)
+    return await topic.publish(producer, entry, i, i, metadata)
+
+
+def test_full_disk_refuses_publishes_then_resumes_by_itself(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        env = _FullDiskEnv(tmp_path)
+        await env.service.start(maintenance=False)
+        try:
+            service = env.service
+            topic = await service.get_topic(GOOD)
+            assert isinstance(topic, PersistentTopic)
+            sink = RecordingSink()
+            await _subscribe(service, GOOD, sink)  # holds the data (no retention)
+            closed: list[str] = []
+            producer = topic.add_producer(ProducerSpec("p1"))
+            producer.closer = closed.append
+            for i in range(5):
+                await _publish_one(topic, producer, i)
+            env.fill()
+            # The publish is refused with the quota-style error and the producer closed (a
+            # CLOSE_PRODUCER on the wire), not answered with a PersistenceError.
+            with pytest.raises(DiskFullError):
+                await _publish_one(topic, producer, 5)
+            assert closed == ["the broker's disk is full"]
+            assert "p1" not in topic.producers
+            assert service.storage_full
+            with pytest.raises(DiskFullError, match="disk is full"):
+                topic.add_producer(ProducerSpec("p2"))
+            # Stats and metrics say so.
+            assert topic_stats(topic)["storageFull"] is True
+            assert 'pulsar_broker_storage_full{cluster="standalone"} 1' in \
+                render_metrics(service)
+            # Still full: the periodic check leaves writes off.
+            assert not await service.resume_writes_if_room()
+            env.make_room()
+            assert (await service.run_maintenance(force=True)) is not None
+            assert not service.storage_full
+            assert topic_stats(topic)["storageFull"] is False
+            assert 'pulsar_broker_storage_full{cluster="standalone"} 0' in \
+                render_metrics(service)
+            producer = topic.add_producer(ProducerSpec("p1"))
+            for i in range(5, 8):
+                await _publish_one(topic, producer, i)
+            expected = [f"m{i}".encode() for i in range(8)]
+            await wait_for(lambda: len(sink.received) >= 8)
+            assert [r.body for r in sink.received] == expected
+        finally:
+            await env.close()
+        # Nothing acknowledged is lost, nothing refused comes back, after a reopen.
+        async with broker_env(tmp_path) as reopened:
+            sink = RecordingSink()
+            await _subscribe(reopened.service, GOOD, sink)
+            await wait_for(lambda: len(sink.received) >= 8)
+            await settle(reopened.service)
+            assert [r.body for r in sink.received] == expected
+
+    asyncio.run(scenario())
