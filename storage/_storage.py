@@ -33,6 +33,13 @@ succeeds, the recovered state replaces the failed one under the lock and writes 
 when the disk is still full, nothing changes and a later call tries again. Adds that failed
 are gone (their ids are handed out again); every acknowledged one is kept.
 
+While full, deleting frees space without the journal (which needs room): `delete_ledger`
+commits the deletion straight to the index (the ledger record, its locations, the entry
+logs' live counts) and removes every entry log left without live data; metadata deletes
+(`MetadataStore.apply_journaled` with deletes only) commit straight to the index too. A
+later replay never revives a deleted ledger; the metadata deletes are journaled again once
+writes resume, so that a replayed older put cannot bring a key back.
+
 Threads: callers may use a `Storage` from any number of threads and from asyncio (a
 `Completion` is awaitable). One lock guards the in-memory state; the journal has its
 writer and syncer threads, and a checkpoint thread runs checkpoints and GC.
@@ -122,6 +129,7 @@ class Storage:
         self.metadata = MetadataStore(self)
         self._resume_lock = threading.Lock()
         self._retired_readers: list[EntryLogReader] = []
+        self._meta_deleted_while_full: list[bytes] = []
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -276,6 +284,65 @@ class Storage:
                     self.data_dir)
         return True
 
+    def _delete_while_full(self, ledger_id: int) -> Completion[int]:
+        """`delete_ledger` on a full disk, straight to the index. Resume lock held.
+
+        Raises:
+            LedgerNotFoundError: no such ledger; nothing changed.
+            StorageFailedError: removing a dead entry log failed (it stays referenced
+                or is removed at the next start); the deletion itself is committed.
+        """
+        from ._index import CheckpointWrite
+
+        with self.lock:
+            ledger = self._ledger(ledger_id)
+            ledger.state = DELETED
+            touched = [record for record in self.entry_logs.values()
+                       if record.ledgers.pop(ledger_id, None) is not None]
+            self.index.commit_checkpoint(CheckpointWrite(
+                mark=None, ledgers=[ledger.record()], purge_ledgers=[ledger_id],
+                entry_logs=touched))
+            dead = sorted(log_id for log_id in self.entry_logs
+                          if log_id in {r.log_id for r in touched}
+                          and self.entry_logs[log_id].live_bytes() == 0)
+            if self.writer is not None and self.writer.log_id in dead:
+                self.writer.close()  # writes are off; a resume starts a new log
+                self.writer = None
+            for log_id in dead:
+                self.index.commit_checkpoint(CheckpointWrite(mark=None,
+                                                             drop_entry_logs=[log_id]))
+                del self.entry_logs[log_id]
+                self.reader.forget(log_id)
+                for reader in self._retired_readers:
+                    reader.forget(log_id)
+                try:
+                    self.fs.remove(self.reader.path(log_id))
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise StorageFailedError(f"removing entry log {log_id} failed: {exc}",
+                                             path=self.reader.path(log_id),
+                                             errno=exc.errno) from exc
+        log.info("ledger %d deleted while the disk is full; entry logs freed: %s",
+                 ledger_id, dead)
+        return Completion.resolved(ledger_id)
+
+    def delete_meta_while_full(self, keys: list[bytes]) -> bool:
+        """Internal (`MetadataStore`): delete metadata keys straight in the index while the
+        disk is full; returns False (nothing done) when it is not full."""
+        from ._index import CheckpointWrite
+
+        with self._resume_lock:
+            if not self.full:
+                return False
+            with self.lock:
+                self.index.commit_checkpoint(CheckpointWrite(
+                    mark=None, meta_ops=[(key, None) for key in keys]))
+                for key in keys:
+                    self.cache.put_meta(key, None)
+                self._meta_deleted_while_full.extend(keys)
+        return True
+
     def _discard_failed_recovery(self) -> None:
         """A recovery into this (fresh) state failed: stop what it started, and remove the
         journal segment it created when nothing refers to it."""
@@ -313,6 +380,9 @@ class Storage:
             fresh.journal.rebind(self._on_durable, self._on_failed)
             self.failed = None
             self.lock.notify_all()
+            redo, self._meta_deleted_while_full = self._meta_deleted_while_full, []
+        if redo:  # a replayed older put must not bring these keys back
+            self.metadata.apply_journaled([(key, None) for key in redo])
         if self.config.background_threads:
             self._stop.clear()
             self._background = threading.Thread(target=self._background_loop,
@@ -401,7 +471,13 @@ class Storage:
 
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         """Delete a ledger. Its entries become unreadable at once; their space is
-        reclaimed by later checkpoints and GC. The completion finishes once durable."""
+        reclaimed by later checkpoints and GC. The completion finishes once durable.
+        While the disk is full, the deletion is committed at once and frees the entry logs
+        it leaves without live data (see the module comment)."""
+        if self.full:
+            with self._resume_lock:
+                if self.full:
+                    return self._delete_while_full(ledger_id)
         with self.lock:
             self._check_writable()
             ledger = self._ledger(ledger_id)

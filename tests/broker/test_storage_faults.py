@@ -45,6 +45,7 @@ from .helpers import BrokerEnv, RecordingSink, broker_env, make_entry, settle, w
 BAD = "persistent://public/default/bad"
 GOOD = "persistent://public/default/good"
 MESSAGES = 300
+PUBLISHES_UNTIL_FULL_MAX = 10_000
 
 
 async def _publish(service: BrokerService, topic_name: str, count: int) -> None:
@@ -245,5 +246,81 @@ def test_full_disk_refuses_publishes_then_resumes_by_itself(tmp_path: Path) -> N
             await wait_for(lambda: len(sink.received) >= 8)
             await settle(reopened.service)
             assert [r.body for r in sink.received] == expected
+
+    asyncio.run(scenario())
+
+
+async def _publish_until_full(topic: PersistentTopic, producer: Producer) -> int:
+    """Publish m0, m1, ... (checkpointing each) until DiskFullError; how many succeeded."""
+    for sent in range(PUBLISHES_UNTIL_FULL_MAX):
+        try:
+            await _publish_one(topic, producer, sent)
+        except DiskFullError:
+            return sent
+        topic.service.storage.checkpoint()
+    raise AssertionError("the disk never filled")
+
+
+def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resumes(
+        tmp_path: Path) -> None:
+    """A disk of limited size fills up; deleting the topic that holds most of it is answered
+    (204, not 500) while full, frees its entry logs, and the next periodic check resumes
+    writes: health turns back to ok and the other topic publishes again."""
+    import aiohttp
+
+    from broker._admin import start_admin
+    from tests.storage.helpers import SmallDisk, small_config
+
+    big, small = "persistent://public/default/big", "persistent://public/default/small"
+
+    async def scenario() -> None:
+        disk = SmallDisk(4, tmp_path, capacity_bytes=2**40)
+        storage = Storage.open(tmp_path, small_config(entry_log_bytes_max=128 * 1024),
+                               fs=disk)
+        service = BrokerService(storage, BrokerConfig())
+        await service.start(maintenance=False)
+        admin = await start_admin(service, "127.0.0.1", 0)
+        try:
+            sink = RecordingSink()
+            await _subscribe(service, small, sink)  # holds small's data
+            await _subscribe(service, big, RecordingSink())  # holds big's data
+            topic_big = await service.get_topic(big)
+            assert isinstance(topic_big, PersistentTopic)
+            producer = topic_big.add_producer(ProducerSpec("p"))
+            for i in range(100):
+                metadata, entry = make_entry(bytes([i % 250]) * 4096, sequence_id=i,
+                                             producer_name="p")
+                await topic_big.publish(producer, entry, i, i, metadata)
+            storage.checkpoint()
+            disk.capacity_bytes = disk.used_bytes() + 128 * 1024
+            topic_small = await service.get_topic(small)
+            assert isinstance(topic_small, PersistentTopic)
+            producer = topic_small.add_producer(ProducerSpec("p"))
+            sent = await _publish_until_full(topic_small, producer)
+            assert service.storage_full
+            async with aiohttp.ClientSession() as session:
+                health = f"{admin.url}/admin/v2/brokers/health"
+                async with session.get(health) as answer:
+                    assert answer.status == 503
+                    assert "disk is full" in await answer.text()
+                used = disk.used_bytes()
+                async with session.delete(f"{admin.url}/admin/v2/persistent/public/default/"
+                                          "big", params={"force": "true"}) as answer:
+                    assert answer.status == 204, await answer.text()
+                assert disk.used_bytes() < used
+                await service.run_maintenance(force=True)  # the periodic check
+                assert not service.storage_full
+                async with session.get(health) as answer:
+                    assert answer.status == 200
+            assert not service.topic_exists(big)
+            producer = topic_small.add_producer(ProducerSpec("p"))
+            await _publish_one(topic_small, producer, sent)
+            expected = [f"m{i}".encode() for i in range(sent + 1)]
+            await wait_for(lambda: len(sink.received) >= sent + 1)
+            assert [r.body for r in sink.received] == expected
+        finally:
+            await admin.close()
+            await service.close()
+            storage.close()
 
     asyncio.run(scenario())

@@ -16,7 +16,7 @@ import pytest
 
 from storage import Storage, StorageConfig, StorageFailedError, StorageFullError
 from storage.simfs import SimFileSystem
-from tests.storage.helpers import small_config
+from tests.storage.helpers import SmallDisk, small_config
 
 PUMPED = small_config(background_threads=False)
 THREADED = small_config()
@@ -121,3 +121,58 @@ def test_resume_is_a_no_op_unless_the_disk_was_full(tmp_path: Path) -> None:
         fs.heal()
         assert not store.try_resume_writes()
         assert store.failed is not None
+
+
+SMALL_LOGS = small_config(background_threads=False, entry_log_bytes_max=128 * 1024)
+BIG_ENTRY_BYTES = 4096
+FILL_ADDS_MAX = 1000
+
+
+def _fill_until_full(store: Storage, ledger: int) -> list[bytes]:
+    """Add (checkpointing now and then) until the disk is full; the acknowledged entries."""
+    acknowledged: list[bytes] = []
+    for i in range(FILL_ADDS_MAX):
+        data = entry(i).ljust(BIG_ENTRY_BYTES, b"k")
+        try:
+            store.wait(store.add_entry(ledger, data))
+            acknowledged.append(data)
+            if i % 10 == 9:
+                store.checkpoint()
+        except StorageFullError:
+            return acknowledged
+    raise AssertionError("the disk never filled")
+
+
+def test_deleting_on_a_full_disk_frees_space_and_writes_resume(tmp_path: Path) -> None:
+    disk = SmallDisk(9, tmp_path, capacity_bytes=2**40)
+    store = Storage.open(tmp_path, SMALL_LOGS, fs=disk)
+    try:
+        doomed = store.wait(store.create_ledger())
+        for i in range(100):  # ~400 KiB: whole entry logs of its own
+            store.wait(store.add_entry(doomed, bytes([i]) * BIG_ENTRY_BYTES))
+        store.checkpoint()
+        kept = store.wait(store.create_ledger())
+        acknowledged: list[bytes] = []
+        disk.capacity_bytes = disk.used_bytes() + 256 * 1024
+        acknowledged += _fill_until_full(store, kept)
+        assert store.full
+        assert not store.try_resume_writes()
+        used = disk.used_bytes()
+        store.delete_ledger(doomed).result(0)  # answered at once, while full
+        assert disk.used_bytes() < used - 256 * 1024
+        with pytest.raises(Exception, match="does not exist"):
+            store.read_entry(doomed, 0)
+        # A deletes-only metadata batch works while full too.
+        store.metadata.apply_journaled([(b"k", None)]).result(0)
+        assert store.try_resume_writes()
+        count = len(acknowledged)
+        assert store.read_entries(kept, 0, count - 1) == acknowledged
+        assert store.wait(store.add_entry(kept, b"after")) == count
+        store.checkpoint()
+    finally:
+        store.close()
+    with Storage.open(tmp_path, SMALL_LOGS) as reopened:
+        assert reopened.read_entries(kept, 0, count - 1) == acknowledged
+        assert [info.ledger_id for info in reopened.list_ledgers()] == [kept]
+        report = reopened.check()
+        assert report.ok, report.render()
