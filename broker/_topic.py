@@ -132,6 +132,7 @@ class Producer:
         self.topic_epoch: int | None = None  # granted with exclusive access
         self.waiter: Waiter | None = None  # set while a WaitForExclusive producer waits
         self.closer: Callable[[str], None] | None = None  # the connection's CLOSE_PRODUCER
+        self.closed_on_full_disk = False  # SENDs still on their way are refused quietly
 
     def disconnect(self, reason: str) -> None:
         """The broker drops this producer (already removed from its topic): its connection
@@ -471,6 +472,8 @@ class PersistentTopic(_ProducerHost):
             TopicTerminatedError: the topic is terminated, closing, or the producer is
                 closed (or still waiting for exclusive access).
         """
+        if producer.closed_on_full_disk:
+            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
         if self.fenced or producer.closed or self.producers.get(producer.name) is not producer:
             raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
         metadata = metadata if metadata is not None else _metadata_of(entry)
@@ -522,6 +525,7 @@ class PersistentTopic(_ProducerHost):
         if not producer.closed:
             log.warning("closing producer %s of %s: the disk is full (%s)", producer.name,
                         self.name, error)
+            producer.closed_on_full_disk = True
             self.remove_producer(producer)
             producer.disconnect("the broker's disk is full")
         return DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
