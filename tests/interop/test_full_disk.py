@@ -11,25 +11,17 @@ there is room the same producer publishes again without a broker restart.
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import pulsar
 import pytest
 
-from broker import BrokerConfig, BrokerService
-from broker._admin import AdminServer, start_admin
-from broker._server import BrokerServer, serve
-from storage import Storage
-from storage.simfs import SimFileSystem
+from broker import BrokerConfig
+
+from .in_process import InProcessBroker
 
 pytestmark = pytest.mark.interop
 
@@ -41,59 +33,10 @@ CHECK_INTERVAL_S = 0.2
 IN_FLIGHT_SENDS = 20
 
 
-class InProcessBroker:
-    """A broker service, its binary-protocol server and its admin API on a private event
-    loop in a thread, over a storage on `SimFileSystem`."""
-
-    def __init__(self, path: Path):
-        self.fs = SimFileSystem(seed=5)
-        self.storage = Storage.open(path, fs=self.fs)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.service: BrokerService = self.call(self._start())
-        assert self.server.port > 0
-
-    async def _start(self) -> BrokerService:
-        service = BrokerService(self.storage, BrokerConfig(
-            storage_full_check_interval_s=CHECK_INTERVAL_S))
-        await service.start()  # maintenance on: it resumes writes
-        self.server: BrokerServer = await serve(service, "127.0.0.1", 0)
-        self.admin: AdminServer = await start_admin(service, "127.0.0.1", 0)
-        return service
-
-    def call(self, work: Any) -> Any:
-        future: Future[Any] = asyncio.run_coroutine_threadsafe(work, self.loop)
-        return future.result(timeout=30)
-
-    @property
-    def url(self) -> str:
-        return f"pulsar://127.0.0.1:{self.server.port}"
-
-    def health(self) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"{self.admin.url}/admin/v2/brokers/health",
-                                        timeout=10) as answer:
-                return answer.status, answer.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            await self.server.shutdown(grace_s=5)
-            await self.admin.close()
-            await self.service.close()
-
-        self.call(shutdown())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-        self.loop.close()
-        self.storage.close()
-
-
 @pytest.fixture
 def in_process_broker(tmp_path: Path) -> Iterator[InProcessBroker]:
-    broker = InProcessBroker(tmp_path / "data")
+    broker = InProcessBroker(tmp_path / "data", BrokerConfig(
+        storage_full_check_interval_s=CHECK_INTERVAL_S))
     try:
         yield broker
     finally:
