@@ -16,8 +16,8 @@ Avro's SchemaValidatorBuilder (BACKWARD: canReadStrategy, FORWARD: canBeReadStra
 mutualReadStrategy; validateLatest, or validateAll for the _TRANSITIVE forms). Each of
 those asks Avro's ResolvingGrammarGenerator for the grammar that reads the writer's data
 with the reader's schema and refuses only when it holds an error symbol; the grammar comes
-from Avro's Resolver, which first applies the reader's aliases to the writer's schema. Not
-Avro's SchemaCompatibility class, which also compares record names. Hence the rules:
+from Avro's Resolver, which first applies the reader's aliases to the writer's schema.
+(Avro's SchemaCompatibility class, which also compares record names, is not used.) Hence:
 
 * a writer union is readable when each of its branches is;
 * a reader union reads a writer type with one branch, chosen as Avro's resolver does: for
@@ -29,9 +29,11 @@ Avro's SchemaCompatibility class, which also compares record names. Hence the ru
   original (how Python users evolve a schema). Every reader field is found in the writer
   by name (or by one of its aliases) and read from it, or has a default; writer fields the
   reader lacks are skipped;
-* enums and fixed types: the unqualified names match or a reader alias names the writer's
-  type; writer symbols must be reader symbols unless the reader has a default; fixed sizes
-  must be equal;
+* enums and fixed types: the unqualified names match (as in current Avro) or a reader alias
+  names the writer's type; fixed sizes must be equal. Enum symbols are not compared: the
+  resolver turns a writer symbol the reader lacks into an adjustment that fails only when
+  such a value is decoded, and the validator looks for error symbols alone, so Pulsar
+  admits added and removed symbols under every strategy;
 * arrays by items, maps by values; any other pair of kinds does not read.
 
 Named pairs already under comparison are assumed readable, which ends recursion (the
@@ -109,7 +111,6 @@ class _Definition:
     aliases: frozenset[str]
     fields: tuple[_Field, ...] = ()
     symbols: tuple[str, ...] = ()
-    has_default: bool = False  # enums
     size: int = 0  # fixed
 
     @property
@@ -218,7 +219,6 @@ class _Parser:
                 raise InvalidSchemaError(f"Invalid Avro schema: the symbols of {where} must "
                                          "be a list of strings")
             definition.symbols = tuple(symbols)
-            definition.has_default = "default" in value
         else:
             size = self.need(value, "size", where)
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -341,11 +341,7 @@ class _Checker:
         where = f"{where}.{r.name}" if where else r.name
         if r.kind == "record":
             return self.record(r, w, where)
-        if r.kind == "enum":
-            missing = [s for s in w.symbols if s not in r.symbols]
-            if missing and not r.has_default:
-                return self.fail(where, f"writer symbols {missing} are not in the reader's "
-                                        "enum, which has no default")
+        if r.kind == "enum":  # symbols are not compared (see the module comment)
             return True
         if r.size != w.size:
             return self.fail(where, f"fixed size {w.size} written, {r.size} read")
