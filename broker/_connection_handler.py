@@ -33,6 +33,12 @@ a publish. ServiceNotReady and TooManyRequests are never put in a lookup reply (
 would drop the whole connection); MetadataError, which it retries, stands in. Bad bytes (any
 codec `ProtocolError`) and SENDs for unknown producers close this connection only.
 
+Claims are checked before work in proportion to them (nothing a client sends may stall the
+event loop that every connection shares): a SEND whose num_messages_in_batch its payload cannot
+hold (`_entry.batch_count_error`) gets SEND_ERROR NotAllowedError; ack sets are checked against
+their entry's batch (`Subscription`); topic patterns (GET_TOPICS_OF_NAMESPACE, watchers) run on
+RE2, and one RE2 refuses is ERROR InvalidTopicName "Invalid topics pattern: ...".
+
 Producers. A WaitForExclusive producer that has to wait gets PRODUCER_SUCCESS with
 producer_ready=false at once, and a second one (same request id, ready, with its topic epoch)
 from a callback on its waiter when the topic promotes it — or ERROR ProducerFenced when an

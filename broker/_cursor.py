@@ -13,7 +13,9 @@ State (broker semantics §4.2):
 * `read_position`: the next entry to dispatch, always > MD. It is not persisted; after a
   restart it is the entry after MD, so every unacknowledged entry is delivered again.
 
-Acks (§4.3, §4.4). An individual delete adds the entry to the ranges; when the lowest range
+Acks (§4.3, §4.4). Ack sets come from clients: the subscription checks one against its
+entry's batch size before it gets here, and an ack set's position is validated before its words
+are converted (linearly). An individual delete adds the entry to the ranges; when the lowest range
 then starts right after MD, MD moves to that range's end. A cumulative mark-delete sets MD and
 then extends it through a range that starts right after it. A cumulative ack carrying an ack set
 for entry E sets MD to the entry before E and keeps E's bitset. Bitsets combine with AND, so an
