@@ -33,6 +33,12 @@ a publish. ServiceNotReady and TooManyRequests are never put in a lookup reply (
 would drop the whole connection); MetadataError, which it retries, stands in. Bad bytes (any
 codec `ProtocolError`) and SENDs for unknown producers close this connection only.
 
+Claims are checked before work in proportion to them (nothing a client sends may stall the
+event loop that every connection shares): a SEND whose num_messages_in_batch its payload cannot
+hold (`_entry.batch_count_error`) gets SEND_ERROR NotAllowedError; ack sets are checked against
+their entry's batch (`Subscription`); topic patterns (GET_TOPICS_OF_NAMESPACE, watchers) run on
+RE2, and one RE2 refuses is ERROR InvalidTopicName "Invalid topics pattern: ...".
+
 Producers. A WaitForExclusive producer that has to wait gets PRODUCER_SUCCESS with
 producer_ready=false at once, and a second one (same request id, ready, with its topic epoch)
 from a callback on its waiter when the topic promotes it — or ERROR ProducerFenced when an
@@ -87,7 +93,6 @@ from codec import (
     Role,
     State,
     base_command,
-    parse_entry,
     pb,
     strip_broker_entry_metadata,
 )
@@ -95,6 +100,7 @@ from storage import StorageError
 
 from ._auth import AuthenticationService, AuthSession
 from ._consumer import Consumer, Delivery, SubscribeSpec
+from ._entry import EntryInfo, batch_count_error
 from ._errors import (
     AuthenticationError,
     BrokerError,
@@ -681,7 +687,11 @@ class ConnectionHandler:
             try:
                 topics = [t for t in topics if matches_topics_pattern(pattern, t)]
                 reply.filtered = True
-            except (re.error, ValueError, BrokerError) as exc:
+            except (re.error, ValueError) as exc:  # upstream's answer (RE2J), no fallback
+                self._error_code(request.request_id, pb.InvalidTopicName,
+                                 f"Invalid topics pattern: {exc}")
+                return
+            except BrokerError as exc:
                 log.info("not filtering topics by %r: %s", pattern, exc)
         digest = topics_hash(topics)
         reply.topics_hash = digest
@@ -860,6 +870,14 @@ class ConnectionHandler:
         if send.txnid_least_bits or send.txnid_most_bits:
             self._finish_send(state, pending, error=(pb.NotAllowedError,
                                                       "Transactions are not enabled."))
+            return
+        assert frame.metadata is not None  # the codec gives every SEND its metadata
+        problem = batch_count_error(frame.metadata, len(frame.payload))
+        if problem is not None:
+            # NotAllowed fails this message only (Java), where other codes make clients
+            # reconnect and send the same batch again.
+            log.debug("refusing a SEND from %s: %s", self.peer, problem)
+            self._finish_send(state, pending, error=(pb.NotAllowedError, problem))
             return
         self._spawn(self._publish(state, pending, frame))
 
@@ -1194,9 +1212,10 @@ class ConnectionHandler:
         last_id = _id_data(-1, -1, partition)
         last_id.batch_index = -1
         if last.entry_id >= 0:
-            metadata = parse_entry(ml.read_entry(last), verify_checksum=False).metadata
+            entry = EntryInfo(last, ml.read_entry(last))
             last_id = _id_data(last.ledger_id, last.entry_id, partition)
-            last_id.batch_index = (metadata.num_messages_in_batch - 1 if metadata.HasField(
+            # A stored count is a client's claim: clamped, so a bad one cannot fail the reply.
+            last_id.batch_index = (entry.batch_size - 1 if entry.metadata.HasField(
                 "num_messages_in_batch") else -1)
         reply = pb.CommandGetLastMessageIdResponse(last_message_id=last_id, request_id=request_id)
         subscription = state.subscription
