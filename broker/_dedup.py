@@ -62,6 +62,7 @@ from codec import (
     RemoteProtocolError,
     batch_last_sequence_id,
     decompress,
+    entry_payload,
 )
 from codec._proto import pulsar_api_pb2 as pb
 
@@ -84,7 +85,7 @@ _SNAPSHOT_VERSION: Final = 1
 
 
 def highest_sequence_id_of(sequence_id: int, stated_highest: int,
-                           metadata: pb.MessageMetadata, payload: bytes) -> int:
+                           metadata: pb.MessageMetadata, entry: bytes) -> int:
     """The highest sequence id an entry carries; never below `sequence_id`.
 
     In order: the id the SEND stated (`stated_highest`, when not below `sequence_id`); the
@@ -100,7 +101,8 @@ def highest_sequence_id_of(sequence_id: int, stated_highest: int,
         stated_highest: CommandSend's `highest_sequence_id`; below `sequence_id` (e.g. -1)
             when the SEND had none, or for a stored entry.
         metadata: the entry's metadata.
-        payload: the entry's payload as sent (possibly compressed).
+        entry: the entry's bytes as sent or stored (`codec.entry_payload` finds the payload,
+            only when it is read).
     """
     if stated_highest >= sequence_id:
         return stated_highest
@@ -112,6 +114,7 @@ def highest_sequence_id_of(sequence_id: int, stated_highest: int,
         return sequence_id
     consecutive = sequence_id + count - 1
     try:
+        payload = entry_payload(entry)
         if int(metadata.compression) != CompressionType.NONE:
             payload = decompress(metadata.compression, payload, metadata.uncompressed_size,
                                  uncompressed_size_bytes_max=UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT)

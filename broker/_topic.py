@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from codec import entry_payload, parse_entry
+from codec import parse_entry
 from codec._proto import pulsar_api_pb2 as pb
 
 from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
@@ -309,10 +309,8 @@ class PersistentTopic(_ProducerHost):
             if not batch:
                 break
             for entry_position, data in batch:
-                stored = parse_entry(data, verify_checksum=False)
-                metadata = stored.metadata
-                highest = highest_sequence_id_of(metadata.sequence_id, -1, metadata,
-                                                 stored.payload)
+                metadata = _metadata_of(data)
+                highest = highest_sequence_id_of(metadata.sequence_id, -1, metadata, data)
                 state.replay_entry(metadata.producer_name, metadata.sequence_id, highest, now)
                 replayed += 1
                 position = ml.next_valid_position(Position(*entry_position))
@@ -475,7 +473,7 @@ class PersistentTopic(_ProducerHost):
             metadata.chunk_id == metadata.num_chunks_from_msg - 1
         if dedup is not None:
             highest_sequence_id = highest_sequence_id_of(sequence_id, highest_sequence_id,
-                                                         metadata, entry_payload(entry))
+                                                         metadata, entry)
             verdict = dedup.check(producer.name, sequence_id, highest_sequence_id,
                                   is_chunk_not_last=not last_chunk)
             if verdict is DedupResult.DUP:

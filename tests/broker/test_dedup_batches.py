@@ -15,12 +15,20 @@ from pathlib import Path
 
 from broker import DEDUP_CURSOR_NAME, PersistentTopic, Position, Producer, ProducerSpec
 from broker._config import BrokerConfig
+from broker._dedup import highest_sequence_id_of
 from broker._service import BrokerService
-from codec import CompressionType, SingleMessage, build_batch, encode_entry
+from codec import (
+    CompressionType,
+    SingleMessage,
+    build_batch,
+    encode_entry,
+    prefix_broker_entry_metadata,
+)
+from codec._proto import pulsar_api_pb2 as pb
 from storage import Storage
 from storage.simfs import SimFileSystem
 
-from .helpers import broker_env, now_ms, publish, settle, wait_for
+from .helpers import broker_env, make_entry, now_ms, publish, settle, wait_for
 
 TOPIC = "persistent://public/default/dedup-batches"
 BATCH_MESSAGES = 100
@@ -29,22 +37,22 @@ NO_HIGHEST_STATED = -1  # what the connection handler passes when the SEND state
 
 def _client_batch(first: int, count: int = BATCH_MESSAGES, *, step: int = 1,
                   compression: CompressionType = CompressionType.NONE,
-                  key: str | None = None) -> tuple[int, bytes, object]:
-    """A batch as the C++ client sends it: ids first, first+step, ...; (first id, entry,
-    metadata)."""
+                  key: str | None = None) -> tuple[pb.MessageMetadata, bytes]:
+    """A batch as the C++ client sends it, ids first, first+step, ...: (metadata, entry)."""
     messages = [SingleMessage(f"m{first + i * step}".encode(), sequence_id=first + i * step,
                               partition_key=key) for i in range(count)]
     metadata, payload = build_batch(messages, producer_name="p1", publish_time=now_ms(),
                                     compression=compression)
     assert not metadata.HasField("highest_sequence_id")
-    return first, encode_entry(metadata, payload), metadata
+    return metadata, encode_entry(metadata, payload)
 
 
 async def _send_batch(topic: PersistentTopic, producer: Producer, first: int,
-                      count: int = BATCH_MESSAGES, **options: object) -> tuple[int, int]:
-    sequence_id, entry, metadata = _client_batch(first, count, **options)  # type: ignore[arg-type]
-    result = await topic.publish(producer, entry, sequence_id, NO_HIGHEST_STATED,
-                                 metadata)  # type: ignore[arg-type]
+                      count: int = BATCH_MESSAGES, *, step: int = 1,
+                      compression: CompressionType = CompressionType.NONE,
+                      key: str | None = None) -> tuple[int, int]:
+    metadata, entry = _client_batch(first, count, step=step, compression=compression, key=key)
+    result = await topic.publish(producer, entry, first, NO_HIGHEST_STATED, metadata)
     return result.ledger_id, result.entry_id
 
 
@@ -199,3 +207,55 @@ def test_power_loss_keeps_the_highest_id_of_acknowledged_batches(tmp_path: Path)
 
     for seed in range(3):
         asyncio.run(scenario(seed))
+
+
+# -- the derivation itself (`highest_sequence_id_of`) ---------------------------------------
+
+def _derive(metadata: pb.MessageMetadata, entry: bytes, stated: int = NO_HIGHEST_STATED) -> int:
+    return highest_sequence_id_of(metadata.sequence_id, stated, metadata, entry)
+
+
+def test_derivation_prefers_what_the_send_or_the_metadata_states() -> None:
+    metadata, entry = _client_batch(10, 5)
+    assert _derive(metadata, entry, stated=20) == 20  # CommandSend's highest_sequence_id
+    assert _derive(metadata, entry, stated=10) == 10
+    metadata.highest_sequence_id = 30  # as the Java client writes it
+    assert _derive(metadata, entry) == 30
+    metadata.highest_sequence_id = 3  # below sequence_id: not a highest id
+    assert _derive(metadata, entry) == 14
+
+
+def test_derivation_reads_the_last_single_message_metadata() -> None:
+    for compression in CompressionType:
+        for step in (1, 7):
+            for key in (None, "key"):
+                metadata, entry = _client_batch(5, 40, step=step, compression=compression,
+                                                key=key)
+                assert _derive(metadata, entry) == 5 + 39 * step, (compression, step, key)
+
+
+def test_derivation_of_stored_entries_with_broker_entry_metadata() -> None:
+    metadata, entry = _client_batch(0, 10, step=2)
+    block = pb.BrokerEntryMetadata(broker_timestamp=1, index=9)
+    assert _derive(metadata, prefix_broker_entry_metadata(block, entry)) == 18
+
+
+def test_derivation_falls_back_to_consecutive_ids() -> None:
+    # The single-message metadata carries no ids.
+    messages = [SingleMessage(b"x") for _ in range(4)]
+    metadata, payload = build_batch(messages, producer_name="p1", publish_time=1)
+    metadata.sequence_id = 100
+    assert _derive(metadata, encode_entry(metadata, payload)) == 103
+    # A payload the broker cannot read (it stores payloads unchecked).
+    broken = encode_entry(metadata, payload[:-3])
+    assert _derive(metadata, broken) == 103
+    metadata.compression = pb.LZ4
+    metadata.uncompressed_size = len(payload)
+    assert _derive(metadata, encode_entry(metadata, b"not lz4")) == 103
+
+
+def test_derivation_of_single_messages_is_their_id() -> None:
+    metadata, entry = make_entry(b"x", sequence_id=42)
+    assert _derive(metadata, entry) == 42
+    metadata, entry = _client_batch(42, 1)
+    assert _derive(metadata, entry) == 42
