@@ -36,6 +36,11 @@ fields are skipped by wire type, a known field with the wrong wire type is treat
 the last occurrence of a repeated scalar wins, and the required `payload_size` must be present.
 Tests compare both directions with the runtime.
 
+`batch_last_sequence_id` answers only the last message's sequence id (what deduplication needs
+when a SEND states no highest id): it first checks whether the payload's tail holds a message
+with the expected id, in time independent of the batch size, and otherwise skips over the
+other messages reading only their sizes.
+
 The outer metadata follows the C++ client: `sequence_id` is the first message's, and the first
 message's `partition_key` (with its base64 flag) and `ordering_key` are copied up so the broker's
 Key_Shared dispatcher can route the entry. `compression`/`uncompressed_size` are written only when
