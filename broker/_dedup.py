@@ -178,7 +178,8 @@ class DeduplicationState:
         Args:
             producer_name: the producer's name.
             sequence_id: the send's (lowest) sequence id.
-            highest_sequence_id: the batch's highest sequence id (0 or less when absent).
+            highest_sequence_id: the entry's highest sequence id (`highest_sequence_id_of`;
+                `sequence_id` or less counts as `sequence_id`).
             is_chunk_not_last: a chunk other than the last of a chunked message; always passes
                 and changes nothing.
 
@@ -204,7 +205,7 @@ class DeduplicationState:
         Args:
             producer_name: the producer's name.
             sequence_id: the send's (lowest) sequence id.
-            highest_sequence_id: the batch's highest sequence id.
+            highest_sequence_id: the entry's highest sequence id, as given to `check`.
             is_chunk_not_last: as in `check`.
         """
         if not is_chunk_not_last:
@@ -358,7 +359,7 @@ class DeduplicationState:
         Args:
             producer_name: the entry's `producer_name` metadata.
             sequence_id: the entry's `sequence_id`.
-            highest_sequence_id: the entry's `highest_sequence_id`.
+            highest_sequence_id: the entry's highest sequence id (`highest_sequence_id_of`).
             now: the recovery time (ms), for the inactivity stamp.
         """
         value = max(highest_sequence_id, sequence_id)

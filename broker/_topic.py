@@ -7,13 +7,13 @@ Publishing to a persistent topic (`PersistentTopic.publish`):
 
 1. checks: topic not fenced or terminated, message size, the delayed-delivery maximum;
 2. deduplication (when enabled, never for system topics; broker reference §5), with the
-   entry's highest sequence id from `highest_sequence_id_of` when the SEND states none: DUP answers
-   with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may still be
-   in flight) fails with PersistenceError so the client resends;
+   entry's highest sequence id from `highest_sequence_id_of` when the SEND states none: DUP
+   answers with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may
+   still be in flight) fails with PersistenceError so the client resends;
 3. the entry (the producer's metadata and payload, checksum included, as sent) is appended
    to the managed ledger, and the publish completes only when it is durable;
-4. dedup records the persisted (highest) sequence id, and every 1000 entries snapshots the per-
-   producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
+4. dedup records the persisted (highest) sequence id, and every 1000 entries snapshots the
+   per-producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
    snapshot position). On load, the state is the snapshot plus a replay of every entry
    after it, so a restart or a crash loses nothing.
 5. subscriptions are woken through the managed ledger's entries-added hook.
