@@ -863,7 +863,7 @@ class ConnectionHandler:
             raise _CloseConnection(f"SEND for producer {send.producer_id}, which is not ready")
         highest = send.highest_sequence_id
         if not send.HasField("highest_sequence_id") or highest < send.sequence_id:
-            highest = send.sequence_id
+            highest = -1  # none stated: the topic's dedup derives it from the entry
         pending = _PendingSend(send.sequence_id, highest)
         state.pending.append(pending)
         self.pending_sends += 1
@@ -932,7 +932,7 @@ class ConnectionHandler:
             body = pb.CommandSendReceipt(
                 producer_id=producer_id, sequence_id=pending.sequence_id,
                 message_id=_id_data(pending.result.ledger_id, pending.result.entry_id),
-                highest_sequence_id=pending.highest_sequence_id)
+                highest_sequence_id=max(pending.highest_sequence_id, pending.sequence_id))
         else:
             assert pending.error is not None
             code, message = pending.error
