@@ -1199,10 +1199,15 @@ class ConnectionHandler:
             last_id.batch_index = (metadata.num_messages_in_batch - 1 if metadata.HasField(
                 "num_messages_in_batch") else -1)
         reply = pb.CommandGetLastMessageIdResponse(last_message_id=last_id, request_id=request_id)
+        # Every subscription of a persistent topic answers its mark-delete position, readers'
+        # non-durable ones included: the C++ client's has_message_available() for a reader at
+        # `latest` compares it with the last id (and says False when it is missing).
         subscription = state.subscription
-        if isinstance(subscription, Subscription) and subscription.durable:
+        if isinstance(subscription, Subscription):
             mark = subscription.cursor.mark_delete_position
-            reply.consumer_mark_delete_position.CopyFrom(_id_data(mark.ledger_id, mark.entry_id))
+            if mark.ledger_id >= 0:
+                reply.consumer_mark_delete_position.CopyFrom(
+                    _id_data(mark.ledger_id, mark.entry_id))
         return reply
 
     def _on_stats(self, frame: Frame) -> None:
