@@ -30,8 +30,11 @@ Failure forms follow wire reference §12 exactly: ERROR for PRODUCER, SUBSCRIBE,
 UNSUBSCRIBE, GET_LAST_MESSAGE_ID and GET_TOPICS_OF_NAMESPACE; the failure inside the response
 for PARTITIONED_METADATA, LOOKUP, GET_SCHEMA, CONSUMER_STATS and ACK receipts; SEND_ERROR for
 a publish. ServiceNotReady and TooManyRequests are never put in a lookup reply (the C++ client
-would drop the whole connection); MetadataError, which it retries, stands in. Bad bytes (any
-codec `ProtocolError`) and SENDs for unknown producers close this connection only.
+would drop the whole connection); MetadataError, which it retries, stands in. One exception,
+as in Pulsar: a LOOKUP naming a listener the broker does not have (`_listeners.py`) fails
+with ServiceNotReady "the broker do not have NAME listener", a text the C++ client knows.
+Bad bytes (any codec `ProtocolError`) and SENDs for unknown producers close this connection
+only.
 
 Producers. A WaitForExclusive producer that has to wait gets PRODUCER_SUCCESS with
 producer_ready=false at once, and a second one (same request id, ready, with its topic epoch)
@@ -102,6 +105,7 @@ from ._errors import (
     NotAllowedError,
     from_storage_error,
 )
+from ._listeners import ListenerNotFoundError, listeners_of
 from ._names import TopicName, matches_topics_pattern, topics_hash
 from ._nonpersistent import NonPersistentSubscription
 from ._position import Position
@@ -660,12 +664,21 @@ class ConnectionHandler:
             reply.error = code  # type: ignore[assignment]
             reply.message = message
         else:
-            reply.response = pb.CommandLookupTopicResponse.Connect
-            reply.brokerServiceUrl = self.ctx.advertised_url
-            if self.ctx.advertised_url_tls:
-                reply.brokerServiceUrlTls = self.ctx.advertised_url_tls
-            reply.authoritative = True
-            reply.proxy_through_service_url = False
+            try:
+                url, url_tls = listeners_of(self.service.config).lookup(
+                    request.advertised_listener_name, self.ctx.advertised_url,
+                    self.ctx.advertised_url_tls or None)
+            except ListenerNotFoundError as exc:  # ServiceNotReady, as Pulsar answers it
+                reply.response = pb.CommandLookupTopicResponse.Failed
+                reply.error = pb.ServiceNotReady
+                reply.message = str(exc)
+            else:
+                reply.response = pb.CommandLookupTopicResponse.Connect
+                reply.brokerServiceUrl = url
+                if url_tls:
+                    reply.brokerServiceUrlTls = url_tls
+                reply.authoritative = True
+                reply.proxy_through_service_url = False
         self.send(reply)
 
     def _on_get_topics(self, frame: Frame) -> None:
