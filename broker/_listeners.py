@@ -27,6 +27,7 @@ URL, and the binary server listens where `--host`/`--port` say whatever the URLs
 from __future__ import annotations
 
 import functools
+import types
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ __all__ = [
 
 PLAIN_SCHEME = "pulsar"
 TLS_SCHEME = "pulsar+ssl"
+PARSED_SETTINGS_MAX = 8  # distinct (advertised_listeners, internal name) settings kept parsed
 
 
 class ListenerNotFoundError(ServiceNotReadyError):
@@ -115,7 +117,7 @@ def _parse_url(item: str, text: str) -> urllib.parse.SplitResult:
     return url
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=PARSED_SETTINGS_MAX)
 def parse_listeners(items: tuple[str, ...], internal_listener_name: str = "") -> Listeners:
     """The listeners of `advertised_listeners` items (see the module comment); no items, no
     listeners (the internal name alone is then ignored, as in Pulsar).
@@ -132,7 +134,7 @@ def parse_listeners(items: tuple[str, ...], internal_listener_name: str = "") ->
                              f"(expected NAME:pulsar://HOST:PORT)")
         urls.setdefault(name, []).append(_parse_url(item, text))
     if not urls:
-        return Listeners({})
+        return Listeners(types.MappingProxyType({}))
     internal = internal_listener_name.strip() or next(iter(urls))
     if internal not in urls:
         raise ValueError(f"internal_listener_name {internal!r} is not one of the "
@@ -156,7 +158,7 @@ def parse_listeners(items: tuple[str, ...], internal_listener_name: str = "") ->
         if PLAIN_SCHEME not in by_scheme:
             raise ValueError(f"advertised_listeners: listener {name!r} has no pulsar:// URL")
         found[name] = AdvertisedListener(name, by_scheme[PLAIN_SCHEME], by_scheme.get(TLS_SCHEME))
-    return Listeners(found, internal)
+    return Listeners(types.MappingProxyType(found), internal)
 
 
 def listeners_of(config: BrokerConfig) -> Listeners:
