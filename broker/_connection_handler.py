@@ -30,8 +30,11 @@ Failure forms follow wire reference §12 exactly: ERROR for PRODUCER, SUBSCRIBE,
 UNSUBSCRIBE, GET_LAST_MESSAGE_ID and GET_TOPICS_OF_NAMESPACE; the failure inside the response
 for PARTITIONED_METADATA, LOOKUP, GET_SCHEMA, CONSUMER_STATS and ACK receipts; SEND_ERROR for
 a publish. ServiceNotReady and TooManyRequests are never put in a lookup reply (the C++ client
-would drop the whole connection); MetadataError, which it retries, stands in. Bad bytes (any
-codec `ProtocolError`) and SENDs for unknown producers close this connection only.
+would drop the whole connection); MetadataError, which it retries, stands in. One exception,
+as in Pulsar: a LOOKUP naming a listener the broker does not have (`_listeners.py`) fails
+with ServiceNotReady "the broker do not have NAME listener", a text the C++ client knows.
+Bad bytes (any codec `ProtocolError`) and SENDs for unknown producers close this connection
+only.
 
 Claims are checked before work in proportion to them (nothing a client sends may stall the
 event loop that every connection shares): a SEND whose num_messages_in_batch its payload cannot
@@ -108,6 +111,7 @@ from ._errors import (
     NotAllowedError,
     from_storage_error,
 )
+from ._listeners import ListenerNotFoundError, listeners_of
 from ._names import TopicName, matches_topics_pattern, topics_hash
 from ._nonpersistent import NonPersistentSubscription
 from ._position import Position
@@ -666,12 +670,21 @@ class ConnectionHandler:
             reply.error = code  # type: ignore[assignment]
             reply.message = message
         else:
-            reply.response = pb.CommandLookupTopicResponse.Connect
-            reply.brokerServiceUrl = self.ctx.advertised_url
-            if self.ctx.advertised_url_tls:
-                reply.brokerServiceUrlTls = self.ctx.advertised_url_tls
-            reply.authoritative = True
-            reply.proxy_through_service_url = False
+            try:
+                url, url_tls = listeners_of(self.service.config).lookup(
+                    request.advertised_listener_name, self.ctx.advertised_url,
+                    self.ctx.advertised_url_tls or None)
+            except ListenerNotFoundError as exc:  # ServiceNotReady, as Pulsar answers it
+                reply.response = pb.CommandLookupTopicResponse.Failed
+                reply.error = pb.ServiceNotReady
+                reply.message = str(exc)
+            else:
+                reply.response = pb.CommandLookupTopicResponse.Connect
+                reply.brokerServiceUrl = url
+                if url_tls:
+                    reply.brokerServiceUrlTls = url_tls
+                reply.authoritative = True
+                reply.proxy_through_service_url = False
         self.send(reply)
 
     def _on_get_topics(self, frame: Frame) -> None:
@@ -1218,10 +1231,15 @@ class ConnectionHandler:
             last_id.batch_index = (entry.batch_size - 1 if entry.metadata.HasField(
                 "num_messages_in_batch") else -1)
         reply = pb.CommandGetLastMessageIdResponse(last_message_id=last_id, request_id=request_id)
+        # Every subscription of a persistent topic answers its mark-delete position, readers'
+        # non-durable ones included: the C++ client's has_message_available() for a reader at
+        # `latest` compares it with the last id (and says False when it is missing).
         subscription = state.subscription
-        if isinstance(subscription, Subscription) and subscription.durable:
+        if isinstance(subscription, Subscription):
             mark = subscription.cursor.mark_delete_position
-            reply.consumer_mark_delete_position.CopyFrom(_id_data(mark.ledger_id, mark.entry_id))
+            if mark.ledger_id >= 0:
+                reply.consumer_mark_delete_position.CopyFrom(
+                    _id_data(mark.ledger_id, mark.entry_id))
         return reply
 
     def _on_stats(self, frame: Frame) -> None:

@@ -67,8 +67,13 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     from broker._standalone import StandaloneOptions, config_with_overrides, run_standalone
     from broker._tls import TlsOptions
 
+    overrides = list(args.config)
+    if args.advertised_listeners is not None:
+        overrides.append(f"advertised_listeners={args.advertised_listeners}")
+    if args.internal_listener_name is not None:
+        overrides.append(f"internal_listener_name={args.internal_listener_name}")
     try:
-        config = config_with_overrides(args.config)
+        config = config_with_overrides(overrides)
     except ValueError as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
@@ -125,6 +130,17 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "service URL (default 8080)")
     standalone.add_argument("--advertised-url", default=None, help="the URL lookups answer "
                             "with (default pulsar://HOST:PORT)")
+    standalone.add_argument("--advertised-listeners", default=None,
+                            metavar="NAME:URL,...", help="named routes to the broker, e.g. "
+                            "internal:pulsar://10.0.0.5:6650,external:pulsar://example.com:6650"
+                            " (add NAME:pulsar+ssl://HOST:PORT per listener with --tls-port); "
+                            "lookups answer the listener a client names (its listener_name) "
+                            "and fail for a name not listed (Pulsar's advertisedListeners; "
+                            "not with --advertised-url)")
+    standalone.add_argument("--internal-listener-name", default=None, metavar="NAME",
+                            help="the listener whose URLs are the broker's own, answered "
+                            "when a client names none (default: the first one listed; "
+                            "Pulsar's internalListenerName)")
     standalone.add_argument("--keepalive-interval-s", type=float, default=30.0,
                             metavar="SECONDS", help="the broker PINGs each connection this "
                             "often and closes one that sent nothing for a whole interval "
