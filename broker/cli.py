@@ -102,6 +102,7 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         shutdown_grace_s=args.shutdown_grace_s,
         keepalive_interval_s=args.keepalive_interval_s,
         pending_sends_max=args.max_pending_sends,
+        skip_corrupt_journal_segments=args.skip_corrupt_journal_segments,
     )
     return run_standalone(options)
 
@@ -143,6 +144,11 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "broker_deduplication_enabled=true, or "
                             "broker_entry_metadata_interceptors=timestamp,index to store "
                             "broker entry metadata with each entry (repeatable)")
+    standalone.add_argument("--skip-corrupt-journal-segments", action="store_true",
+                            help="start even when a journal record recovery must replay is "
+                            "corrupt (valid records follow it): skip the rest of that "
+                            "segment and LOSE the acknowledged data in it; the log says "
+                            "how many records and bytes (default: refuse to start)")
     _add_standalone_security(standalone)
     standalone.set_defaults(handler=_cmd_standalone)
 

@@ -20,20 +20,31 @@ Theory of operation
    | LEDGER_DELETE | → deleted (a tombstone; later ADDs for it are skipped)        |
    | META_BATCH    | into the metadata overlay                                     |
 
-   Where a scan stops on a bad record, the decision table is:
+   Where a scan stops on a bad record, recovery first looks for valid records after it
+   (`scan_after_bad_record`: a record header at every alignment boundary up to the end
+   of the segment file, CRC good, LSN above the last good one). Then:
 
-   | segment            | next segment's first LSN        | verdict                       |
-   |--------------------|---------------------------------|-------------------------------|
-   | newest             | —                               | torn tail: stop, carry on      |
-   | older              | = last good LSN + 1             | torn tail of an earlier run    |
-   | older              | anything else                   | corruption: refuse to start    |
-   | newest, bad header | no valid record after it        | crash while creating: remove   |
-   | newest, bad header | a valid record after it         | corruption: refuse to start    |
-   | older, bad header  | —                               | corruption: refuse to start    |
+   | segment            | what follows the bad record                  | verdict               |
+   |--------------------|----------------------------------------------|-----------------------|
+   | newest             | no valid record                              | torn tail: stop, go on |
+   | newest             | valid records; no PAD claims the bad LSN was | torn tail of a group  |
+   |                    | synced (batches written while it was being   | never synced (power   |
+   |                    | synced, torn by a power loss)                | loss): stop, go on    |
+   | newest             | valid records; a PAD claims it was synced    | corruption: refuse    |
+   | older              | next segment's first LSN = last good LSN + 1 | torn tail, earlier run |
+   | older              | anything else                                | corruption: refuse    |
+   | newest, bad header | no valid record after it                     | crash while creating:  |
+   |                    |                                              | remove the segment    |
+   | newest, bad header | a valid record after it                      | corruption: refuse    |
+   | older, bad header  | —                                            | corruption: refuse    |
 
-   `skip_corrupt_journal_segments=True` turns "refuse" into "log, skip the rest of that
-   segment, and go on": acknowledged entries in the skipped part are lost, and so are
-   later adds to a ledger that lost entries there (entry ids stay dense).
+   A refusal (`JournalCorruptionError` for a bad record) names the file, the offset and
+   how many valid records (and bytes) follow, and leaves the directory as found.
+   `skip_corrupt_journal_segments=True` (`magnetar standalone
+   --skip-corrupt-journal-segments`) turns "refuse" into "log at ERROR what is lost
+   (records and bytes), skip the rest of that segment, and go on": acknowledged entries in
+   the skipped part are lost, and so are later adds to a ledger that lost entries there
+   (entry ids stay dense).
 4. Open a fresh journal segment (its first LSN follows the last replayed one) and run a
    checkpoint, which persists a mark at the start of that segment.
 """
@@ -50,10 +61,18 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ._entry_log import parse_entry_log_name
-from ._errors import CorruptionError
+from ._errors import CorruptionError, JournalCorruptionError
 from ._fs import FileHandle
 from ._journal import JournalMark, parse_segment_name
-from ._journal_format import Record, RecordType, ScanResult, SegmentHeader, scan_segment
+from ._journal_format import (
+    Record,
+    RecordType,
+    ScanResult,
+    SegmentHeader,
+    Survivors,
+    scan_after_bad_record,
+    scan_segment,
+)
 from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState
 from ._metadata import decode_meta_ops
 
@@ -78,6 +97,10 @@ class ReplayStats:
     bytes: int = 0
     skipped_adds: int = 0
     torn_tail: str = ""
+    # Valid records (and their bytes) after a corrupt one, dropped because
+    # skip_corrupt_journal_segments accepted the loss.
+    dropped_records: int = 0
+    dropped_bytes: int = 0
 
 
 def recover(store: Storage) -> ReplayStats:
@@ -216,7 +239,7 @@ def _replay_segment(store: Storage, stats: ReplayStats, flusher: _ReplayFlusher,
                 flusher.flush(JournalMark(segment_id, record.offset + 24 + len(record.payload),
                                           record.lsn))
         if not result.clean:
-            _judge_stop(store, stats, result, path, newest, next_path)
+            _judge_stop(store, stats, result, path, newest, next_path, handle, header)
         return result.last_lsn if result.records else expected
     finally:
         handle.close()
@@ -236,19 +259,55 @@ def _holds_records(store: Storage, handle: FileHandle, segment_id: int) -> bool:
 
 
 def _judge_stop(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
-                newest: bool, next_path: str | None) -> None:
+                newest: bool, next_path: str | None, handle: FileHandle,
+                header: SegmentHeader) -> None:
     where = f"{path} at offset {result.end_offset}: {result.problem}"
+    after = scan_after_bad_record(handle, header, result.end_offset, result.last_lsn,
+                                  store.config.journal_record_bytes_max)
+    bad_lsn = result.last_lsn + 1
     if newest:
-        stats.torn_tail = f"torn tail in {where}"
-        log.warning("journal ends in a torn record (%s); it was never acknowledged", where)
+        if after.records == 0:
+            stats.torn_tail = f"torn tail in {where}"
+            log.warning("journal ends in a torn record (%s); no valid record follows it, so "
+                        "it was never acknowledged", where)
+            return
+        if after.synced_lsn_max < bad_lsn:
+            stats.torn_tail = (f"torn tail in {where}; {after.records} later records "
+                               f"({after.bytes} bytes) were never synced")
+            log.warning("journal ends in a torn group commit (%s): %d valid records "
+                        "(%d bytes) follow it, but none was written after it was synced, so "
+                        "none was acknowledged (a power loss); dropped", where,
+                        after.records, after.bytes)
+            return
+        _refuse_or_skip_record(store, stats, result, path, after)
         return
     assert next_path is not None
     follows = _first_lsn(store, next_path)
     if follows == result.last_lsn + 1:
         log.info("journal segment %s ends in a torn tail of an earlier run", path)
         return
-    _refuse_or_skip(store, f"corrupt journal record ({result.problem})", path,
-                    result.end_offset)
+    _refuse_or_skip_record(store, stats, result, path, after)
+
+
+def _refuse_or_skip_record(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
+                           after: Survivors) -> None:
+    """A bad record that is not a torn tail: refuse, or with skip_corrupt_journal_segments
+    drop the rest of the segment and say how much that loses."""
+    what = (f"corrupt journal record ({result.problem}) after LSN {result.last_lsn}, "
+            f"followed by {after.records} valid records ({after.bytes} bytes"
+            + (f", LSN {after.first_lsn}..{after.last_lsn}" if after.records else "") + ")")
+    if not store.config.skip_corrupt_journal_segments:
+        raise JournalCorruptionError(
+            f"{what}; refusing to start: starting would lose them "
+            "(skip_corrupt_journal_segments=true accepts the loss)",
+            path=path, offset=result.end_offset, records_after=after.records,
+            bytes_after=after.bytes)
+    stats.dropped_records += after.records
+    stats.dropped_bytes += after.bytes
+    log.error("%s (%s at %d): skipped as configured (skip_corrupt_journal_segments); "
+              "LOST: %d journal records (%d bytes) after it, and later adds to the ledgers "
+              "that lost entries there", what, path, result.end_offset, after.records,
+              after.bytes)
 
 
 def _first_lsn(store: Storage, path: str) -> int | None:

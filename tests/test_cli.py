@@ -87,3 +87,75 @@ def test_console_script_runs() -> None:
                           text=True, check=False, timeout=60)
     assert done.returncode == 0
     assert "crashtest" in done.stdout
+
+
+def _corrupt_journal_mid_segment(data_dir: Path, entries: int = 30, victim: int = 10) -> int:
+    """Acknowledged entries that live only in the journal (a crash before any checkpoint),
+    then one byte flipped inside the payload of entry `victim`'s record. Returns the
+    damaged record's offset."""
+    from storage import StorageConfig
+    from storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
+
+    store = Storage.open(data_dir, StorageConfig(background_threads=False))
+    ledger = store.wait(store.create_ledger({"topic": "persistent://public/default/t"}))
+    for i in range(entries):
+        store.wait(store.add_entry(ledger, b"entry-%d" % i))
+    store.abandon()
+    (segment,) = (data_dir / "journal").glob("*.jnl")
+    with segment.open("rb") as f:
+        raw = f.read()
+    header = SegmentHeader.decode(raw[:4096], str(segment))
+
+    class Handle:
+        path = str(segment)
+
+        def pread(self, size: int, offset: int) -> bytes:
+            return raw[offset:offset + size]
+
+        def size(self) -> int:
+            return len(raw)
+
+    result = ScanResult(0, -1, 0, True)
+    adds = [r.offset for r in scan_segment(Handle(), header, header.alignment,  # type: ignore[arg-type]
+                                            None, 1 << 20, result)
+            if r.kind == RecordType.ADD_ENTRY]
+    damaged = bytearray(raw)
+    damaged[adds[victim] + 24 + 17] ^= 0x10
+    segment.write_bytes(bytes(damaged))
+    return adds[victim]
+
+
+def _standalone(data_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "broker.cli", "standalone", "--data-dir", str(data_dir),
+         "--port", "0", "--http-port", "0", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_standalone_refuses_a_corrupt_journal_unless_told(tmp_path: Path) -> None:
+    """Issue 10 item 1: a damaged record with acknowledged records after it is not a torn
+    tail. The broker refuses to start with one line naming file, offset and how many valid
+    records follow; --skip-corrupt-journal-segments starts it and logs what was lost."""
+    offset = _corrupt_journal_mid_segment(tmp_path)
+    refused = _standalone(tmp_path)
+    out, _ = refused.communicate(timeout=60)
+    assert refused.returncode == 1, out
+    assert "Traceback" not in out
+    (line,) = [x for x in out.splitlines() if "cannot start" in x]
+    assert f"at offset {offset}" in line
+    assert ".jnl" in line
+    assert "followed by 38 valid records" in line, line  # 19 adds after it, 19 PADs
+    accepted = _standalone(tmp_path, "--skip-corrupt-journal-segments")
+    try:
+        assert accepted.stdout is not None
+        seen = []
+        for text in accepted.stdout:  # ends when the process exits
+            seen.append(text)
+            if "ready on" in text:
+                break
+        assert any("LOST: 38 journal records" in x for x in seen), "".join(seen)
+        assert any("ready on" in x for x in seen), "".join(seen)
+    finally:
+        accepted.terminate()
+        accepted.communicate(timeout=60)
+    assert accepted.returncode == 0
