@@ -316,7 +316,8 @@ def _refuse_or_skip_record(store: Storage, stats: ReplayStats, result: ScanResul
     if not store.config.skip_corrupt_journal_segments:
         raise JournalCorruptionError(
             f"{what}; refusing to start: starting would lose them "
-            "(skip_corrupt_journal_segments=true accepts the loss)",
+            "(skip_corrupt_journal_segments=true, or magnetar standalone "
+            "--skip-corrupt-journal-segments, accepts the loss)",
             path=path, offset=result.end_offset, records_after=after.records,
             bytes_after=after.bytes)
     stats.dropped_records += after.records

@@ -31,6 +31,8 @@ from storage import (
     Storage,
     StorageConfig,
     StorageError,
+    check_data_dir,
+    inspect_data_dir,
 )
 from storage._checkpoint import flush_to_index
 from storage._fs import OsFileSystem
@@ -378,6 +380,31 @@ def test_torn_tail_then_records_of_another_segment(tmp_path: Path, rng: random.R
     assert str(segment) in replay_stats(store).torn_tail
     assert "never synced" not in replay_stats(store).torn_tail
     assert_writable_after(store, ledger_id, datas[:-1], rng, tmp_path)
+
+
+def test_check_data_dir_says_what_recovery_would_do(tmp_path: Path, rng: random.Random,
+                                                    crashed_ledger: tuple[int, list[bytes]]
+                                                    ) -> None:
+    """`check_data_dir` reads only, and its plan matches what recovery then does: the torn
+    tail it would ignore, the unregistered entry log it would remove, the LAC."""
+    ledger_id, datas = crashed_ledger
+    (segment,) = segment_paths(tmp_path)
+    torn = last_add(segment)
+    os.truncate(segment, torn.offset + 24 + torn.length // 2)
+    stray = tmp_path / "entrylogs" / "000000ff.log"
+    stray.write_bytes(b"never committed")
+    before = directory_digest(tmp_path)
+    report = check_data_dir(str(tmp_path), make_config())
+    assert directory_digest(tmp_path) == before
+    assert report.ok, report.render()
+    notes = "\n".join(report.notes)
+    assert f"would ignore the torn tail of {segment} at offset {torn.offset}" in notes
+    assert f"would remove entry log {stray}" in notes
+    assert f"would replay {len(journal_records(segment))} journal records" in notes
+    inspected = inspect_data_dir(str(tmp_path), make_config())
+    assert [(i, lac) for i, _, lac, _ in inspected.ledgers] == [(ledger_id, len(datas) - 2)]
+    reopen_and_expect(tmp_path, ledger_id, datas[:-1]).close()
+    assert not stray.exists()
 
 
 # -- the LastLogMark ----------------------------------------------------------------------
