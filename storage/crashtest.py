@@ -50,7 +50,8 @@ replay and that a later batch proves was synced (its PAD claims the record's LSN
 checks on the copy: recovery must refuse with `JournalCorruptionError` naming that file
 and offset and leave the journal as found; with `skip_corrupt_journal_segments` it must open
 and report the loss (`ReplayStats.dropped_records` = the error's count). An iteration with
-no such record (nothing replayed after the mark) counts as skipped. The copy is removed.
+no such record (nothing replayed after the mark, no directory yet) counts as skipped. The
+copy is removed.
 """
 
 from __future__ import annotations
@@ -1266,6 +1267,9 @@ def _corrupt_record_case(run: _Run, mode: _ModeState) -> None:
     rng = random.Random(f"{run.seed}/corrupt/{mode.name}/{index}")
     context = f"corrupt-record case after {mode.name} iteration {index} (seed {run.seed})"
     copy = mode.directory + ".corrupt"
+    if not os.path.isdir(os.path.join(mode.directory, "journal")):
+        run.summary.corrupt_skipped += 1  # killed before the directory was made
+        return
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(mode.directory, copy, ignore=shutil.ignore_patterns("LOCK"))
     try:
