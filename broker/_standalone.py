@@ -51,7 +51,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from storage import DataDirLockedError, Storage
+from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 
 from ._auth import AuthenticationService
 from ._config import BrokerConfig
@@ -115,6 +115,9 @@ class StandaloneOptions:
     advertised_url_tls: str | None = None
     keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT
     pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT
+    # Start even when a journal record recovery must replay is corrupt: skip the rest of
+    # that segment and lose what it holds (logged at ERROR with the records/bytes lost).
+    skip_corrupt_journal_segments: bool = False
 
     def __post_init__(self) -> None:
         assert self.pending_sends_max >= 1, "pending_sends_max must be at least 1"
@@ -218,6 +221,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
 
     Raises:
         DataDirLockedError: another process owns the data directory.
+        CorruptionError: recovery refused the data directory (left as found).
         ConfigurationError: a key, certificate or TLS setting is unusable (nothing started).
         OSError: the ports cannot be bound.
     """
@@ -226,7 +230,8 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     options = _with_listener_urls(options, security)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
-    storage = Storage.open(options.data_dir)
+    storage = Storage.open(options.data_dir, StorageConfig(
+        skip_corrupt_journal_segments=options.skip_corrupt_journal_segments))
     try:
         service = BrokerService(storage, options.config)
         await service.start()
@@ -321,7 +326,7 @@ def run_standalone(options: StandaloneOptions) -> int:
     """`magnetar standalone`: run until SIGTERM/SIGINT; returns the exit status."""
     try:
         return asyncio.run(serve_standalone(options))
-    except (DataDirLockedError, ConfigurationError) as exc:
+    except (DataDirLockedError, CorruptionError, ConfigurationError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_FAILED
     except OSError as exc:

@@ -11,27 +11,55 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 __all__ = ["build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
+T = TypeVar("T")
 
 
 def _cmd_storage_check(args: argparse.Namespace) -> int:
-    from storage import Storage
+    from storage import check_data_dir
 
-    with Storage.open(args.data_dir) as store:
-        report = store.check()
+    report = _read_data_dir("check", check_data_dir, args.data_dir)
+    if report is None:
+        return 2
     print(report.render())
     return 0 if report.ok else 1
 
 
 def _cmd_storage_inspect(args: argparse.Namespace) -> int:
-    from storage import Storage
+    import lmdb
 
-    with Storage.open(args.data_dir) as store:
-        print(store.inspect().render())
+    from storage import inspect_data_dir
+
+    try:
+        report = _read_data_dir("inspect", inspect_data_dir, args.data_dir)
+    except lmdb.Error as exc:
+        print(f"magnetar storage inspect: the index of {args.data_dir} is unreadable "
+              f"({type(exc).__name__}: {exc}); run `magnetar storage check`", file=sys.stderr)
+        return 2
+    if report is None:
+        return 2
+    print(report.render())
     return 0
+
+
+def _read_data_dir(what: str, read: Callable[[str], T], data_dir: str) -> T | None:
+    """Run a read-only storage tool; None (after one line on stderr) when the directory
+    is held by a live process or cannot be read."""
+    from storage import DataDirLockedError
+
+    try:
+        return read(data_dir)
+    except DataDirLockedError as exc:
+        print(f"magnetar storage {what}: {exc}, which is running; stop it first "
+              "(nothing was read)", file=sys.stderr)
+    except OSError as exc:
+        print(f"magnetar storage {what}: cannot read {data_dir}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+    return None
 
 
 def _cmd_crashtest(args: argparse.Namespace) -> int:
@@ -107,6 +135,7 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         shutdown_grace_s=args.shutdown_grace_s,
         keepalive_interval_s=args.keepalive_interval_s,
         pending_sends_max=args.max_pending_sends,
+        skip_corrupt_journal_segments=args.skip_corrupt_journal_segments,
     )
     return run_standalone(options)
 
@@ -159,6 +188,11 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "broker_deduplication_enabled=true, or "
                             "broker_entry_metadata_interceptors=timestamp,index to store "
                             "broker entry metadata with each entry (repeatable)")
+    standalone.add_argument("--skip-corrupt-journal-segments", action="store_true",
+                            help="start even when a journal record recovery must replay is "
+                            "corrupt (valid records follow it): skip the rest of that "
+                            "segment and LOSE the acknowledged data in it; the log says "
+                            "how many records and bytes (default: refuse to start)")
     _add_standalone_security(standalone)
     standalone.set_defaults(handler=_cmd_standalone)
 
@@ -190,8 +224,9 @@ def _add_storage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     storage = sub.add_parser(
         "storage",
         help="inspect and verify a data directory",
-        description="Tools that open a data directory (recovering it first, as the broker "
-        "would) and report on what is stored there.",
+        description="Tools that read a data directory without changing it (no recovery "
+        "is run; they say what recovery would do) and report on what is stored there. "
+        "They work on a read-only copy and refuse a directory a running broker holds.",
     )
     storage_sub = storage.add_subparsers(dest="storage_command", required=True)
     check = storage_sub.add_parser(
