@@ -62,11 +62,10 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from codec import parse_entry
-
 from ._admin_auth import Middleware, auth_middleware
 from ._auth import AuthenticationService
 from ._dedup import DEDUP_CURSOR_NAME
+from ._entry import EntryInfo
 from ._errors import (
     BrokerError,
     ConsumerBusyError,
@@ -1022,9 +1021,7 @@ def _batch_ack_set(topic: PersistentTopic, position: Position, first_unacked: in
                    ) -> list[int] | None:
     """The ack set (set bit = unacknowledged) that restarts a batch entry at index
     `first_unacked`; None when the entry is not a batch or nothing is skipped."""
-    metadata = parse_entry(topic.managed_ledger.read_entry(position),
-                           verify_checksum=False).metadata
-    size = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+    size = EntryInfo(position, topic.managed_ledger.read_entry(position)).batch_size
     if size <= 1 or first_unacked <= 0:
         return None
     mask = ((1 << size) - 1) & ~((1 << min(first_unacked, size)) - 1)

@@ -105,14 +105,24 @@ class BrokerConfig:
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
 
+    # Named advertised listeners (Pulsar's advertisedListeners and internalListenerName;
+    # broker/_listeners.py): NAME:pulsar://HOST:PORT and NAME:pulsar+ssl://HOST:PORT items.
+    # LOOKUP answers the listener a client names; the internal one (default: the first
+    # named) is the broker's own URL, answered when the client names none.
+    advertised_listeners: tuple[str, ...] = ()
+    internal_listener_name: str = ""
+
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
     def __post_init__(self) -> None:
-        """Raises ValueError for an unknown broker entry metadata interceptor."""
+        """Raises ValueError for an unknown broker entry metadata interceptor or malformed
+        advertised listeners."""
         from ._entry_metadata import interceptors_of
+        from ._listeners import listeners_of
 
         interceptors_of(self.broker_entry_metadata_interceptors)
+        listeners_of(self)
         assert self.allow_auto_topic_creation_type in ("non-partitioned", "partitioned")
         assert self.default_num_partitions >= 1
         assert self.max_message_size_bytes > 0

@@ -44,6 +44,7 @@ from storage import CorruptionError, NoSuchEntryError, StorageError
 
 from ._consumer import Consumer, Delivery
 from ._entry import EntryInfo
+from ._position import unacked_in_ack_set
 
 if TYPE_CHECKING:
     from ._subscription import Subscription
@@ -160,7 +161,7 @@ class Dispatcher:
             ledger_id, entry_id = entry.position
             batch_size = entry.batch_size
             ack_set = self.sub.ack_set_for(entry.position) if batch_size > 1 else None
-            unacked = batch_size if ack_set is None else _set_bits(ack_set, batch_size)
+            unacked = batch_size if ack_set is None else unacked_in_ack_set(ack_set, batch_size)
             messages += unacked
             deliveries.append(Delivery(ledger_id, entry_id, self.sub.partition, entry.data,
                                        self.sub.redelivery_count(entry.position), ack_set,
@@ -169,15 +170,6 @@ class Dispatcher:
         self.sub.messages_dispatched(consumer, messages, deliveries)
         consumer.sink.deliver(consumer, deliveries)
         return messages
-
-
-def _set_bits(words: list[int], batch_size: int) -> int:
-    count = 0
-    for index in range(batch_size):
-        word = index // 64
-        if word < len(words) and (words[word] >> (index % 64)) & 1:
-            count += 1
-    return count
 
 
 def failover_ring_choice(consumers: list[Consumer], topic_name: str) -> Consumer | None:

@@ -6,13 +6,14 @@ Theory of operation
 Publishing to a persistent topic (`PersistentTopic.publish`):
 
 1. checks: topic not fenced or terminated, message size, the delayed-delivery maximum;
-2. deduplication (when enabled, never for system topics; broker reference §5): DUP answers
-   with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may still be
-   in flight) fails with PersistenceError so the client resends;
+2. deduplication (when enabled, never for system topics; broker reference §5), with the
+   entry's highest sequence id from `highest_sequence_id_of` when the SEND states none: DUP
+   answers with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may
+   still be in flight) fails with PersistenceError so the client resends;
 3. the entry (the producer's metadata and payload, checksum included, as sent) is appended
    to the managed ledger, and the publish completes only when it is durable;
-4. dedup records the persisted sequence id, and every 1000 entries snapshots the per-
-   producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
+4. dedup records the persisted (highest) sequence id, and every 1000 entries snapshots the
+   per-producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
    snapshot position). On load, the state is the snapshot plus a replay of every entry
    after it, so a restart or a crash loses nothing.
 5. subscriptions are woken through the managed ledger's entries-added hook.
@@ -65,7 +66,13 @@ from codec._proto import pulsar_api_pb2 as pb
 from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._cursor import ManagedCursor
-from ._dedup import DEDUP_CURSOR_NAME, DEDUP_UNKNOWN_MESSAGE, DeduplicationState, DedupResult
+from ._dedup import (
+    DEDUP_CURSOR_NAME,
+    DEDUP_UNKNOWN_MESSAGE,
+    DeduplicationState,
+    DedupResult,
+    highest_sequence_id_of,
+)
 from ._entry import EntryInfo
 from ._entry_metadata import EntryMetadataAppender, interceptors_of
 from ._errors import (
@@ -321,10 +328,8 @@ class PersistentTopic(_ProducerHost):
                 break
             for entry_position, data in batch:
                 metadata = _metadata_of(data)
-                highest = metadata.highest_sequence_id if metadata.HasField(
-                    "highest_sequence_id") else metadata.sequence_id
-                state.replay_entry(metadata.producer_name, metadata.sequence_id,
-                                   max(highest, metadata.sequence_id), now)
+                highest = highest_sequence_id_of(metadata.sequence_id, -1, metadata, data)
+                state.replay_entry(metadata.producer_name, metadata.sequence_id, highest, now)
                 replayed += 1
                 position = ml.next_valid_position(Position(*entry_position))
         self.dedup = state
@@ -464,6 +469,15 @@ class PersistentTopic(_ProducerHost):
                       ) -> PublishResult:
         """Append one entry (a message or a batch) for a producer.
 
+        Args:
+            producer: the publishing producer.
+            entry: the entry bytes as sent.
+            sequence_id: the SEND's (lowest) sequence id.
+            highest_sequence_id: the SEND's stated highest id; below `sequence_id` when it
+                stated none, and then dedup derives it from the entry
+                (`highest_sequence_id_of`).
+            metadata: the entry's metadata when the caller has it parsed already.
+
         Raises:
             NotAllowedError: too large, or delayed beyond the maximum; nothing written.
             PersistenceError: dedup cannot tell yet, or storage failed; nothing written
@@ -482,6 +496,8 @@ class PersistentTopic(_ProducerHost):
         last_chunk = not metadata.HasField("chunk_id") or \
             metadata.chunk_id == metadata.num_chunks_from_msg - 1
         if dedup is not None:
+            highest_sequence_id = highest_sequence_id_of(sequence_id, highest_sequence_id,
+                                                         metadata, entry)
             verdict = dedup.check(producer.name, sequence_id, highest_sequence_id,
                                   is_chunk_not_last=not last_chunk)
             if verdict is DedupResult.DUP:

@@ -10,8 +10,9 @@ Two threads do the work (or, with `background_threads=False`, the caller pumps b
 in its own thread, deterministically):
 
 * The writer takes every queued request (up to `journal_batch_bytes_max`), encodes them
-  into one buffer, ends it with a PAD record to the alignment boundary, and issues one
-  `pwrite`. It then hands the batch to the syncer and goes on with the next batch.
+  into one buffer, ends it with a PAD record to the alignment boundary (carrying the LSN
+  synced so far, see `_journal_format.py`), and issues one `pwrite`. It then hands the
+  batch to the syncer and goes on with the next batch.
 * The syncer takes every batch handed over, issues ONE fdatasync for all of them, moves the
   in-memory mark to the end of the last one and calls `on_durable` with their requests.
 
@@ -408,8 +409,10 @@ class Journal:
         for request in requests:
             encode_record(out, segment_id, lsn, request.kind, request.payload)
             lsn += 1
+        # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced)
+        # from a damaged record that was synced before a later batch was written.
         if pad_record(out, segment_id, lsn, segment.position,
-                      self._config.journal_alignment_bytes):
+                      self._config.journal_alignment_bytes, self.synced_mark.lsn):
             lsn += 1
         self._next_lsn = lsn
         return out

@@ -142,7 +142,8 @@ class Storage:
             DataDirLockedError: another process owns the directory.
             CorruptionError: recovery found corruption it must not repair silently (a bad
                 record in an older journal segment, a missing marked segment, a missing
-                entry log); the directory is left as found.
+                entry log, a damaged journal record with valid records after it:
+                `JournalCorruptionError`); the journal is left as found.
         """
         from ._recovery import recover
 
