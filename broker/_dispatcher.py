@@ -29,8 +29,9 @@ Stored data that fails its checks or is missing below the last confirmed entry
 (`CorruptionError`, `NoSuchEntryError`) cannot be read by any later round either: the
 subscription reports it to its topic (`Subscription.read_failed`), which logs it with the
 file and offset, marks itself failed and closes its consumers. Any other storage error is
-logged and the round is retried after `DISPATCH_RETRY_DELAY_S`; anything else is a bug,
-logged with its traceback, and fails the topic the same way.
+logged and the round is retried after `DISPATCH_RETRY_DELAY_S`; anything else (but a
+broken assertion, which is never caught) is a bug, logged with its traceback, and fails the
+topic the same way.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class Dispatcher:
                         self.sub.topic_name, self.sub.name, DISPATCH_RETRY_DELAY_S, exc)
             self.kick_later(DISPATCH_RETRY_DELAY_S)
             return
+        except AssertionError:
+            raise  # a broken invariant is never caught (asyncio logs it with its traceback)
         except Exception as exc:
             log.exception("dispatch on %s/%s failed unexpectedly", self.sub.topic_name,
                           self.sub.name)
