@@ -27,6 +27,8 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
 * `/metrics`: `render_metrics`;
+* `/admin/v2/brokers/health`: "ok", or 503 with the reason while the disk is full or the
+  storage failed;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
   and `…/partitions?checkAllowAutoCreation=true`.
 
@@ -1029,6 +1031,19 @@ def _batch_ack_set(topic: PersistentTopic, position: Position, first_unacked: in
 # -- metrics --------------------------------------------------------------------------------
 
 
+async def health(request: web.Request) -> web.Response:
+    """Pulsar's broker health check: "ok", or 503 with the reason while the storage refuses
+    writes (a full disk, a failed disk)."""
+    service = _service(request)
+    failed = service.storage.failed
+    if service.storage_full:
+        raise RestError(503, f"The broker's disk is full; publishing is refused until there "
+                             f"is room again: {failed}")
+    if failed is not None and not service.storage.closed:
+        raise RestError(503, f"The broker's storage accepts no writes: {failed}")
+    return web.Response(text="ok")
+
+
 async def metrics(request: web.Request) -> web.Response:
     text = render_metrics(_service(request), consumer_level=request.app[CONSUMER_METRICS])
     return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
@@ -1066,6 +1081,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     r = app.router
     r.add_get("/metrics", metrics)
     r.add_get("/metrics/", metrics)
+    r.add_get("/admin/v2/brokers/health", health)
     r.add_get("/admin/v2/clusters", list_clusters)
     r.add_get("/admin/v2/tenants", list_tenants)
     r.add_get("/admin/v2/tenants/{tenant}", get_tenant)

@@ -83,6 +83,10 @@ class BrokerConfig:
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"
 
+    # A full disk: how often the broker checks whether there is room again (writes resume
+    # by themselves once a check succeeds).
+    storage_full_check_interval_s: float = 5.0
+
     # Schemas: Pulsar's schemaCompatibilityStrategy (the default of namespaces that set
     # none or UNDEFINED), isAllowAutoUpdateSchemaEnabled, isSchemaValidationEnforced.
     schema_compatibility_strategy: str = "FULL"

@@ -108,6 +108,7 @@ from ._errors import (
     AuthenticationError,
     BrokerError,
     ConsumerNotFoundError,
+    DiskFullError,
     NotAllowedError,
     from_storage_error,
 )
@@ -118,6 +119,7 @@ from ._position import Position
 from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
 from ._service import BrokerService, Topic
 from ._subscription import Subscription
+from ._tasks import log_task_failure
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
 from ._topic_watchers import WATCHER_REPLY_TYPES, TopicListWatchers
 
@@ -264,6 +266,7 @@ class _PendingSend:
     done: bool = False
     result: PublishResult | None = None
     error: tuple[int, str] | None = None
+    dropped: bool = False  # answered by closing the producer instead (a full disk)
 
 
 @dataclass
@@ -486,6 +489,8 @@ class ConnectionHandler:
             self._writes_paused = True
             # not a command task: shutdown must not wait for a client that never reads
             self._resume_task = asyncio.ensure_future(self._resume_writes())
+            self._resume_task.add_done_callback(
+                lambda task: log_task_failure(task, f"resuming writes to {self.peer}"))
 
     async def _resume_writes(self) -> None:
         assert self._drain is not None
@@ -901,6 +906,12 @@ class ConnectionHandler:
         try:
             result = await state.topic.publish(state.producer, frame.entry, pending.sequence_id,
                                                pending.highest_sequence_id, frame.metadata)
+        except DiskFullError as exc:
+            # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client fails
+            # the send itself once its reconnection is refused (see _topic.py).
+            log.debug("SEND of %s dropped: %s", self.peer, exc)
+            pending.dropped = True
+            self._finish_send(state, pending, error=server_error(exc))
         except Exception as exc:
             self._log_failure(exc)
             self._finish_send(state, pending, error=server_error(exc))
@@ -941,6 +952,8 @@ class ConnectionHandler:
 
     def _receipt_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
         body: Message
+        if pending.dropped:
+            return b""
         if pending.result is not None:
             body = pb.CommandSendReceipt(
                 producer_id=producer_id, sequence_id=pending.sequence_id,

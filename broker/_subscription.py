@@ -43,6 +43,7 @@ from ._dispatcher import Dispatcher, SingleActiveConsumerDispatcher
 from ._entry import EntryInfo
 from ._errors import ConsumerBusyError, NotAllowedError, SubscriptionBusyError
 from ._position import Position, ack_set_words_max, unacked_in_ack_set
+from ._tasks import spawn
 
 if TYPE_CHECKING:
     from ._config import BrokerConfig
@@ -213,9 +214,7 @@ class Subscription:
         self._after_ack(None, positions, 0, moved=True)
 
     def _spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        spawn(work, self._background, f"subscription {self.topic_name}/{self.name}")
 
     # -- consumers -------------------------------------------------------------------------
 
@@ -521,6 +520,11 @@ class Subscription:
             self.dispatcher.close()
         for task in list(self._background):
             task.cancel()
+
+    def read_failed(self, error: BaseException) -> None:
+        """The dispatcher cannot read this subscription's entries, for good: the topic
+        fails (see `PersistentTopic.read_failed`)."""
+        self.topic.read_failed(error, self)
 
 
 def entry_publish_time(data: bytes) -> int:
