@@ -30,6 +30,8 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
 * `/metrics`: `render_metrics`;
+* `/admin/v2/brokers/health`: "ok", or 503 with the reason while the disk is full or the
+  storage failed;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
   and `…/partitions?checkAllowAutoCreation=true`.
 
@@ -63,11 +65,10 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from codec import parse_entry
-
 from ._admin_auth import Middleware, auth_middleware
 from ._auth import AuthenticationService
 from ._dedup import DEDUP_CURSOR_NAME
+from ._entry import EntryInfo
 from ._errors import (
     BrokerError,
     ConsumerBusyError,
@@ -1083,9 +1084,7 @@ def _batch_ack_set(topic: PersistentTopic, position: Position, first_unacked: in
                    ) -> list[int] | None:
     """The ack set (set bit = unacknowledged) that restarts a batch entry at index
     `first_unacked`; None when the entry is not a batch or nothing is skipped."""
-    metadata = parse_entry(topic.managed_ledger.read_entry(position),
-                           verify_checksum=False).metadata
-    size = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+    size = EntryInfo(position, topic.managed_ledger.read_entry(position)).batch_size
     if size <= 1 or first_unacked <= 0:
         return None
     mask = ((1 << size) - 1) & ~((1 << min(first_unacked, size)) - 1)
@@ -1093,6 +1092,19 @@ def _batch_ack_set(topic: PersistentTopic, position: Position, first_unacked: in
 
 
 # -- metrics --------------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    """Pulsar's broker health check: "ok", or 503 with the reason while the storage refuses
+    writes (a full disk, a failed disk)."""
+    service = _service(request)
+    failed = service.storage.failed
+    if service.storage_full:
+        raise RestError(503, f"The broker's disk is full; publishing is refused until there "
+                             f"is room again: {failed}")
+    if failed is not None and not service.storage.closed:
+        raise RestError(503, f"The broker's storage accepts no writes: {failed}")
+    return web.Response(text="ok")
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -1134,6 +1146,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     r = app.router
     r.add_get("/metrics", metrics)
     r.add_get("/metrics/", metrics)
+    r.add_get("/admin/v2/brokers/health", health)
     r.add_get("/admin/v2/clusters", list_clusters)
     r.add_get("/admin/v2/clusters/{cluster}", get_cluster)
     r.add_put("/admin/v2/clusters/{cluster}", create_cluster)

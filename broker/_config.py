@@ -140,6 +140,10 @@ class BrokerConfig:
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"
 
+    # A full disk: how often the broker checks whether there is room again (writes resume
+    # by themselves once a check succeeds).
+    storage_full_check_interval_s: float = 5.0
+
     # Schemas: Pulsar's schemaCompatibilityStrategy (the default of namespaces that set
     # none or UNDEFINED), isAllowAutoUpdateSchemaEnabled, isSchemaValidationEnforced.
     schema_compatibility_strategy: str = "FULL"
@@ -158,18 +162,28 @@ class BrokerConfig:
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
 
+    # Named advertised listeners (Pulsar's advertisedListeners and internalListenerName;
+    # broker/_listeners.py): NAME:pulsar://HOST:PORT and NAME:pulsar+ssl://HOST:PORT items.
+    # LOOKUP answers the listener a client names; the internal one (default: the first
+    # named) is the broker's own URL, answered when the client names none.
+    advertised_listeners: tuple[str, ...] = ()
+    internal_listener_name: str = ""
+
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
     def __post_init__(self) -> None:
         """Raises ConfigurationError (a ValueError) naming the setting, its value and what it
-        may be: a number out of its range, an unknown choice or broker entry metadata
-        interceptor. Nothing is left behind: the config is not built."""
+        may be: a number out of its range, an unknown choice, broker entry metadata
+        interceptor or malformed advertised listeners. Nothing is left behind: the config is
+        not built."""
         from ._entry_metadata import interceptors_of
+        from ._listeners import listeners_of
 
         check_settings(self)
         try:
             interceptors_of(self.broker_entry_metadata_interceptors)
+            listeners_of(self)
         except ValueError as error:
             raise ConfigurationError(str(error)) from None
 

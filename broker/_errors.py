@@ -18,6 +18,7 @@ __all__ = [
     "ConsumerAssignError",
     "ConsumerBusyError",
     "ConsumerNotFoundError",
+    "DiskFullError",
     "IncompatibleSchemaError",
     "InvalidSchemaError",
     "InvalidTopicNameError",
@@ -91,6 +92,13 @@ class ProducerBlockedQuotaExceededException(BrokerError):
     """producer_exception: not retried; pending sends fail."""
 
     code = 8
+
+
+class DiskFullError(ProducerBlockedQuotaExceededException):
+    """The broker's disk is full: publishing is refused (as for an exceeded quota with the
+    producer_exception policy) until there is room again. The producer is closed; the
+    official client fails its pending sends with ProducerBlockedQuotaExceededException and
+    reconnects with backoff."""
 
 
 class TopicNotFoundError(BrokerError):

@@ -12,7 +12,9 @@ server starts.
 Security. Before the data directory is opened, the authentication service
 (`_auth.AuthenticationService.from_config`: the token key is read) and the TLS context
 (`_tls.server_ssl_context`: certificate, key, trusted CAs) are built, so a bad key or
-certificate stops the process with a clear message before anything listens. Both listeners
+certificate stops the process with a clear message before anything listens. So do advertised
+listeners that contradict the TLS settings or `--advertised-url` (`_listeners.py`); with them
+the internal listener's URLs are the advertised ones. Both listeners
 of the binary protocol (plain `port`, TLS `tls_port`) and of the admin API (`http_port`,
 `https_port`) share them.
 
@@ -53,12 +55,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from storage import DataDirLockedError, Storage
+from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 
 from ._auth import AuthenticationService
 from ._config import BrokerConfig
 from ._connection_handler import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
 from ._errors import ConfigurationError
+from ._listeners import check_tls, listeners_of
 from ._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 from ._service import BrokerService
 from ._tls import TlsOptions, server_ssl_context
@@ -89,7 +92,8 @@ class StandaloneOptions:
         host: bind address of the binary protocol and the admin server.
         port: binary protocol port (0: any free port).
         http_port: admin HTTP port, passed to the admin hook.
-        advertised_url: what LOOKUP answers (default `pulsar://host:port`).
+        advertised_url: what LOOKUP answers (default `pulsar://host:port`; with advertised
+            listeners in `config`: the internal listener's URL, and it must stay None).
         config: the broker configuration.
         shutdown_grace_s: how long in-flight work may take at shutdown.
         tls: certificate and key for the TLS listeners (None: no TLS).
@@ -115,6 +119,9 @@ class StandaloneOptions:
     advertised_url_tls: str | None = None
     keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT
     pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT
+    # Start even when a journal record recovery must replay is corrupt: skip the rest of
+    # that segment and lose what it holds (logged at ERROR with the records/bytes lost).
+    skip_corrupt_journal_segments: bool = False
 
     def __post_init__(self) -> None:
         assert self.pending_sends_max >= 1, "pending_sends_max must be at least 1"
@@ -230,15 +237,18 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
 
     Raises:
         DataDirLockedError: another process owns the data directory.
+        CorruptionError: recovery refused the data directory (left as found).
         ConfigurationError: a key, certificate or TLS setting, or the data directory, is
             unusable (nothing started).
         OSError: the ports cannot be bound.
     """
     started = time.monotonic()
     security = _Security.from_options(options)
+    options = _with_listener_urls(options, security)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
-    storage = _open_storage(options.data_dir)
+    storage = _open_storage(options.data_dir, StorageConfig(
+        skip_corrupt_journal_segments=options.skip_corrupt_journal_segments))
     try:
         service = BrokerService(storage, options.config)
         await service.start()
@@ -252,16 +262,39 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     return EXIT_OK
 
 
-def _open_storage(data_dir: str) -> Storage:
+def _open_storage(data_dir: str, config: StorageConfig) -> Storage:
     """`Storage.open`, with a data directory that cannot be used reported as a
     ConfigurationError naming it (DataDirLockedError passes through)."""
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise ConfigurationError(f"--data-dir {data_dir} is not a directory")
     try:
-        return Storage.open(data_dir)
+        return Storage.open(data_dir, config)
     except OSError as exc:
         raise ConfigurationError(f"cannot use --data-dir {data_dir}: "
                                  f"{exc.strerror or exc}") from exc
+
+
+def _with_listener_urls(options: StandaloneOptions, security: _Security) -> StandaloneOptions:
+    """With advertised listeners configured, the internal listener's URLs become the
+    advertised ones (what LOOKUP answers a client that names no listener).
+
+    Raises:
+        ConfigurationError: listeners next to --advertised-url/--advertised-url-tls, or a
+            `pulsar+ssl://` URL missing (TLS port) or superfluous (none); nothing started.
+    """
+    listeners = listeners_of(options.config)
+    internal = listeners.internal
+    if internal is None:
+        return options
+    if options.advertised_url is not None or options.advertised_url_tls is not None:
+        raise ConfigurationError("advertised_listeners and --advertised-url/"
+                                 "--advertised-url-tls must not appear together")
+    try:
+        check_tls(listeners, security.ssl_context is not None and options.tls_port is not None)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    return dataclasses.replace(options, advertised_url=internal.broker_url,
+                               advertised_url_tls=internal.broker_url_tls)
 
 
 @dataclass(frozen=True)
@@ -322,7 +355,7 @@ def run_standalone(options: StandaloneOptions) -> int:
     """`magnetar standalone`: run until SIGTERM/SIGINT; returns the exit status."""
     try:
         return asyncio.run(serve_standalone(options))
-    except (DataDirLockedError, ConfigurationError) as exc:
+    except (DataDirLockedError, CorruptionError, ConfigurationError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_FAILED
     except socket.gaierror as exc:  # an OSError that does not say which name

@@ -21,11 +21,12 @@ import math
 import sys
 import urllib.parse
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 __all__ = ["build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
+T = TypeVar("T")
 
 EXIT_FAILED = 1  # the command ran and failed (unreachable broker, locked directory, ...)
 EXIT_USAGE = 2  # the command line asked for something invalid
@@ -93,20 +94,46 @@ def _positive_int(text: str) -> int:
 
 
 def _cmd_storage_check(args: argparse.Namespace) -> int:
-    from storage import Storage
+    from storage import check_data_dir
 
-    with Storage.open(args.data_dir) as store:
-        report = store.check()
+    report = _read_data_dir("check", check_data_dir, args.data_dir)
+    if report is None:
+        return 2
     print(report.render())
     return 0 if report.ok else 1
 
 
 def _cmd_storage_inspect(args: argparse.Namespace) -> int:
-    from storage import Storage
+    import lmdb
 
-    with Storage.open(args.data_dir) as store:
-        print(store.inspect().render())
+    from storage import inspect_data_dir
+
+    try:
+        report = _read_data_dir("inspect", inspect_data_dir, args.data_dir)
+    except lmdb.Error as exc:
+        print(f"magnetar storage inspect: the index of {args.data_dir} is unreadable "
+              f"({type(exc).__name__}: {exc}); run `magnetar storage check`", file=sys.stderr)
+        return 2
+    if report is None:
+        return 2
+    print(report.render())
     return 0
+
+
+def _read_data_dir(what: str, read: Callable[[str], T], data_dir: str) -> T | None:
+    """Run a read-only storage tool; None (after one line on stderr) when the directory
+    is held by a live process or cannot be read."""
+    from storage import DataDirLockedError
+
+    try:
+        return read(data_dir)
+    except DataDirLockedError as exc:
+        print(f"magnetar storage {what}: {exc}, which is running; stop it first "
+              "(nothing was read)", file=sys.stderr)
+    except OSError as exc:
+        print(f"magnetar storage {what}: cannot read {data_dir}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+    return None
 
 
 def _cmd_crashtest(args: argparse.Namespace) -> int:
@@ -142,7 +169,12 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     from broker._standalone import StandaloneOptions, config_with_overrides, run_standalone
     from broker._tls import TlsOptions
 
-    config = config_with_overrides(args.config)  # ConfigurationError: main's one line
+    overrides = list(args.config)
+    if args.advertised_listeners is not None:
+        overrides.append(f"advertised_listeners={args.advertised_listeners}")
+    if args.internal_listener_name is not None:
+        overrides.append(f"internal_listener_name={args.internal_listener_name}")
+    config = config_with_overrides(overrides)  # ConfigurationError: main's one line
     if args.auth_token_secret_key or args.auth_token_public_key:
         config = dataclasses.replace(config, authentication_enabled=True,
                                      token_secret_key=args.auth_token_secret_key or "",
@@ -169,6 +201,7 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         shutdown_grace_s=args.shutdown_grace_s,
         keepalive_interval_s=args.keepalive_interval_s,
         pending_sends_max=args.max_pending_sends,
+        skip_corrupt_journal_segments=args.skip_corrupt_journal_segments,
     )
     return run_standalone(options)
 
@@ -193,6 +226,17 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     standalone.add_argument("--advertised-url", type=_url("pulsar"), default=None,
                             help="the URL lookups answer "
                             "with (default pulsar://HOST:PORT)")
+    standalone.add_argument("--advertised-listeners", default=None,
+                            metavar="NAME:URL,...", help="named routes to the broker, e.g. "
+                            "internal:pulsar://10.0.0.5:6650,external:pulsar://example.com:6650"
+                            " (add NAME:pulsar+ssl://HOST:PORT per listener with --tls-port); "
+                            "lookups answer the listener a client names (its listener_name) "
+                            "and fail for a name not listed (Pulsar's advertisedListeners; "
+                            "not with --advertised-url)")
+    standalone.add_argument("--internal-listener-name", default=None, metavar="NAME",
+                            help="the listener whose URLs are the broker's own, answered "
+                            "when a client names none (default: the first one listed; "
+                            "Pulsar's internalListenerName)")
     standalone.add_argument("--keepalive-interval-s", type=_seconds, default=30.0,
                             metavar="SECONDS", help="the broker PINGs each connection this "
                             "often and closes one that sent nothing for a whole interval "
@@ -211,6 +255,11 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "broker_deduplication_enabled=true, or "
                             "broker_entry_metadata_interceptors=timestamp,index to store "
                             "broker entry metadata with each entry (repeatable)")
+    standalone.add_argument("--skip-corrupt-journal-segments", action="store_true",
+                            help="start even when a journal record recovery must replay is "
+                            "corrupt (valid records follow it): skip the rest of that "
+                            "segment and LOSE the acknowledged data in it; the log says "
+                            "how many records and bytes (default: refuse to start)")
     _add_standalone_security(standalone)
     standalone.set_defaults(handler=_cmd_standalone)
 
@@ -243,8 +292,9 @@ def _add_storage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     storage = sub.add_parser(
         "storage",
         help="inspect and verify a data directory",
-        description="Tools that open a data directory (recovering it first, as the broker "
-        "would) and report on what is stored there.",
+        description="Tools that read a data directory without changing it (no recovery "
+        "is run; they say what recovery would do) and report on what is stored there. "
+        "They work on a read-only copy and refuse a directory a running broker holds.",
     )
     storage_sub = storage.add_subparsers(dest="storage_command", required=True)
     check = storage_sub.add_parser(

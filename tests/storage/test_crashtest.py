@@ -76,6 +76,21 @@ def test_kill_9_of_threaded_writer_loses_nothing_acknowledged(tmp_path: Path,
     assert summary.entries_read >= summary.acknowledged_verified
 
 
+def test_corrupt_replayed_record_is_refused_and_the_loss_reported(tmp_path: Path,
+                                                                  seed: int) -> None:
+    """Issue 10 item 1 in the harness: after a crash, a byte flipped inside a record that
+    recovery replays (a later batch proves it was synced) makes recovery refuse, naming the
+    record; with skip_corrupt_journal_segments it opens and counts what it dropped."""
+    summary, text = _run(tmp_path, "powerloss", 10, seed)
+    _assert_clean(summary, text, 10, seed)
+    assert summary.corrupt_cases + summary.corrupt_skipped == 4  # iterations 0, 3, 6, 9
+    assert summary.corrupt_cases >= 1
+    assert summary.corrupt_refused == summary.corrupt_cases
+    assert (f"corrupt replayed record: {summary.corrupt_cases} cases, "
+            f"{summary.corrupt_refused} refused") in text
+    assert sorted(os.listdir(tmp_path)) == ["LOCK", "crashtest-powerloss"]  # the copy is gone
+
+
 def test_powerloss_run_replays_exactly_from_its_seed(tmp_path: Path, seed: int) -> None:
     first, _ = _run(tmp_path / "a", "powerloss", 12, seed)
     second, _ = _run(tmp_path / "b", "powerloss", 12, seed)
