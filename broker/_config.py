@@ -59,6 +59,7 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "backlog_quota_default_limit_s": (-1, None),
     "token_allowed_clock_skew_s": (0, None),
     "auth_refresh_check_interval_s": (0, None),
+    "storage_full_check_interval_s": (0, None),
 }
 # The settings that take one of a few names.
 SETTING_CHOICES: Final[dict[str, tuple[str, ...]]] = {

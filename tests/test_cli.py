@@ -490,3 +490,16 @@ def test_storage_check_and_inspect_refuse_a_live_brokers_directory(
             assert "running" in line
     finally:
         holder.communicate("", timeout=60)
+
+
+def test_every_number_setting_has_a_range() -> None:
+    """A new int/float setting gets its range in `broker._config.SETTING_RANGES`, so
+    `--config NAME=-5` is refused with one line instead of misbehaving."""
+    import typing
+
+    from broker._config import SETTING_RANGES, BrokerConfig
+
+    numbers = {name for name, kind in typing.get_type_hints(BrokerConfig).items()
+               if kind in (int, float)}
+    assert numbers - set(SETTING_RANGES) == set(), "add these to SETTING_RANGES"
+    assert set(SETTING_RANGES) <= numbers
