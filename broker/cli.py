@@ -9,8 +9,8 @@ Errors reach the user as one line on stderr, never a traceback: argument errors 
 (`_Parser`), and the errors of our packages that a handler lets through (`main`'s
 boundary: `BrokerError`, `StorageError`, the admin API's `AdminHttpError`, `OSError`) as
 `magnetar <command>: <message>`, exit status 2 for bad input (a setting out of range, an
-invalid topic or namespace name or message id) and 1 otherwise. Anything else is a bug and keeps its
-traceback.
+invalid topic or namespace name or message id) and 1 otherwise. Anything else is a bug and
+keeps its traceback.
 """
 
 from __future__ import annotations
@@ -71,11 +71,10 @@ def _url(scheme: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         try:
             parts = urllib.parse.urlsplit(text)
-            port = parts.port
-        except ValueError:
-            port = None
-            parts = urllib.parse.urlsplit("")
-        if parts.scheme != scheme or not parts.hostname or port is None:
+            valid = parts.scheme == scheme and bool(parts.hostname) and parts.port is not None
+        except ValueError:  # a port out of range or not a number, a bad IPv6 literal
+            valid = False
+        if not valid:
             raise argparse.ArgumentTypeError(
                 f"invalid URL {text!r}: expected {scheme}://HOST:PORT")
         return text
@@ -84,6 +83,7 @@ def _url(scheme: str) -> Callable[[str], str]:
 
 
 def _positive_int(text: str) -> int:
+    """A count for argparse: at least 1."""
     try:
         value = int(text)
     except ValueError:
