@@ -47,6 +47,7 @@ __all__ = ["AdminHttpError", "add_commands", "admin_request", "parse_duration_s"
 DEFAULT_URL = "pulsar://127.0.0.1:6650"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 HTTP_TIMEOUT_S = 30.0
+RECEIVE_SLICE_S = 0.2  # consume notices Ctrl-C within this long
 Handler = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -401,14 +402,29 @@ def _receive(pulsar: Any, consumer: Any, args: argparse.Namespace) -> tuple[int,
     timeout)."""
     received = 0
     while args.num_messages <= 0 or received < args.num_messages:
-        try:
-            message = consumer.receive(timeout_millis=int(args.timeout_s * 1000))
-        except pulsar.Timeout:
+        message = _receive_one(pulsar, consumer, args.timeout_s)
+        if message is None:
             return received, True
         _show(message)
         consumer.acknowledge(message)
         received += 1
     return received, False
+
+
+def _receive_one(pulsar: Any, consumer: Any, timeout_s: float) -> Any | None:
+    """The next message, or None after `timeout_s` without one. The wait is cut into
+    slices of RECEIVE_SLICE_S: the client's receive does not return for Ctrl-C, and Python
+    raises KeyboardInterrupt only between two calls."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return None
+        try:
+            return consumer.receive(timeout_millis=max(1, int(min(left_s, RECEIVE_SLICE_S)
+                                                              * 1000)))
+        except pulsar.Timeout:
+            continue
 
 
 def _show(message: Any) -> None:
