@@ -1,13 +1,13 @@
-"""The client-side subcommands of `magnetar`: `produce`, `consume`, `topics`, `namespaces`
-and `tenants` (and `schemas`, from `_admin_cli_schemas`).
+"""The client-side subcommands of `magnetar`: `produce`, `consume`, `topics`, `namespaces`,
+`tenants` and `clusters` (and `schemas`, from `_admin_cli_schemas`).
 
 Theory of operation
 -------------------
 `produce` and `consume` are `pulsar-client`'s: they drive the official `pulsar` client
-against `--url` (the broker's binary protocol). `topics`, `namespaces` and `tenants` are
-`pulsar-admin`'s, with its subcommand names: each one is a single request to the admin
-HTTP API at `--admin-url`, made with `urllib`, whose JSON answer is printed (objects
-indented, lists one item a line). An error answer raises `AdminHttpError`, which
+against `--url` (the broker's binary protocol). `topics`, `namespaces`, `tenants` and
+`clusters` are `pulsar-admin`'s, with its subcommand names: each one is a single request to
+the admin HTTP API at `--admin-url`, made with `urllib`, whose JSON answer is printed
+(objects indented, lists one item a line). An error answer raises `AdminHttpError`, which
 `cli.main` prints as `magnetar <command>: HTTP <status>: <reason>` on stderr, exiting 1;
 an invalid topic or namespace name is refused the same way before any request (exit 2).
 
@@ -535,6 +535,16 @@ def _add_tenants(sub: SubParsers) -> None:
     delete.add_argument("tenant")
 
 
+def _add_clusters(sub: SubParsers) -> None:
+    commands = _group(sub, "clusters", "show the broker's cluster through the admin API",
+                      "The cluster (pulsar-admin clusters) through the admin HTTP API: "
+                      "Magnetar serves one, named by the broker's cluster_name.")
+    _command(commands, "list", "list the clusters", _call("GET", lambda a: "/admin/v2/clusters"))
+    get = _command(commands, "get", "show a cluster's data (its service URLs)",
+                   _call("GET", lambda a: f"/admin/v2/clusters/{_quote(a.cluster)}"))
+    get.add_argument("cluster")
+
+
 def _tenant_info(args: argparse.Namespace) -> dict[str, Any]:
     clusters = [c for c in args.allowed_clusters.split(",") if c]
     if not clusters:
@@ -778,7 +788,8 @@ def _reset_cursor(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: SubParsers) -> None:
-    """Register produce, consume, topics, namespaces, tenants and schemas on `magnetar`'s parser.
+    """Register produce, consume, topics, namespaces, tenants, clusters and schemas on
+    `magnetar`'s parser.
 
     Args:
         sub: the top-level subparsers of `magnetar`.
@@ -788,6 +799,7 @@ def add_commands(sub: SubParsers) -> None:
     _add_topics(sub)
     _add_namespaces(sub)
     _add_tenants(sub)
+    _add_clusters(sub)
     from ._admin_cli_schemas import add_schema_commands  # it imports this module
 
     add_schema_commands(sub)
