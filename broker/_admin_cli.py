@@ -190,7 +190,12 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
     except ValueError as error:  # e.g. "Invalid IPv6 URL"
         raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: {error}") from None
-    context = ssl.create_default_context(cafile=trust_certs_file) if trust_certs_file else None
+    try:
+        context = (ssl.create_default_context(cafile=trust_certs_file) if trust_certs_file
+                   else None)
+    except OSError as error:  # missing, unreadable, or no certificate in it (ssl.SSLError)
+        raise AdminHttpError(0, f"cannot use --tls-trust-certs-file {trust_certs_file}: "
+                                f"{error.strerror or error}") from None
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S,
                                     context=context) as answer:
@@ -310,6 +315,13 @@ def _client(pulsar: Any, args: argparse.Namespace) -> Any:
     if token:
         options["authentication"] = pulsar.AuthenticationToken(token)
     if args.tls_trust_certs_file:
+        try:  # the client would only say "AuthenticationError" when it connects
+            with open(args.tls_trust_certs_file, "rb"):
+                pass
+        except OSError as error:
+            print(f"magnetar: cannot read --tls-trust-certs-file {args.tls_trust_certs_file}: "
+                  f"{error.strerror or error}", file=sys.stderr)
+            return None
         options["tls_trust_certs_file_path"] = args.tls_trust_certs_file
     try:
         return pulsar.Client(args.url, operation_timeout_seconds=timeout_s,

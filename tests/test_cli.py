@@ -199,6 +199,14 @@ def test_the_issue_s_commands_print_one_line(argv: list[str], code: int, line: s
     (["topics", "create-subscription", "t", "-s", "s", "-m", "1:x"], 2,
      "magnetar topics create-subscription: invalid message id '1:x': use latest, earliest or "
      "ledger:entry"),
+    (["topics", "list", "public/default", "--admin-url", "https://127.0.0.1:1",
+      "--tls-trust-certs-file", "{tmp}/missing.pem"], 1,
+     "magnetar topics list: cannot use --tls-trust-certs-file {tmp}/missing.pem: No such file "
+     "or directory"),
+    (["produce", "t", "-m", "x", "--url", "pulsar+ssl://127.0.0.1:1",
+      "--tls-trust-certs-file", "{tmp}/missing.pem"], 1,
+     "magnetar: cannot read --tls-trust-certs-file {tmp}/missing.pem: No such file or "
+     "directory"),
     (["namespaces", "set-retention", "acme", "-t", "1h", "-s", "1M"], 2,
      "magnetar namespaces set-retention: Invalid namespace format. expected "
      "<tenant>/<namespace> or <tenant>/<cluster>/<namespace> but got: acme"),
@@ -209,7 +217,7 @@ def test_wrong_arguments_print_one_line(argv: list[str], code: int, line: str, t
         status = main([arg.format(tmp=tmp_path) for arg in argv])
     except SystemExit as exit_info:  # argparse's refusals
         status = exit_info.code  # type: ignore[assignment]
-    assert (status, capsys.readouterr().err) == (code, line + "\n")
+    assert (status, capsys.readouterr().err) == (code, line.format(tmp=tmp_path) + "\n")
 
 
 def test_an_unreachable_admin_api_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
