@@ -45,9 +45,10 @@ class BrokerError(Exception):
     retriable: bool = False
 
 
-class ConfigurationError(BrokerError):
-    """A setting the broker cannot start with (e.g. an unreadable key file); never sent to
-    clients, raised before anything listens."""
+class ConfigurationError(BrokerError, ValueError):
+    """A setting the broker cannot start with (e.g. an unreadable key file, a value out of
+    its range); never sent to clients, raised before anything listens. A ValueError too, as
+    the settings' parsers raise for malformed values."""
 
 
 class MetadataError(BrokerError):

@@ -39,11 +39,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import importlib
 import importlib.util
 import inspect
 import logging
+import math
+import os
 import signal
+import socket
 import ssl
 import time
 import types
@@ -131,7 +135,8 @@ def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None
     and comma-separated tuples of strings.
 
     Raises:
-        ValueError: an unknown field, a malformed item, or a value of the wrong type.
+        ConfigurationError: (a ValueError) an unknown field, a malformed item, a value of the
+            wrong type or out of the setting's range (`_config.SETTING_RANGES`).
     """
     base = base or BrokerConfig()
     types_by_name = typing.get_type_hints(BrokerConfig)
@@ -140,27 +145,38 @@ def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None
         name, sep, text = item.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or name not in types_by_name:
-            raise ValueError(f"not a broker setting: {item!r} (expected name=value)")
+            raise ConfigurationError(_unknown_setting(item, name, list(types_by_name)))
         changes[name] = _parse_value(types_by_name[name], text.strip(), name)
     return dataclasses.replace(base, **changes)
+
+
+def _unknown_setting(item: str, name: str, names: list[str]) -> str:
+    if "=" not in item:
+        return f"not a broker setting: {item!r} (expected name=value)"
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"not a broker setting: {item!r}{hint}"
 
 
 def _parse_value(kind: Any, text: str, name: str) -> Any:
     if kind is bool:
         lowered = text.lower()
         if lowered not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"{name} takes true or false, not {text!r}")
+            raise ConfigurationError(f"{name} takes true or false, not {text!r}")
         return lowered in ("true", "1", "yes")
     if kind is int or kind is float:
         try:
-            return kind(text)
+            number = kind(text)
         except ValueError:
-            raise ValueError(f"{name} takes a number, not {text!r}") from None
+            raise ConfigurationError(f"{name} takes a number, not {text!r}") from None
+        if not math.isfinite(number):
+            raise ConfigurationError(f"{name} takes a finite number, not {text!r}")
+        return number
     if typing.get_origin(kind) is tuple:
         return tuple(part.strip() for part in text.split(",") if part.strip())
     if kind is str:
         return text
-    raise ValueError(f"{name} cannot be set from the command line")
+    raise ConfigurationError(f"{name} cannot be set from the command line")
 
 
 async def start_http(service: BrokerService, host: str, port: int,
@@ -222,7 +238,8 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     Raises:
         DataDirLockedError: another process owns the data directory.
         CorruptionError: recovery refused the data directory (left as found).
-        ConfigurationError: a key, certificate or TLS setting is unusable (nothing started).
+        ConfigurationError: a key, certificate or TLS setting, or the data directory, is
+            unusable (nothing started).
         OSError: the ports cannot be bound.
     """
     started = time.monotonic()
@@ -230,7 +247,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     options = _with_listener_urls(options, security)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
-    storage = Storage.open(options.data_dir, StorageConfig(
+    storage = _open_storage(options.data_dir, StorageConfig(
         skip_corrupt_journal_segments=options.skip_corrupt_journal_segments))
     try:
         service = BrokerService(storage, options.config)
@@ -243,6 +260,18 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
         storage.close()
     log.info("stopped cleanly")
     return EXIT_OK
+
+
+def _open_storage(data_dir: str, config: StorageConfig) -> Storage:
+    """`Storage.open`, with a data directory that cannot be used reported as a
+    ConfigurationError naming it (DataDirLockedError passes through)."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise ConfigurationError(f"--data-dir {data_dir} is not a directory")
+    try:
+        return Storage.open(data_dir, config)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot use --data-dir {data_dir}: "
+                                 f"{exc.strerror or exc}") from exc
 
 
 def _with_listener_urls(options: StandaloneOptions, security: _Security) -> StandaloneOptions:
@@ -328,6 +357,9 @@ def run_standalone(options: StandaloneOptions) -> int:
         return asyncio.run(serve_standalone(options))
     except (DataDirLockedError, CorruptionError, ConfigurationError) as exc:
         log.error("cannot start: %s", exc)
+        return EXIT_FAILED
+    except socket.gaierror as exc:  # an OSError that does not say which name
+        log.error("cannot start: --host %s: %s", options.host, exc.strerror)
         return EXIT_FAILED
     except OSError as exc:
         log.error("cannot start: %s", exc)

@@ -52,6 +52,10 @@ and offset and leave the journal as found; with `skip_corrupt_journal_segments` 
 and report the loss (`ReplayStats.dropped_records` = the error's count). An iteration with
 no such record (nothing replayed after the mark, no directory yet) counts as skipped. The
 copy is removed.
+
+The scratch directory is locked for the whole run with the same OS lock (`LOCK`, holding
+our PID) that `Storage.open` takes, so a run refuses a directory a live broker (or another
+run) holds, before writing anything, and a broker cannot open it meanwhile.
 """
 
 from __future__ import annotations
@@ -76,8 +80,14 @@ from typing import IO, TYPE_CHECKING, Never
 
 from ._completion import Completion
 from ._config import StorageConfig
-from ._errors import CorruptionError, JournalCorruptionError, NoSuchEntryError, StorageError
-from ._fs import OsFileSystem
+from ._errors import (
+    CorruptionError,
+    DataDirLockedError,
+    JournalCorruptionError,
+    NoSuchEntryError,
+    StorageError,
+)
+from ._fs import LockHandle, OsFileSystem
 from ._index import Index
 from ._journal import JournalMark, parse_segment_name
 from ._journal_format import (
@@ -760,8 +770,34 @@ def run_crashtest(options: CrashTestOptions) -> CrashTestSummary:
         The summary; `violations` is 0 when nothing was wrong.
 
     Raises:
+        DataDirLockedError: another process (a broker, another run) holds `data_dir`'s
+            lock; nothing was written there.
         OSError: the scratch directory cannot be created or cleared.
     """
+    lock = _lock_scratch_dir(options.data_dir)
+    try:
+        return _run_locked(options)
+    finally:
+        lock.release()
+
+
+def _lock_scratch_dir(data_dir: str) -> LockHandle:
+    """Take the OS lock of `data_dir` (its `LOCK` file, as `Storage.open` does), so the
+    harness never writes into a directory a broker or another run holds, and none opens it
+    while the harness runs.
+
+    Raises:
+        DataDirLockedError: another process holds it; nothing was written.
+    """
+    path = os.path.abspath(data_dir)
+    os.makedirs(path, exist_ok=True)
+    try:
+        return OsFileSystem().lock(os.path.join(path, "LOCK"))
+    except BlockingIOError as exc:
+        raise DataDirLockedError(path, getattr(exc, "owner_pid", None)) from None
+
+
+def _run_locked(options: CrashTestOptions) -> CrashTestSummary:
     from tqdm import tqdm
 
     seed = options.seed if options.seed is not None else secrets.randbelow(2**31)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import http.server
+import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from broker._errors import ConfigurationError
+from broker._standalone import config_with_overrides
 from broker.cli import build_parser, main
 from storage import Storage
 
@@ -87,6 +93,237 @@ def test_console_script_runs() -> None:
                           text=True, check=False, timeout=60)
     assert done.returncode == 0
     assert "crashtest" in done.stdout
+
+
+# -- wrong arguments: one clear line on stderr, never a traceback ---------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLI_DEADLINE_S = 60  # a generous bound for one `magnetar` run in a subprocess
+# Were a refusal to regress, the broker would start: on free ports, in the test's directory.
+STANDALONE = ["standalone", "--data-dir", "{tmp}", "--port", "0", "--http-port", "0"]
+SHORT_NAME_RULE = ("it should be in the format of <tenant>/<namespace>/<topic> or <topic>")
+
+
+def _magnetar(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`magnetar ARGV` in a subprocess (this checkout's code), its output captured."""
+    return subprocess.run([sys.executable, "-m", "broker.cli", *argv], capture_output=True,
+                          text=True, check=False, timeout=CLI_DEADLINE_S, cwd=REPO_ROOT)
+
+
+def _closed_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(("argv", "code", "line"), [
+    (["topics", "create", "acme//x"], 2,
+     f"magnetar topics create: Invalid short topic name 'acme//x', {SHORT_NAME_RULE}"),
+    (["namespaces", "create", "acme"], 2,
+     "magnetar namespaces create: Invalid namespace format. expected <tenant>/<namespace> or "
+     "<tenant>/<cluster>/<namespace> but got: acme"),
+    (["standalone", "--data-dir", "{tmp}/data", "--port", "70000"], 2,
+     "magnetar standalone: argument --port: invalid port 70000: must be from 0 (any free "
+     "port) to 65535 (see magnetar standalone --help)"),
+    (["standalone", "--data-dir", "{tmp}/data", "--config", "max_message_size_bytes=-5"], 2,
+     "magnetar standalone: max_message_size_bytes must be at least 1, not -5"),
+])
+def test_the_issue_s_commands_print_one_line(argv: list[str], code: int, line: str,
+                                             tmp_path: Path) -> None:
+    done = _magnetar(*[arg.format(tmp=tmp_path) for arg in argv])
+    assert "Traceback" not in done.stderr
+    assert (done.returncode, done.stderr) == (code, line + "\n")
+    assert not (tmp_path / "data").exists()  # refused before the data directory is touched
+
+
+@pytest.mark.parametrize(("argv", "code", "line"), [
+    ([*STANDALONE, "--port", "-1"], 2,
+     "magnetar standalone: argument --port: invalid port -1: must be from 0 (any free port) "
+     "to 65535 (see magnetar standalone --help)"),
+    ([*STANDALONE, "--http-port", "http"], 2,
+     "magnetar standalone: argument --http-port: invalid port 'http': not a number (see "
+     "magnetar standalone --help)"),
+    ([*STANDALONE, "--tls-port", "65536"], 2,
+     "magnetar standalone: argument --tls-port: invalid port 65536: must be from 0 (any free "
+     "port) to 65535 (see magnetar standalone --help)"),
+    ([*STANDALONE, "--max-pending-sends", "0"], 2,
+     "magnetar standalone: argument --max-pending-sends: invalid number 0: must be at least 1 "
+     "(see magnetar standalone --help)"),
+    ([*STANDALONE, "--config", "max_mesage_size_bytes=5"], 2,
+     "magnetar standalone: not a broker setting: 'max_mesage_size_bytes=5'; did you mean "
+     "max_message_size_bytes?"),
+    ([*STANDALONE, "--config", "nonsense"], 2,
+     "magnetar standalone: not a broker setting: 'nonsense' (expected name=value)"),
+    ([*STANDALONE, "--config", "default_num_partitions=0"], 2,
+     "magnetar standalone: default_num_partitions must be at least 1, not 0"),
+    ([*STANDALONE, "--config", "retention_check_interval_s=nan"], 2,
+     "magnetar standalone: retention_check_interval_s takes a number, not 'nan'"),
+    ([*STANDALONE, "--config", "token_allowed_clock_skew_s=inf"], 2,
+     "magnetar standalone: token_allowed_clock_skew_s takes a finite number, not 'inf'"),
+    ([*STANDALONE, "--config", "allow_auto_topic_creation_type=some"], 2,
+     "magnetar standalone: allow_auto_topic_creation_type must be one of non-partitioned, "
+     "partitioned, not 'some'"),
+    ([*STANDALONE, "--keepalive-interval-s", "nan"], 2,
+     "magnetar standalone: argument --keepalive-interval-s: invalid time 'nan': must be a "
+     "number of seconds, 0 or more (see magnetar standalone --help)"),
+    ([*STANDALONE, "--shutdown-grace-s", "-1"], 2,
+     "magnetar standalone: argument --shutdown-grace-s: invalid time '-1': must be a number "
+     "of seconds, 0 or more (see magnetar standalone --help)"),
+    ([*STANDALONE, "--advertised-url", "broker.example.test"], 2,
+     "magnetar standalone: argument --advertised-url: invalid URL 'broker.example.test': "
+     "expected pulsar://HOST:PORT (see magnetar standalone --help)"),
+    ([*STANDALONE, "--advertised-url-tls", "pulsar://h:6651"], 2,
+     "magnetar standalone: argument --advertised-url-tls: invalid URL 'pulsar://h:6651': "
+     "expected pulsar+ssl://HOST:PORT (see magnetar standalone --help)"),
+    (["crashtest", "--data-dir", "{tmp}", "--iterations", "0"], 2,
+     "magnetar crashtest: argument --iterations: invalid number 0: must be at least 1 (see "
+     "magnetar crashtest --help)"),
+    (["produce", "a//b", "-m", "x", "--url", "pulsar://127.0.0.1:1"], 2,
+     f"magnetar produce: Invalid short topic name 'a//b', {SHORT_NAME_RULE}"),
+    (["consume", "persistent://a/b", "-s", "s", "--url", "pulsar://127.0.0.1:1"], 2,
+     "magnetar consume: Invalid topic name: persistent://a/b"),
+    (["topics", "stats", "t", "--admin-url", "127.0.0.1:8080"], 1,
+     "magnetar topics stats: invalid --admin-url '127.0.0.1:8080': expected http://HOST:PORT "
+     "or https://HOST:PORT"),
+    (["topics", "stats", "t", "--admin-url", "http://[::1"], 1,
+     "magnetar topics stats: invalid --admin-url 'http://[::1': Invalid IPv6 URL"),
+    (["topics", "skip", "t", "-s", "s", "-n", "-5"], 2,
+     "magnetar topics skip: argument -n/--count: invalid count -5: must be at least 1 (see "
+     "magnetar topics skip --help)"),
+    (["topics", "expire-messages", "t", "-s", "s", "-t", "-5"], 2,
+     "magnetar topics expire-messages: argument -t/--expireTime: invalid time '-5': must not "
+     "be negative (see magnetar topics expire-messages --help)"),
+    (["topics", "reset-cursor", "t", "-s", "s", "-m", "abc"], 2,
+     "magnetar topics reset-cursor: invalid message id 'abc': use latest, earliest or "
+     "ledger:entry"),
+    (["topics", "create-subscription", "t", "-s", "s", "-m", "1:x"], 2,
+     "magnetar topics create-subscription: invalid message id '1:x': use latest, earliest or "
+     "ledger:entry"),
+    (["topics", "list", "public/default", "--admin-url", "https://127.0.0.1:1",
+      "--tls-trust-certs-file", "{tmp}/missing.pem"], 1,
+     "magnetar topics list: cannot use --tls-trust-certs-file {tmp}/missing.pem: No such file "
+     "or directory"),
+    (["produce", "t", "-m", "x", "--url", "pulsar+ssl://127.0.0.1:1",
+      "--tls-trust-certs-file", "{tmp}/missing.pem"], 1,
+     "magnetar: cannot read --tls-trust-certs-file {tmp}/missing.pem: No such file or "
+     "directory"),
+    (["namespaces", "set-retention", "acme", "-t", "1h", "-s", "1M"], 2,
+     "magnetar namespaces set-retention: Invalid namespace format. expected "
+     "<tenant>/<namespace> or <tenant>/<cluster>/<namespace> but got: acme"),
+])
+def test_wrong_arguments_print_one_line(argv: list[str], code: int, line: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        status = main([arg.format(tmp=tmp_path) for arg in argv])
+    except SystemExit as exit_info:  # argparse's refusals
+        status = exit_info.code  # type: ignore[assignment]
+    assert (status, capsys.readouterr().err) == (code, line.format(tmp=tmp_path) + "\n")
+
+
+def test_an_unreachable_admin_api_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    url = _closed_url()
+    # `tenants create` asks the API for its clusters before the request itself.
+    assert main(["tenants", "create", "acme", "--admin-url", url]) == 1
+    assert capsys.readouterr().err == (f"magnetar tenants create: cannot reach the admin API at "
+                                       f"{url}: [Errno 111] Connection refused\n")
+
+
+class _HtmlPage(http.server.BaseHTTPRequestHandler):
+    """Any web server that is not the admin API: 200 with an HTML page."""
+
+    def do_GET(self) -> None:
+        body = b"<html><body>a web page</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_an_admin_url_that_is_not_the_admin_api_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _HtmlPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["topics", "list", "public/default", "--admin-url", url]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert capsys.readouterr().err == (
+        f"magnetar topics list: {url} is not the admin API: it answered "
+        f"{url}/admin/v2/persistent/public/default with something other than JSON\n")
+
+
+def _last_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    return stderr.rstrip("\n").splitlines()[-1]
+
+
+def test_standalone_refuses_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    done = _magnetar("standalone", "--data-dir", str(tmp_path / "file"), "--port", "0",
+                     "--http-port", "0")
+    assert done.returncode == 1
+    assert _last_line(done.stderr).endswith(
+        f"cannot start: --data-dir {tmp_path / 'file'} is not a directory")
+
+
+def test_standalone_refuses_a_locked_data_dir(tmp_path: Path) -> None:
+    with Storage.open(tmp_path):
+        done = _magnetar("standalone", "--data-dir", str(tmp_path), "--port", "0",
+                         "--http-port", "0")
+    assert done.returncode == 1
+    assert _last_line(done.stderr).endswith(
+        f"cannot start: data directory {tmp_path} is locked by process {os.getpid()}")
+
+
+def test_standalone_refuses_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _magnetar("standalone", "--data-dir", str(tmp_path), "--port", str(port),
+                         "--http-port", "0")
+    assert done.returncode == 1
+    assert "address already in use" in _last_line(done.stderr)
+    assert f"('127.0.0.1', {port})" in _last_line(done.stderr)
+
+
+def _ranged_settings() -> list[tuple[str, float]]:
+    try:
+        from broker._config import SETTING_RANGES
+    except ImportError:  # before the settings had ranges: every setting failed the same way
+        return [("max_message_size_bytes", 1)]
+    return sorted((name, low) for name, (low, _) in SETTING_RANGES.items())
+
+
+def test_standalone_names_a_host_that_does_not_resolve(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from broker._standalone import StandaloneOptions, run_standalone
+
+    def unknown(host: object, *args: object, **kwargs: object) -> object:
+        # What the resolver answers for an unknown name (no DNS query made by the test).
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    options = StandaloneOptions(data_dir=str(tmp_path), host="broker.invalid", port=0,
+                                http_port=0)
+    assert run_standalone(options) == 1
+    assert caplog.messages[-1] == "cannot start: --host broker.invalid: Name or service not known"
+
+
+@pytest.mark.parametrize(("name", "low"), _ranged_settings())
+def test_every_ranged_setting_names_itself_and_its_range(name: str, low: float) -> None:
+    with pytest.raises(ConfigurationError, match=rf"^{name} must be at least {low}, not -?\d"):
+        config_with_overrides([f"{name}={int(low) - 1}"])
+    config_with_overrides([f"{name}={int(low)}"])  # the bound itself is allowed
 
 
 def _corrupt_journal_mid_segment(data_dir: Path, entries: int = 30, victim: int = 10) -> int:
@@ -261,3 +498,16 @@ def test_storage_check_and_inspect_refuse_a_live_brokers_directory(
             assert "running" in line
     finally:
         holder.communicate("", timeout=60)
+
+
+def test_every_number_setting_has_a_range() -> None:
+    """A new int/float setting gets its range in `broker._config.SETTING_RANGES`, so
+    `--config NAME=-5` is refused with one line instead of misbehaving."""
+    import typing
+
+    from broker._config import SETTING_RANGES, BrokerConfig
+
+    numbers = {name for name, kind in typing.get_type_hints(BrokerConfig).items()
+               if kind in (int, float)}
+    assert numbers - set(SETTING_RANGES) == set(), "add these to SETTING_RANGES"
+    assert set(SETTING_RANGES) <= numbers
