@@ -6,8 +6,11 @@ Theory of operation
 loop, so every handler calls the `BrokerService` and its `NamespaceRegistry` directly, with
 no locking. Paths, query parameters and JSON field names are Pulsar's:
 
-* `/admin/v2/clusters` and `/admin/v2/tenants[/{tenant}]` (TenantInfo: `adminRoles`,
-  `allowedClusters`);
+* `/admin/v2/clusters` and `/admin/v2/clusters/{cluster}`: the one cluster
+  (`cluster_name`); GET answers Pulsar's ClusterData with the broker's own URLs
+  (`serviceUrl[Tls]`, `brokerServiceUrl[Tls]`), PUT 409 (it exists; another cluster: 403),
+  POST and DELETE 403 (its URLs are the listeners); other names 404;
+* `/admin/v2/tenants[/{tenant}]` (TenantInfo: `adminRoles`, `allowedClusters`);
 * `/admin/v2/namespaces/{tenant}[/{namespace}]`, the namespace's `topics`, and its policy
   endpoints (GET reads, POST sets, DELETE removes): `retention`, `messageTTL`,
   `deduplication`, `delayedDelivery`, `maxUnackedMessagesPerConsumer`,
@@ -27,6 +30,8 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
 * `/metrics`: `render_metrics`;
+* `/admin/v2/brokers/health`: "ok", or 503 with the reason while the disk is full or the
+  storage failed;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
   and `…/partitions?checkAllowAutoCreation=true`.
 
@@ -68,11 +73,10 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from codec import parse_entry
-
 from ._admin_auth import Middleware, auth_middleware
 from ._auth import AuthenticationService
 from ._dedup import DEDUP_CURSOR_NAME
+from ._entry import EntryInfo
 from ._errors import (
     BrokerError,
     ConsumerBusyError,
@@ -109,6 +113,16 @@ log = logging.getLogger(__name__)
 
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
 CONSUMER_METRICS: web.AppKey[bool] = web.AppKey("consumer_metrics", bool)
+LOOKUP_URLS: web.AppKey[LookupUrls] = web.AppKey("lookup_urls", LookupUrls)
+# The fields of Pulsar's ClusterData that are not URLs, at Pulsar's defaults (no TLS
+# between brokers: there is one broker).
+CLUSTER_DATA_DEFAULTS: dict[str, Any] = {
+    "brokerClientTlsEnabled": False,
+    "tlsAllowInsecureConnection": False,
+    "brokerClientTlsEnabledWithKeyStore": False,
+    "brokerClientTlsTrustStoreType": "JKS",
+    "brokerClientTlsKeyStoreType": "JKS",
+}
 
 LONG_MAX = 2**63 - 1  # MessageId.latest is (Long.MAX_VALUE, Long.MAX_VALUE)
 MB = 1024 * 1024
@@ -334,6 +348,56 @@ def _is_active(topic: Topic) -> bool:
 
 async def list_clusters(request: web.Request) -> web.Response:
     return _ok([_service(request).config.cluster_name])
+
+
+def _our_cluster(request: web.Request) -> str:
+    """The cluster the path names, which must be this broker's.
+
+    Raises:
+        RestError: 404 for any other name (Pulsar's "Cluster does not exist").
+    """
+    cluster = request.match_info["cluster"]
+    if cluster != _service(request).config.cluster_name:
+        raise RestError(404, "Cluster does not exist")
+    return cluster
+
+
+async def get_cluster(request: web.Request) -> web.Response:
+    """Pulsar's ClusterData of the one cluster: its URLs are the broker's own listeners
+    (unset fields left out, as Pulsar's JSON leaves out nulls)."""
+    _our_cluster(request)
+    urls = request.app[LOOKUP_URLS]
+    data: dict[str, Any] = {"serviceUrl": urls.http_url or None,
+                            "serviceUrlTls": urls.http_url_tls,
+                            "brokerServiceUrl": urls.broker_url,
+                            "brokerServiceUrlTls": urls.broker_url_tls}
+    data = {key: value for key, value in data.items() if value is not None}
+    data.update(CLUSTER_DATA_DEFAULTS)
+    return _ok(data)
+
+
+async def create_cluster(request: web.Request) -> web.Response:
+    """PUT: Pulsar's checks in its order (name, body, existence); the one cluster exists,
+    and Magnetar cannot add another (403, as Pulsar answers read-only policies)."""
+    cluster = request.match_info["cluster"]
+    if _TENANT_NAME.fullmatch(cluster) is None:
+        raise RestError(412, "Cluster name is not valid")
+    body = await _body(request)
+    if body is None:
+        raise RestError(400, "cluster data is required")
+    if not isinstance(body, dict):
+        raise RestError(400, "The body must be a ClusterData object")
+    if cluster == _service(request).config.cluster_name:
+        raise RestError(409, "Cluster already exists")
+    raise RestError(403, f"Magnetar serves one cluster "
+                         f"({_service(request).config.cluster_name}); it cannot add {cluster}")
+
+
+async def update_cluster(request: web.Request) -> web.Response:
+    """POST/DELETE: the one cluster's data follows the broker's listeners (403)."""
+    cluster = _our_cluster(request)
+    raise RestError(403, f"Cluster {cluster} is the broker's own: its URLs are the "
+                         "listeners the broker was started with")
 
 
 def _tenant_info(body: Any, cluster: str) -> dict[str, Any]:
@@ -1074,9 +1138,7 @@ def _batch_ack_set(topic: PersistentTopic, position: Position, first_unacked: in
                    ) -> list[int] | None:
     """The ack set (set bit = unacknowledged) that restarts a batch entry at index
     `first_unacked`; None when the entry is not a batch or nothing is skipped."""
-    metadata = parse_entry(topic.managed_ledger.read_entry(position),
-                           verify_checksum=False).metadata
-    size = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+    size = EntryInfo(position, topic.managed_ledger.read_entry(position)).batch_size
     if size <= 1 or first_unacked <= 0:
         return None
     mask = ((1 << size) - 1) & ~((1 << min(first_unacked, size)) - 1)
@@ -1084,6 +1146,19 @@ def _batch_ack_set(topic: PersistentTopic, position: Position, first_unacked: in
 
 
 # -- metrics --------------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    """Pulsar's broker health check: "ok", or 503 with the reason while the storage refuses
+    writes (a full disk, a failed disk)."""
+    service = _service(request)
+    failed = service.storage.failed
+    if service.storage_full:
+        raise RestError(503, f"The broker's disk is full; publishing is refused until there "
+                             f"is room again: {failed}")
+    if failed is not None and not service.storage.closed:
+        raise RestError(503, f"The broker's storage accepts no writes: {failed}")
+    return web.Response(text="ok")
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -1120,10 +1195,17 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     app = web.Application(middlewares=middlewares)
     app[SERVICE] = service
     app[CONSUMER_METRICS] = consumer_metrics
+    urls = lookup_urls or LookupUrls()
+    app[LOOKUP_URLS] = urls
     r = app.router
     r.add_get("/metrics", metrics)
     r.add_get("/metrics/", metrics)
+    r.add_get("/admin/v2/brokers/health", health)
     r.add_get("/admin/v2/clusters", list_clusters)
+    r.add_get("/admin/v2/clusters/{cluster}", get_cluster)
+    r.add_put("/admin/v2/clusters/{cluster}", create_cluster)
+    r.add_post("/admin/v2/clusters/{cluster}", update_cluster)
+    r.add_delete("/admin/v2/clusters/{cluster}", update_cluster)
     r.add_get("/admin/v2/tenants", list_tenants)
     r.add_get("/admin/v2/tenants/{tenant}", get_tenant)
     r.add_put("/admin/v2/tenants/{tenant}", create_tenant)
@@ -1170,7 +1252,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     from ._admin_schemas import add_schema_routes  # it imports this module's helpers
 
     add_schema_routes(r)
-    r.add_routes(lookup_routes(service, lookup_urls or LookupUrls()))
+    r.add_routes(lookup_routes(service, urls))
     return app
 
 

@@ -1,14 +1,15 @@
-"""The client-side subcommands of `magnetar`: `produce`, `consume`, `topics`, `namespaces`
-and `tenants` (and `schemas`, from `_admin_cli_schemas`).
+"""The client-side subcommands of `magnetar`: `produce`, `consume`, `topics`, `namespaces`,
+`tenants` and `clusters` (and `schemas`, from `_admin_cli_schemas`).
 
 Theory of operation
 -------------------
 `produce` and `consume` are `pulsar-client`'s: they drive the official `pulsar` client
-against `--url` (the broker's binary protocol). `topics`, `namespaces` and `tenants` are
-`pulsar-admin`'s, with its subcommand names: each one is a single request to the admin
-HTTP API at `--admin-url`, made with `urllib`, whose JSON answer is printed (objects
-indented, lists one item a line). An error answer prints `HTTP <status>: <reason>` on
-stderr and exits 1.
+against `--url` (the broker's binary protocol). `topics`, `namespaces`, `tenants` and
+`clusters` are `pulsar-admin`'s, with its subcommand names: each one is a single request to
+the admin HTTP API at `--admin-url`, made with `urllib`, whose JSON answer is printed
+(objects indented, lists one item a line). An error answer raises `AdminHttpError`, which
+`cli.main` prints as `magnetar <command>: HTTP <status>: <reason>` on stderr, exiting 1;
+an invalid topic or namespace name is refused the same way before any request (exit 2).
 
 Topic arguments take any form `TopicName.parse` does (`my-topic`,
 `tenant/ns/my-topic`, `persistent://tenant/ns/my-topic`); the local name travels
@@ -46,6 +47,7 @@ __all__ = ["AdminHttpError", "add_commands", "admin_request", "parse_duration_s"
 DEFAULT_URL = "pulsar://127.0.0.1:6650"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 HTTP_TIMEOUT_S = 30.0
+RECEIVE_SLICE_S = 0.2  # consume notices Ctrl-C within this long
 Handler = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -94,6 +96,25 @@ def parse_size_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid size '{text}': use e.g. 4096, 10M, 16G")
     value = int(match.group(1))
     return value if value < 0 else value * _UNIT_BYTES.get(unit, 1)
+
+
+def _count(text: str) -> int:
+    """A number of entries: at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count '{text}': not a number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {value}: must be at least 1")
+    return value
+
+
+def _age_s(text: str) -> int:
+    """`parse_duration_s`, not negative: how old messages must be to expire."""
+    value = parse_duration_s(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid time '{text}': must not be negative")
+    return value
 
 
 def _message_id(text: str) -> dict[str, int]:
@@ -152,8 +173,12 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
 
     Raises:
         AdminHttpError: an error status (with Pulsar's `reason`), or status 0 when the API
-            cannot be reached.
+            cannot be reached, the URL is malformed or the answer is not JSON.
     """
+    scheme = admin_url.partition("://")[0] if "://" in admin_url else ""
+    if scheme.lower() not in ("http", "https"):
+        raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: expected "
+                                "http://HOST:PORT or https://HOST:PORT")
     url = admin_url.rstrip("/") + path
     if query:
         url += "?" + urllib.parse.urlencode(query)
@@ -161,17 +186,34 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    context = ssl.create_default_context(cafile=trust_certs_file) if trust_certs_file else None
+    try:
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    except ValueError as error:  # e.g. "Invalid IPv6 URL"
+        raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: {error}") from None
+    try:
+        context = (ssl.create_default_context(cafile=trust_certs_file) if trust_certs_file
+                   else None)
+    except OSError as error:  # missing, unreadable, or no certificate in it (ssl.SSLError)
+        raise AdminHttpError(0, f"cannot use --tls-trust-certs-file {trust_certs_file}: "
+                                f"{error.strerror or error}") from None
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S,
                                     context=context) as answer:
             raw = answer.read()
     except urllib.error.HTTPError as error:
         raise AdminHttpError(error.code, _error_reason(error)) from None
-    except (urllib.error.URLError, OSError) as error:
+    except urllib.error.URLError as error:
+        raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: "
+                                f"{error.reason}") from None
+    except (OSError, ValueError) as error:
         raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: {error}") from None
-    return json.loads(raw) if raw.strip() else None
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise AdminHttpError(0, f"{admin_url} is not the admin API: it answered {url} with "
+                                f"something other than JSON") from None
 
 
 def _error_reason(error: urllib.error.HTTPError) -> str:
@@ -202,14 +244,12 @@ def _call(method: str, path: Callable[[argparse.Namespace], str],
     """A handler making one admin call and printing its answer."""
 
     def handle(args: argparse.Namespace) -> int:
-        try:
-            answer = admin_request(args.admin_url, method, path(args),
-                                   body(args) if body is not None else None,
-                                   query(args) if query is not None else None,
-                                   **_http_security(args))
-        except AdminHttpError as error:
-            print(str(error), file=sys.stderr)
-            return 1
+        # AdminHttpError and invalid names go up to the CLI's boundary (`cli.main`), which
+        # prints them as one line and exits 1 (2 for a name).
+        answer = admin_request(args.admin_url, method, path(args),
+                               body(args) if body is not None else None,
+                               query(args) if query is not None else None,
+                               **_http_security(args))
         if answer is not None:
             _print(answer)
         return 0
@@ -260,16 +300,28 @@ def _pulsar() -> Any:
 
 def _client(pulsar: Any, args: argparse.Namespace) -> Any:
     import logging
+    import os
 
     timeout_s = max(1, int(args.timeout_s))
-    logger = logging.getLogger("pulsar")
-    if not getattr(args, "verbose", False):
-        logger.setLevel(logging.WARNING)  # the client's connection chatter
+    # Without -v the client's own log goes nowhere: the command prints one line when it
+    # fails. A Python logger is passed only with -v: with one, the client's threads can
+    # abort the process at exit ("terminate called without an active exception", exit 134;
+    # pulsar-client-python issue 256), which happened on most runs at WARNING level.
+    logger: Any = pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    if getattr(args, "verbose", False):
+        logger = logging.getLogger("pulsar")
     options: dict[str, Any] = {}
     token = _auth_token(args)
     if token:
         options["authentication"] = pulsar.AuthenticationToken(token)
     if args.tls_trust_certs_file:
+        try:  # the client would only say "AuthenticationError" when it connects
+            with open(args.tls_trust_certs_file, "rb"):
+                pass
+        except OSError as error:
+            print(f"magnetar: cannot read --tls-trust-certs-file {args.tls_trust_certs_file}: "
+                  f"{error.strerror or error}", file=sys.stderr)
+            return None
         options["tls_trust_certs_file_path"] = args.tls_trust_certs_file
     try:
         return pulsar.Client(args.url, operation_timeout_seconds=timeout_s,
@@ -289,7 +341,19 @@ def _properties(pairs: list[str]) -> dict[str, str]:
     return found
 
 
+def _check_topic(topic: str) -> None:
+    """Validate a topic name before connecting.
+
+    Raises:
+        InvalidTopicNameError: with upstream's message (the CLI prints it on one line).
+    """
+    from ._names import TopicName
+
+    TopicName.parse(topic)
+
+
 def _cmd_produce(args: argparse.Namespace) -> int:
+    _check_topic(args.topic)
     pulsar = _pulsar()
     properties = _properties(args.property)
     messages = [m for text in args.messages for m in
@@ -319,6 +383,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _cmd_consume(args: argparse.Namespace) -> int:
+    _check_topic(args.topic)
     pulsar = _pulsar()
     client = _client(pulsar, args)
     if client is None:
@@ -349,14 +414,29 @@ def _receive(pulsar: Any, consumer: Any, args: argparse.Namespace) -> tuple[int,
     timeout)."""
     received = 0
     while args.num_messages <= 0 or received < args.num_messages:
-        try:
-            message = consumer.receive(timeout_millis=int(args.timeout_s * 1000))
-        except pulsar.Timeout:
+        message = _receive_one(pulsar, consumer, args.timeout_s)
+        if message is None:
             return received, True
         _show(message)
         consumer.acknowledge(message)
         received += 1
     return received, False
+
+
+def _receive_one(pulsar: Any, consumer: Any, timeout_s: float) -> Any | None:
+    """The next message, or None after `timeout_s` without one. The wait is cut into
+    slices of RECEIVE_SLICE_S: the client's receive does not return for Ctrl-C, and Python
+    raises KeyboardInterrupt only between two calls."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return None
+        try:
+            return consumer.receive(timeout_millis=max(1, int(min(left_s, RECEIVE_SLICE_S)
+                                                              * 1000)))
+        except pulsar.Timeout:
+            continue
 
 
 def _show(message: Any) -> None:
@@ -465,6 +545,16 @@ def _add_tenants(sub: SubParsers) -> None:
     delete = _command(commands, "delete", "delete a tenant without namespaces",
                       _call("DELETE", lambda a: tenant.format(_quote(a.tenant))))
     delete.add_argument("tenant")
+
+
+def _add_clusters(sub: SubParsers) -> None:
+    commands = _group(sub, "clusters", "show the broker's cluster through the admin API",
+                      "The cluster (pulsar-admin clusters) through the admin HTTP API: "
+                      "Magnetar serves one, named by the broker's cluster_name.")
+    _command(commands, "list", "list the clusters", _call("GET", lambda a: "/admin/v2/clusters"))
+    get = _command(commands, "get", "show a cluster's data (its service URLs)",
+                   _call("GET", lambda a: f"/admin/v2/clusters/{_quote(a.cluster)}"))
+    get.add_argument("cluster")
 
 
 def _tenant_info(args: argparse.Namespace) -> dict[str, Any]:
@@ -672,12 +762,12 @@ def _add_subscription_commands(commands: SubParsers,
                              help="even with consumers connected (they are disconnected)")
     skip = _command(commands, "skip", "skip entries of a subscription's backlog",
                     _call("POST", lambda a: sub(a, f"/skip/{a.count}")))
-    skip.add_argument("-n", "--count", type=int, required=True, help="entries to skip")
+    skip.add_argument("-n", "--count", type=_count, required=True, help="entries to skip")
     clear = _command(commands, "clear-backlog", "skip a subscription's whole backlog",
                      _call("POST", lambda a: sub(a, "/skip_all")))
     expire = _command(commands, "expire-messages", "expire a subscription's messages older "
                       "than a time", _call("POST", lambda a: sub(a, f"/expireMessages/{a.time}")))
-    expire.add_argument("-t", "--expireTime", dest="time", type=parse_duration_s,
+    expire.add_argument("-t", "--expireTime", dest="time", type=_age_s,
                         required=True, help="expire messages older than this (e.g. 10m)")
     reset = _command(commands, "reset-cursor", "move a subscription to a time or a message",
                      _reset_cursor)
@@ -695,7 +785,7 @@ def _add_subscription_commands(commands: SubParsers,
                           _call("POST", lambda a: topic(a, f"/all_subscription/expireMessages/"
                                                            f"{a.time}")))
     expire_all.add_argument("topic")
-    expire_all.add_argument("-t", "--expireTime", dest="time", type=parse_duration_s,
+    expire_all.add_argument("-t", "--expireTime", dest="time", type=_age_s,
                             required=True, help="expire messages older than this (e.g. 10m)")
 
 
@@ -710,7 +800,8 @@ def _reset_cursor(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: SubParsers) -> None:
-    """Register produce, consume, topics, namespaces, tenants and schemas on `magnetar`'s parser.
+    """Register produce, consume, topics, namespaces, tenants, clusters and schemas on
+    `magnetar`'s parser.
 
     Args:
         sub: the top-level subparsers of `magnetar`.
@@ -720,6 +811,7 @@ def add_commands(sub: SubParsers) -> None:
     _add_topics(sub)
     _add_namespaces(sub)
     _add_tenants(sub)
+    _add_clusters(sub)
     from ._admin_cli_schemas import add_schema_commands  # it imports this module
 
     add_schema_commands(sub)

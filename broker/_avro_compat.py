@@ -10,17 +10,31 @@ list of fields with names and types, an enum a list of symbols, a fixed an integ
 type name refers to a primitive or to a type already defined) and raises InvalidSchemaError
 naming what is wrong and where.
 
-`read_problems(reader, writer)` applies the Avro specification's schema-resolution rules and
-returns what prevents reading (empty: readable):
+`read_problems(reader, writer)` says what prevents reading (empty: readable). It answers
+as Pulsar's broker does. Pulsar's AvroSchemaBasedCompatibilityCheck hands the strategy to
+Avro's SchemaValidatorBuilder (BACKWARD: canReadStrategy, FORWARD: canBeReadStrategy, FULL:
+mutualReadStrategy; validateLatest, or validateAll for the _TRANSITIVE forms). Each of
+those asks Avro's ResolvingGrammarGenerator for the grammar that reads the writer's data
+with the reader's schema and refuses only when it holds an error symbol; the grammar comes
+from Avro's Resolver, which first applies the reader's aliases to the writer's schema.
+(Avro's SchemaCompatibility class, which also compares record names, is not used.) Hence:
 
-* a writer union is readable when each of its branches is; a reader union reads a writer
-  type when one of its branches does;
+* a writer union is readable when each of its branches is;
+* a reader union reads a writer type with one branch, chosen as Avro's resolver does: for
+  a named writer type, the branch of the same full name (or one with it as an alias) when
+  there is one; a record otherwise by any record branch that reads it; an enum or fixed
+  only by such a named branch; any other type by a branch that reads it;
 * primitives: the same type, or a promotion int→long→float→double, string↔bytes;
-* records match by unqualified name or by a reader alias; every reader field is found in
-  the writer by name (or by one of its aliases) and read from it, or has a default; writer
-  fields the reader lacks are skipped;
-* enums match by name; writer symbols must be reader symbols unless the reader has a default;
-* arrays by items, maps by values, fixed by name and size.
+* records are never compared by name: a renamed record class reads and is read like the
+  original (how Python users evolve a schema). Every reader field is found in the writer
+  by name (or by one of its aliases) and read from it, or has a default; writer fields the
+  reader lacks are skipped;
+* enums and fixed types: the unqualified names match (as in current Avro) or a reader alias
+  names the writer's type; fixed sizes must be equal. Enum symbols are not compared: the
+  resolver turns a writer symbol the reader lacks into an adjustment that fails only when
+  such a value is decoded, and the validator looks for error symbols alone, so Pulsar
+  admits added and removed symbols under every strategy;
+* arrays by items, maps by values; any other pair of kinds does not read.
 
 Named pairs already under comparison are assumed readable, which ends recursion (the
 answer is the greatest fixed point, as in Avro's own checker). Logical types are read as
@@ -97,7 +111,6 @@ class _Definition:
     aliases: frozenset[str]
     fields: tuple[_Field, ...] = ()
     symbols: tuple[str, ...] = ()
-    has_default: bool = False  # enums
     size: int = 0  # fixed
 
     @property
@@ -206,7 +219,6 @@ class _Parser:
                 raise InvalidSchemaError(f"Invalid Avro schema: the symbols of {where} must "
                                          "be a list of strings")
             definition.symbols = tuple(symbols)
-            definition.has_default = "default" in value
         else:
             size = self.need(value, "size", where)
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -297,6 +309,17 @@ class _Checker:
         return self.fail(where, f"{_describe(w)} written, {_describe(r)} read")
 
     def union(self, r: _Union, w: _Node, where: str) -> bool:
+        if isinstance(w, _Named):
+            written = self.writer.names[w.full_name]
+            for branch in r.branches:  # the branch of the writer's name answers alone
+                if isinstance(branch, _Named):
+                    candidate = self.reader.names[branch.full_name]
+                    if candidate.kind == written.kind and _names(candidate, written.full_name):
+                        return self.check(branch, w, where)
+            if written.kind != "record":
+                return self.fail(where, f"{written.kind} {written.full_name} written, no "
+                                        f"branch of the reader's union {_describe(r)} has "
+                                        "its name")
         for branch in r.branches:
             probe = _Checker(self.reader, self.writer)
             probe.assumed = set(self.assumed)
@@ -311,18 +334,14 @@ class _Checker:
         if r.kind != w.kind:
             return self.fail(where, f"{w.kind} {w.full_name} written, {r.kind} "
                                     f"{r.full_name} read")
-        if r.name != w.name and not {w.full_name, w.name} & r.aliases:
+        if r.kind != "record" and r.name != w.name and not {w.full_name, w.name} & r.aliases:
             return self.fail(where, f"{w.kind} {w.full_name} written, {r.full_name} read "
                                     "(names differ and no alias matches)")
         self.assumed.add((r.full_name, w.full_name))
         where = f"{where}.{r.name}" if where else r.name
         if r.kind == "record":
             return self.record(r, w, where)
-        if r.kind == "enum":
-            missing = [s for s in w.symbols if s not in r.symbols]
-            if missing and not r.has_default:
-                return self.fail(where, f"writer symbols {missing} are not in the reader's "
-                                        "enum, which has no default")
+        if r.kind == "enum":  # symbols are not compared (see the module comment)
             return True
         if r.size != w.size:
             return self.fail(where, f"fixed size {w.size} written, {r.size} read")
@@ -342,6 +361,11 @@ class _Checker:
             elif not reader_field.has_default:
                 ok = self.fail(at, "the reader's field is not written and has no default")
         return ok
+
+
+def _names(definition: _Definition, full_name: str) -> bool:
+    """Whether `definition` is the type called `full_name` (by its own name or an alias)."""
+    return definition.full_name == full_name or full_name in definition.aliases
 
 
 def _describe(node: _Node) -> str:

@@ -4,12 +4,74 @@ implements (broker reference §10), each limit named with its unit."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
-__all__ = ["BrokerConfig"]
+from ._errors import ConfigurationError
+
+__all__ = ["SETTING_CHOICES", "SETTING_RANGES", "BrokerConfig", "check_settings"]
 
 # Pulsar's SchemaCompatibilityStrategy names a broker default may take (not UNDEFINED).
 SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
                      "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
+
+# The numbers a user may set (`--config NAME=VALUE`): name -> (lowest, highest or None for no
+# upper bound). -1 means "unlimited" where Pulsar allows it; 0 "none"/"disabled"/"unlimited"
+# as the field's comment says. Settings not listed take any value of their type.
+SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
+    "default_num_partitions": (1, None),
+    "max_num_partitions_per_partitioned_topic": (0, None),
+    "broker_max_connections": (0, None),
+    "max_connections_per_ip": (0, None),
+    "max_incomplete_frames_bytes": (1, None),
+    "max_producers_per_topic": (0, None),
+    "max_consumers_per_topic": (0, None),
+    "max_consumers_per_subscription": (0, None),
+    "max_message_size_bytes": (1, None),
+    "subscription_pattern_max_length": (1, None),
+    "max_unacked_messages_per_consumer": (0, None),
+    "max_unacked_messages_per_subscription": (0, None),
+    "dispatcher_max_read_batch_size": (1, None),
+    "dispatcher_max_read_size_bytes": (1, None),
+    "dispatcher_max_round_robin_batch_size": (1, None),
+    "dispatcher_retry_backoff_initial_ms": (0, None),
+    "dispatcher_retry_backoff_max_ms": (0, None),
+    "active_consumer_failover_delay_ms": (0, None),
+    "key_shared_consistent_hashing_replica_points": (1, None),
+    "key_shared_look_ahead_msg_in_replay_threshold_per_consumer": (0, None),
+    "key_shared_look_ahead_msg_in_replay_threshold_per_subscription": (0, None),
+    "key_shared_unblocking_interval_ms": (0, None),
+    "managed_ledger_max_entries_per_ledger": (1, None),
+    "managed_ledger_max_size_per_ledger_bytes": (1, None),
+    "managed_ledger_max_ledger_rollover_time_s": (0, None),
+    "managed_ledger_min_ledger_rollover_time_s": (0, None),
+    "managed_ledger_max_unacked_ranges_to_persist": (0, None),
+    "managed_ledger_max_redelivery_counts_to_persist": (0, None),
+    "broker_deduplication_entries_interval": (1, None),
+    "broker_deduplication_snapshot_interval_s": (0, None),
+    "broker_deduplication_max_number_of_producers": (1, None),
+    "broker_deduplication_producer_inactivity_timeout_s": (0, None),
+    "delayed_delivery_tick_time_ms": (0, None),
+    "delayed_delivery_max_delay_ms": (0, None),
+    "delayed_delivery_tracked_in_memory_max": (0, None),
+    "default_retention_time_minutes": (-1, None),
+    "default_retention_size_mb": (-1, None),
+    "retention_check_interval_s": (0, None),
+    "ttl_duration_default_s": (0, None),
+    "message_expiry_check_interval_s": (0, None),
+    "backlog_quota_check_interval_s": (0, None),
+    "backlog_quota_default_limit_bytes": (-1, None),
+    "backlog_quota_default_limit_s": (-1, None),
+    "token_allowed_clock_skew_s": (0, None),
+    "auth_refresh_check_interval_s": (0, None),
+    "storage_full_check_interval_s": (0, None),
+}
+# The settings that take one of a few names.
+SETTING_CHOICES: Final[dict[str, tuple[str, ...]]] = {
+    "allow_auto_topic_creation_type": ("non-partitioned", "partitioned"),
+    "backlog_quota_default_retention_policy": ("producer_request_hold", "producer_exception",
+                                               "consumer_backlog_eviction"),
+    "schema_compatibility_strategy": SCHEMA_STRATEGIES,
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +149,10 @@ class BrokerConfig:
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"
 
+    # A full disk: how often the broker checks whether there is room again (writes resume
+    # by themselves once a check succeeds).
+    storage_full_check_interval_s: float = 5.0
+
     # Schemas: Pulsar's schemaCompatibilityStrategy (the default of namespaces that set
     # none or UNDEFINED), isAllowAutoUpdateSchemaEnabled, isSchemaValidationEnforced.
     schema_compatibility_strategy: str = "FULL"
@@ -117,32 +183,51 @@ class BrokerConfig:
     # the sum over this is closed. The default takes 25 maximal frames arriving at once.
     max_incomplete_frames_bytes: int = 128 * 1024 * 1024
 
+    # Named advertised listeners (Pulsar's advertisedListeners and internalListenerName;
+    # broker/_listeners.py): NAME:pulsar://HOST:PORT and NAME:pulsar+ssl://HOST:PORT items.
+    # LOOKUP answers the listener a client names; the internal one (default: the first
+    # named) is the broker's own URL, answered when the client names none.
+    advertised_listeners: tuple[str, ...] = ()
+    internal_listener_name: str = ""
+
     # Namespaces created at start.
     initial_namespaces: tuple[str, ...] = field(default=("public/default",))
 
     def __post_init__(self) -> None:
-        """Raises ValueError for an unknown broker entry metadata interceptor."""
+        """Raises ConfigurationError (a ValueError) naming the setting, its value and what it
+        may be: a number out of its range, an unknown choice, broker entry metadata
+        interceptor or malformed advertised listeners. Nothing is left behind: the config is
+        not built."""
         from ._entry_metadata import interceptors_of
+        from ._listeners import listeners_of
 
-        interceptors_of(self.broker_entry_metadata_interceptors)
-        assert self.allow_auto_topic_creation_type in ("non-partitioned", "partitioned")
-        assert self.default_num_partitions >= 1
-        assert self.max_message_size_bytes > 0
-        assert self.managed_ledger_max_redelivery_counts_to_persist >= 0
-        assert self.subscription_pattern_max_length > 0
-        if 0 < self.max_num_partitions_per_partitioned_topic < self.default_num_partitions \
-                or self.max_num_partitions_per_partitioned_topic < 0:  # a user's settings
-            raise ValueError("max_num_partitions_per_partitioned_topic must be 0 (no limit) or "
-                             "at least default_num_partitions")
-        if min(self.broker_max_connections, self.max_connections_per_ip) < 0 \
-                or self.max_incomplete_frames_bytes <= 0:  # a user's settings
-            raise ValueError("broker_max_connections and max_connections_per_ip must be 0 (no "
-                             "limit) or more, max_incomplete_frames_bytes more than 0")
-        assert self.key_shared_consistent_hashing_replica_points > 0
-        assert self.token_allowed_clock_skew_s >= 0
-        assert self.backlog_quota_default_retention_policy in (
-            "producer_request_hold", "producer_exception", "consumer_backlog_eviction")
-        if self.schema_compatibility_strategy not in SCHEMA_STRATEGIES:  # a user's setting
-            raise ValueError(f"schema_compatibility_strategy must be one of "
-                             f"{', '.join(SCHEMA_STRATEGIES)}, not "
-                             f"{self.schema_compatibility_strategy!r}")
+        check_settings(self)
+        partitions_max = self.max_num_partitions_per_partitioned_topic
+        if 0 < partitions_max < self.default_num_partitions:
+            raise ConfigurationError(f"max_num_partitions_per_partitioned_topic must be 0 (no "
+                                     f"limit) or at least default_num_partitions "
+                                     f"({self.default_num_partitions}), not {partitions_max}")
+        try:
+            interceptors_of(self.broker_entry_metadata_interceptors)
+            listeners_of(self)
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
+
+
+def check_settings(config: BrokerConfig) -> None:
+    """Check each number against `SETTING_RANGES` and each choice against `SETTING_CHOICES`.
+
+    Raises:
+        ConfigurationError: the first setting out of range, e.g. "max_message_size_bytes
+            must be at least 1, not -5".
+    """
+    for name, (low, high) in SETTING_RANGES.items():
+        value = getattr(config, name)
+        if value < low or (high is not None and value > high):
+            allowed = f"at least {low}" if high is None else f"from {low} to {high}"
+            raise ConfigurationError(f"{name} must be {allowed}, not {value}")
+    for name, choices in SETTING_CHOICES.items():
+        value = getattr(config, name)
+        if value not in choices:
+            raise ConfigurationError(f"{name} must be one of {', '.join(choices)}, "
+                                     f"not {value!r}")

@@ -30,8 +30,17 @@ Failure forms follow wire reference §12 exactly: ERROR for PRODUCER, SUBSCRIBE,
 UNSUBSCRIBE, GET_LAST_MESSAGE_ID and GET_TOPICS_OF_NAMESPACE; the failure inside the response
 for PARTITIONED_METADATA, LOOKUP, GET_SCHEMA, CONSUMER_STATS and ACK receipts; SEND_ERROR for
 a publish. ServiceNotReady and TooManyRequests are never put in a lookup reply (the C++ client
-would drop the whole connection); MetadataError, which it retries, stands in. Bad bytes (any
-codec `ProtocolError`) and SENDs for unknown producers close this connection only.
+would drop the whole connection); MetadataError, which it retries, stands in. One exception,
+as in Pulsar: a LOOKUP naming a listener the broker does not have (`_listeners.py`) fails
+with ServiceNotReady "the broker do not have NAME listener", a text the C++ client knows.
+Bad bytes (any codec `ProtocolError`) and SENDs for unknown producers close this connection
+only.
+
+Claims are checked before work in proportion to them (nothing a client sends may stall the
+event loop that every connection shares): a SEND whose num_messages_in_batch its payload cannot
+hold (`_entry.batch_count_error`) gets SEND_ERROR NotAllowedError; ack sets are checked against
+their entry's batch (`Subscription`); topic patterns (GET_TOPICS_OF_NAMESPACE, watchers) run on
+RE2, and one RE2 refuses is ERROR InvalidTopicName "Invalid topics pattern: ...".
 
 Producers. A WaitForExclusive producer that has to wait gets PRODUCER_SUCCESS with
 producer_ready=false at once, and a second one (same request id, ready, with its topic epoch)
@@ -96,7 +105,6 @@ from codec import (
     Role,
     State,
     base_command,
-    parse_entry,
     pb,
     strip_broker_entry_metadata,
 )
@@ -104,13 +112,16 @@ from storage import StorageError
 
 from ._auth import AuthenticationService, AuthSession
 from ._consumer import Consumer, Delivery, SubscribeSpec
+from ._entry import EntryInfo, batch_count_error
 from ._errors import (
     AuthenticationError,
     BrokerError,
     ConsumerNotFoundError,
+    DiskFullError,
     NotAllowedError,
     from_storage_error,
 )
+from ._listeners import ListenerNotFoundError, listeners_of
 from ._names import (
     TopicName,
     check_producer_name,
@@ -123,6 +134,7 @@ from ._position import Position
 from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
 from ._service import BrokerService, Topic
 from ._subscription import Subscription
+from ._tasks import log_task_failure
 from ._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
 from ._topic_watchers import WATCHER_REPLY_TYPES, TopicListWatchers
 
@@ -269,6 +281,7 @@ class _PendingSend:
     done: bool = False
     result: PublishResult | None = None
     error: tuple[int, str] | None = None
+    dropped: bool = False  # answered by closing the producer instead (a full disk)
 
 
 @dataclass
@@ -494,6 +507,8 @@ class ConnectionHandler:
             self._writes_paused = True
             # not a command task: shutdown must not wait for a client that never reads
             self._resume_task = asyncio.ensure_future(self._resume_writes())
+            self._resume_task.add_done_callback(
+                lambda task: log_task_failure(task, f"resuming writes to {self.peer}"))
 
     async def _resume_writes(self) -> None:
         assert self._drain is not None
@@ -696,12 +711,21 @@ class ConnectionHandler:
             reply.error = code  # type: ignore[assignment]
             reply.message = message
         else:
-            reply.response = pb.CommandLookupTopicResponse.Connect
-            reply.brokerServiceUrl = self.ctx.advertised_url
-            if self.ctx.advertised_url_tls:
-                reply.brokerServiceUrlTls = self.ctx.advertised_url_tls
-            reply.authoritative = True
-            reply.proxy_through_service_url = False
+            try:
+                url, url_tls = listeners_of(self.service.config).lookup(
+                    request.advertised_listener_name, self.ctx.advertised_url,
+                    self.ctx.advertised_url_tls or None)
+            except ListenerNotFoundError as exc:  # ServiceNotReady, as Pulsar answers it
+                reply.response = pb.CommandLookupTopicResponse.Failed
+                reply.error = pb.ServiceNotReady
+                reply.message = str(exc)
+            else:
+                reply.response = pb.CommandLookupTopicResponse.Connect
+                reply.brokerServiceUrl = url
+                if url_tls:
+                    reply.brokerServiceUrlTls = url_tls
+                reply.authoritative = True
+                reply.proxy_through_service_url = False
         self.send(reply)
 
     def _on_get_topics(self, frame: Frame) -> None:
@@ -717,7 +741,11 @@ class ConnectionHandler:
             try:
                 topics = [t for t in topics if matches_topics_pattern(pattern, t)]
                 reply.filtered = True
-            except (re.error, ValueError, BrokerError) as exc:
+            except (re.error, ValueError) as exc:  # upstream's answer (RE2J), no fallback
+                self._error_code(request.request_id, pb.InvalidTopicName,
+                                 f"Invalid topics pattern: {exc}")
+                return
+            except BrokerError as exc:
                 log.info("not filtering topics by %r: %s", pattern, exc)
         digest = topics_hash(topics)
         reply.topics_hash = digest
@@ -891,13 +919,21 @@ class ConnectionHandler:
             raise _CloseConnection(f"SEND for producer {send.producer_id}, which is not ready")
         highest = send.highest_sequence_id
         if not send.HasField("highest_sequence_id") or highest < send.sequence_id:
-            highest = send.sequence_id
+            highest = -1  # none stated: the topic's dedup derives it from the entry
         pending = _PendingSend(send.sequence_id, highest)
         state.pending.append(pending)
         self.pending_sends += 1
         if send.txnid_least_bits or send.txnid_most_bits:
             self._finish_send(state, pending, error=(pb.NotAllowedError,
                                                       "Transactions are not enabled."))
+            return
+        assert frame.metadata is not None  # the codec gives every SEND its metadata
+        problem = batch_count_error(frame.metadata, len(frame.payload))
+        if problem is not None:
+            # NotAllowed fails this message only (Java), where other codes make clients
+            # reconnect and send the same batch again.
+            log.debug("refusing a SEND from %s: %s", self.peer, problem)
+            self._finish_send(state, pending, error=(pb.NotAllowedError, problem))
             return
         self._spawn(self._publish(state, pending, frame))
 
@@ -908,6 +944,12 @@ class ConnectionHandler:
         try:
             result = await state.topic.publish(state.producer, frame.entry, pending.sequence_id,
                                                pending.highest_sequence_id, frame.metadata)
+        except DiskFullError as exc:
+            # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client fails
+            # the send itself once its reconnection is refused (see _topic.py).
+            log.debug("SEND of %s dropped: %s", self.peer, exc)
+            pending.dropped = True
+            self._finish_send(state, pending, error=server_error(exc))
         except Exception as exc:
             self._log_failure(exc)
             self._finish_send(state, pending, error=server_error(exc))
@@ -948,11 +990,13 @@ class ConnectionHandler:
 
     def _receipt_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
         body: Message
+        if pending.dropped:
+            return b""
         if pending.result is not None:
             body = pb.CommandSendReceipt(
                 producer_id=producer_id, sequence_id=pending.sequence_id,
                 message_id=_id_data(pending.result.ledger_id, pending.result.entry_id),
-                highest_sequence_id=pending.highest_sequence_id)
+                highest_sequence_id=max(pending.highest_sequence_id, pending.sequence_id))
         else:
             assert pending.error is not None
             code, message = pending.error
@@ -1233,15 +1277,21 @@ class ConnectionHandler:
         last_id = _id_data(-1, -1, partition)
         last_id.batch_index = -1
         if last.entry_id >= 0:
-            metadata = parse_entry(ml.read_entry(last), verify_checksum=False).metadata
+            entry = EntryInfo(last, ml.read_entry(last))
             last_id = _id_data(last.ledger_id, last.entry_id, partition)
-            last_id.batch_index = (metadata.num_messages_in_batch - 1 if metadata.HasField(
+            # A stored count is a client's claim: clamped, so a bad one cannot fail the reply.
+            last_id.batch_index = (entry.batch_size - 1 if entry.metadata.HasField(
                 "num_messages_in_batch") else -1)
         reply = pb.CommandGetLastMessageIdResponse(last_message_id=last_id, request_id=request_id)
+        # Every subscription of a persistent topic answers its mark-delete position, readers'
+        # non-durable ones included: the C++ client's has_message_available() for a reader at
+        # `latest` compares it with the last id (and says False when it is missing).
         subscription = state.subscription
-        if isinstance(subscription, Subscription) and subscription.durable:
+        if isinstance(subscription, Subscription):
             mark = subscription.cursor.mark_delete_position
-            reply.consumer_mark_delete_position.CopyFrom(_id_data(mark.ledger_id, mark.entry_id))
+            if mark.ledger_id >= 0:
+                reply.consumer_mark_delete_position.CopyFrom(
+                    _id_data(mark.ledger_id, mark.entry_id))
         return reply
 
     def _on_stats(self, frame: Frame) -> None:

@@ -13,7 +13,9 @@ State (broker semantics §4.2):
 * `read_position`: the next entry to dispatch, always > MD. It is not persisted; after a
   restart it is the entry after MD, so every unacknowledged entry is delivered again.
 
-Acks (§4.3, §4.4). An individual delete adds the entry to the ranges; when the lowest range
+Acks (§4.3, §4.4). Ack sets come from clients: the subscription checks one against its
+entry's batch size before it gets here, and an ack set's position is validated before its words
+are converted (linearly). An individual delete adds the entry to the ranges; when the lowest range
 then starts right after MD, MD moves to that range's end. A cumulative mark-delete sets MD and
 then extends it through a range that starts right after it. A cumulative ack carrying an ack set
 for entry E sets MD to the entry before E and keeps E's bitset. Bitsets combine with AND, so an
@@ -322,7 +324,8 @@ class ManagedCursor:
         await self.flush()
 
     async def mark_delete(self, position: Position, properties: dict[str, int] | None = None,
-                          ack_set: list[int] | None = None) -> None:
+                          ack_set: list[int] | None = None, batch_size: int | None = None,
+                          ) -> None:
         """Cumulatively acknowledge up to `position` (§4.3). With an `ack_set` for entry E
         (some indexes still unacked), MD moves to the entry before E and E's bitset is kept
         (ANDed with any stored one, so it never regresses). Mark-deleting MD again is fine.
@@ -331,6 +334,8 @@ class ManagedCursor:
             position: the last acknowledged entry (E with an ack set).
             properties: replace the cursor's `properties` (None keeps them).
             ack_set: E's bitset as `long[]` words, or None for a whole-entry ack.
+            batch_size: E's batch size, when known: bits of `ack_set` beyond it are dropped
+                (none left means a whole-entry ack).
 
         Raises:
             InvalidPositionError: the position is below MD ("already mark-deleted"), or beyond
@@ -338,7 +343,7 @@ class ManagedCursor:
             ManagedLedgerClosedError, StorageError: as `delete`.
         """
         self._check_usable()
-        target, batch = self._mark_delete_target(position, ack_set)
+        target, batch = self._mark_delete_target(position, ack_set, batch_size)
         if batch is not None and self.ml.config.batch_index_ack_enabled:
             entry, mask = batch
             if not self.is_acked(entry):
@@ -353,14 +358,19 @@ class ManagedCursor:
         self._after_change()
         await self.flush()
 
-    def _mark_delete_target(self, position: Position, ack_set: list[int] | None
+    def _mark_delete_target(self, position: Position, ack_set: list[int] | None,
+                            batch_size: int | None,
                             ) -> tuple[Position, tuple[Position, int] | None]:
         ml = self.ml
-        mask = 0 if ack_set is None else ack_set_to_int(ack_set)
+        mask = 0
+        if ack_set:
+            self._check_entry(position)  # before any work in proportion to the ack set
+            mask = ack_set_to_int(ack_set)
+            if batch_size is not None:
+                mask &= (1 << batch_size) - 1
         batch: tuple[Position, int] | None = None
         target = position
         if mask:
-            self._check_entry(position)
             target = ml.previous_position(position)
             batch = (position, mask)
         if target < self.mark_delete_position:

@@ -4,7 +4,10 @@ Theory of operation
 -------------------
 
 Each producer numbers its messages; a batch carries its lowest (`sequence_id`) and highest
-(`highest_sequence_id`) sequence id. Per producer *name* the broker keeps two numbers:
+(`highest_sequence_id`) sequence id. The official C++/Python client states no highest id, in
+neither CommandSend nor MessageMetadata: `highest_sequence_id_of` (the one derivation every
+path uses: the live check, what is recorded as persisted, and the replay after a crash) then
+takes it from the batch itself (see there). Per producer *name* the broker keeps two numbers:
 
 * `pushed`: the highest sequence id accepted for writing, set *before* the write;
 * `persisted`: the highest sequence id written, set when the write is durable.
@@ -53,6 +56,16 @@ import json
 from collections.abc import Mapping
 from typing import Final
 
+from codec import (
+    UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT,
+    CompressionType,
+    RemoteProtocolError,
+    batch_last_sequence_id,
+    decompress,
+    entry_payload,
+)
+from codec._proto import pulsar_api_pb2 as pb
+
 from ._config import BrokerConfig
 from ._errors import MetadataError
 
@@ -63,11 +76,52 @@ __all__ = [
     "DeduplicationState",
     "decode_dedup_snapshot",
     "encode_dedup_snapshot",
+    "highest_sequence_id_of",
 ]
 
 DEDUP_CURSOR_NAME: Final = "pulsar.dedup"
 DEDUP_UNKNOWN_MESSAGE: Final = "Cannot determine whether the message is a duplicate at this time"
 _SNAPSHOT_VERSION: Final = 1
+
+
+def highest_sequence_id_of(sequence_id: int, stated_highest: int,
+                           metadata: pb.MessageMetadata, entry: bytes) -> int:
+    """The highest sequence id an entry carries; never below `sequence_id`.
+
+    In order: the id the SEND stated (`stated_highest`, when not below `sequence_id`); the
+    metadata's `highest_sequence_id`; for a batch of n > 1 messages, the sequence id of its
+    last single-message metadata (what the C++ client writes; the payload is decompressed
+    when needed), else `sequence_id + n - 1` when that message has none or the payload
+    cannot be read; otherwise `sequence_id`. Reading the batch is cheap in the usual case of
+    consecutive ids: `batch_last_sequence_id` confirms `sequence_id + n - 1` from the
+    payload's tail and walks the batch only when that fails.
+
+    Args:
+        sequence_id: the entry's (lowest) sequence id.
+        stated_highest: CommandSend's `highest_sequence_id`; below `sequence_id` (e.g. -1)
+            when the SEND had none, or for a stored entry.
+        metadata: the entry's metadata.
+        entry: the entry's bytes as sent or stored (`codec.entry_payload` finds the payload,
+            only when it is read).
+    """
+    if stated_highest >= sequence_id:
+        return stated_highest
+    if metadata.HasField("highest_sequence_id") and \
+            metadata.highest_sequence_id >= sequence_id:
+        return int(metadata.highest_sequence_id)
+    count = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+    if count <= 1:
+        return sequence_id
+    consecutive = sequence_id + count - 1
+    try:
+        payload = entry_payload(entry)
+        if int(metadata.compression) != CompressionType.NONE:
+            payload = decompress(metadata.compression, payload, metadata.uncompressed_size,
+                                 uncompressed_size_bytes_max=UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT)
+        last = batch_last_sequence_id(payload, count, expected=consecutive)
+    except RemoteProtocolError:  # the broker does not validate payloads; dedup must not fail
+        return consecutive
+    return consecutive if last is None else max(last, sequence_id)
 
 
 class DedupResult(enum.Enum):
@@ -124,7 +178,8 @@ class DeduplicationState:
         Args:
             producer_name: the producer's name.
             sequence_id: the send's (lowest) sequence id.
-            highest_sequence_id: the batch's highest sequence id (0 or less when absent).
+            highest_sequence_id: the entry's highest sequence id (`highest_sequence_id_of`;
+                `sequence_id` or less counts as `sequence_id`).
             is_chunk_not_last: a chunk other than the last of a chunked message; always passes
                 and changes nothing.
 
@@ -150,7 +205,7 @@ class DeduplicationState:
         Args:
             producer_name: the producer's name.
             sequence_id: the send's (lowest) sequence id.
-            highest_sequence_id: the batch's highest sequence id.
+            highest_sequence_id: the entry's highest sequence id, as given to `check`.
             is_chunk_not_last: as in `check`.
         """
         if not is_chunk_not_last:
@@ -304,7 +359,7 @@ class DeduplicationState:
         Args:
             producer_name: the entry's `producer_name` metadata.
             sequence_id: the entry's `sequence_id`.
-            highest_sequence_id: the entry's `highest_sequence_id`.
+            highest_sequence_id: the entry's highest sequence id (`highest_sequence_id_of`).
             now: the recovery time (ms), for the inactivity stamp.
         """
         value = max(highest_sequence_id, sequence_id)

@@ -23,6 +23,15 @@ loop to other work.
 `deliver()` is common: it turns entries into `Delivery` records (with the cursor's ack set
 for partially acknowledged batches and the redelivery count), charges the consumer's
 permits in messages, and hands them to the consumer's sink.
+
+Read failures: a round that cannot read its entries never dies silently inside the loop.
+Stored data that fails its checks or is missing below the last confirmed entry
+(`CorruptionError`, `NoSuchEntryError`) cannot be read by any later round either: the
+subscription reports it to its topic (`Subscription.read_failed`), which logs it with the
+file and offset, marks itself failed and closes its consumers. Any other storage error is
+logged and the round is retried after `DISPATCH_RETRY_DELAY_S`; anything else (but a
+broken assertion, which is never caught) is a bug, logged with its traceback, and fails the
+topic the same way.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from codec import murmur3_32, sticky_key
+from storage import CorruptionError, NoSuchEntryError, StorageError
 
 from ._consumer import Consumer, Delivery
 from ._entry import EntryInfo
+from ._position import unacked_in_ack_set
 
 if TYPE_CHECKING:
     from ._subscription import Subscription
@@ -44,6 +55,7 @@ __all__ = ["Dispatcher", "SingleActiveConsumerDispatcher", "failover_ring_choice
 log = logging.getLogger(__name__)
 
 ROUNDS_PER_TURN_MAX = 16
+DISPATCH_RETRY_DELAY_S = 1.0  # after a storage error that may pass (not a corruption)
 FAILOVER_RING_POINTS = 100
 
 
@@ -83,9 +95,25 @@ class Dispatcher:
         self._scheduled = False
         if self.closed:
             return
-        for _ in range(ROUNDS_PER_TURN_MAX):
-            if not self.dispatch_round():
-                return
+        try:
+            for _ in range(ROUNDS_PER_TURN_MAX):
+                if not self.dispatch_round():
+                    return
+        except (CorruptionError, NoSuchEntryError) as exc:
+            self.sub.read_failed(exc)
+            return
+        except StorageError as exc:
+            log.warning("dispatch on %s/%s failed, retrying in %.1f s: %s",
+                        self.sub.topic_name, self.sub.name, DISPATCH_RETRY_DELAY_S, exc)
+            self.kick_later(DISPATCH_RETRY_DELAY_S)
+            return
+        except AssertionError:
+            raise  # a broken invariant is never caught (asyncio logs it with its traceback)
+        except Exception as exc:
+            log.exception("dispatch on %s/%s failed unexpectedly", self.sub.topic_name,
+                          self.sub.name)
+            self.sub.read_failed(exc)
+            return
         self.kick()  # more to do: yield the loop first
 
     def dispatch_round(self) -> bool:
@@ -136,7 +164,7 @@ class Dispatcher:
             ledger_id, entry_id = entry.position
             batch_size = entry.batch_size
             ack_set = self.sub.ack_set_for(entry.position) if batch_size > 1 else None
-            unacked = batch_size if ack_set is None else _set_bits(ack_set, batch_size)
+            unacked = batch_size if ack_set is None else unacked_in_ack_set(ack_set, batch_size)
             messages += unacked
             deliveries.append(Delivery(ledger_id, entry_id, self.sub.partition, entry.data,
                                        self.sub.redelivery_count(entry.position), ack_set,
@@ -145,15 +173,6 @@ class Dispatcher:
         self.sub.messages_dispatched(consumer, messages, deliveries)
         consumer.sink.deliver(consumer, deliveries)
         return messages
-
-
-def _set_bits(words: list[int], batch_size: int) -> int:
-    count = 0
-    for index in range(batch_size):
-        word = index // 64
-        if word < len(words) and (words[word] >> (index % 64)) & 1:
-            count += 1
-    return count
 
 
 def failover_ring_choice(consumers: list[Consumer], topic_name: str) -> Consumer | None:

@@ -18,6 +18,7 @@ __all__ = [
     "ConsumerAssignError",
     "ConsumerBusyError",
     "ConsumerNotFoundError",
+    "DiskFullError",
     "IncompatibleSchemaError",
     "InvalidSchemaError",
     "InvalidTopicNameError",
@@ -44,9 +45,10 @@ class BrokerError(Exception):
     retriable: bool = False
 
 
-class ConfigurationError(BrokerError):
-    """A setting the broker cannot start with (e.g. an unreadable key file); never sent to
-    clients, raised before anything listens."""
+class ConfigurationError(BrokerError, ValueError):
+    """A setting the broker cannot start with (e.g. an unreadable key file, a value out of
+    its range); never sent to clients, raised before anything listens. A ValueError too, as
+    the settings' parsers raise for malformed values."""
 
 
 class MetadataError(BrokerError):
@@ -90,6 +92,13 @@ class ProducerBlockedQuotaExceededException(BrokerError):
     """producer_exception: not retried; pending sends fail."""
 
     code = 8
+
+
+class DiskFullError(ProducerBlockedQuotaExceededException):
+    """The broker's disk is full: publishing is refused (as for an exceeded quota with the
+    producer_exception policy) until there is room again. The producer is closed; the
+    official client fails its pending sends with ProducerBlockedQuotaExceededException and
+    reconnects with backoff."""
 
 
 class TopicNotFoundError(BrokerError):

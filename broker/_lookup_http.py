@@ -9,6 +9,9 @@ only then opens a binary-protocol connection to the broker URL it was given:
   Pulsar's LookupData JSON: `brokerUrl` (our binary `pulsar://` URL), `brokerUrlTls`,
   `httpUrl`, `httpUrlTls`, `nativeUrl`. The C++ client requires both `brokerUrl` and
   `brokerUrlTls` keys to be present; without TLS the latter is null, as upstream sends it.
+  A listener named by the `listenerName` query parameter (else the `X-Pulsar-ListenerName`
+  header) gets that advertised listener's URLs in `brokerUrl`/`brokerUrlTls`/`nativeUrl`, a
+  name the broker does not have a 500 with Pulsar's reason (`_listeners.py`).
 * `GET /admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions?checkAllowAutoCreation=true`
   answers `{"partitions": N}` exactly as the binary PARTITIONED_METADATA does
   (`BrokerService.partitioned_metadata`): 0 for a missing topic, a partitioned topic created
@@ -33,12 +36,15 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ._errors import ServiceNotReadyError, TopicNotFoundError
+from ._listeners import ListenerNotFoundError, listeners_of
 from ._names import NamespaceName, TopicName
 from ._service import BrokerService
 
 __all__ = ["LOOKUP_PATH", "LookupUrls", "lookup_routes", "partitions_for_client"]
 
 LOOKUP_PATH = "/lookup/v2/topic/{domain:persistent|non-persistent}/{tenant}/{namespace}/{topic}"
+LISTENER_NAME_PARAM = "listenerName"  # wins over the header when both are given
+LISTENER_NAME_HEADER = "X-Pulsar-ListenerName"
 
 
 @dataclass
@@ -94,12 +100,19 @@ def lookup_routes(service: BrokerService, urls: LookupUrls) -> list[web.RouteDef
         _check_namespace(service, name)
         if urls.broker_url is None:
             raise ServiceNotReadyError("The binary protocol server is not running")
+        listener = (request.query.get(LISTENER_NAME_PARAM, "")
+                    or request.headers.get(LISTENER_NAME_HEADER, ""))
+        try:
+            broker_url, broker_url_tls = listeners_of(service.config).lookup(
+                listener, urls.broker_url, urls.broker_url_tls)
+        except ListenerNotFoundError as exc:  # Pulsar: a 500 with the lookup's reason
+            return web.json_response({"reason": str(exc)}, status=500)
         return web.json_response({
-            "brokerUrl": urls.broker_url,
-            "brokerUrlTls": urls.broker_url_tls,
+            "brokerUrl": broker_url,
+            "brokerUrlTls": broker_url_tls,
             "httpUrl": urls.http_url,
             "httpUrlTls": urls.http_url_tls,
-            "nativeUrl": urls.broker_url,
+            "nativeUrl": broker_url,
         })
 
     return [web.get(LOOKUP_PATH, lookup)]

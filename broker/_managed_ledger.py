@@ -29,6 +29,13 @@ where it advances the ledger's entry count and size and `last_confirmed_position
 add, and calls the `on_entries_added` hooks. After its add is durable, an add that filled the
 ledger rolls over at once (Pulsar closes a full ledger right away, so it can be trimmed).
 
+A failed add (the storage refused or failed it: a full disk) leaves the current ledger in
+doubt, as in Pulsar, where a failed add closes the ledger: the next add first rolls over, and
+the new ledger's list ignores whatever the storage may hold of the failed adds beyond the
+entries the ML confirmed (a current ledger left without entries is dropped from the list
+and deleted). A rollover that fails because the disk is full does not fence the ML: the next
+add tries again (any other storage error still fences it).
+
 Rollover (§9.1). A ledger is full when it has entries and (entries >= max_entries, or size >=
 max_size, or age >= max_rollover_time) and, when a minimum rollover time is set, its age is
 above that minimum (Pulsar's `currentLedgerIsFull`). Steps, under the submit lock: close the
@@ -67,7 +74,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storage import Completion, LedgerNotFoundError, Storage, StorageError
+from storage import Completion, LedgerNotFoundError, Storage, StorageError, StorageFullError
 
 from ._config import BrokerConfig
 from ._cursor import ManagedCursor, cursor_prefix
@@ -192,6 +199,7 @@ class ManagedLedger:
         self._submit_lock = asyncio.Lock()
         self._state = "open"
         self._fenced: BaseException | None = None
+        self._add_failed = False  # an add failed: roll over before the next one
         self.cursors: dict[str, ManagedCursor] = {}
         self._non_durable: dict[int, ManagedCursor] = {}
         self.on_entries_added: list[Callable[[Position], None]] = []
@@ -453,7 +461,7 @@ class ManagedLedger:
         self._check_writable()
         async with self._submit_lock:
             self._check_writable()
-            if self._current_is_full():
+            if self._add_failed or self._current_is_full():
                 await self._rollover()
             done = self._submit(bytes(data))
             self._last_add = done
@@ -496,6 +504,7 @@ class ManagedLedger:
                      done: asyncio.Future[Position]) -> None:
         error = finished.exception()
         if error is not None:
+            self._add_failed = True
             if not done.done():
                 done.set_exception(error)
             return
@@ -544,14 +553,32 @@ class ManagedLedger:
         try:
             last = await self.storage.close_ledger(old.ledger_id)
             new_id = await self.storage.create_ledger({"ml": self.name})
+        except StorageFullError as error:
+            log.warning("ml %s: rollover of ledger %d failed, retried by the next add: %s",
+                        self.name, old.ledger_id, error)
+            self._add_failed = True
+            raise
         except StorageError as error:
             self._fenced = error
             log.error("ml %s: rollover of ledger %d failed: %s", self.name, old.ledger_id, error)
             raise
-        assert last + 1 == self._submitted_entries == old.entries, "close waits for the adds"
         assert self._state == "open"
         now_ms = self._now_ms()
+        if self._add_failed:
+            self._add_failed = False
+            if last + 1 != old.entries:
+                log.warning("ml %s: ledger %d closed after failed adds; keeping its %d "
+                            "confirmed entries (storage holds %d)", self.name,
+                            old.ledger_id, old.entries, last + 1)
+        else:
+            assert last + 1 == self._submitted_entries == old.entries, "close waits for adds"
         old.timestamp_ms = now_ms
+        if old.entries == 0:  # only after failed adds: the list keeps no empty ledger
+            self._ledgers.pop()
+            self._ids.pop()
+            _delete_in_background(self.storage, old.ledger_id)
+            if self._last_confirmed.ledger_id == old.ledger_id:
+                self._last_confirmed = Position(new_id, -1)
         self._ledgers.append(_Ledger(new_id))
         self._ids.append(new_id)
         self._current_created_s = self.clock()
@@ -786,7 +813,7 @@ class ManagedLedger:
     async def _close_current_ledger(self) -> None:
         current = self._ledgers[-1]
         last = await self.storage.close_ledger(current.ledger_id)
-        assert last + 1 == current.entries
+        assert last + 1 == current.entries or self._add_failed
         current.timestamp_ms = self._now_ms()
         empty = current.entries == 0 and len(self._ledgers) > 1
         if empty:

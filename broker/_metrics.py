@@ -10,8 +10,11 @@ labels (with topic-level metrics exposed, as `exposeTopicLevelMetricsInPrometheu
 * per topic, `{cluster, namespace, topic}`: `pulsar_subscriptions_count`,
   `pulsar_producers_count`, `pulsar_consumers_count`, `pulsar_in_messages_total`,
   `pulsar_in_bytes_total`, and for persistent topics `pulsar_storage_size`,
-  `pulsar_storage_backlog_size`, `pulsar_storage_backlog_quota_limit` and
-  `pulsar_msg_backlog` (the sum of its subscriptions' backlogs, in entries);
+  `pulsar_storage_backlog_size`, `pulsar_storage_backlog_quota_limit`,
+  `pulsar_msg_backlog` (the sum of its subscriptions' backlogs, in entries) and
+  `pulsar_topic_storage_failed` (1 once its entries cannot be read);
+* per broker, `{cluster}`: `pulsar_broker_storage_full` (1 while the disk is full; written
+  when a topic is loaded or the disk is full);
 * per subscription, the topic labels plus `subscription`: `pulsar_subscription_back_log`
   and the other `pulsar_subscription_*` gauges, and `pulsar_out_messages_total` /
   `pulsar_out_bytes_total` (what the subscription has dispatched);
@@ -52,6 +55,9 @@ METRICS: dict[str, str] = {
     "pulsar_storage_backlog_size": "Estimated bytes from the slowest subscription to the end",
     "pulsar_storage_backlog_quota_limit": "The size backlog quota in bytes (-1: none)",
     "pulsar_msg_backlog": "Backlog of the topic: the sum of its subscriptions' (entries)",
+    "pulsar_topic_storage_failed":
+        "1 when the topic's stored entries cannot be read (corrupt entry log or index)",
+    "pulsar_broker_storage_full": "1 while the disk is full and publishes are refused",
     "pulsar_subscription_back_log": "Entries not yet acknowledged by the subscription",
     "pulsar_subscription_back_log_no_delayed": "The backlog without delayed messages",
     "pulsar_subscription_delayed": "Messages held back for delayed delivery",
@@ -123,7 +129,7 @@ def render_metrics(service: BrokerService, *, consumer_level: bool = False) -> s
 
     Returns:
         The exposition text, one sample per line, ending with a newline (empty when no
-        topic is loaded).
+        topic is loaded and the disk is not full).
     """
     families = _Families()
     cluster = service.config.cluster_name
@@ -135,6 +141,9 @@ def render_metrics(service: BrokerService, *, consumer_level: bool = False) -> s
     for namespace, count in sorted(per_namespace.items()):
         families.add("pulsar_topics_count",
                      (("cluster", cluster), ("namespace", namespace)), count)
+    if topics or service.storage_full:
+        families.add("pulsar_broker_storage_full", (("cluster", cluster),),
+                     service.storage_full)
     for topic in topics:
         labels = (("cluster", cluster), ("namespace", topic.name.namespace_name),
                   ("topic", str(topic.name)))
@@ -158,6 +167,7 @@ def _topic_metrics(families: _Families, topic: PersistentTopic | NonPersistentTo
                      topic.policies.backlog_quota_limit_bytes)
         families.add("pulsar_msg_backlog", labels,
                      sum(s["msgBacklog"] for s in subscriptions.values()))
+        families.add("pulsar_topic_storage_failed", labels, stats["storageFailure"] is not None)
     for name in sorted(subscriptions):
         sub_labels = (*labels, ("subscription", name))
         sub_stats = subscriptions[name]

@@ -20,6 +20,7 @@ need each other only for typing).
 
 from __future__ import annotations
 
+import struct
 from typing import Final, NamedTuple
 
 from ._errors import PersistenceError, TopicTerminatedError
@@ -34,12 +35,15 @@ __all__ = [
     "ManagedLedgerTerminatedError",
     "Position",
     "ack_set_to_int",
+    "ack_set_words_max",
     "int_to_ack_set",
+    "unacked_in_ack_set",
 ]
 
 INT64_MAX: Final = (1 << 63) - 1
 WORD_BITS: Final = 64
 WORD_MASK: Final = (1 << WORD_BITS) - 1
+WORD_BYTES: Final = WORD_BITS // 8
 
 
 class Position(NamedTuple):
@@ -61,21 +65,27 @@ assert EARLIEST < Position(0, 0) < LATEST
 def ack_set_to_int(words: list[int]) -> int:
     """A Java `long[]` bitset (signed or unsigned words) as one Python integer.
 
+    Linear in the number of words (one byte string, one conversion): ack sets come from
+    clients, so no step may cost more than their length.
+
     Args:
         words: 64-bit words, least significant first; bit k is bit k % 64 of word k // 64.
 
     Returns:
         The bitmask, bit k of which is bit k of the bitset.
     """
-    mask = 0
-    for index, word in enumerate(words):
-        mask |= (word & WORD_MASK) << (WORD_BITS * index)
+    if not words:
+        return 0
+    packed = struct.pack(f"<{len(words)}Q", *[word & WORD_MASK for word in words])
+    mask = int.from_bytes(packed, "little")
     assert mask >= 0
     return mask
 
 
 def int_to_ack_set(mask: int) -> list[int]:
     """A bitmask as Java `long[]` words, signed as the wire's `int64` ack_set wants them.
+
+    Linear in the size of the mask.
 
     Args:
         mask: a non-negative bitmask.
@@ -85,12 +95,23 @@ def int_to_ack_set(mask: int) -> list[int]:
         [-2**63, 2**63).
     """
     assert mask >= 0
-    words: list[int] = []
-    while mask:
-        word = mask & WORD_MASK
-        words.append(word - (1 << WORD_BITS) if word > INT64_MAX else word)
-        mask >>= WORD_BITS
-    return words
+    count = (mask.bit_length() + WORD_BITS - 1) // WORD_BITS
+    if count == 0:
+        return []
+    return list(struct.unpack(f"<{count}q", mask.to_bytes(count * WORD_BYTES, "little")))
+
+
+def ack_set_words_max(batch_size: int) -> int:
+    """How many `long[]` words an ack set of a batch of `batch_size` messages may have."""
+    assert batch_size >= 1
+    return (batch_size + WORD_BITS - 1) // WORD_BITS
+
+
+def unacked_in_ack_set(words: list[int], batch_size: int) -> int:
+    """How many of the first `batch_size` indexes an ack set still holds (set bits)."""
+    assert batch_size >= 1
+    kept = words[:ack_set_words_max(batch_size)]
+    return (ack_set_to_int(kept) & ((1 << batch_size) - 1)).bit_count()
 
 
 class ManagedLedgerError(PersistenceError):

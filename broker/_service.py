@@ -20,7 +20,10 @@ that raises is logged and stays registered.
 Maintenance (`run_maintenance`, every second from `start`): time-based retention trimming,
 message TTL, backlog quotas (producer hold/exception disconnect producers;
 consumer_backlog_eviction skips the slowest cursor), dedup snapshots by time and purging of
-inactive producers' dedup state. Each task honours its own interval.
+inactive producers' dedup state. Each task honours its own interval. While the disk is full
+(`storage_full`: publishes are refused, see `_topic.py`), every
+`storage_full_check_interval_s` it asks the storage to resume writes in a worker thread
+(`Storage.try_resume_writes`); once there is room, writes resume without a restart.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from storage import Storage
+from storage import Storage, StorageError, StorageFullError
 
 from ._config import BrokerConfig
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
@@ -39,6 +42,7 @@ from ._managed_ledger import ml_key
 from ._names import TopicName, matches_topics_pattern
 from ._namespaces import NamespaceRegistry
 from ._schemas import SchemaRegistry
+from ._tasks import log_task_failure
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
 
 __all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "Topic", "TopicListener"]
@@ -75,6 +79,8 @@ class BrokerService:
         self.namespaces.bootstrap()
         if maintenance:
             self._maintenance = asyncio.ensure_future(self._maintenance_loop())
+            self._maintenance.add_done_callback(
+                lambda task: log_task_failure(task, "broker maintenance"))
 
     async def close(self) -> None:
         """Close every loaded topic (managed ledgers closed, dedup snapshotted)."""
@@ -92,6 +98,11 @@ class BrokerService:
             except Exception as exc:  # keep closing the others
                 log.error("closing %s failed: %s", topic.name, exc)
         self.topics.clear()
+
+    @property
+    def storage_full(self) -> bool:
+        """Whether the storage refuses writes because the disk is full."""
+        return isinstance(self.storage.failed, StorageFullError)
 
     # -- topics ----------------------------------------------------------------------------
 
@@ -394,6 +405,9 @@ class BrokerService:
         now = self.clock()
         config = self.config
         done = {"trimmed": 0, "expired": 0, "evicted": 0, "producers_disconnected": 0}
+        if self.storage_full and (force or self._due(
+                "storage_full", config.storage_full_check_interval_s, now)):
+            await self.resume_writes_if_room()
         topics = [t for t in self.topics.values() if isinstance(t, PersistentTopic)]
         if force or self._due("retention", config.retention_check_interval_s, now):
             for topic in topics:
@@ -409,6 +423,20 @@ class BrokerService:
         for topic in topics:
             await self._dedup_housekeeping(topic, now)
         return done
+
+    async def resume_writes_if_room(self) -> bool:
+        """While the disk is full: let the storage resume writes if there is room again
+        (a recovery, in a worker thread). Returns whether writes resumed."""
+        if not self.storage_full:
+            return False
+        try:
+            resumed = await asyncio.to_thread(self.storage.try_resume_writes)
+        except StorageError as exc:
+            log.error("storage cannot resume writes: %s", exc)
+            return False
+        if resumed:
+            log.info("the disk has room again: publishing resumed")
+        return resumed
 
     async def _expire(self, topic: PersistentTopic) -> int:
         ttl = topic.policies.message_ttl_s

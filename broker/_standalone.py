@@ -12,7 +12,9 @@ server starts.
 Security. Before the data directory is opened, the authentication service
 (`_auth.AuthenticationService.from_config`: the token key is read) and the TLS context
 (`_tls.server_ssl_context`: certificate, key, trusted CAs) are built, so a bad key or
-certificate stops the process with a clear message before anything listens. Both listeners
+certificate stops the process with a clear message before anything listens. So do advertised
+listeners that contradict the TLS settings or `--advertised-url` (`_listeners.py`); with them
+the internal listener's URLs are the advertised ones. Both listeners
 of the binary protocol (plain `port`, TLS `tls_port`) and of the admin API (`http_port`,
 `https_port`) share them.
 
@@ -37,11 +39,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import importlib
 import importlib.util
 import inspect
 import logging
+import math
+import os
 import signal
+import socket
 import ssl
 import time
 import types
@@ -49,12 +55,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from storage import DataDirLockedError, Storage
+from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 
 from ._auth import AuthenticationService
 from ._config import BrokerConfig
 from ._connection_handler import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
 from ._errors import ConfigurationError
+from ._listeners import check_tls, listeners_of
 from ._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 from ._service import BrokerService
 from ._tls import TlsOptions, server_ssl_context
@@ -85,7 +92,8 @@ class StandaloneOptions:
         host: bind address of the binary protocol and the admin server.
         port: binary protocol port (0: any free port).
         http_port: admin HTTP port, passed to the admin hook.
-        advertised_url: what LOOKUP answers (default `pulsar://host:port`).
+        advertised_url: what LOOKUP answers (default `pulsar://host:port`; with advertised
+            listeners in `config`: the internal listener's URL, and it must stay None).
         config: the broker configuration.
         shutdown_grace_s: how long in-flight work may take at shutdown.
         tls: certificate and key for the TLS listeners (None: no TLS).
@@ -111,6 +119,9 @@ class StandaloneOptions:
     advertised_url_tls: str | None = None
     keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT
     pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT
+    # Start even when a journal record recovery must replay is corrupt: skip the rest of
+    # that segment and lose what it holds (logged at ERROR with the records/bytes lost).
+    skip_corrupt_journal_segments: bool = False
 
     def __post_init__(self) -> None:
         assert self.pending_sends_max >= 1, "pending_sends_max must be at least 1"
@@ -124,7 +135,8 @@ def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None
     and comma-separated tuples of strings.
 
     Raises:
-        ValueError: an unknown field, a malformed item, or a value of the wrong type.
+        ConfigurationError: (a ValueError) an unknown field, a malformed item, a value of the
+            wrong type or out of the setting's range (`_config.SETTING_RANGES`).
     """
     base = base or BrokerConfig()
     types_by_name = typing.get_type_hints(BrokerConfig)
@@ -133,27 +145,38 @@ def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None
         name, sep, text = item.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or name not in types_by_name:
-            raise ValueError(f"not a broker setting: {item!r} (expected name=value)")
+            raise ConfigurationError(_unknown_setting(item, name, list(types_by_name)))
         changes[name] = _parse_value(types_by_name[name], text.strip(), name)
     return dataclasses.replace(base, **changes)
+
+
+def _unknown_setting(item: str, name: str, names: list[str]) -> str:
+    if "=" not in item:
+        return f"not a broker setting: {item!r} (expected name=value)"
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"not a broker setting: {item!r}{hint}"
 
 
 def _parse_value(kind: Any, text: str, name: str) -> Any:
     if kind is bool:
         lowered = text.lower()
         if lowered not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"{name} takes true or false, not {text!r}")
+            raise ConfigurationError(f"{name} takes true or false, not {text!r}")
         return lowered in ("true", "1", "yes")
     if kind is int or kind is float:
         try:
-            return kind(text)
+            number = kind(text)
         except ValueError:
-            raise ValueError(f"{name} takes a number, not {text!r}") from None
+            raise ConfigurationError(f"{name} takes a number, not {text!r}") from None
+        if not math.isfinite(number):
+            raise ConfigurationError(f"{name} takes a finite number, not {text!r}")
+        return number
     if typing.get_origin(kind) is tuple:
         return tuple(part.strip() for part in text.split(",") if part.strip())
     if kind is str:
         return text
-    raise ValueError(f"{name} cannot be set from the command line")
+    raise ConfigurationError(f"{name} cannot be set from the command line")
 
 
 async def start_http(service: BrokerService, host: str, port: int,
@@ -214,14 +237,18 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
 
     Raises:
         DataDirLockedError: another process owns the data directory.
-        ConfigurationError: a key, certificate or TLS setting is unusable (nothing started).
+        CorruptionError: recovery refused the data directory (left as found).
+        ConfigurationError: a key, certificate or TLS setting, or the data directory, is
+            unusable (nothing started).
         OSError: the ports cannot be bound.
     """
     started = time.monotonic()
     security = _Security.from_options(options)
+    options = _with_listener_urls(options, security)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
-    storage = Storage.open(options.data_dir)
+    storage = _open_storage(options.data_dir, StorageConfig(
+        skip_corrupt_journal_segments=options.skip_corrupt_journal_segments))
     try:
         service = BrokerService(storage, options.config)
         await service.start()
@@ -233,6 +260,41 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
         storage.close()
     log.info("stopped cleanly")
     return EXIT_OK
+
+
+def _open_storage(data_dir: str, config: StorageConfig) -> Storage:
+    """`Storage.open`, with a data directory that cannot be used reported as a
+    ConfigurationError naming it (DataDirLockedError passes through)."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise ConfigurationError(f"--data-dir {data_dir} is not a directory")
+    try:
+        return Storage.open(data_dir, config)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot use --data-dir {data_dir}: "
+                                 f"{exc.strerror or exc}") from exc
+
+
+def _with_listener_urls(options: StandaloneOptions, security: _Security) -> StandaloneOptions:
+    """With advertised listeners configured, the internal listener's URLs become the
+    advertised ones (what LOOKUP answers a client that names no listener).
+
+    Raises:
+        ConfigurationError: listeners next to --advertised-url/--advertised-url-tls, or a
+            `pulsar+ssl://` URL missing (TLS port) or superfluous (none); nothing started.
+    """
+    listeners = listeners_of(options.config)
+    internal = listeners.internal
+    if internal is None:
+        return options
+    if options.advertised_url is not None or options.advertised_url_tls is not None:
+        raise ConfigurationError("advertised_listeners and --advertised-url/"
+                                 "--advertised-url-tls must not appear together")
+    try:
+        check_tls(listeners, security.ssl_context is not None and options.tls_port is not None)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    return dataclasses.replace(options, advertised_url=internal.broker_url,
+                               advertised_url_tls=internal.broker_url_tls)
 
 
 @dataclass(frozen=True)
@@ -293,8 +355,11 @@ def run_standalone(options: StandaloneOptions) -> int:
     """`magnetar standalone`: run until SIGTERM/SIGINT; returns the exit status."""
     try:
         return asyncio.run(serve_standalone(options))
-    except (DataDirLockedError, ConfigurationError) as exc:
+    except (DataDirLockedError, CorruptionError, ConfigurationError) as exc:
         log.error("cannot start: %s", exc)
+        return EXIT_FAILED
+    except socket.gaierror as exc:  # an OSError that does not say which name
+        log.error("cannot start: --host %s: %s", options.host, exc.strerror)
         return EXIT_FAILED
     except OSError as exc:
         log.error("cannot start: %s", exc)

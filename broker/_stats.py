@@ -138,6 +138,10 @@ def topic_stats(topic: PersistentTopic | NonPersistentTopic) -> dict[str, Any]:
             "backlogSize": topic.estimated_backlog_bytes(),
             "subscriptions": subscriptions,
             "deduplicationStatus": "Enabled" if topic.dedup is not None else "Disabled",
+            # Not Pulsar's: why the topic's entries cannot be read (None while healthy), and
+            # whether the broker's disk is full (publishes are refused until space is back).
+            "storageFailure": topic.failure,
+            "storageFull": topic.service.storage_full,
         })
     else:
         stats["msgDropRate"] = 0.0

@@ -42,7 +42,8 @@ from ._dispatch_shared import SharedDispatcher
 from ._dispatcher import Dispatcher, SingleActiveConsumerDispatcher
 from ._entry import EntryInfo
 from ._errors import ConsumerBusyError, NotAllowedError, SubscriptionBusyError
-from ._position import Position
+from ._position import Position, ack_set_words_max, unacked_in_ack_set
+from ._tasks import spawn
 
 if TYPE_CHECKING:
     from ._config import BrokerConfig
@@ -213,9 +214,7 @@ class Subscription:
         self._after_ack(None, positions, 0, moved=True)
 
     def _spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        spawn(work, self._background, f"subscription {self.topic_name}/{self.name}")
 
     # -- consumers -------------------------------------------------------------------------
 
@@ -325,7 +324,7 @@ class Subscription:
                         remaining[(ledger_id, entry_id)] = self._unacked_in_batch(
                             position, self._batch_size(consumer, position))
                 continue
-            size = self._batch_size(consumer, position)
+            size = self._checked_batch_size(consumer, position, ack_set)
             before = self._unacked_in_batch(position, size)
             await self.cursor.delete_batch_index(position, ack_set, size)
             if self.cursor.is_acked(position):
@@ -360,7 +359,8 @@ class Subscription:
             log.debug("ignoring a cumulative ack of %s at or below the mark-delete %s on %s",
                       position, mark_delete, self.name)
             return
-        await self.cursor.mark_delete(position, ack_set=ack_set)
+        size = self._checked_batch_size(consumer, position, ack_set) if ack_set else None
+        await self.cursor.mark_delete(position, ack_set=ack_set, batch_size=size)
         self._after_ack(consumer, [], 0, moved=True)
 
     def _after_ack(self, consumer: Consumer | None, positions: list[Position], messages: int,
@@ -380,12 +380,28 @@ class Subscription:
                 return int(found.batch_size)
         return EntryInfo(position, self.topic.managed_ledger.read_entry(position)).batch_size
 
+    def _checked_batch_size(self, consumer: Consumer | None, position: Position,
+                            ack_set: list[int]) -> int:
+        """The batch size of the entry an ack set refers to, once the ack set is found to fit
+        it -- before any work in proportion to the ack set's length.
+
+        Raises:
+            InvalidPositionError: `position` is not an entry of the topic.
+            NotAllowedError: the ack set has more words than the batch has messages.
+            (Nothing changed.)
+        """
+        size = self._batch_size(consumer, position)
+        if len(ack_set) > ack_set_words_max(size):
+            raise NotAllowedError(
+                f"Ack set of {len(ack_set)} words for {position}, a batch of {size} messages "
+                f"(at most {ack_set_words_max(size)} words)")
+        return size
+
     def _unacked_in_batch(self, position: Position, size: int) -> int:
         words = self.cursor.get_ack_set(position)
         if words is None:
             return 0 if self.cursor.is_acked(position) else size
-        return sum(1 for i in range(size)
-                   if i // 64 < len(words) and (words[i // 64] >> (i % 64)) & 1)
+        return unacked_in_ack_set(words, size)
 
     # -- cursor operations -----------------------------------------------------------------
 
@@ -411,6 +427,10 @@ class Subscription:
         Raises:
             SubscriptionBusyError: another reset is running (nothing changed).
         """
+        ml = self.topic.managed_ledger
+        if ack_set and ml.is_valid_position(position):  # no more words than the batch needs
+            size = EntryInfo(position, ml.read_entry(position)).batch_size
+            ack_set = ack_set[:ack_set_words_max(size)]
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset(position, ack_set)
@@ -500,6 +520,11 @@ class Subscription:
             self.dispatcher.close()
         for task in list(self._background):
             task.cancel()
+
+    def read_failed(self, error: BaseException) -> None:
+        """The dispatcher cannot read this subscription's entries, for good: the topic
+        fails (see `PersistentTopic.read_failed`)."""
+        self.topic.read_failed(error, self)
 
 
 def entry_publish_time(data: bytes) -> int:

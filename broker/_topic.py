@@ -6,13 +6,14 @@ Theory of operation
 Publishing to a persistent topic (`PersistentTopic.publish`):
 
 1. checks: topic not fenced or terminated, message size, the delayed-delivery maximum;
-2. deduplication (when enabled, never for system topics; broker reference §5): DUP answers
-   with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may still be
-   in flight) fails with PersistenceError so the client resends;
+2. deduplication (when enabled, never for system topics; broker reference §5), with the
+   entry's highest sequence id from `highest_sequence_id_of` when the SEND states none: DUP
+   answers with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may
+   still be in flight) fails with PersistenceError so the client resends;
 3. the entry (the producer's metadata and payload, checksum included, as sent) is appended
    to the managed ledger, and the publish completes only when it is durable;
-4. dedup records the persisted sequence id, and every 1000 entries snapshots the per-
-   producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
+4. dedup records the persisted (highest) sequence id, and every 1000 entries snapshots the
+   per-producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
    snapshot position). On load, the state is the snapshot plus a replay of every entry
    after it, so a restart or a crash loses nothing.
 5. subscriptions are woken through the managed ledger's entries-added hook.
@@ -23,6 +24,12 @@ business: a WaitForExclusive producer that must wait is returned with its `waite
 is registered in `producers` only once promoted. The backlog quota is checked at creation
 (broker reference §7.3).
 
+A full disk: a publish that fails with StorageFullError closes its producer (CLOSE_PRODUCER:
+a SEND_ERROR would make the official client drop the connection and resend in a loop), and
+while the disk is full producers are refused with DiskFullError (ProducerBlockedQuota-
+ExceededException on the wire), which the client reports to the pending sends' callers
+before it retries with backoff; the service resumes writes once there is room.
+
 Closing (`fenced`): while a topic closes, unloads or is deleted, new producers and consumers
 get ServiceNotReady (the client retries and lands on the reloaded topic). A broker-side close
 of a producer or consumer goes through `Producer.disconnect` / the consumer's sink, which the
@@ -32,6 +39,14 @@ Termination (`terminate`): the managed ledger records its last position and take
 entries; producers are disconnected and refused with TopicTerminatedError from then on;
 consumers read up to the last entry and then get nothing more (no REACHED_END_OF_TOPIC: the
 C++ client cannot handle it, wire reference §10.5).
+
+Read failure (`read_failed`): when a dispatcher finds stored entries it can never read (a
+corrupt entry log or index: `CorruptionError`, `NoSuchEntryError`), the topic logs the error
+(it names the file and offset), records it in `failure` (stats: `storageFailure`, metrics:
+`pulsar_topic_storage_failed`), closes every consumer with CLOSE_CONSUMER and refuses new
+subscriptions with NotAllowedError naming the failure: the official client then reports the
+error instead of waiting for messages that never come. Producers and other topics are not
+affected; unloading the topic (or a restart) clears the mark.
 """
 
 from __future__ import annotations
@@ -51,12 +66,19 @@ from codec._proto import pulsar_api_pb2 as pb
 from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._cursor import ManagedCursor
-from ._dedup import DEDUP_CURSOR_NAME, DEDUP_UNKNOWN_MESSAGE, DeduplicationState, DedupResult
+from ._dedup import (
+    DEDUP_CURSOR_NAME,
+    DEDUP_UNKNOWN_MESSAGE,
+    DeduplicationState,
+    DedupResult,
+    highest_sequence_id_of,
+)
 from ._entry import EntryInfo
 from ._entry_metadata import EntryMetadataAppender, interceptors_of
 from ._errors import (
     BrokerError,
     ConsumerBusyError,
+    DiskFullError,
     NotAllowedError,
     PersistenceError,
     ProducerBlockedQuotaExceededError,
@@ -72,6 +94,7 @@ from ._names import TopicName
 from ._namespaces import EffectivePolicies
 from ._position import Position
 from ._subscription import Subscription
+from ._tasks import spawn
 
 if TYPE_CHECKING:
     from ._config import BrokerConfig
@@ -116,6 +139,7 @@ class Producer:
         self.topic_epoch: int | None = None  # granted with exclusive access
         self.waiter: Waiter | None = None  # set while a WaitForExclusive producer waits
         self.closer: Callable[[str], None] | None = None  # the connection's CLOSE_PRODUCER
+        self.closed_on_full_disk = False  # SENDs still on their way are refused quietly
 
     def disconnect(self, reason: str) -> None:
         """The broker drops this producer (already removed from its topic): its connection
@@ -242,6 +266,7 @@ class PersistentTopic(_ProducerHost):
             interceptors, ml, lambda: int(service.clock() * 1000)) if interceptors else None
         self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
         self.fenced = False
+        self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
         self.access = ExclusiveAccess(
             ExclusiveAccess.restored_epoch(ml.properties),
             lambda epoch: ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch)))
@@ -303,10 +328,8 @@ class PersistentTopic(_ProducerHost):
                 break
             for entry_position, data in batch:
                 metadata = _metadata_of(data)
-                highest = metadata.highest_sequence_id if metadata.HasField(
-                    "highest_sequence_id") else metadata.sequence_id
-                state.replay_entry(metadata.producer_name, metadata.sequence_id,
-                                   max(highest, metadata.sequence_id), now)
+                highest = highest_sequence_id_of(metadata.sequence_id, -1, metadata, data)
+                state.replay_entry(metadata.producer_name, metadata.sequence_id, highest, now)
                 replayed += 1
                 position = ml.next_valid_position(Position(*entry_position))
         self.dedup = state
@@ -365,6 +388,9 @@ class PersistentTopic(_ProducerHost):
         if limit > 0 and len(self.producers) >= limit:
             raise ProducerBusyError("Topic reached max producers limit")
         self._check_backlog_quota()
+        if self.service.storage_full:
+            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full "
+                                f"({self.service.storage.failed})")
         return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
 
     def _register(self, producer: Producer) -> None:
@@ -443,13 +469,25 @@ class PersistentTopic(_ProducerHost):
                       ) -> PublishResult:
         """Append one entry (a message or a batch) for a producer.
 
+        Args:
+            producer: the publishing producer.
+            entry: the entry bytes as sent.
+            sequence_id: the SEND's (lowest) sequence id.
+            highest_sequence_id: the SEND's stated highest id; below `sequence_id` when it
+                stated none, and then dedup derives it from the entry
+                (`highest_sequence_id_of`).
+            metadata: the entry's metadata when the caller has it parsed already.
+
         Raises:
             NotAllowedError: too large, or delayed beyond the maximum; nothing written.
             PersistenceError: dedup cannot tell yet, or storage failed; nothing written
                 (on a storage failure the entry may or may not be durable).
+            DiskFullError: the disk is full; nothing acknowledged, the producer is closed.
             TopicTerminatedError: the topic is terminated, closing, or the producer is
                 closed (or still waiting for exclusive access).
         """
+        if producer.closed_on_full_disk:
+            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
         if self.fenced or producer.closed or self.producers.get(producer.name) is not producer:
             raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
         metadata = metadata if metadata is not None else _metadata_of(entry)
@@ -458,6 +496,8 @@ class PersistentTopic(_ProducerHost):
         last_chunk = not metadata.HasField("chunk_id") or \
             metadata.chunk_id == metadata.num_chunks_from_msg - 1
         if dedup is not None:
+            highest_sequence_id = highest_sequence_id_of(sequence_id, highest_sequence_id,
+                                                         metadata, entry)
             verdict = dedup.check(producer.name, sequence_id, highest_sequence_id,
                                   is_chunk_not_last=not last_chunk)
             if verdict is DedupResult.DUP:
@@ -473,8 +513,10 @@ class PersistentTopic(_ProducerHost):
         except Exception as exc:
             if dedup is not None:
                 dedup.reset_pushed_to_persisted()
-            from storage import StorageError
+            from storage import StorageError, StorageFullError
 
+            if isinstance(exc, StorageFullError):
+                raise self._refuse_for_full_disk(producer, exc) from exc
             if isinstance(exc, StorageError):
                 raise from_storage_error(exc) from exc
             raise PersistenceError(f"write to {self.name} failed: {exc}") from exc
@@ -490,6 +532,19 @@ class PersistentTopic(_ProducerHost):
                 self._spawn(self._take_dedup_snapshot())
         _count_in(self, producer, entry, metadata)
         return PublishResult(position.ledger_id, position.entry_id)
+
+    def _refuse_for_full_disk(self, producer: Producer, error: Exception) -> DiskFullError:
+        """A publish failed on a full disk: close the producer (CLOSE_PRODUCER) instead of
+        answering SEND_ERROR, which the official client treats as a broken connection and
+        answers by resending forever. It reconnects, is refused with DiskFullError while the
+        disk is full, and fails its pending sends with that error."""
+        if not producer.closed:
+            log.warning("closing producer %s of %s: the disk is full (%s)", producer.name,
+                        self.name, error)
+            producer.closed_on_full_disk = True
+            self.remove_producer(producer)
+            producer.disconnect("the broker's disk is full")
+        return DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
 
     def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
         limit = self.config.max_message_size_bytes + 10 * 1024
@@ -516,9 +571,7 @@ class PersistentTopic(_ProducerHost):
         """A cursor moved; trimming is the managed ledger's business."""
 
     def _spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        spawn(work, self._background, f"topic {self.name}")
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -533,6 +586,8 @@ class PersistentTopic(_ProducerHost):
         """
         if self.fenced:
             raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        if self.failure is not None:
+            raise NotAllowedError(f"Topic {self.name} cannot be read: {self.failure}")
         if not spec.subscription:
             raise NotAllowedError("Empty subscription name")
         if spec.subscription == DEDUP_CURSOR_NAME or \
@@ -678,6 +733,20 @@ class PersistentTopic(_ProducerHost):
         self.disconnect_producers("topic terminated")
         return position
 
+    def read_failed(self, error: BaseException, subscription: Subscription) -> None:
+        """A dispatcher cannot read the topic's entries, for good (see the module comment).
+        Every consumer is closed; the topic stays loaded, marked failed, until unloaded."""
+        if self.failure is None:
+            self.failure = f"{type(error).__name__}: {error}"
+            log.error("topic %s failed: subscription %s cannot read its entries: %s; closing "
+                      "its consumers and refusing new ones until it is unloaded", self.name,
+                      subscription.name, self.failure)
+        reason = f"topic cannot be read: {self.failure}"
+        for sub in self.all_subscriptions():
+            for consumer in list(sub.consumers):
+                sub.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, reason)
+
     def _disconnect_all(self, reason: str) -> None:
         self.disconnect_producers(reason)
         for subscription in self.all_subscriptions():
@@ -729,6 +798,7 @@ class NonPersistentTopic(_ProducerHost):
         self.bytes_out_counter = 0
         self.msg_drop_counter = 0
         self.fenced = False
+        self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
         self.access = ExclusiveAccess(None, lambda epoch: None)  # the epoch: memory only
 
     @property

@@ -23,9 +23,10 @@ Limits and errors (CommandError, in upstream's form): a pattern longer than
 the broker's `subscription_pattern_max_length` (Pulsar's subscriptionPatternMaxLength, 50)
 once its domain scheme is removed, or more than
 `WATCHERS_PER_CONNECTION_MAX` watchers on one connection -> NotAllowedError "Unable to create
-topic list watcher: ..."; a pattern that is not a valid regular expression -> InvalidTopicName
-"Invalid topics pattern: <the regex error>"; a bad namespace -> InvalidTopicName. A refused
-request registers nothing.
+topic list watcher: ..."; a pattern that is not a regular expression RE2 accepts (matching is
+linear-time RE2, `_names.matches_topics_pattern`, so Java's backreferences and lookaround are
+refused too) -> InvalidTopicName "Invalid topics pattern: <the regex error>"; a bad namespace ->
+InvalidTopicName. A refused request registers nothing.
 """
 
 from __future__ import annotations

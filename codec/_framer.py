@@ -74,6 +74,7 @@ __all__ = [
     "decode_frame",
     "encode_entry",
     "encode_frame",
+    "entry_payload",
     "parse_entry",
     "prefix_broker_entry_metadata",
     "split_broker_entry_metadata",
@@ -308,6 +309,18 @@ def parse_entry(entry: bytes, *, verify_checksum: bool = True) -> Entry:
             raise RemoteProtocolError(f"entry checksum {checksum:#010x} != computed {actual:#010x}")
     metadata = parse_message(pb.MessageMetadata, entry[start + 4 : meta_end], "MessageMetadata")
     return Entry(metadata, entry[meta_end:], checksum, broker_entry_metadata)
+
+
+def entry_payload(entry: bytes) -> bytes:
+    """The payload of stored entry bytes (as `parse_entry` takes them), found from the size
+    fields alone: the metadata is not parsed and the checksum not verified.
+
+    Raises:
+        RemoteProtocolError: the entry is truncated.
+    """
+    start = _broker_entry_metadata_end(entry, 0)
+    meta_end = _split_entry(entry[start:] if start else entry)[2]
+    return entry[start + meta_end :]
 
 
 def decode_frame(frame: bytes) -> Frame | ChecksumMismatch:

@@ -4,13 +4,14 @@ entry logs, LMDB index, LastLogMark checkpoints, recovery, GC).
 The public surface is re-exported here; modules with a leading underscore are internal.
 """
 
-from ._check import CheckReport, InspectReport
+from ._check import CheckReport, InspectReport, check_data_dir, inspect_data_dir
 from ._completion import Completion
 from ._config import StorageConfig
 from ._errors import (
     CorruptionError,
     DataDirLockedError,
     EntryTooLargeError,
+    JournalCorruptionError,
     LedgerClosedError,
     LedgerExistsError,
     LedgerFencedError,
@@ -36,6 +37,7 @@ __all__ = [
     "FileHandle",
     "FileSystem",
     "InspectReport",
+    "JournalCorruptionError",
     "JournalMark",
     "LedgerClosedError",
     "LedgerExistsError",
@@ -52,4 +54,6 @@ __all__ = [
     "StorageError",
     "StorageFailedError",
     "StorageFullError",
+    "check_data_dir",
+    "inspect_data_dir",
 ]

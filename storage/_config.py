@@ -39,6 +39,11 @@ class StorageConfig:
     # in flight then costs one fdatasync and no thread wake-ups. Group commit is unchanged
     # under load, and asyncio callers (which await, never block) are not affected.
     journal_caller_syncs_when_idle: bool = True
+    # Recovery refuses to start on journal corruption it must not repair silently (a
+    # damaged record with valid records after it, a missing segment; see _recovery.py).
+    # True accepts the loss instead: the rest of that segment is skipped, and what is lost
+    # (records, bytes) is logged at ERROR. `magnetar standalone
+    # --skip-corrupt-journal-segments` sets it.
     skip_corrupt_journal_segments: bool = False
 
     # Write cache and checkpoints.

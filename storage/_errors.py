@@ -12,6 +12,7 @@ __all__ = [
     "CorruptionError",
     "DataDirLockedError",
     "EntryTooLargeError",
+    "JournalCorruptionError",
     "LedgerClosedError",
     "LedgerExistsError",
     "LedgerFencedError",
@@ -84,6 +85,19 @@ class CorruptionError(StorageError):
         super().__init__(f"{message} ({path} at offset {offset})")
         self.path = path
         self.offset = offset
+
+
+class JournalCorruptionError(CorruptionError):
+    """A journal record recovery must replay is damaged, and valid records written after it
+    show it is not a torn tail: starting would lose acknowledged data. Recovery refuses and
+    leaves the directory as found; `skip_corrupt_journal_segments` accepts the loss.
+    `records_after`/`bytes_after` count the valid records found after the bad one."""
+
+    def __init__(self, message: str, *, path: str, offset: int, records_after: int,
+                 bytes_after: int):
+        super().__init__(message, path=path, offset=offset)
+        self.records_after = records_after
+        self.bytes_after = bytes_after
 
 
 class LedgerNotFoundError(StorageError):

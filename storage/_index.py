@@ -127,15 +127,28 @@ def decode_mark(raw: bytes | None) -> JournalMark | None:
 class Index:
     """The LMDB environment of a data directory."""
 
-    def __init__(self, path: str, map_bytes: int):
+    def __init__(self, path: str, map_bytes: int, *, readonly: bool = False):
+        """Open (creating when missing) the environment at `path`. `readonly` opens an
+        existing one without writing anything, not even LMDB's lock file (for
+        `magnetar storage check|inspect`; the caller makes sure no writer runs).
+
+        Raises:
+            lmdb.Error: the environment cannot be opened (readonly: also when it or one
+                of its databases does not exist).
+        """
         self.path = path
-        self._env = lmdb.open(path, map_size=map_bytes, max_dbs=8, sync=True, metasync=True,
-                              writemap=False, readahead=False, subdir=True)
-        self._locations = self._env.open_db(b"locations")
-        self._ledgers = self._env.open_db(b"ledgers")
-        self._entrylogs = self._env.open_db(b"entrylogs")
-        self._meta = self._env.open_db(b"meta")
-        self.kv = self._env.open_db(b"kv")
+        if readonly:
+            self._env = lmdb.open(path, max_dbs=8, readonly=True, lock=False,
+                                  readahead=False, subdir=True, create=False)
+        else:
+            self._env = lmdb.open(path, map_size=map_bytes, max_dbs=8, sync=True,
+                                  metasync=True, writemap=False, readahead=False, subdir=True)
+        create = not readonly
+        self._locations = self._env.open_db(b"locations", create=create)
+        self._ledgers = self._env.open_db(b"ledgers", create=create)
+        self._entrylogs = self._env.open_db(b"entrylogs", create=create)
+        self._meta = self._env.open_db(b"meta", create=create)
+        self.kv = self._env.open_db(b"kv", create=create)
         self._write_lock = threading.Lock()
         self.persisted_mark = self.load_mark()
 

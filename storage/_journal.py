@@ -10,8 +10,9 @@ Two threads do the work (or, with `background_threads=False`, the caller pumps b
 in its own thread, deterministically):
 
 * The writer takes every queued request (up to `journal_batch_bytes_max`), encodes them
-  into one buffer, ends it with a PAD record to the alignment boundary, and issues one
-  `pwrite`. It then hands the batch to the syncer and goes on with the next batch.
+  into one buffer, ends it with a PAD record to the alignment boundary (carrying the LSN
+  synced so far, see `_journal_format.py`), and issues one `pwrite`. It then hands the
+  batch to the syncer and goes on with the next batch.
 * The syncer takes every batch handed over, issues ONE fdatasync for all of them, moves the
   in-memory mark to the end of the last one and calls `on_durable` with their requests.
 
@@ -28,7 +29,11 @@ the journal never appends to a segment written by an earlier run.
 
 Failure: an OSError from a write or a sync is fatal. Every request not yet durable fails
 with `StorageFailedError`, later submissions fail at once, and the journal writes nothing
-more. Reopening the data directory recovers from what is on disk.
+more. Reopening the data directory recovers from what is on disk. The journal remembers
+where the last batch whose requests succeeded ends (`acknowledged_end`); once stopped,
+`discard_unacknowledged` cuts everything after it (the failed requests' records, whole or
+torn), so that a recovery in the same process (`Storage.try_resume_writes`, after a full
+disk) replays exactly what was acknowledged.
 """
 
 from __future__ import annotations
@@ -149,6 +154,9 @@ class Journal:
         self._next_lsn = last_lsn + 1
         self._segment = self._create_segment(segment_id)
         self.synced_mark = JournalMark(segment_id, self._segment.position, last_lsn)
+        # (segment id, offset): the end of the last batch whose requests succeeded.
+        self.acknowledged_end = (segment_id, self._segment.position)
+        self._stopped = False
         self._last_sync_monotonic = time.monotonic()
         self._threads: list[threading.Thread] = []
         if config.background_threads:
@@ -371,6 +379,7 @@ class Journal:
             return None
         done = _Batch(segment, segment.position, self._next_lsn - 1, requests)
         if not self._config.journal_sync:
+            self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
             done.requests = []
         with self._lock:
@@ -400,8 +409,10 @@ class Journal:
         for request in requests:
             encode_record(out, segment_id, lsn, request.kind, request.payload)
             lsn += 1
+        # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced)
+        # from a damaged record that was synced before a later batch was written.
         if pad_record(out, segment_id, lsn, segment.position,
-                      self._config.journal_alignment_bytes):
+                      self._config.journal_alignment_bytes, self.synced_mark.lsn):
             lsn += 1
         self._next_lsn = lsn
         return out
@@ -468,6 +479,8 @@ class Journal:
             last.segment.segment_id > self.synced_mark.segment_id
         self.synced_mark = JournalMark(last.segment.segment_id, last.end_offset, last.last_lsn)
         requests = [r for b in batches for r in b.requests]
+        if self._config.journal_sync:
+            self.acknowledged_end = (last.segment.segment_id, last.end_offset)
         if requests:
             self._on_durable(requests)
         with self._lock:
@@ -526,8 +539,41 @@ class Journal:
         finally:
             self._segment.handle.close()
 
+    def rebind(self, on_durable: DurableCallback, on_failed: FailedCallback) -> None:
+        """Report to other callbacks from now on (a recovered engine taking over)."""
+        self._on_durable = on_durable
+        self._on_failed = on_failed
+
+    def discard_unacknowledged(self) -> None:
+        """Cut what follows `acknowledged_end`: truncate its segment there and remove any
+        later segment. Only once stopped (`abandon`), after a failure.
+
+        Raises:
+            OSError: the truncation failed; the directory is as a crash would leave it.
+        """
+        assert self._stopped
+        assert self._failed is not None
+        segment_id, offset = self.acknowledged_end
+        for later_id, path in self.segments():
+            if later_id > segment_id:
+                self._fs.remove(path)
+                log.info("journal segment %s removed: it held only failed writes", path)
+        handle = self._fs.open(os.path.join(self._dir, segment_file_name(segment_id)))
+        try:
+            if handle.size() > offset:
+                handle.truncate(offset)
+                handle.fdatasync()
+                log.info("journal segment %d cut at offset %d, after its last acknowledged "
+                         "record", segment_id, offset)
+        finally:
+            handle.close()
+        self._fs.fsync_dir(self._dir)
+
     def abandon(self) -> None:
-        """Stop the threads without writing anything more (a simulated crash)."""
+        """Stop the threads without writing anything more (a simulated crash). Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         with self._lock:
             if self._failed is None:
                 self._failed = StorageFailedError("journal abandoned")

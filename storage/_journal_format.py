@@ -28,12 +28,20 @@ Records follow, each with a 24-byte header (all integers big-endian):
 
 Seeding the CRC with the segment id rejects records left over from another segment. Every
 group-commit batch ends with a PAD record that reaches the next alignment boundary, so a
-later batch never rewrites a block that holds acknowledged records.
+later batch never rewrites a block that holds acknowledged records, and every batch starts
+at an alignment boundary. The journal writes the LSN synced before the batch was encoded
+(u64) in the first 8 bytes of that PAD's payload (0, or a payload shorter than 8 bytes:
+no claim): a later batch thus proves that the records up to that LSN were durable, and so
+possibly acknowledged, before it was written.
 
 The scanner reads records in order and stops at the first one that is not valid: a zero
 header is the clean end of the preallocated region; anything else (bad length check, bad
 CRC, wrong LSN, short read) is reported with its offset, and the caller decides whether it
-is a torn tail (allowed) or corruption (refused); see `_recovery.py`.
+is a torn tail (allowed) or corruption (refused); see `_recovery.py`. To decide, the
+caller looks for valid records after the bad one with `scan_after_bad_record`: it tries a
+record header at every alignment boundary after the bad record up to the end of the
+segment file (bounded by `journal_segment_bytes_max` plus one preallocation step), and
+follows each run of valid records (CRC good, LSN above every one found before) it finds.
 """
 
 from __future__ import annotations
@@ -53,8 +61,10 @@ __all__ = [
     "RecordType",
     "ScanResult",
     "SegmentHeader",
+    "Survivors",
     "encode_record",
     "pad_record",
+    "scan_after_bad_record",
     "scan_segment",
 ]
 
@@ -73,6 +83,7 @@ _RECORD_TAIL = struct.Struct(">IQBBHI")  # bytes 4..23
 _U32 = struct.Struct(">I")
 _SEGMENT_ID = struct.Struct(">Q")
 _ZERO_HEADER = bytes(RECORD_HEADER_BYTES)
+_PAD_SYNCED_LSN = struct.Struct(">Q")  # the first bytes of a PAD payload written by the journal
 
 
 class RecordType(enum.IntEnum):
@@ -127,18 +138,31 @@ def encode_record(out: bytearray, segment_id: int, lsn: int, kind: int,
     out += payload
 
 
-def pad_record(out: bytearray, segment_id: int, lsn: int, position: int, alignment: int) -> bool:
+def pad_record(out: bytearray, segment_id: int, lsn: int, position: int, alignment: int,
+               synced_lsn: int | None = None) -> bool:
     """Append a PAD record so that `position + len(out)` reaches an alignment boundary.
-    Returns False (appending nothing) when already aligned."""
+    Returns False (appending nothing) when already aligned. With `synced_lsn` the PAD's
+    payload starts with it (the PAD then has at least 8 payload bytes)."""
     end = position + len(out)
     gap = -end % alignment
     if gap == 0:
         return False
-    while gap < RECORD_HEADER_BYTES:
+    least = RECORD_HEADER_BYTES + (0 if synced_lsn is None else _PAD_SYNCED_LSN.size)
+    while gap < least:
         gap += alignment
-    encode_record(out, segment_id, lsn, RecordType.PAD, bytes(gap - RECORD_HEADER_BYTES))
+    payload = bytearray(gap - RECORD_HEADER_BYTES)
+    if synced_lsn is not None:
+        _PAD_SYNCED_LSN.pack_into(payload, 0, synced_lsn)
+    encode_record(out, segment_id, lsn, RecordType.PAD, payload)
     assert (position + len(out)) % alignment == 0
     return True
+
+
+def pad_synced_lsn(payload: memoryview | bytes) -> int:
+    """The synced LSN a PAD record's payload claims (0: none)."""
+    if len(payload) < _PAD_SYNCED_LSN.size:
+        return 0
+    return int(_PAD_SYNCED_LSN.unpack_from(payload)[0])
 
 
 @dataclass
@@ -231,3 +255,70 @@ def scan_segment(handle: FileHandle, header: SegmentHeader, start_offset: int,
         result.end_offset, result.last_lsn = offset, lsn
         result.records += 1
         yield record
+
+
+@dataclass
+class Survivors:
+    """Valid records found after a bad one (see `scan_after_bad_record`).
+
+    `records`/`bytes` count them (headers included), `first_offset`/`first_lsn` locate
+    the first (-1 when none), `last_lsn` is the highest LSN found, and `synced_lsn_max` is
+    the highest synced LSN their PAD records claim: when it reaches the bad record's LSN,
+    the bad record was durable before a later batch was written.
+    """
+
+    records: int = 0
+    bytes: int = 0
+    first_offset: int = -1
+    first_lsn: int = -1
+    last_lsn: int = -1
+    synced_lsn_max: int = 0
+
+
+def scan_after_bad_record(handle: FileHandle, header: SegmentHeader, bad_offset: int,
+                          last_lsn: int, record_bytes_max: int) -> Survivors:
+    """Find the valid records after a bad record at `bad_offset`.
+
+    Batches start at alignment boundaries, so a batch written after the bad record starts
+    at one: every boundary after `bad_offset` up to the end of the file is tried. A
+    header whose length check holds, within `record_bytes_max`, with an LSN above
+    `last_lsn` (the last good LSN) and above every record found so far starts a run of
+    records read with `scan_segment` (which checks the CRC); the search goes on after the
+    run. Reads the rest of the file once, in `_READ_CHUNK_BYTES` pieces; never raises on
+    bad data.
+    """
+    alignment = header.alignment
+    file_size = handle.size()
+    found = Survivors()
+    floor = max(last_lsn, 0)
+    boundary = (bad_offset // alignment + 1) * alignment
+    unpack_header = _RECORD_HEADER.unpack_from
+    while boundary + RECORD_HEADER_BYTES <= file_size:
+        chunk = handle.pread(min(max(_READ_CHUNK_BYTES, alignment), file_size - boundary),
+                             boundary)
+        if len(chunk) < RECORD_HEADER_BYTES:
+            break
+        start = start_lsn = -1
+        for at in range(0, len(chunk) - RECORD_HEADER_BYTES + 1, alignment):
+            _crc, length, lsn, kind, _flags, _reserved, check = unpack_header(chunk, at)
+            if (check == length ^ 0xFFFFFFFF and length <= record_bytes_max and lsn > floor
+                    and (length > 0 or kind == RecordType.PAD)):
+                start, start_lsn = boundary + at, lsn
+                break
+        if start < 0:
+            boundary += -(-len(chunk) // alignment) * alignment
+            continue
+        result = ScanResult(start, -1, 0, True)
+        for record in scan_segment(handle, header, start, start_lsn - 1, record_bytes_max,
+                                   result):
+            if found.records == 0:
+                found.first_offset, found.first_lsn = record.offset, record.lsn
+            found.records += 1
+            found.bytes += RECORD_HEADER_BYTES + len(record.payload)
+            found.last_lsn = record.lsn
+            if record.kind == RecordType.PAD:
+                found.synced_lsn_max = max(found.synced_lsn_max, pad_synced_lsn(record.payload))
+        if result.records:
+            floor = result.last_lsn
+        boundary = (max(result.end_offset, start) // alignment + 1) * alignment
+    return found

@@ -8,7 +8,8 @@ Two ways to write:
 * `apply_journaled(ops)` rides the journal's group commit: the operations go into the
   write-cache overlay at once (reads see them), are journaled as one META_BATCH record,
   and the completion finishes when that record is durable; the next checkpoint folds
-  them into LMDB. Right for frequent small updates such as cursor positions.
+  them into LMDB. Right for frequent small updates such as cursor positions. While the
+  disk is full, deletes-only batches commit to LMDB at once instead (`Storage.full`).
 
 META_BATCH payload: count u32, then per operation key length u32 ‖ key ‖ kind u8
 (1 put, 0 delete) ‖ value length u32 ‖ value.
@@ -138,8 +139,11 @@ class MetadataStore:
         when the completion finishes (see the module comment)."""
         for key, _ in ops:
             _check_key(key)
-        payload = encode_meta_ops(ops)
         store = self._store
+        if store.full and all(value is None for _, value in ops) and \
+                store.delete_meta_while_full([key for key, _ in ops]):
+            return Completion.resolved(0)
+        payload = encode_meta_ops(ops)
         with store.lock:
             store._check_writable()
             for key, value in ops:

@@ -20,20 +20,31 @@ Theory of operation
    | LEDGER_DELETE | → deleted (a tombstone; later ADDs for it are skipped)        |
    | META_BATCH    | into the metadata overlay                                     |
 
-   Where a scan stops on a bad record, the decision table is:
+   Where a scan stops on a bad record, recovery first looks for valid records after it
+   (`scan_after_bad_record`: a record header at every alignment boundary up to the end
+   of the segment file, CRC good, LSN above the last good one). Then:
 
-   | segment            | next segment's first LSN        | verdict                       |
-   |--------------------|---------------------------------|-------------------------------|
-   | newest             | —                               | torn tail: stop, carry on      |
-   | older              | = last good LSN + 1             | torn tail of an earlier run    |
-   | older              | anything else                   | corruption: refuse to start    |
-   | newest, bad header | no valid record after it        | crash while creating: remove   |
-   | newest, bad header | a valid record after it         | corruption: refuse to start    |
-   | older, bad header  | —                               | corruption: refuse to start    |
+   | segment            | what follows the bad record                  | verdict               |
+   |--------------------|----------------------------------------------|-----------------------|
+   | newest             | no valid record                              | torn tail: stop, go on |
+   | newest             | valid records; no PAD claims the bad LSN was | torn tail of a group  |
+   |                    | synced (batches written while it was being   | never synced (power   |
+   |                    | synced, torn by a power loss)                | loss): stop, go on    |
+   | newest             | valid records; a PAD claims it was synced    | corruption: refuse    |
+   | older              | next segment's first LSN = last good LSN + 1 | torn tail, earlier run |
+   | older              | anything else                                | corruption: refuse    |
+   | newest, bad header | no valid record after it                     | crash while creating:  |
+   |                    |                                              | remove the segment    |
+   | newest, bad header | a valid record after it                      | corruption: refuse    |
+   | older, bad header  | —                                            | corruption: refuse    |
 
-   `skip_corrupt_journal_segments=True` turns "refuse" into "log, skip the rest of that
-   segment, and go on": acknowledged entries in the skipped part are lost, and so are
-   later adds to a ledger that lost entries there (entry ids stay dense).
+   A refusal (`JournalCorruptionError` for a bad record) names the file, the offset and
+   how many valid records (and bytes) follow, and leaves the directory as found.
+   `skip_corrupt_journal_segments=True` (`magnetar standalone
+   --skip-corrupt-journal-segments`) turns "refuse" into "log at ERROR what is lost
+   (records and bytes), skip the rest of that segment, and go on": acknowledged entries in
+   the skipped part are lost, and so are later adds to a ledger that lost entries there
+   (entry ids stay dense).
 4. Open a fresh journal segment (its first LSN follows the last replayed one) and run a
    checkpoint, which persists a mark at the start of that segment.
 """
@@ -45,30 +56,46 @@ import logging
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ._config import StorageConfig
 from ._entry_log import parse_entry_log_name
-from ._errors import CorruptionError
-from ._fs import FileHandle
+from ._errors import CorruptionError, JournalCorruptionError
+from ._fs import FileHandle, FileSystem
 from ._journal import JournalMark, parse_segment_name
-from ._journal_format import Record, RecordType, ScanResult, SegmentHeader, scan_segment
+from ._journal_format import (
+    Record,
+    RecordType,
+    ScanResult,
+    SegmentHeader,
+    Survivors,
+    scan_after_bad_record,
+    scan_segment,
+)
 from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState
 from ._metadata import decode_meta_ops
 
 if TYPE_CHECKING:
-    from ._index import LedgerRecord
+    from ._index import EntryLogRecord, Index, LedgerRecord
     from ._storage import Storage
     from ._write_cache import CacheHalf
 
-__all__ = ["ReplayStats", "recover"]
+__all__ = ["RecoveryPlan", "ReplayStats", "plan_recovery", "recover"]
 
 log = logging.getLogger(__name__)
 
 _IDS = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _CLOSE = struct.Struct(">Qq")
+
+
+class _Place(Protocol):
+    """Where journal files are read from: a `Storage` or a read-only `_Dir`."""
+
+    fs: FileSystem
+    config: StorageConfig
 
 
 @dataclass
@@ -78,6 +105,10 @@ class ReplayStats:
     bytes: int = 0
     skipped_adds: int = 0
     torn_tail: str = ""
+    # Valid records (and their bytes) after a corrupt one, dropped because
+    # skip_corrupt_journal_segments accepted the loss.
+    dropped_records: int = 0
+    dropped_bytes: int = 0
 
 
 def recover(store: Storage) -> ReplayStats:
@@ -216,13 +247,13 @@ def _replay_segment(store: Storage, stats: ReplayStats, flusher: _ReplayFlusher,
                 flusher.flush(JournalMark(segment_id, record.offset + 24 + len(record.payload),
                                           record.lsn))
         if not result.clean:
-            _judge_stop(store, stats, result, path, newest, next_path)
+            _judge_stop(store, stats, result, path, newest, next_path, handle, header)
         return result.last_lsn if result.records else expected
     finally:
         handle.close()
 
 
-def _holds_records(store: Storage, handle: FileHandle, segment_id: int) -> bool:
+def _holds_records(store: _Place, handle: FileHandle, segment_id: int) -> bool:
     """Whether a segment with an unreadable header holds a valid record after it. Records
     are written only once the segment's creation was synced, so then the header was
     damaged later (corruption), not torn while the segment was created. Assumes the
@@ -235,23 +266,69 @@ def _holds_records(store: Storage, handle: FileHandle, segment_id: int) -> bool:
     return next(records, None) is not None
 
 
-def _judge_stop(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
-                newest: bool, next_path: str | None) -> None:
-    where = f"{path} at offset {result.end_offset}: {result.problem}"
+def _verdict(result: ScanResult, after: Survivors, newest: bool,
+             follows: int | None) -> str:
+    """What a scan that stopped on a bad record means (the module's decision table):
+    'torn' (nothing valid follows), 'unsynced' (what follows never saw it synced),
+    'earlier-run' (an older segment's torn tail), or 'corrupt'."""
     if newest:
+        if after.records == 0:
+            return "torn"
+        return "unsynced" if after.synced_lsn_max <= result.last_lsn else "corrupt"
+    return "earlier-run" if follows == result.last_lsn + 1 else "corrupt"
+
+
+def _corrupt_record_text(result: ScanResult, after: Survivors) -> str:
+    return (f"corrupt journal record ({result.problem}) after LSN {result.last_lsn}, "
+            f"followed by {after.records} valid records ({after.bytes} bytes"
+            + (f", LSN {after.first_lsn}..{after.last_lsn}" if after.records else "") + ")")
+
+
+def _judge_stop(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
+                newest: bool, next_path: str | None, handle: FileHandle,
+                header: SegmentHeader) -> None:
+    where = f"{path} at offset {result.end_offset}: {result.problem}"
+    after = scan_after_bad_record(handle, header, result.end_offset, result.last_lsn,
+                                  store.config.journal_record_bytes_max)
+    follows = None if next_path is None else _first_lsn(store, next_path)
+    verdict = _verdict(result, after, newest, follows)
+    if verdict == "torn":
         stats.torn_tail = f"torn tail in {where}"
-        log.warning("journal ends in a torn record (%s); it was never acknowledged", where)
-        return
-    assert next_path is not None
-    follows = _first_lsn(store, next_path)
-    if follows == result.last_lsn + 1:
+        log.warning("journal ends in a torn record (%s); no valid record follows it, so "
+                    "it was never acknowledged", where)
+    elif verdict == "unsynced":
+        stats.torn_tail = (f"torn tail in {where}; {after.records} later records "
+                           f"({after.bytes} bytes) were never synced")
+        log.warning("journal ends in a torn group commit (%s): %d valid records (%d bytes) "
+                    "follow it, but none was written after it was synced, so none was "
+                    "acknowledged (a power loss); dropped", where, after.records, after.bytes)
+    elif verdict == "earlier-run":
         log.info("journal segment %s ends in a torn tail of an earlier run", path)
-        return
-    _refuse_or_skip(store, f"corrupt journal record ({result.problem})", path,
-                    result.end_offset)
+    else:
+        _refuse_or_skip_record(store, stats, result, path, after)
 
 
-def _first_lsn(store: Storage, path: str) -> int | None:
+def _refuse_or_skip_record(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
+                           after: Survivors) -> None:
+    """A bad record that is not a torn tail: refuse, or with skip_corrupt_journal_segments
+    drop the rest of the segment and say how much that loses."""
+    what = _corrupt_record_text(result, after)
+    if not store.config.skip_corrupt_journal_segments:
+        raise JournalCorruptionError(
+            f"{what}; refusing to start: starting would lose them "
+            "(skip_corrupt_journal_segments=true, or magnetar standalone "
+            "--skip-corrupt-journal-segments, accepts the loss)",
+            path=path, offset=result.end_offset, records_after=after.records,
+            bytes_after=after.bytes)
+    stats.dropped_records += after.records
+    stats.dropped_bytes += after.bytes
+    log.error("%s (%s at %d): skipped as configured (skip_corrupt_journal_segments); "
+              "LOST: %d journal records (%d bytes) after it, and later adds to the ledgers "
+              "that lost entries there", what, path, result.end_offset, after.records,
+              after.bytes)
+
+
+def _first_lsn(store: _Place, path: str) -> int | None:
     handle = store.fs.open_read(path)
     try:
         return SegmentHeader.decode(
@@ -398,3 +475,212 @@ def _set_state(store: Storage, ledger_id: int, state: str, only_from: str | None
     store.dirty_ledgers.add(ledger_id)
     return True
 
+
+
+# -- what recovery would do (read-only) ---------------------------------------------------
+
+@dataclass
+class PlannedLedger:
+    state: str
+    lac: int
+    metadata: dict[str, str]
+
+
+@dataclass
+class RecoveryPlan:
+    """What `recover` would do to a data directory, found without writing anything
+    (`plan_recovery`). `actions` are "would ..." lines; `problems` are what would make
+    recovery refuse to start (or, with skip_corrupt_journal_segments, lose data), each
+    naming the file and offset. `ledgers` are the ledgers after the replay, `replayed`
+    the entry ids the replay would add per ledger."""
+
+    actions: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    records: int = 0
+    bytes: int = 0
+    segments: int = 0
+    entry_bytes: int = 0
+    ledgers: dict[int, PlannedLedger] = field(default_factory=dict)
+    replayed: dict[int, set[int]] = field(default_factory=dict)
+    entry_logs: dict[int, EntryLogRecord] = field(default_factory=dict)
+
+
+@dataclass
+class _Dir:
+    fs: FileSystem
+    config: StorageConfig
+    journal_dir: str
+    entry_log_dir: str
+
+
+def plan_recovery(data_dir: str, config: StorageConfig, fs: FileSystem,
+                  index: Index) -> RecoveryPlan:
+    """Walk the steps of `recover` over `data_dir` reading only: the ledgers and entry
+    logs of `index` (which may be opened read-only), the entry-log files, and a scan of
+    the journal from the persisted mark with the same decisions as the replay.
+
+    Raises:
+        OSError: a file cannot be read.
+        lmdb.Error: the index cannot be read.
+    """
+    place = _Dir(fs, config, os.path.join(data_dir, "journal"),
+                 os.path.join(data_dir, "entrylogs"))
+    plan = RecoveryPlan()
+    for ledger_id, record in index.load_ledgers().items():
+        lac = -1 if record.state == DELETED else index.last_indexed_entry(ledger_id)
+        plan.ledgers[ledger_id] = PlannedLedger(record.state, lac, dict(record.metadata))
+    _plan_entry_logs(place, index, plan)
+    _plan_journal(place, index, plan)
+    return plan
+
+
+def _plan_entry_logs(place: _Dir, index: Index, plan: RecoveryPlan) -> None:
+    plan.entry_logs = index.load_entry_logs()
+    on_disk = {}
+    for name in place.fs.listdir(place.entry_log_dir):
+        log_id = parse_entry_log_name(name)
+        if log_id is not None:
+            on_disk[log_id] = os.path.join(place.entry_log_dir, name)
+    for log_id, record in sorted(plan.entry_logs.items()):
+        path = on_disk.get(log_id)
+        if path is None:
+            plan.problems.append(f"entry log {log_id} is in the index but missing on disk "
+                                 f"({os.path.join(place.entry_log_dir, f'{log_id:08x}.log')} "
+                                 "at offset 0)")
+            continue
+        size = os.path.getsize(path)
+        if size < record.size:
+            plan.problems.append(f"entry log {path} holds {size} bytes, the index says "
+                                 f"{record.size} were committed ({path} at offset {size})")
+        elif not record.sealed and size > record.size:
+            plan.actions.append(f"would trim {path} from {size} to its committed "
+                                f"{record.size} bytes")
+    for log_id, path in sorted(on_disk.items()):
+        if log_id not in plan.entry_logs:
+            plan.actions.append(f"would remove entry log {path}: no committed checkpoint "
+                                "refers to it")
+
+
+def _plan_journal(place: _Dir, index: Index, plan: RecoveryPlan) -> None:
+    mark = index.persisted_mark
+    if mark is None and index.raw_mark() is not None:
+        plan.actions.append("the persisted LastLogMark is corrupt: would replay every "
+                            "journal segment")
+    segments = []
+    for name in place.fs.listdir(place.journal_dir):
+        segment_id = parse_segment_name(name)
+        if segment_id is not None:
+            segments.append((segment_id, os.path.join(place.journal_dir, name)))
+    segments.sort()
+    next_segment = max([s for s, _ in segments] + [mark.segment_id if mark else 0]) + 1
+    if mark is not None:
+        if mark.segment_id not in {s for s, _ in segments}:
+            path = os.path.join(place.journal_dir, f"{mark.segment_id:016x}.jnl")
+            plan.problems.append(f"journal segment {mark.segment_id} holding the LastLogMark "
+                                 f"is missing ({path} at offset 0)")
+        segments = [(s, p) for s, p in segments if s >= mark.segment_id]
+    expected: int | None = None if mark is None else mark.lsn
+    for position, (segment_id, path) in enumerate(segments):
+        newest = position == len(segments) - 1
+        start = mark.offset if mark is not None and segment_id == mark.segment_id else None
+        expected = _plan_segment(place, plan, segment_id, path, start, expected, newest,
+                                 segments[position + 1][1] if not newest else None)
+    last_lsn = max(expected if expected is not None else (mark.lsn if mark else 0), 0)
+    origin = (f"the mark (segment {mark.segment_id}, offset {mark.offset}, LSN {mark.lsn})"
+              if mark is not None else "the oldest segment")
+    plan.actions.append(f"would replay {plan.records} journal records ({plan.bytes} bytes, "
+                        f"{plan.entry_bytes} bytes of entries) from {plan.segments} segments, "
+                        f"starting at {origin}")
+    plan.actions.append(f"would start journal segment {next_segment:016x}.jnl at LSN "
+                        f"{last_lsn + 1} and checkpoint, after which older segments are "
+                        "deleted")
+
+
+def _plan_segment(place: _Dir, plan: RecoveryPlan, segment_id: int, path: str,
+                  start: int | None, expected: int | None, newest: bool,
+                  next_path: str | None) -> int | None:
+    """`_replay_segment` without effects; returns the last LSN seen (or `expected`)."""
+    config = place.config
+    handle = place.fs.open_read(path)
+    try:
+        try:
+            header = SegmentHeader.decode(handle.pread(config.journal_alignment_bytes, 0),
+                                          path)
+        except CorruptionError as exc:
+            if newest and not _holds_records(place, handle, segment_id):
+                plan.actions.append(f"would remove journal segment {path}: its header was "
+                                    "never completed")
+                return expected
+            plan.problems.append(f"journal segment header is damaged: {exc}")
+            return None
+        if header.segment_id != segment_id:
+            plan.problems.append(f"segment header says id {header.segment_id} ({path} at "
+                                 "offset 0)")
+            return None
+        if start is None:
+            if expected is not None and header.first_lsn != expected + 1:
+                plan.problems.append(f"journal segment starts at LSN {header.first_lsn}, "
+                                     f"expected {expected + 1}: records are missing ({path} "
+                                     "at offset 0)")
+            expected = header.first_lsn - 1
+            start = header.alignment
+        plan.segments += 1
+        result = ScanResult(start, -1, 0, True)
+        for record in scan_segment(handle, header, start, expected,
+                                   config.journal_record_bytes_max, result):
+            _plan_record(plan, record, path)
+            plan.records += 1
+            plan.bytes += len(record.payload) + 24
+        if not result.clean:
+            after = scan_after_bad_record(handle, header, result.end_offset, result.last_lsn,
+                                          config.journal_record_bytes_max)
+            follows = None if next_path is None else _first_lsn(place, next_path)
+            verdict = _verdict(result, after, newest, follows)
+            where = f"{path} at offset {result.end_offset}"
+            if verdict == "torn":
+                plan.actions.append(f"would ignore the torn tail of {where} "
+                                    f"({result.problem}; no valid record follows it)")
+            elif verdict == "unsynced":
+                plan.actions.append(f"would drop the torn group commit at {where} "
+                                    f"({result.problem}): {after.records} later records "
+                                    f"({after.bytes} bytes) were never synced")
+            elif verdict == "earlier-run":
+                plan.actions.append(f"would pass over the torn tail of an earlier run at "
+                                    f"{where}")
+            else:
+                plan.problems.append(f"{_corrupt_record_text(result, after)}: recovery "
+                                     f"would refuse to start ({where})")
+        return result.last_lsn if result.records else expected
+    finally:
+        handle.close()
+
+
+def _plan_record(plan: RecoveryPlan, record: Record, path: str) -> None:
+    kind, payload = record.kind, record.payload
+    if kind == RecordType.ADD_ENTRY:
+        ledger_id, entry_id = _IDS.unpack_from(payload)
+        ledger = plan.ledgers.get(ledger_id)
+        if ledger is None or ledger.state == DELETED or entry_id <= ledger.lac:
+            return
+        if entry_id != ledger.lac + 1:
+            plan.problems.append(f"journal adds entry {entry_id} to ledger {ledger_id} whose "
+                                 f"last entry is {ledger.lac} ({path} at offset "
+                                 f"{record.offset})")
+            return
+        ledger.lac = entry_id
+        plan.replayed.setdefault(ledger_id, set()).add(entry_id)
+        plan.entry_bytes += len(payload) - 16
+    elif kind == RecordType.LEDGER_CREATE:
+        (ledger_id,) = _U64.unpack_from(payload)
+        if ledger_id not in plan.ledgers:
+            plan.ledgers[ledger_id] = PlannedLedger(OPEN, -1, json.loads(bytes(payload[8:])))
+    elif kind in (RecordType.FENCE, RecordType.LEDGER_CLOSE, RecordType.LEDGER_DELETE):
+        (ledger_id,) = _U64.unpack_from(payload)
+        ledger = plan.ledgers.get(ledger_id)
+        if ledger is None or ledger.state == DELETED:
+            return
+        if kind == RecordType.FENCE:
+            if ledger.state == OPEN:
+                ledger.state = FENCED
+        else:
+            ledger.state = CLOSED if kind == RecordType.LEDGER_CLOSE else DELETED

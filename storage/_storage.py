@@ -25,6 +25,21 @@ persisted mark into the cache, a checkpoint makes the result durable, and a fres
 segment starts. Garbage collection (`_gc.py`) drops entry logs whose ledgers are all
 deleted and compacts the ones that are mostly dead.
 
+A full disk (`StorageFullError`) fails the engine like any I/O error, but need not end it:
+`try_resume_writes` (the owner calls it periodically while `full`) stops the failed journal,
+cuts the journal after its last acknowledged record, and recovers the directory into a fresh
+engine state exactly as an open would (replay, a new segment, a checkpoint). When that
+succeeds, the recovered state replaces the failed one under the lock and writes resume;
+when the disk is still full, nothing changes and a later call tries again. Adds that failed
+are gone (their ids are handed out again); every acknowledged one is kept.
+
+While full, deleting frees space without the journal (which needs room): `delete_ledger`
+commits the deletion straight to the index (the ledger record, its locations, the entry
+logs' live counts) and removes every entry log left without live data; metadata deletes
+(`MetadataStore.apply_journaled` with deletes only) commit straight to the index too. A
+later replay never revives a deleted ledger; the metadata deletes are journaled again once
+writes resume, so that a replayed older put cannot bring a key back.
+
 Threads: callers may use a `Storage` from any number of threads and from asyncio (a
 `Completion` is awaitable). One lock guards the in-memory state; the journal has its
 writer and syncer threads, and a checkpoint thread runs checkpoints and GC.
@@ -42,6 +57,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
 
+import lmdb
+
 from ._completion import Completion
 from ._config import StorageConfig
 from ._entry_log import EntryLogReader, EntryLogWriter
@@ -56,10 +73,11 @@ from ._errors import (
     StorageClosedError,
     StorageError,
     StorageFailedError,
+    StorageFullError,
 )
 from ._fs import FileSystem, LockHandle, OsFileSystem
 from ._index import EntryLogRecord, Index
-from ._journal import Journal, JournalRequest
+from ._journal import Journal, JournalRequest, segment_file_name
 from ._journal_format import RecordType
 from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo, LedgerState
 from ._metadata import MetadataStore
@@ -109,6 +127,9 @@ class Storage:
         self._last_gc = time.monotonic()
         self.replay_stats: object = None
         self.metadata = MetadataStore(self)
+        self._resume_lock = threading.Lock()
+        self._retired_readers: list[EntryLogReader] = []
+        self._meta_deleted_while_full: list[bytes] = []
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -121,7 +142,8 @@ class Storage:
             DataDirLockedError: another process owns the directory.
             CorruptionError: recovery found corruption it must not repair silently (a bad
                 record in an older journal segment, a missing marked segment, a missing
-                entry log); the directory is left as found.
+                entry log, a damaged journal record with valid records after it:
+                `JournalCorruptionError`); the journal is left as found.
         """
         from ._recovery import recover
 
@@ -159,7 +181,12 @@ class Storage:
                                on_failed=self._on_failed)
 
     def close(self) -> None:
-        """Finish queued writes, checkpoint, and release the directory. Idempotent."""
+        """Finish queued writes, checkpoint, and release the directory. Idempotent. Waits
+        for a `try_resume_writes` under way."""
+        with self._resume_lock:
+            self._close()
+
+    def _close(self) -> None:
         if self.closed:
             return
         with self.lock:
@@ -199,6 +226,8 @@ class Storage:
             self.writer.close()
             self.writer = None
         self.reader.close()
+        for reader in self._retired_readers:
+            reader.close()
         self.index.close()
         self._dir_lock.release()
 
@@ -208,6 +237,158 @@ class Storage:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    # -- a full disk ---------------------------------------------------------------------
+
+    @property
+    def full(self) -> bool:
+        """Whether writes are refused because the disk was full (see `try_resume_writes`)."""
+        return isinstance(self.failed, StorageFullError) and not self.closed
+
+    def try_resume_writes(self) -> bool:
+        """After a full disk: recover in place and accept writes again, if there is room now
+        (see the module comment). Returns True when writes resumed, False when the engine
+        is not stopped by a full disk or there is still no room (it then stays as it was).
+        Blocks for a recovery: call it from a worker thread, not an event loop.
+
+        Raises:
+            CorruptionError: recovery found corruption; the engine stays failed.
+        """
+        with self._resume_lock:
+            if not self.full:
+                return False
+            self._stop_background()
+            assert self.journal is not None
+            self.journal.abandon()
+            try:
+                self.journal.discard_unacknowledged()
+                with self.lock:
+                    writer, self.writer = self.writer, None
+                if writer is not None:
+                    writer.close()
+            except OSError as exc:
+                log.warning("storage %s: still cannot write (%s); writes stay off",
+                            self.data_dir, exc)
+                return False
+            fresh = Storage(self.data_dir, self.config, self.fs, self._dir_lock, self.index)
+            try:
+                from ._recovery import recover
+
+                recover(fresh)
+            except (OSError, StorageFailedError) as exc:
+                fresh._discard_failed_recovery()
+                log.warning("storage %s: still cannot write (%s); writes stay off",
+                            self.data_dir, exc)
+                return False
+            self._take_over(fresh)
+        log.warning("storage %s: there is room on the disk again; writes resumed",
+                    self.data_dir)
+        return True
+
+    def _delete_while_full(self, ledger_id: int) -> Completion[int]:
+        """`delete_ledger` on a full disk, straight to the index. Resume lock held.
+
+        Raises:
+            LedgerNotFoundError: no such ledger; nothing changed.
+            StorageFailedError: removing a dead entry log failed (it stays referenced
+                or is removed at the next start); the deletion itself is committed.
+        """
+        from ._index import CheckpointWrite
+
+        with self.lock:
+            ledger = self._ledger(ledger_id)
+            ledger.state = DELETED
+            touched = [record for record in self.entry_logs.values()
+                       if record.ledgers.pop(ledger_id, None) is not None]
+            self.index.commit_checkpoint(CheckpointWrite(
+                mark=None, ledgers=[ledger.record()], purge_ledgers=[ledger_id],
+                entry_logs=touched))
+            dead = sorted(log_id for log_id in self.entry_logs
+                          if log_id in {r.log_id for r in touched}
+                          and self.entry_logs[log_id].live_bytes() == 0)
+            if self.writer is not None and self.writer.log_id in dead:
+                self.writer.close()  # writes are off; a resume starts a new log
+                self.writer = None
+            for log_id in dead:
+                self.index.commit_checkpoint(CheckpointWrite(mark=None,
+                                                             drop_entry_logs=[log_id]))
+                del self.entry_logs[log_id]
+                self.reader.forget(log_id)
+                for reader in self._retired_readers:
+                    reader.forget(log_id)
+                try:
+                    self.fs.remove(self.reader.path(log_id))
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise StorageFailedError(f"removing entry log {log_id} failed: {exc}",
+                                             path=self.reader.path(log_id),
+                                             errno=exc.errno) from exc
+        log.info("ledger %d deleted while the disk is full; entry logs freed: %s",
+                 ledger_id, dead)
+        return Completion.resolved(ledger_id)
+
+    def delete_meta_while_full(self, keys: list[bytes]) -> bool:
+        """Internal (`MetadataStore`): delete metadata keys straight in the index while the
+        disk is full; returns False (nothing done) when it is not full."""
+        from ._index import CheckpointWrite
+
+        with self._resume_lock:
+            if not self.full:
+                return False
+            with self.lock:
+                self.index.commit_checkpoint(CheckpointWrite(
+                    mark=None, meta_ops=[(key, None) for key in keys]))
+                for key in keys:
+                    self.cache.put_meta(key, None)
+                self._meta_deleted_while_full.extend(keys)
+        return True
+
+    def _discard_failed_recovery(self) -> None:
+        """A recovery into this (fresh) state failed: stop what it started, and remove the
+        journal segment it created when nothing refers to it."""
+        if self.journal is not None:
+            self.journal.abandon()
+            segment_id = self.journal.current_segment_id
+            mark = self.index.persisted_mark
+            if mark is None or mark.segment_id < segment_id:
+                path = os.path.join(self.journal_dir, segment_file_name(segment_id))
+                try:
+                    self.fs.remove(path)
+                except OSError as exc:
+                    log.debug("could not remove %s: %s", path, exc)
+        if self.writer is not None:
+            self.writer.close()
+        self.reader.close()
+
+    def _take_over(self, fresh: Storage) -> None:
+        """Adopt a recovered state (see `try_resume_writes`). Reads in flight on the old
+        state keep working: its reader stays open until the storage closes."""
+        assert fresh.journal is not None
+        with self.lock:
+            self._retired_readers.append(self.reader)
+            self.cache = fresh.cache
+            self.ledgers = fresh.ledgers
+            self.dirty_ledgers = fresh.dirty_ledgers
+            self.purge_ledgers = fresh.purge_ledgers
+            self.entry_logs = fresh.entry_logs
+            self.next_ledger_id = fresh.next_ledger_id
+            self.next_log_id = fresh.next_log_id
+            self.writer = fresh.writer
+            self.reader = fresh.reader
+            self.journal = fresh.journal
+            self.replay_stats = fresh.replay_stats
+            fresh.journal.rebind(self._on_durable, self._on_failed)
+            self.failed = None
+            self.lock.notify_all()
+            redo, self._meta_deleted_while_full = self._meta_deleted_while_full, []
+        if redo:  # a replayed older put must not bring these keys back
+            self.metadata.apply_journaled([(key, None) for key in redo])
+        if self.config.background_threads:
+            self._stop.clear()
+            self._background = threading.Thread(target=self._background_loop,
+                                                name="storage-checkpoint", daemon=True)
+            self._background.start()
 
     # -- ledgers -------------------------------------------------------------------------
 
@@ -291,7 +472,13 @@ class Storage:
 
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         """Delete a ledger. Its entries become unreadable at once; their space is
-        reclaimed by later checkpoints and GC. The completion finishes once durable."""
+        reclaimed by later checkpoints and GC. The completion finishes once durable.
+        While the disk is full, the deletion is committed at once and frees the entry logs
+        it leaves without live data (see the module comment)."""
+        if self.full:
+            with self._resume_lock:
+                if self.full:
+                    return self._delete_while_full(ledger_id)
         with self.lock:
             self._check_writable()
             ledger = self._ledger(ledger_id)
@@ -396,7 +583,8 @@ class Storage:
         Raises:
             LedgerNotFoundError: no such ledger.
             NoSuchEntryError: the range is empty or goes beyond the LAC.
-            CorruptionError: a stored record fails its checks (names file and offset).
+            CorruptionError: a stored record fails its checks (names file and offset), or
+                the index cannot be read (names the index directory).
         """
         with self.lock:
             ledger = self._ledger(ledger_id)
@@ -423,6 +611,10 @@ class Storage:
                     raise CorruptionError(
                         f"ledger {ledger_id}: the entry log the index points at is missing",
                         path=str(exc.filename), offset=0) from exc
+            except lmdb.Error as exc:  # a damaged index page
+                raise CorruptionError(
+                    f"ledger {ledger_id}: the index cannot be read ({type(exc).__name__}: "
+                    f"{exc})", path=os.path.join(self.data_dir, "index"), offset=0) from exc
         for (entry_id, _), data in zip(wanted, datas, strict=True):
             found[entry_id - first] = data
         absent = [e for e in missing if found[e - first] is None]

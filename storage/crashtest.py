@@ -43,11 +43,25 @@ of the next iteration raise it. After each crash:
 
 A delete that was requested but not acknowledged may or may not have happened; a ledger
 whose create was never acknowledged may appear (it is then checked like any other).
+
+**Corrupt replayed record** — every `CORRUPT_CASE_EVERY`-th iteration of each mode also
+copies the crashed directory, flips one byte inside a journal record that recovery will
+replay and that a later batch proves was synced (its PAD claims the record's LSN), and
+checks on the copy: recovery must refuse with `JournalCorruptionError` naming that file
+and offset and leave the journal as found; with `skip_corrupt_journal_segments` it must open
+and report the loss (`ReplayStats.dropped_records` = the error's count). An iteration with
+no such record (nothing replayed after the mark, no directory yet) counts as skipped. The
+copy is removed.
+
+The scratch directory is locked for the whole run with the same OS lock (`LOCK`, holding
+our PID) that `Storage.open` takes, so a run refuses a directory a live broker (or another
+run) holds, before writing anything, and a broker cannot open it meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -66,8 +80,23 @@ from typing import IO, TYPE_CHECKING, Never
 
 from ._completion import Completion
 from ._config import StorageConfig
-from ._errors import NoSuchEntryError, StorageError
-from ._journal import JournalMark
+from ._errors import (
+    CorruptionError,
+    DataDirLockedError,
+    JournalCorruptionError,
+    NoSuchEntryError,
+    StorageError,
+)
+from ._fs import LockHandle, OsFileSystem
+from ._index import Index
+from ._journal import JournalMark, parse_segment_name
+from ._journal_format import (
+    RecordType,
+    ScanResult,
+    SegmentHeader,
+    pad_synced_lsn,
+    scan_segment,
+)
 from ._ledger import CLOSED, FENCED, OPEN, LedgerInfo
 from ._storage import Storage
 from .simfs import CRASH_POINTS, SimFileSystem
@@ -109,6 +138,7 @@ CHILD_STDERR_TAIL_BYTES_MAX = 2000
 RECOVERY_CRASH_OPS_MAX = 60
 FILE_OPS_PER_STEP = 5  # measured: a powerloss workload step does about 5 file operations
 DIGEST_BYTES = 8
+CORRUPT_CASE_EVERY = 3  # iterations of a mode between corrupt-replayed-record cases
 STATE_RANK = {OPEN: 0, FENCED: 1, CLOSED: 2}
 
 
@@ -252,6 +282,9 @@ class CrashTestSummary:
     violation_messages: list[str] = field(default_factory=list)
     crash_points_hit: dict[str, int] = field(default_factory=dict)
     stopped: list[str] = field(default_factory=list)
+    corrupt_cases: int = 0  # a replayed record was corrupted on a copy
+    corrupt_refused: int = 0  # ... and recovery refused, then reported the loss with the flag
+    corrupt_skipped: int = 0  # no record to corrupt (nothing replayed after the mark)
 
     def line(self) -> str:
         return (f"crashtest: {self.iterations} iterations, {self.acknowledged_verified} "
@@ -737,8 +770,34 @@ def run_crashtest(options: CrashTestOptions) -> CrashTestSummary:
         The summary; `violations` is 0 when nothing was wrong.
 
     Raises:
+        DataDirLockedError: another process (a broker, another run) holds `data_dir`'s
+            lock; nothing was written there.
         OSError: the scratch directory cannot be created or cleared.
     """
+    lock = _lock_scratch_dir(options.data_dir)
+    try:
+        return _run_locked(options)
+    finally:
+        lock.release()
+
+
+def _lock_scratch_dir(data_dir: str) -> LockHandle:
+    """Take the OS lock of `data_dir` (its `LOCK` file, as `Storage.open` does), so the
+    harness never writes into a directory a broker or another run holds, and none opens it
+    while the harness runs.
+
+    Raises:
+        DataDirLockedError: another process holds it; nothing was written.
+    """
+    path = os.path.abspath(data_dir)
+    os.makedirs(path, exist_ok=True)
+    try:
+        return OsFileSystem().lock(os.path.join(path, "LOCK"))
+    except BlockingIOError as exc:
+        raise DataDirLockedError(path, getattr(exc, "owner_pid", None)) from None
+
+
+def _run_locked(options: CrashTestOptions) -> CrashTestSummary:
     from tqdm import tqdm
 
     seed = options.seed if options.seed is not None else secrets.randbelow(2**31)
@@ -798,6 +857,10 @@ def _finish(run: _Run, modes: dict[str, _ModeState]) -> None:
         print(f"crashtest: crash points reached: {reached} of {len(CRASH_POINTS)}; "
               f"crashes at random operations: {summary.crash_points_hit.get('operation', 0)}; "
               f"disk errors: {summary.crash_points_hit.get('disk error', 0)}", file=run.out)
+    if summary.corrupt_cases or summary.corrupt_skipped:
+        print(f"crashtest: corrupt replayed record: {summary.corrupt_cases} cases, "
+              f"{summary.corrupt_refused} refused and reported the loss with the flag, "
+              f"{summary.corrupt_skipped} skipped (nothing replayed)", file=run.out)
     print(summary.line(), file=run.out, flush=True)
 
 
@@ -814,6 +877,8 @@ def _quiet_storage_logs() -> Iterator[None]:
 
 
 def _verify(run: _Run, mode: _ModeState, context: str) -> None:
+    if mode.iterations % CORRUPT_CASE_EVERY == 0:  # before the reopen replays the journal
+        _corrupt_record_case(run, mode)
     verification = run.verifier.verify_dir(mode.directory, mode.model, context)
     run.record(verification)
     if verification.fatal:
@@ -1170,3 +1235,129 @@ def _crash_recovery(mode: _ModeState, rng: random.Random) -> tuple[str, list[str
 def _fates(fates: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in fates.items() if v) or "nothing unsynced"
 
+
+
+# -- corrupt replayed record --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Victim:
+    path: str
+    offset: int
+    length: int
+
+
+def _replayed_victims(directory: str, config: StorageConfig) -> list[_Victim]:
+    """Records recovery would replay that a later batch proves were synced (a PAD in the
+    same segment claims an LSN at or above theirs)."""
+    index = Index(os.path.join(directory, "index"), config.lmdb_map_bytes)
+    try:
+        mark = index.persisted_mark
+    finally:
+        index.close()
+    journal_dir = os.path.join(directory, "journal")
+    found = []
+    for name in sorted(os.listdir(journal_dir)):
+        segment_id = parse_segment_name(name)
+        if segment_id is None or (mark is not None and segment_id < mark.segment_id):
+            continue
+        path = os.path.join(journal_dir, name)
+        handle = OsFileSystem().open_read(path)
+        try:
+            try:
+                header = SegmentHeader.decode(handle.pread(config.journal_alignment_bytes, 0),
+                                              path)
+            except CorruptionError:
+                continue
+            start = (mark.offset if mark is not None and segment_id == mark.segment_id
+                     else header.alignment)
+            result = ScanResult(start, -1, 0, True)
+            records = [(r.offset, r.lsn, r.kind, len(r.payload),
+                        pad_synced_lsn(r.payload) if r.kind == RecordType.PAD else 0)
+                       for r in scan_segment(handle, header, start, None,
+                                             config.journal_record_bytes_max, result)]
+        finally:
+            handle.close()
+        claimed = 0  # the highest synced LSN claimed by a PAD after the record
+        for offset, lsn, kind, length, claim in reversed(records):
+            if kind != RecordType.PAD and length > 0 and claimed >= lsn:
+                found.append(_Victim(path, offset, length))
+            claimed = max(claimed, claim)
+    return found
+
+
+def _journal_digest(directory: str) -> dict[str, str]:
+    """The journal as found. (A refused recovery may already have tidied the entry logs:
+    removed an unregistered one or an uncommitted tail, which no checkpoint refers to.)"""
+    digests = {}
+    for sub in ("journal",):
+        for name in sorted(os.listdir(os.path.join(directory, sub))):
+            with open(os.path.join(directory, sub, name), "rb") as handle:
+                digests[f"{sub}/{name}"] = hashlib.sha256(handle.read()).hexdigest()
+    return digests
+
+
+def _corrupt_record_case(run: _Run, mode: _ModeState) -> None:
+    """The corrupt-replayed-record case on a copy of the directory (see the module
+    comment); reports violations, counts the case."""
+    index = mode.iterations
+    rng = random.Random(f"{run.seed}/corrupt/{mode.name}/{index}")
+    context = f"corrupt-record case after {mode.name} iteration {index} (seed {run.seed})"
+    copy = mode.directory + ".corrupt"
+    if not os.path.isdir(os.path.join(mode.directory, "journal")):
+        run.summary.corrupt_skipped += 1  # killed before the directory was made
+        return
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(mode.directory, copy, ignore=shutil.ignore_patterns("LOCK"))
+    try:
+        config = verify_config()
+        victims = _replayed_victims(copy, config)
+        if not victims:
+            run.summary.corrupt_skipped += 1
+            return
+        run.summary.corrupt_cases += 1
+        victim = rng.choice(victims)
+        where = victim.offset + 24 + rng.randrange(victim.length)
+        with open(victim.path, "r+b") as handle:
+            handle.seek(where)
+            byte = handle.read(1)[0]
+            handle.seek(where)
+            handle.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        context += f", byte {where} of {victim.path} flipped"
+        problems = _check_refusal(copy, config, victim)
+        if not problems:
+            run.summary.corrupt_refused += 1
+        run.report([f"{context}: {p}" for p in problems])
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def _check_refusal(copy: str, config: StorageConfig, victim: _Victim) -> list[str]:
+    before = _journal_digest(copy)
+    try:
+        Storage.open(copy, config).close()
+    except JournalCorruptionError as exc:
+        error = exc
+    except (StorageError, OSError) as exc:
+        return [f"recovery failed with {_describe(exc)}, not JournalCorruptionError"]
+    else:
+        return ["recovery started on a corrupt replayed record (acknowledged data lost)"]
+    problems = []
+    if (error.path, error.offset) != (victim.path, victim.offset):
+        problems.append(f"refusal names {error.path} at {error.offset}, not the record at "
+                        f"{victim.offset}")
+    if error.records_after < 1:
+        problems.append("refusal counts no valid record after the corrupt one")
+    if _journal_digest(copy) != before:
+        problems.append("the refused recovery changed the journal")
+    try:
+        store = Storage.open(copy, dataclasses.replace(config,
+                                                       skip_corrupt_journal_segments=True))
+    except (StorageError, OSError) as exc:
+        return [*problems, f"skip_corrupt_journal_segments did not open: {_describe(exc)}"]
+    with store:
+        stats = store.replay_stats
+        dropped = getattr(stats, "dropped_records", None)
+        if dropped != error.records_after:
+            problems.append(f"with the flag recovery reports {dropped} records dropped, the "
+                            f"refusal counted {error.records_after}")
+    return problems

@@ -18,7 +18,7 @@ from broker._admin_cli import parse_duration_s, parse_size_bytes
 from broker.cli import build_parser, main
 from tests.broker.helpers import admin_env, make_entry, now_ms, persistent_producer, wait_for
 
-ADMIN_GROUPS = ("topics", "namespaces", "tenants")
+ADMIN_GROUPS = ("topics", "namespaces", "tenants", "clusters")
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -50,8 +50,9 @@ def test_every_admin_group_has_its_commands() -> None:
     namespaces = set(_subcommands(top["namespaces"]))
     assert {"create", "list", "set-retention", "get-retention", "set-message-ttl",
             "set-backlog-quota", "set-deduplication"} <= namespaces
-    assert len(HELP_ARGVS) == 2 + 3 + len(topics) + len(namespaces) + len(
-        _subcommands(top["tenants"]))
+    assert set(_subcommands(top["clusters"])) == {"list", "get"}
+    assert len(HELP_ARGVS) == 2 + len(ADMIN_GROUPS) + len(topics) + len(namespaces) + len(
+        _subcommands(top["tenants"])) + 2
 
 
 @pytest.mark.parametrize("argv", HELP_ARGVS, ids=[" ".join(a[:-1]) for a in HELP_ARGVS])
@@ -153,11 +154,18 @@ def test_tenant_and_namespace_commands(tmp_path: Path,
             assert await cli("namespaces", "get-message-ttl", "acme/orders") == ""
             assert list(registry.policies("acme/orders")["backlog_quota_map"]) == \
                 ["destination_storage"]
+            # The cluster, as pulsar-admin clusters shows it.
+            assert await cli("clusters", "list") == "standalone\n"
+            assert json.loads(await cli("clusters", "get", "standalone"))["serviceUrl"] == \
+                server.url
+            assert await cli("clusters", "get", "elsewhere", ok=False) == \
+                "magnetar clusters get: HTTP 404: Cluster does not exist\n"
             # Errors: exit 1 with the API's reason.
             assert await cli("namespaces", "create", "acme/orders", ok=False) == \
-                "HTTP 409: Namespace already exists\n"
+                "magnetar namespaces create: HTTP 409: Namespace already exists\n"
             assert await cli("namespaces", "set-message-ttl", "acme/orders", "-ttl", "-5",
-                             ok=False) == "HTTP 412: Invalid value for message TTL\n"
+                             ok=False) == (
+                "magnetar namespaces set-message-ttl: HTTP 412: Invalid value for message TTL\n")
             assert "HTTP 409" in await cli("tenants", "delete", "acme", ok=False)
             await cli("namespaces", "delete", "acme/orders")
             await cli("tenants", "delete", "acme")
@@ -230,7 +238,8 @@ def test_topic_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
             await cli("topics", "delete", "plain", "-f")
             assert not service.topic_exists("plain")
             assert await cli("topics", "stats", "plain", ok=False) == \
-                "HTTP 404: Topic persistent://public/default/plain not found\n"
+                ("magnetar topics stats: HTTP 404: Topic persistent://public/default/plain "
+                 "not found\n")
 
     asyncio.run(scenario())
 

@@ -114,6 +114,57 @@ def test_tenants_lifecycle_and_errors(tmp_path: Path) -> None:
 # -- namespaces -----------------------------------------------------------------------------
 
 
+def test_the_cluster_exists_and_shows_its_data(tmp_path: Path) -> None:
+    import aiohttp
+
+    from broker._admin import start_admin
+
+    from .helpers import AdminClient, broker_env
+
+    clusters = "/admin/v2/clusters"
+    data = {"serviceUrl": "http://pulsar.example.com:8080",
+            "brokerServiceUrl": "pulsar://pulsar.example.com:6650"}
+
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            server = await start_admin(env.service, "127.0.0.1", 0,
+                                       broker_url="pulsar://127.0.0.1:6650",
+                                       broker_url_tls="pulsar+ssl://127.0.0.1:6651")
+            try:
+                async with aiohttp.ClientSession() as session:
+                    client = AdminClient(session, server.url)
+                    assert await expect(client, "GET", clusters, 200) == ["standalone"]
+                    # Pulsar's ClusterData: the broker's own URLs, nulls left out.
+                    assert await expect(client, "GET", f"{clusters}/standalone", 200) == {
+                        "serviceUrl": server.url,
+                        "brokerServiceUrl": "pulsar://127.0.0.1:6650",
+                        "brokerServiceUrlTls": "pulsar+ssl://127.0.0.1:6651",
+                        "brokerClientTlsEnabled": False,
+                        "tlsAllowInsecureConnection": False,
+                        "brokerClientTlsEnabledWithKeyStore": False,
+                        "brokerClientTlsTrustStoreType": "JKS",
+                        "brokerClientTlsKeyStoreType": "JKS"}
+                    assert await expect(client, "GET", f"{clusters}/elsewhere", 404) == \
+                        "Cluster does not exist"
+                    # Creating it again: Pulsar's 409, after its name and body checks.
+                    assert await expect(client, "PUT", f"{clusters}/standalone", 409,
+                                        data) == "Cluster already exists"
+                    assert await expect(client, "PUT", f"{clusters}/standalone",
+                                        400) == "cluster data is required"
+                    assert await expect(client, "PUT", f"{clusters}/bad%20name", 412,
+                                        data) == "Cluster name is not valid"
+                    # One cluster only; its URLs are the listeners.
+                    await expect(client, "PUT", f"{clusters}/elsewhere", 403, data)
+                    await expect(client, "POST", f"{clusters}/standalone", 403, data)
+                    await expect(client, "POST", f"{clusters}/elsewhere", 404, data)
+                    await expect(client, "DELETE", f"{clusters}/standalone", 403)
+                    assert await expect(client, "GET", clusters, 200) == ["standalone"]
+            finally:
+                await server.close()
+
+    run(scenario())
+
+
 def test_namespaces_lifecycle_and_errors(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with _admin_env(tmp_path) as (env, _, client):

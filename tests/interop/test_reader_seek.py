@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pulsar
 import pytest
+
+from codec import pb
+
+from . import RawClient
 
 pytestmark = pytest.mark.interop
 
@@ -144,3 +150,135 @@ def test_seek_by_publish_time(client: pulsar.Client, topic: str) -> None:
     consumer.seek(times[-1] + 1)  # after every message: nothing
     with pytest.raises(pulsar.Timeout):
         consumer.receive(QUIET_MS)
+
+
+# -- has_message_available at `latest` (the client decides from the mark-delete position) --------
+#
+# A reader whose start is `latest` (at creation or after seek(latest)) and that has read nothing
+# asks GET_LAST_MESSAGE_ID and compares the subscription's mark-delete position (the last entry
+# when the reader was positioned) with the last message id: newer → available, and it reads the
+# newer messages. An inclusive reader with nothing newer seeks to the last id and so reads the
+# last message (Pulsar's semantics of an inclusive `latest`).
+
+LATE = 2  # messages published after the reader is positioned at `latest`
+
+
+def _publish_some(client: pulsar.Client, topic: str, prefix: str, count: int,
+                  batched: bool) -> None:
+    producer = client.create_producer(topic, batching_enabled=batched,
+                                      batching_max_publish_delay_ms=50)
+    if batched:
+        for i in range(count):
+            producer.send_async(f"{prefix}-{i}".encode(), None)
+        producer.flush()
+    else:
+        for i in range(count):
+            producer.send(f"{prefix}-{i}".encode())
+    producer.close()
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize("inclusive", [False, True], ids=["exclusive", "inclusive"])
+def test_latest_reader_sees_a_later_message_as_available(client: pulsar.Client, topic: str,
+                                                         inclusive: bool, batched: bool) -> None:
+    _publish_some(client, topic, "old", 3, batched)
+    reader = client.create_reader(topic, pulsar.MessageId.latest,
+                                  start_message_id_inclusive=inclusive)
+    _publish_some(client, topic, "new", LATE, batched)
+    assert reader.has_message_available()
+    assert _read_all(reader) == [f"new-{i}".encode() for i in range(LATE)]
+    assert not reader.has_message_available()
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize("inclusive", [False, True], ids=["exclusive", "inclusive"])
+def test_latest_reader_before_a_later_message(client: pulsar.Client, topic: str,
+                                              inclusive: bool, batched: bool) -> None:
+    _publish_some(client, topic, "old", 3, batched)
+    reader = client.create_reader(topic, pulsar.MessageId.latest,
+                                  start_message_id_inclusive=inclusive)
+    # Exclusive: nothing after `latest`. Inclusive: the last message itself (Pulsar's semantics).
+    assert reader.has_message_available() == inclusive
+    if inclusive:
+        assert _read_all(reader) == [b"old-2"]
+    with pytest.raises(pulsar.Timeout):
+        reader.read_next(QUIET_MS)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize("inclusive", [False, True], ids=["exclusive", "inclusive"])
+def test_reader_after_seek_to_latest(client: pulsar.Client, topic: str, inclusive: bool,
+                                     batched: bool) -> None:
+    _publish_some(client, topic, "old", 3, batched)
+    reader = client.create_reader(topic, pulsar.MessageId.earliest,
+                                  start_message_id_inclusive=inclusive)
+    assert _read_all(reader) == [f"old-{i}".encode() for i in range(3)]
+    reader.seek(pulsar.MessageId.latest)
+    assert reader.has_message_available() == inclusive  # before: only inclusive has the last
+    if inclusive:
+        assert _read_all(reader) == [b"old-2"]
+        reader.seek(pulsar.MessageId.latest)
+    _publish_some(client, topic, "new", LATE, batched)
+    assert reader.has_message_available()
+    assert _read_all(reader) == [f"new-{i}".encode() for i in range(LATE)]
+    assert not reader.has_message_available()
+
+
+def test_latest_reader_on_an_empty_topic(client: pulsar.Client, topic: str) -> None:
+    reader = client.create_reader(topic, pulsar.MessageId.latest)
+    assert not reader.has_message_available()
+    _publish_some(client, topic, "new", LATE, False)
+    assert reader.has_message_available()
+    assert _read_all(reader) == [b"new-0", b"new-1"]
+
+
+# -- the same, frame by frame: the mark-delete position a reader's (non-durable) cursor answers ---
+
+INT64_MAX = (1 << 63) - 1  # the C++ client's MessageId.latest: ledger and entry
+T = pb.BaseCommand
+
+
+def _reader_subscribe(connection: RawClient, topic: str, consumer_id: int, name: str,
+                      start: tuple[int, int]) -> None:
+    request = pb.CommandSubscribe(topic=topic, subscription=name, consumer_id=consumer_id,
+                                  request_id=100 + consumer_id, durable=False,
+                                  subType=pb.CommandSubscribe.Exclusive,
+                                  initialPosition=pb.CommandSubscribe.Latest)
+    request.start_message_id.ledgerId, request.start_message_id.entryId = start
+    assert connection.request(request, T.SUCCESS).request_id == 100 + consumer_id
+
+
+def _mark_delete(connection: RawClient, consumer_id: int) -> tuple[int, int] | None:
+    reply = connection.request(pb.CommandGetLastMessageId(consumer_id=consumer_id,
+                                                          request_id=200 + consumer_id),
+                               T.GET_LAST_MESSAGE_ID_RESPONSE)
+    if not reply.HasField("consumer_mark_delete_position"):
+        return None
+    mark = reply.consumer_mark_delete_position
+    return mark.ledgerId, mark.entryId - (1 << 64) if mark.entryId >= 1 << 63 else mark.entryId
+
+
+def test_a_readers_last_message_id_reply_carries_its_mark_delete_position(
+        client: pulsar.Client, raw: Callable[[], RawClient], topic: str) -> None:
+    connection = raw()
+    connection.handshake()
+    _reader_subscribe(connection, topic, 1, "empty-latest", (INT64_MAX, INT64_MAX))
+    empty = _mark_delete(connection, 1)
+    assert empty is not None, "an empty topic has one too"
+    assert empty[1] == -1, "an empty topic: (its ledger, -1)"
+    ids = _publish(client, topic, 3)
+    ledger = ids[0].ledger_id()
+    assert _mark_delete(connection, 1) == (ledger, -1), "nothing read: it stays"
+    # At `latest`: the last entry when the reader was created.
+    _reader_subscribe(connection, topic, 2, "latest", (INT64_MAX, INT64_MAX))
+    assert _mark_delete(connection, 2) == (ledger, ids[2].entry_id())
+    # At a message id: the entry before it (the broker delivers the start entry itself).
+    _reader_subscribe(connection, topic, 3, "at-id", (ledger, ids[1].entry_id()))
+    assert _mark_delete(connection, 3) == (ledger, ids[0].entry_id())
+    # After seek(latest): the last entry; the consumer is closed and subscribes again.
+    connection.send(pb.CommandSeek(consumer_id=3, request_id=300, message_id=pb.MessageIdData(
+        ledgerId=INT64_MAX, entryId=INT64_MAX)))
+    replies = {connection.next_event().type for _ in range(2)}  # type: ignore[union-attr]
+    assert replies == {T.CLOSE_CONSUMER, T.SUCCESS}
+    _reader_subscribe(connection, topic, 4, "at-id", (ledger, ids[1].entry_id()))
+    assert _mark_delete(connection, 4) == (ledger, ids[2].entry_id())

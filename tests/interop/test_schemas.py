@@ -6,6 +6,7 @@ isAllowAutoUpdateSchema and schemaValidationEnforced (set over the admin API) ap
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,18 @@ from typing import Any
 import _pulsar
 import pulsar
 import pytest
-from pulsar.schema import AvroSchema, Integer, JsonSchema, Record, String, StringSchema
+from pulsar.schema import (
+    Array,
+    AvroSchema,
+    Boolean,
+    Integer,
+    JsonSchema,
+    Long,
+    Map,
+    Record,
+    String,
+    StringSchema,
+)
 
 from .conftest import new_client
 from .test_key_shared_interop import HttpBrokerProcess
@@ -54,6 +66,51 @@ def _point_no_default() -> type[Record]:
 PointV1 = _point_v1()
 PointV2 = _point_v2()
 PointNoDefault = _point_no_default()
+
+
+# Python users evolve a schema by writing a new Record class: the Avro record takes the new
+# class's name. Pulsar's check does not compare record names (these pairs come from the
+# official Python client's own tests, run against Pulsar).
+class MySubRecord(Record):
+    _sorted_fields = True
+    x = Integer()
+    y = Long()
+    z = String()
+
+
+class Example(Record):
+    a = Integer()
+    b = Boolean(required=True)
+    c = Long()
+    h = Array(String())
+    i = Map(String())
+    j = MySubRecord()
+
+
+class ExampleRequiredDefault(Record):
+    _sorted_fields = True
+    a = Integer(required_default=True)
+    b = Boolean(required=True, required_default=True)
+    c = Long(required_default=True)
+    h = Array(String(), required_default=True)
+    i = Map(String(), required_default=True)
+    j = MySubRecord(required_default=True)
+
+
+class User1(Record):
+    name = String()
+    age = Integer()
+
+
+class User2(Record):
+    name = String()
+    age = Integer()
+    email = String()  # ["null", "string"] without a default: User2 cannot read User1's data
+
+
+class User3(Record):  # User1's fields under another name
+    name = String()
+    age = Integer()
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +177,62 @@ def test_a_field_with_a_default_evolves_and_old_records_decode(
         assert [m.value().name for m in got] == ["old", "new"]
     for closable in (consumer, v1, v2):
         closable.close()
+
+
+def test_a_renamed_record_class_evolves_under_full(schema_client: pulsar.Client) -> None:
+    topic = topic_in("public/default")  # the namespace sets nothing: the broker's FULL
+    producer = schema_client.create_producer(topic, schema=AvroSchema(Example))
+    renamed = schema_client.create_producer(topic, schema=AvroSchema(ExampleRequiredDefault))
+    consumer = schema_client.subscribe(topic, "old-class", schema=AvroSchema(Example))
+    renamed.send(ExampleRequiredDefault(b=True, c=3))
+    producer.send(Example(b=False, c=4))
+    assert [consumer.receive(RECEIVE_TIMEOUT_MS).value().c for _ in range(2)] == [3, 4]
+    for client_object in (consumer, renamed, producer):
+        client_object.close()
+
+
+def post_schema(process: HttpBrokerProcess, topic: str, record: type[Record]) -> tuple[int, str]:
+    """POST the record's Avro schema as the topic's next version: (HTTP status, body)."""
+    path = topic.removeprefix("persistent://")
+    payload = {"type": "AVRO", "schema": AvroSchema(record).schema_info().schema(),
+               "properties": {}}
+    try:
+        return 200, json.dumps(admin(process, "POST", f"/admin/v2/schemas/{path}/schema",
+                                     payload))
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read().decode()
+
+
+def test_a_renamed_record_class_is_checked_by_its_fields_under_each_direction(
+        schema_client: pulsar.Client, http_broker: HttpBrokerProcess) -> None:
+    forward = topic_in(fresh_namespace(http_broker, schemaCompatibilityStrategy="FORWARD"))
+    schema_client.create_producer(forward, schema=AvroSchema(User1)).close()
+    schema_client.create_producer(forward, schema=AvroSchema(User2)).close()  # User1 skips email
+    with pytest.raises(pulsar.IncompatibleSchema):  # User2 cannot read User3's: no email
+        schema_client.create_producer(forward, schema=AvroSchema(User3))
+    schema_client.create_producer(forward, schema=AvroSchema(User1)).close()  # registered
+    backward = topic_in(fresh_namespace(http_broker, schemaCompatibilityStrategy="BACKWARD"))
+    schema_client.create_producer(backward, schema=AvroSchema(User1)).close()
+    with pytest.raises(pulsar.IncompatibleSchema):
+        schema_client.create_producer(backward, schema=AvroSchema(User2))
+    status, reason = post_schema(http_broker, backward, User2)
+    assert status == 409
+    assert "User2.email: the reader's field is not written and has no default" in reason
+    assert "names differ" not in reason
+    for strategy in ("FULL", "FULL_TRANSITIVE", "BACKWARD_TRANSITIVE", "ALWAYS_INCOMPATIBLE"):
+        namespace = fresh_namespace(http_broker, schemaCompatibilityStrategy=strategy)
+        topic = topic_in(namespace)
+        schema_client.create_producer(topic, schema=AvroSchema(User1)).close()
+        with pytest.raises(pulsar.IncompatibleSchema):
+            schema_client.create_producer(topic, schema=AvroSchema(User2))
+    always = topic_in(fresh_namespace(http_broker, schemaCompatibilityStrategy="ALWAYS_COMPATIBLE"))
+    schema_client.create_producer(always, schema=AvroSchema(User2)).close()
+    schema_client.create_producer(always, schema=StringSchema()).close()
+    with pytest.raises(urllib.error.HTTPError) as refused:  # Pulsar has no strategy NONE
+        fresh_namespace(http_broker, schemaCompatibilityStrategy="NONE")
+    refused.value.close()
+    assert refused.value.code == 400
 
 
 def test_get_schema_through_the_client(schema_client: pulsar.Client) -> None:

@@ -3,16 +3,19 @@ wrapper, and polling with a deadline."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from storage import FileHandle, FileSystem, OsFileSystem, StorageConfig
 from storage._fs import LockHandle
+from storage.simfs import SimFileSystem
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -138,3 +141,22 @@ class CountingFileSystem:
 
     def point(self, label: str) -> None:
         self._inner.point(label)
+
+
+class SmallDisk(SimFileSystem):
+    """A disk of `capacity_bytes` for the journal and the entry logs: once the files there
+    hold that much, every write fails with ENOSPC; removing files makes room again."""
+
+    def __init__(self, seed: int, root: Path, capacity_bytes: int):
+        super().__init__(seed)
+        self.root = root
+        self.capacity_bytes = capacity_bytes
+
+    def used_bytes(self) -> int:
+        return sum(path.stat().st_size for sub in ("journal", "entrylogs")
+                   for path in (self.root / sub).glob("*") if path.is_file())
+
+    def tick(self, kind: str, path: str) -> None:
+        if kind == "write" and self.used_bytes() >= self.capacity_bytes:
+            raise OSError(errno.ENOSPC, "no space left (test disk)", path)
+        super().tick(kind, path)

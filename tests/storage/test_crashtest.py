@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import Storage
+from storage import DataDirLockedError, Storage, StorageConfig
 from storage.crashtest import (
     AckModel,
     CrashTestOptions,
@@ -74,6 +74,21 @@ def test_kill_9_of_threaded_writer_loses_nothing_acknowledged(tmp_path: Path,
     _assert_clean(summary, text, 3, seed)
     assert summary.kill_iterations == 3
     assert summary.entries_read >= summary.acknowledged_verified
+
+
+def test_corrupt_replayed_record_is_refused_and_the_loss_reported(tmp_path: Path,
+                                                                  seed: int) -> None:
+    """Issue 10 item 1 in the harness: after a crash, a byte flipped inside a record that
+    recovery replays (a later batch proves it was synced) makes recovery refuse, naming the
+    record; with skip_corrupt_journal_segments it opens and counts what it dropped."""
+    summary, text = _run(tmp_path, "powerloss", 10, seed)
+    _assert_clean(summary, text, 10, seed)
+    assert summary.corrupt_cases + summary.corrupt_skipped == 4  # iterations 0, 3, 6, 9
+    assert summary.corrupt_cases >= 1
+    assert summary.corrupt_refused == summary.corrupt_cases
+    assert (f"corrupt replayed record: {summary.corrupt_cases} cases, "
+            f"{summary.corrupt_refused} refused") in text
+    assert sorted(os.listdir(tmp_path)) == ["LOCK", "crashtest-powerloss"]  # the copy is gone
 
 
 def test_powerloss_run_replays_exactly_from_its_seed(tmp_path: Path, seed: int) -> None:
@@ -244,8 +259,41 @@ def test_cli_crashtest_both_modes_exits_zero(tmp_path: Path, seed: int) -> None:
     assert match.group(1) == "4"
     assert int(match.group(2)) > 0
     assert match.group(3) == "0"
-    assert sorted(os.listdir(tmp_path)) == ["crashtest-kill", "crashtest-kill.child.log",
-                                            "crashtest-powerloss"]
+    assert sorted(os.listdir(tmp_path)) == ["LOCK", "crashtest-kill",
+                                            "crashtest-kill.child.log", "crashtest-powerloss"]
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file and directory under `directory`: (size, mtime in ns)."""
+    return {str(path.relative_to(directory)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(directory.rglob("*"))}
+
+
+def test_cli_crashtest_refuses_a_directory_a_broker_holds(tmp_path: Path, seed: int) -> None:
+    with Storage.open(tmp_path) as store:
+        store.add_entry(store.create_ledger({}).result(), b"acknowledged").result()
+    # Held as a live broker holds its data directory; no background threads, so the store
+    # itself writes nothing while the harness tries.
+    with Storage.open(tmp_path, StorageConfig(background_threads=False)):
+        before = _snapshot(tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "broker.cli", "crashtest", "--data-dir", str(tmp_path),
+             "--iterations", "2", "--seed", str(seed), "--no-progress"],
+            capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+        assert _snapshot(tmp_path) == before  # nothing written, nothing removed
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (f"magnetar crashtest: data directory {tmp_path} is locked by "
+                           f"process {os.getpid()}\n")
+
+
+def test_run_crashtest_holds_the_lock_while_it_runs(tmp_path: Path, seed: int) -> None:
+    with Storage.open(tmp_path), pytest.raises(DataDirLockedError):
+        _run(tmp_path, "powerloss", 1, seed)
+    assert not (tmp_path / "crashtest-powerloss").exists()
+    summary, _ = _run(tmp_path, "powerloss", 1, seed)  # released: it runs
+    assert summary.violations == 0
+    with Storage.open(tmp_path):  # and the harness let go of it afterwards
+        pass
 
 
 def test_cli_crashtest_rejects_an_unknown_mode(tmp_path: Path) -> None:

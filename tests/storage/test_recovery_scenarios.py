@@ -16,6 +16,7 @@ import hashlib
 import os
 import random
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,18 +24,28 @@ import pytest
 
 from storage import (
     CorruptionError,
+    JournalCorruptionError,
     LedgerFencedError,
     LedgerNotFoundError,
     NoSuchEntryError,
     Storage,
     StorageConfig,
     StorageError,
+    check_data_dir,
+    inspect_data_dir,
 )
 from storage._checkpoint import flush_to_index
 from storage._fs import OsFileSystem
 from storage._index import Index, encode_mark
 from storage._journal import JournalMark
-from storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
+from storage._journal_format import (
+    RecordType,
+    ScanResult,
+    SegmentHeader,
+    encode_record,
+    pad_record,
+    scan_segment,
+)
 from storage._recovery import ReplayStats
 from storage._write_cache import CacheHalf
 from storage.simfs import SimFileSystem
@@ -267,6 +278,133 @@ def test_zeroed_tail(tmp_path: Path, rng: random.Random,
     if where != "record-start":  # a whole zero header is a clean end, the rest is torn
         assert str(segment) in replay_stats(store).torn_tail
     assert_writable_after(store, ledger_id, datas[:-1], rng, tmp_path)
+
+
+# -- a damaged record with valid records after it (issue 10 item 1) ----------------------
+
+def test_bit_flip_mid_newest_segment_refuses(tmp_path: Path, rng: random.Random,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A record in the middle of the segment recovery replays is damaged; the acknowledged
+    records after it prove it is no torn tail. Recovery refuses (naming file, offset and
+    how many valid records follow) and leaves the directory as found; the operator's flag
+    accepts the loss and the log says how much was lost."""
+    store = Storage.open(tmp_path, make_config())
+    ledger_id, datas = new_ledger(store, rng, 60)
+    store.abandon()
+    (segment,) = segment_paths(tmp_path)
+    adds = [r for r in journal_records(segment) if r.kind == RecordType.ADD_ENTRY]
+    victim = adds[20]
+    next_batch = (victim.offset // ALIGNMENT_BYTES + 1) * ALIGNMENT_BYTES
+    after = [r for r in journal_records(segment) if r.offset >= next_batch]
+    flip_bit(segment, victim.offset + 24 + 50, bit=5)
+    before = directory_digest(tmp_path)
+    with pytest.raises(JournalCorruptionError) as caught:
+        Storage.open(tmp_path, make_config())
+    error = caught.value
+    assert isinstance(error, StorageError)
+    assert error.code != 0
+    assert error.path == str(segment)
+    assert error.offset == victim.offset
+    assert error.records_after == len(after)
+    assert error.bytes_after == sum(24 + r.length for r in after)
+    assert f"followed by {len(after)} valid records" in str(error)
+    assert f"at offset {victim.offset}" in str(error)
+    assert directory_digest(tmp_path) == before
+    caplog.set_level("WARNING", logger="storage")
+    with Storage.open(tmp_path, make_config(skip_corrupt_journal_segments=True)) as store:
+        assert_ledger_holds(store, ledger_id, datas[:20])
+        stats = replay_stats(store)
+        assert (stats.dropped_records, stats.dropped_bytes) == (error.records_after,
+                                                                error.bytes_after)
+        write_entries(store, ledger_id, [b"after the skip"])
+    lost = [r for r in caplog.records if r.levelname == "ERROR" and "LOST" in r.getMessage()]
+    assert len(lost) == 1
+    assert f"{len(after)} journal records" in lost[0].getMessage()
+    with Storage.open(tmp_path, make_config()) as store:
+        assert_ledger_holds(store, ledger_id, [*datas[:20], b"after the skip"])
+
+
+def write_unsynced_batches(store: Storage, ledger_id: int, datas: list[bytes]) -> None:
+    """Write one journal batch per add without syncing any (what the writer does while
+    the syncer waits on the disk), then crash."""
+    journal = store.journal
+    assert journal is not None
+    for data in datas:
+        store.add_entry(ledger_id, data)
+        assert journal._write_once()
+    store.abandon()
+
+
+def test_torn_group_commit_with_later_unsynced_batches(tmp_path: Path, rng: random.Random,
+                                                       caplog: pytest.LogCaptureFixture
+                                                       ) -> None:
+    """A power loss can keep a later unsynced batch and tear an earlier one. The later
+    batch's PAD says the torn record was never synced, so it was never acknowledged:
+    a torn tail, not corruption."""
+    store = Storage.open(tmp_path, make_config())
+    ledger_id, datas = new_ledger(store, rng, 5)
+    unsynced = [entry_data(rng, ledger_id, 5 + i) for i in range(3)]
+    write_unsynced_batches(store, ledger_id, unsynced)
+    (segment,) = segment_paths(tmp_path)
+    adds = [r for r in journal_records(segment) if r.kind == RecordType.ADD_ENTRY]
+    assert len(adds) == 8
+    flip_bit(segment, adds[5].offset + 24 + 30)  # the first unsynced batch is torn
+    caplog.set_level("WARNING", logger="storage")
+    store = reopen_and_expect(tmp_path, ledger_id, datas)
+    assert "never synced" in replay_stats(store).torn_tail
+    assert any("torn group commit" in r.getMessage() for r in caplog.records)
+    assert_writable_after(store, ledger_id, datas, rng, tmp_path)
+
+
+def test_torn_tail_then_records_of_another_segment(tmp_path: Path, rng: random.Random,
+                                                   crashed_ledger: tuple[int, list[bytes]]
+                                                   ) -> None:
+    """After a torn record, a block holding a record that would be valid in ANOTHER
+    segment (its CRC is seeded with that segment's id) is garbage, not a record after
+    it: still a torn tail."""
+    ledger_id, datas = crashed_ledger
+    (segment,) = segment_paths(tmp_path)
+    torn = last_add(segment)
+    end = journal_records(segment)[-1].end
+    with open(segment, "r+b") as f:
+        f.seek(torn.offset + 24 + torn.length // 2)
+        f.write(rng.randbytes(30))  # torn inside the last record's payload
+    stranger = bytearray()
+    payload = struct.pack(">QQ", ledger_id, len(datas)) + b"x" * 100
+    encode_record(stranger, 99, torn.lsn + 2, RecordType.ADD_ENTRY, payload)
+    pad_record(stranger, 99, torn.lsn + 3, end, ALIGNMENT_BYTES, torn.lsn)
+    with open(segment, "r+b") as f:
+        f.seek(end)
+        f.write(bytes(stranger))
+    store = reopen_and_expect(tmp_path, ledger_id, datas[:-1])
+    assert str(segment) in replay_stats(store).torn_tail
+    assert "never synced" not in replay_stats(store).torn_tail
+    assert_writable_after(store, ledger_id, datas[:-1], rng, tmp_path)
+
+
+def test_check_data_dir_says_what_recovery_would_do(tmp_path: Path, rng: random.Random,
+                                                    crashed_ledger: tuple[int, list[bytes]]
+                                                    ) -> None:
+    """`check_data_dir` reads only, and its plan matches what recovery then does: the torn
+    tail it would ignore, the unregistered entry log it would remove, the LAC."""
+    ledger_id, datas = crashed_ledger
+    (segment,) = segment_paths(tmp_path)
+    torn = last_add(segment)
+    os.truncate(segment, torn.offset + 24 + torn.length // 2)
+    stray = tmp_path / "entrylogs" / "000000ff.log"
+    stray.write_bytes(b"never committed")
+    before = directory_digest(tmp_path)
+    report = check_data_dir(str(tmp_path), make_config())
+    assert directory_digest(tmp_path) == before
+    assert report.ok, report.render()
+    notes = "\n".join(report.notes)
+    assert f"would ignore the torn tail of {segment} at offset {torn.offset}" in notes
+    assert f"would remove entry log {stray}" in notes
+    assert f"would replay {len(journal_records(segment))} journal records" in notes
+    inspected = inspect_data_dir(str(tmp_path), make_config())
+    assert [(i, lac) for i, _, lac, _ in inspected.ledgers] == [(ledger_id, len(datas) - 2)]
+    reopen_and_expect(tmp_path, ledger_id, datas[:-1]).close()
+    assert not stray.exists()
 
 
 # -- the LastLogMark ----------------------------------------------------------------------
