@@ -28,7 +28,8 @@ After every read the server counts the bytes each connection's codec holds for a
 complete; when the sum over all connections passes `max_incomplete_frames_bytes`, the
 connection whose read pushed it over is closed. The first refusal and the first such close are
 a WARNING, then every `LIMIT_WARNING_EVERY`-th; the rest are DEBUG. A closed connection's
-handler drops its codec buffer, so no frame's bytes outlive the connection.
+handler drops its codec buffer, so no frame's bytes outlive the connection. The counts live
+in the service's `ConnectionCounters` (`service.connections`), which `/metrics` shows.
 
 Errors. A connection's failure -- bad bytes, a reset, a bug in a handler -- ends that
 connection only; the listener and the other connections are untouched.
@@ -123,10 +124,8 @@ class BrokerServer:
         self._connections: dict[ConnectionHandler,
                                 tuple[asyncio.Task[None], asyncio.StreamWriter]] = {}
         self._per_ip: dict[str, int] = {}  # open connections (refused ones not) per address
-        self.incomplete_frames_bytes = 0  # summed over the connections (see the module comment)
-        self.refused_connections = 0  # refused for a connection limit, since start
+        self.counters = service.connections  # what /metrics shows of this server
         self.connections_max = _connections_max(service.config.broker_max_connections)
-        self.buffer_limit_closes = 0  # closed for max_incomplete_frames_bytes, since start
 
     @property
     def url(self) -> str:
@@ -136,6 +135,16 @@ class BrokerServer:
     @property
     def connection_count(self) -> int:
         return len(self._connections)
+
+    @property
+    def incomplete_frames_bytes(self) -> int:
+        """Bytes of frames not yet complete, summed over the connections."""
+        return self.counters.incomplete_frames_bytes
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections refused for a connection limit, since start."""
+        return self.counters.refused
 
     async def start(self) -> None:
         """Bind and start accepting.
@@ -176,10 +185,10 @@ class BrokerServer:
 
     async def _refuse(self, writer: asyncio.StreamWriter, peer: str, reason: str) -> None:
         """ERROR NotAllowedError with request id -1, then close (Pulsar's refusal)."""
-        self.refused_connections += 1
-        level = logging.WARNING if _logged_in_full(self.refused_connections) else logging.DEBUG
+        self.counters.refused += 1
+        level = logging.WARNING if _logged_in_full(self.counters.refused) else logging.DEBUG
         log.log(level, "refusing the connection of %s: %s (%d refused since start)", peer,
-                reason, self.refused_connections)
+                reason, self.counters.refused)
         error = pb.CommandError(request_id=REQUEST_ID_NONE, error=pb.NotAllowedError,
                                 message=reason)
         with contextlib.suppress(ConnectionError, OSError):
@@ -204,6 +213,7 @@ class BrokerServer:
         assert task is not None
         self._connections[handler] = (task, writer)
         self._per_ip[address] = self._per_ip.get(address, 0) + 1
+        self.counters.active = len(self._connections)
         log.debug("connection from %s", peer)
         counted = [0]  # this connection's share of `incomplete_frames_bytes`
         try:
@@ -217,6 +227,7 @@ class BrokerServer:
             handler.connection_lost()
             self._count_incomplete(counted, 0)
             self._connections.pop(handler, None)
+            self.counters.active = len(self._connections)
             left = self._per_ip.pop(address) - 1
             assert left >= 0
             if left:
@@ -228,9 +239,9 @@ class BrokerServer:
     def _count_incomplete(self, counted: list[int], now: int) -> None:
         """Move one connection's share of `incomplete_frames_bytes` from `counted[0]` to
         `now`."""
-        self.incomplete_frames_bytes += now - counted[0]
+        self.counters.incomplete_frames_bytes += now - counted[0]
         counted[0] = now
-        assert self.incomplete_frames_bytes >= 0
+        assert self.counters.incomplete_frames_bytes >= 0
 
     def _check_incomplete(self, handler: ConnectionHandler, counted: list[int]) -> None:
         """After a read: count the connection's incomplete frame and close it when it pushes
@@ -241,12 +252,13 @@ class BrokerServer:
         limit = self.context.service.config.max_incomplete_frames_bytes
         if self.incomplete_frames_bytes <= limit or counted[0] == 0:
             return
-        self.buffer_limit_closes += 1
-        level = logging.WARNING if _logged_in_full(self.buffer_limit_closes) else logging.DEBUG
+        self.counters.closed_for_incomplete_frames += 1
+        closes = self.counters.closed_for_incomplete_frames
+        level = logging.WARNING if _logged_in_full(closes) else logging.DEBUG
         log.log(level, "closing the connection of %s: incomplete frames hold %d bytes over all "
                 "connections, more than max_incomplete_frames_bytes=%d (this one %d; %d closed "
                 "so since start)", handler.peer, self.incomplete_frames_bytes, limit,
-                counted[0], self.buffer_limit_closes)
+                counted[0], closes)
         handler.close()
         self._count_incomplete(counted, 0)
 

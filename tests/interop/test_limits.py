@@ -21,6 +21,7 @@ import pytest
 
 from broker import BrokerConfig, BrokerService
 from broker._connection_handler import ConnectionHandler
+from broker._metrics import render_metrics
 from broker._names import SUBSCRIPTION_NAME_BYTES_MAX
 from broker._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
 from codec import (
@@ -184,6 +185,9 @@ def test_connections_beyond_the_limits_are_refused_with_not_allowed(tmp_path: Pa
         first = [await _AsyncClient.connect(server.port) for _ in range(2)]
         await refused(server, "maximum number of connections on address 127.0.0.1")
         assert server.connection_count == 2
+        text = render_metrics(service)
+        assert 'pulsar_active_connections{cluster="standalone"} 2' in text
+        assert 'pulsar_connection_create_fail_count{cluster="standalone"} 1' in text
         await first[0].close()
         await _eventually(lambda: server.connection_count == 1)
         again = await _AsyncClient.connect(server.port)  # a freed slot is usable again
@@ -228,6 +232,10 @@ def test_incomplete_frames_are_bounded_over_all_connections(
         await _eventually(lambda: server.incomplete_frames_bytes == 0)
         fourth.send(pb.CommandPing())
         await fourth.expect(T.PONG)  # untouched throughout
+        text = render_metrics(service)
+        assert ('magnetar_connections_closed_for_incomplete_frames_count{cluster="standalone"} 2'
+                in text)
+        assert 'magnetar_incomplete_frames_bytes{cluster="standalone"} 0' in text
         for client in clients:
             await client.close()
 
