@@ -1343,6 +1343,10 @@ class ConnectionHandler:
     def _on_get_or_create_schema(self, frame: Frame) -> None:
         request = frame.command.getOrCreateSchema
         reply = pb.CommandGetOrCreateSchemaResponse(request_id=request.request_id)
+        accepted = self.conn.peer_accepted_types
+        if accepted is not None and T.GET_OR_CREATE_SCHEMA_RESPONSE not in accepted:
+            self.send(reply)  # refused by the codec and logged once: no answer, no schema added
+            return
         try:
             version = self.ctx.schemas.add(TopicName.parse(request.topic),
                                            StoredSchema.from_proto(request.schema))

@@ -22,7 +22,7 @@ import pytest
 from broker import BrokerConfig, BrokerService
 from broker._connection_handler import ConnectionHandler
 from broker._metrics import render_metrics
-from broker._names import SUBSCRIPTION_NAME_BYTES_MAX
+from broker._names import SUBSCRIPTION_NAME_BYTES_MAX, TopicName
 from broker._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
 from codec import (
     ConnectionClosed,
@@ -296,6 +296,8 @@ def test_a_repeated_client_mistake_is_one_warning_per_connection(
             client = await _AsyncClient.connect(server.port)
             await mistakes(client)
             await client.close()
+        # a request whose answer cannot be sent does nothing either
+        assert service.schemas.get(TopicName.parse(topic)) is None
 
     with caplog.at_level(logging.DEBUG, logger="broker"):
         asyncio.run(_with_server(tmp_path, body))
