@@ -40,13 +40,20 @@ A partitioned topic's base name stands for all its partitions where Pulsar allow
 partitioned stats); skipping n entries and resetting to a position need one partition
 (405, as upstream).
 
-Errors answer as Pulsar's do, with a status and `{"reason": "…"}`: 400 a malformed body,
-404 a missing tenant, namespace, topic or subscription, 405 an operation the topic (a
-partitioned base, a non-persistent topic) does not support, 406 a partition count below 1,
+Errors answer as Pulsar's do, with a status and `{"reason": "…"}`: 400 a malformed body
+or an out-of-range number in the path, 404 a missing tenant, namespace, topic or
+subscription, 405 an operation the topic (a partitioned base, a non-persistent topic) does not
+support, 406 a partition count below 1 or above `max_num_partitions_per_partitioned_topic`,
 409 something that exists already or a namespace/tenant that is not empty, 412 an invalid
-name or value or clients still connected (409 also an incompatible schema, 422 a schema
-definition that does not parse). Handlers raise `RestError`; the middleware turns
-it, the router's own 404/405 and any stray `BrokerError` into that shape.
+name or value (a name too long to store included, `_names.py`: nothing is created) or clients
+still connected (409 also an incompatible schema, 422 a schema definition that does not
+parse). Handlers raise `RestError`; the middleware turns it, the router's own 404/405 and any
+stray `BrokerError` into that shape.
+
+Logging. A malformed HTTP request (a line over aiohttp's limit, a bad header) is the client's
+mistake: aiohttp answers 400 and closes the connection, and `_HttpServerLog` makes its ERROR
+traceback one WARNING line. An unexpected exception in a handler stays an ERROR with its
+traceback (a bug), answered 500.
 
 With authentication enabled (`auth`), `_admin_auth.auth_middleware` runs first and answers
 401 to requests without a valid `Authorization: Bearer` token. `start_admin` can serve HTTPS
@@ -64,6 +71,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ._admin_auth import Middleware, auth_middleware
 from ._auth import AuthenticationService
@@ -84,7 +92,13 @@ from ._errors import (
 )
 from ._lookup_http import LookupUrls, lookup_routes, partitions_for_client
 from ._metrics import CONTENT_TYPE, render_metrics
-from ._names import NamespaceName, TopicDomain, TopicName
+from ._names import (
+    NamespaceName,
+    TopicDomain,
+    TopicName,
+    check_subscription_name,
+    check_tenant_name,
+)
 from ._namespaces import POLICY_FIELDS
 from ._position import Position, int_to_ack_set
 from ._server import advertised_url_for
@@ -120,6 +134,22 @@ BACKLOG_QUOTA_POLICIES = ("producer_request_hold", "producer_exception",
 BACKLOG_QUOTA_TYPES = ("destination_storage", "message_age")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _HttpServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger for the admin API. aiohttp logs every malformed request (a line
+    longer than its limit, a bad header: the client's mistake, answered 400, connection closed)
+    as an ERROR with a traceback; here it is one WARNING line without the traceback. Anything
+    else aiohttp logs keeps its level and traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if isinstance(error, HttpProcessingError) and 400 <= error.code < 500:
+            log.warning("bad HTTP request from %s refused with %d: %s",
+                        args[0] if args else "?", error.code, error.message)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 class RestError(Exception):
@@ -211,8 +241,14 @@ def _int_body(value: Any, what: str) -> int:
     return value
 
 
+INT_PATH_DIGITS_MAX = 19  # a path's number (the route admits digits only): a Java long
+
+
 def _int_path(request: web.Request, name: str) -> int:
-    return int(request.match_info[name])  # the route's pattern admits digits only
+    text = request.match_info[name]  # the route's pattern admits digits only
+    if len(text) > INT_PATH_DIGITS_MAX or int(text) > LONG_MAX:
+        raise RestError(400, f"{name} is out of range: {text[:INT_PATH_DIGITS_MAX]}...")
+    return int(text)
 
 
 # -- names ----------------------------------------------------------------------------------
@@ -401,6 +437,10 @@ async def create_tenant(request: web.Request) -> web.Response:
     info = _tenant_info(await _body(request), service.config.cluster_name)
     if _TENANT_NAME.fullmatch(tenant) is None:
         raise RestError(412, "Tenant name is not valid")
+    try:
+        check_tenant_name(tenant)
+    except InvalidTopicNameError as error:
+        raise RestError(412, f"Tenant name is not valid: {error}") from error
     if service.namespaces.tenant_exists(tenant):
         raise RestError(409, "Tenant already exists")
     service.namespaces.create_tenant(tenant, info)
@@ -622,6 +662,8 @@ def _policy_handlers(policy: _Policy) -> tuple[Handler, Handler, Handler]:
         service = _service(request)
         namespace = _namespace(request)
         value = policy.check(await _body(request), service.namespaces.policies(namespace))
+        if isinstance(value, dict) and "defaultNumPartitions" in value:
+            _check_partition_limit(service, value["defaultNumPartitions"])
         await _set_policy(service, namespace, policy.field, value)
         return _ok()
 
@@ -701,17 +743,25 @@ async def list_partitioned_topics(request: web.Request) -> web.Response:
     return _ok(sorted(n for n in names if n.startswith(prefix)))
 
 
-def _partition_count(value: Any) -> int:
+def _partition_count(service: BrokerService, value: Any) -> int:
     count = _int_body(value, "the number of partitions")
     if count <= 0:
         raise RestError(406, "Number of partitions should be more than 0")
+    _check_partition_limit(service, count)
     return count
+
+
+def _check_partition_limit(service: BrokerService, count: int) -> None:
+    """406 beyond `max_num_partitions_per_partitioned_topic` (0: no limit), as upstream."""
+    limit = service.config.max_num_partitions_per_partitioned_topic
+    if 0 < limit < count:
+        raise RestError(406, f"Number of partitions should be less than or equal to {limit}")
 
 
 async def create_partitioned_topic(request: web.Request) -> web.Response:
     service = _service(request)
     name = _topic_name(request)
-    count = _partition_count(await _body(request))
+    count = _partition_count(service, await _body(request))
     if name.is_partitioned:
         raise RestError(412, "Partitioned Topic Name should not contain '-partition-'")
     if _partitions(service, name) > 0:
@@ -725,7 +775,7 @@ async def create_partitioned_topic(request: web.Request) -> web.Response:
 async def update_partitioned_topic(request: web.Request) -> web.Response:
     service = _service(request)
     name = _topic_name(request)
-    count = _partition_count(await _body(request))
+    count = _partition_count(service, await _body(request))
     current = _partitions(service, name)
     if current == 0:
         raise RestError(404, f"Partitioned Topic {name} not found")
@@ -966,6 +1016,10 @@ async def create_subscription(request: web.Request) -> web.Response:
         raise RestError(405, "Creating a subscription needs a persistent topic")
     if subscription == DEDUP_CURSOR_NAME or subscription.startswith("pulsar.repl"):
         raise RestError(412, "Subscription name is reserved")
+    try:
+        check_subscription_name(subscription)
+    except BrokerError as error:
+        raise RestError(412, str(error)) from error
     ledger_id, entry_id, _ = _message_id(await _body(request))
     partitions = _partitions(service, name)
     targets = ([name.partition(i) for i in range(partitions)] if partitions else [name])
@@ -1249,7 +1303,8 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
     urls = LookupUrls(broker_url, broker_url_tls=broker_url_tls)
     runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics, auth=auth,
                                      lookup_urls=urls),
-                           access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+                           access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
+                           logger=_HttpServerLog(logging.getLogger("aiohttp.server")))
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

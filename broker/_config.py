@@ -19,6 +19,10 @@ SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FO
 # as the field's comment says. Settings not listed take any value of their type.
 SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "default_num_partitions": (1, None),
+    "max_num_partitions_per_partitioned_topic": (0, None),
+    "broker_max_connections": (0, None),
+    "max_connections_per_ip": (0, None),
+    "max_incomplete_frames_bytes": (1, None),
     "max_producers_per_topic": (0, None),
     "max_consumers_per_topic": (0, None),
     "max_consumers_per_subscription": (0, None),
@@ -85,6 +89,10 @@ class BrokerConfig:
     max_consumers_per_topic: int = 0
     max_consumers_per_subscription: int = 0
     max_message_size_bytes: int = 5 * 1024 * 1024
+    # Pulsar's maxNumPartitionsPerPartitionedTopic (0 = no limit, upstream's default). Every
+    # partition is a managed ledger of this one process, created on the spot; more than this
+    # buy no parallelism on one event loop, and 10^9 of them would never finish creating.
+    max_num_partitions_per_partitioned_topic: int = 1024
     subscription_pattern_max_length: int = 50  # regex consumers' patterns, domain removed
 
     # Dispatch.
@@ -163,6 +171,18 @@ class BrokerConfig:
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
 
+    # Connections (the binary protocol server, broker/_server.py). Pulsar's brokerMaxConnections
+    # and maxConnectionsPerIp default to 0 (off); a single-process broker sets both: every
+    # connection costs a file descriptor (shared with the storage's files) and a task on the
+    # one event loop, so the total stays well inside a typical descriptor limit and one
+    # address (a runaway client pool) cannot take every slot. 0 = no limit.
+    broker_max_connections: int = 2048
+    max_connections_per_ip: int = 512
+    # Bytes held for frames not yet complete, summed over all connections (each may hold up
+    # to one frame of max_message_size_bytes plus its command); a connection whose bytes push
+    # the sum over this is closed. The default takes 25 maximal frames arriving at once.
+    max_incomplete_frames_bytes: int = 128 * 1024 * 1024
+
     # Named advertised listeners (Pulsar's advertisedListeners and internalListenerName;
     # broker/_listeners.py): NAME:pulsar://HOST:PORT and NAME:pulsar+ssl://HOST:PORT items.
     # LOOKUP answers the listener a client names; the internal one (default: the first
@@ -182,6 +202,11 @@ class BrokerConfig:
         from ._listeners import listeners_of
 
         check_settings(self)
+        partitions_max = self.max_num_partitions_per_partitioned_topic
+        if 0 < partitions_max < self.default_num_partitions:
+            raise ConfigurationError(f"max_num_partitions_per_partitioned_topic must be 0 (no "
+                                     f"limit) or at least default_num_partitions "
+                                     f"({self.default_num_partitions}), not {partitions_max}")
         try:
             interceptors_of(self.broker_entry_metadata_interceptors)
             listeners_of(self)

@@ -61,6 +61,15 @@ Broker entry metadata: a stored entry may carry the 0x0e02 block (`_entry_metada
 goes out verbatim to clients that declared supports_broker_entry_metadata and is stripped for
 the others.
 
+Names are checked before anything is created (`_names.py`): an over-long topic is
+InvalidTopicName, an over-long subscription, initial subscription or producer name ProducerBusy
+(upstream's answer to a refused name).
+
+Logging. A client's mistake is logged once per connection at WARNING (a reply its declared
+command set cannot take, a SEND with a bad checksum), repeats at DEBUG; a refused request is
+INFO. An unexpected exception in a request (a bug a client may repeat at will) is an ERROR
+with its traceback once per connection and exception type, then DEBUG.
+
 Keep-alive: every `keepalive_interval_s` the handler sends PING; a connection that sent no
 frame at all during a whole interval after a PING is closed (Pulsar's rule).
 
@@ -113,7 +122,13 @@ from ._errors import (
     from_storage_error,
 )
 from ._listeners import ListenerNotFoundError, listeners_of
-from ._names import TopicName, matches_topics_pattern, topics_hash
+from ._names import (
+    TopicName,
+    check_producer_name,
+    check_subscription_name,
+    matches_topics_pattern,
+    topics_hash,
+)
 from ._nonpersistent import NonPersistentSubscription
 from ._position import Position
 from ._schemas import SchemaRegistry, StoredSchema, encode_schema_version
@@ -370,6 +385,7 @@ class ConnectionHandler:
         self._producers: dict[int, _ProducerState] = {}
         self._consumers: dict[int, _ConsumerState] = {}
         self._closed_producers: OrderedDict[int, None] = OrderedDict()
+        self._logged_once: set[str] = set()  # what `_warn_once`/`_log_failure` logged once
         self._tasks: set[asyncio.Task[None]] = set()
         self.pending_sends = 0
         self._send_room = asyncio.Event()
@@ -445,8 +461,10 @@ class ConnectionHandler:
             return False
         try:
             data = self.conn.send(base_command(body))
-        except LocalProtocolError as exc:
-            log.error("not sending %s to %s: %s", type(body).__name__, self.peer, exc.reason)
+        except LocalProtocolError as exc:  # e.g. a C++ client asked GET_OR_CREATE_SCHEMA
+            self._warn_once(f"not sending {type(body).__name__}",
+                            "not sending %s to %s: %s", type(body).__name__, self.peer,
+                            exc.reason)
             return False
         self._write(data)
         return True
@@ -515,10 +533,27 @@ class ConnectionHandler:
         self.send(pb.CommandError(request_id=request_id, error=code, message=message))  # type: ignore[arg-type]
 
     def _log_failure(self, exc: BaseException) -> None:
+        """Log a failed request: a refusal at INFO; an unexpected exception (a bug a client
+        may be able to repeat at will) at ERROR with its traceback once per connection and
+        exception type, then at DEBUG."""
         if isinstance(exc, BrokerError | StorageError):
             log.info("request from %s failed: %s: %s", self.peer, type(exc).__name__, exc)
-        else:
-            log.error("request from %s failed unexpectedly", self.peer, exc_info=exc)
+            return
+        key = f"unexpected {type(exc).__name__}"
+        if key in self._logged_once:
+            log.debug("request from %s failed unexpectedly: %r", self.peer, exc)
+            return
+        self._logged_once.add(key)
+        log.error("request from %s failed unexpectedly (further %s of this connection are "
+                  "logged at DEBUG)", self.peer, type(exc).__name__, exc_info=exc)
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        """A client's mistake: WARNING the first time on this connection, DEBUG after."""
+        if key in self._logged_once:
+            log.debug(message, *args)
+            return
+        self._logged_once.add(key)
+        log.warning(message + " (repeats on this connection are logged at DEBUG)", *args)
 
     def _success(self, request_id: int) -> None:
         self.send(pb.CommandSuccess(request_id=request_id))
@@ -582,6 +617,7 @@ class ConnectionHandler:
             self._keepalive.cancel()
             self._keepalive = None
         self._release_all()
+        self.conn.discard_received()  # a partial frame's bytes do not outlive the connection
         self._send_room.set()
         self._close_transport()
 
@@ -811,6 +847,8 @@ class ConnectionHandler:
 
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         name = TopicName.parse(request.topic)
+        check_producer_name(request.producer_name)  # before anything is created
+        check_subscription_name(request.initial_subscription_name)
         topic, producer = await self.service.create_producer(name, self._producer_spec(request))
         try:
             if _carries_schema(request):
@@ -921,8 +959,8 @@ class ConnectionHandler:
     def _on_corrupt_send(self, event: ChecksumMismatch) -> None:
         send = event.command.send
         state = self._producers.get(send.producer_id)
-        log.warning("SEND from %s failed its checksum (%#010x != %#010x)", self.peer,
-                    event.expected, event.actual)
+        self._warn_once("checksum", "SEND from %s failed its checksum (%#010x != %#010x)",
+                        self.peer, event.expected, event.actual)
         if state is None or state.producer is None:
             if send.producer_id in self._closed_producers:
                 return
@@ -1036,6 +1074,7 @@ class ConnectionHandler:
     async def _open_consumer(self, state: _ConsumerState, request: pb.CommandSubscribe) -> None:
         spec = self._subscribe_spec(request)
         name = TopicName.parse(request.topic)
+        check_subscription_name(spec.subscription)  # before anything is created
         if _carries_schema(request):
             self.ctx.schemas.admit_consumer(name, StoredSchema.from_proto(request.schema))
         topic, consumer = await self.service.subscribe(name, spec, state.sink)
@@ -1304,6 +1343,10 @@ class ConnectionHandler:
     def _on_get_or_create_schema(self, frame: Frame) -> None:
         request = frame.command.getOrCreateSchema
         reply = pb.CommandGetOrCreateSchemaResponse(request_id=request.request_id)
+        accepted = self.conn.peer_accepted_types
+        if accepted is not None and T.GET_OR_CREATE_SCHEMA_RESPONSE not in accepted:
+            self.send(reply)  # refused by the codec and logged once: no answer, no schema added
+            return
         try:
             version = self.ctx.schemas.add(TopicName.parse(request.topic),
                                            StoredSchema.from_proto(request.schema))

@@ -669,7 +669,9 @@ class ManagedLedger:
 
         Raises:
             ManagedLedgerClosedError: the ML is closed.
-            StorageError: the new cursor's record could not be written.
+            StorageError, ValueError: the new cursor's record could not be written (ValueError:
+                its key is too long for the metadata store); the new cursor is forgotten
+                again, so nothing is left behind.
         """
         self._check_open()
         existing = self.cursors.get(name)
@@ -679,7 +681,13 @@ class ManagedLedger:
         cursor = ManagedCursor.create(self, name, initial_position, durable=True,
                                       properties=properties)
         self.cursors[name] = cursor
-        await cursor.flush()
+        try:
+            await cursor.flush()
+        except BaseException:
+            if self.cursors.get(name) is cursor:  # a cursor never persisted is no cursor
+                del self.cursors[name]
+                cursor.deleted = True  # whoever still holds it writes nothing more
+            raise
         return cursor
 
     def new_non_durable_cursor(self, start: Position | None = None,

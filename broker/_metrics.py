@@ -13,8 +13,12 @@ labels (with topic-level metrics exposed, as `exposeTopicLevelMetricsInPrometheu
   `pulsar_storage_backlog_size`, `pulsar_storage_backlog_quota_limit`,
   `pulsar_msg_backlog` (the sum of its subscriptions' backlogs, in entries) and
   `pulsar_topic_storage_failed` (1 once its entries cannot be read);
-* per broker, `{cluster}`: `pulsar_broker_storage_full` (1 while the disk is full; written
-  when a topic is loaded or the disk is full);
+* per broker, `{cluster}`: `pulsar_broker_storage_full` (1 while the disk is full), and the
+  binary protocol server's `ConnectionCounters`: `pulsar_active_connections`,
+  `pulsar_connection_create_fail_count` (refused for a connection limit),
+  `magnetar_connections_closed_for_incomplete_frames_count` and
+  `magnetar_incomplete_frames_bytes` (all written when a topic is loaded, the disk is full
+  or a counter is not zero);
 * per subscription, the topic labels plus `subscription`: `pulsar_subscription_back_log`
   and the other `pulsar_subscription_*` gauges, and `pulsar_out_messages_total` /
   `pulsar_out_bytes_total` (what the subscription has dispatched);
@@ -30,6 +34,7 @@ as the format requires. Names ending in `_total` are counters, the rest gauges.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from ._stats import topic_stats
@@ -39,7 +44,7 @@ if TYPE_CHECKING:
     from ._consumer import Consumer
     from ._service import BrokerService
 
-__all__ = ["CONTENT_TYPE", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "ConnectionCounters", "render_metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -58,6 +63,12 @@ METRICS: dict[str, str] = {
     "pulsar_topic_storage_failed":
         "1 when the topic's stored entries cannot be read (corrupt entry log or index)",
     "pulsar_broker_storage_full": "1 while the disk is full and publishes are refused",
+    "pulsar_active_connections": "Open binary-protocol connections",
+    "pulsar_connection_create_fail_count":
+        "Connections refused for broker_max_connections or max_connections_per_ip",
+    "magnetar_connections_closed_for_incomplete_frames_count":
+        "Connections closed for pushing max_incomplete_frames_bytes over",
+    "magnetar_incomplete_frames_bytes": "Bytes of frames not yet complete, all connections",
     "pulsar_subscription_back_log": "Entries not yet acknowledged by the subscription",
     "pulsar_subscription_back_log_no_delayed": "The backlog without delayed messages",
     "pulsar_subscription_delayed": "Messages held back for delayed delivery",
@@ -78,6 +89,27 @@ METRICS: dict[str, str] = {
 }
 
 Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class ConnectionCounters:
+    """The binary protocol server's counters (`_server.py` keeps them on the service).
+
+    Attributes:
+        active: open connections.
+        refused: connections refused for a connection limit, since start.
+        closed_for_incomplete_frames: connections closed for `max_incomplete_frames_bytes`.
+        incomplete_frames_bytes: bytes of frames not yet complete, over all connections.
+    """
+
+    active: int = 0
+    refused: int = 0
+    closed_for_incomplete_frames: int = 0
+    incomplete_frames_bytes: int = 0
+
+    def any(self) -> bool:
+        """Whether a counter is not zero."""
+        return any(getattr(self, each.name) for each in fields(self))
 
 
 class _Families:
@@ -141,9 +173,16 @@ def render_metrics(service: BrokerService, *, consumer_level: bool = False) -> s
     for namespace, count in sorted(per_namespace.items()):
         families.add("pulsar_topics_count",
                      (("cluster", cluster), ("namespace", namespace)), count)
-    if topics or service.storage_full:
-        families.add("pulsar_broker_storage_full", (("cluster", cluster),),
-                     service.storage_full)
+    connections = service.connections
+    if topics or service.storage_full or connections.any():
+        broker = (("cluster", cluster),)
+        families.add("pulsar_broker_storage_full", broker, service.storage_full)
+        families.add("pulsar_active_connections", broker, connections.active)
+        families.add("pulsar_connection_create_fail_count", broker, connections.refused)
+        families.add("magnetar_connections_closed_for_incomplete_frames_count", broker,
+                     connections.closed_for_incomplete_frames)
+        families.add("magnetar_incomplete_frames_bytes", broker,
+                     connections.incomplete_frames_bytes)
     for topic in topics:
         labels = (("cluster", cluster), ("namespace", topic.name.namespace_name),
                   ("topic", str(topic.name)))

@@ -33,6 +33,19 @@ System topics (reference §8.3) are decided on the base name: the topic-policies
 transaction-buffer names, the pending-ack suffix and the transaction-coordinator topics under
 `pulsar/system`. Names that only contain those words (`not_really__change_events`) are not.
 
+Length limits. Names become keys of the metadata store, whose keys are at most
+`METADATA_KEY_BYTES_MAX` (LMDB's limit); the longest key a topic and a subscription make is
+the cursor key `cursor/<persistence name>\x00<subscription>`. The key space is split into a
+fixed budget per part, so each name is checked on its own, up front, before anything is
+created: subscription (and producer) names at most `SUBSCRIPTION_NAME_BYTES_MAX` bytes of
+UTF-8; tenant, cluster and namespace parts at most `NAMED_ENTITY_CHARS_MAX` characters; a
+topic at most `TOPIC_STORED_NAME_BYTES_MAX` bytes in the longest form the store keeps it
+(`topic_stored_bytes`), counted for its partitioned base plus room for the longest partition
+suffix, so every partition of a valid name is valid too. Pulsar itself has no such limits
+(its metadata store takes long paths); an over-long topic name is InvalidTopicName, as upstream
+answers any topic name it cannot use, and an over-long subscription or producer name is what
+upstream answers for a name it refuses (a NamingException: ProducerBusy).
+
 Regex subscriptions (reference §8.4): `topics_hash` is the CRC32C the broker puts in
 CommandGetTopicsOfNamespaceResponse, and `matches_topics_pattern` the broker-side filter. The
 pattern is a client's, run on the event loop against every topic of a namespace, so it runs on
@@ -47,20 +60,31 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
+from urllib.parse import quote
 
 import crc32c
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
-from ._errors import InvalidTopicNameError
+from storage._metadata import META_KEY_BYTES_MAX
+
+from ._errors import InvalidTopicNameError, ProducerBusyError
 
 __all__ = [
+    "METADATA_KEY_BYTES_MAX",
+    "NAMED_ENTITY_CHARS_MAX",
     "NON_PERSISTENT",
     "PERSISTENT",
+    "PRODUCER_NAME_BYTES_MAX",
+    "SUBSCRIPTION_NAME_BYTES_MAX",
+    "TOPIC_STORED_NAME_BYTES_MAX",
     "NamespaceName",
     "TopicDomain",
     "TopicName",
+    "check_producer_name",
+    "check_subscription_name",
     "matches_topics_pattern",
     "strip_domain_scheme",
+    "topic_stored_bytes",
     "topics_hash",
 ]
 
@@ -77,6 +101,28 @@ _INT32_MAX: Final = (1 << 31) - 1
 # Java's `\w` is ASCII-only; Python's is Unicode unless told otherwise.
 _NAMED_ENTITY: Final = re.compile(r"[-=:.\w]*", re.ASCII)
 _CANONICAL_INDEX: Final = re.compile(r"0|[1-9][0-9]*")
+
+# -- length limits (see the module comment) --
+METADATA_KEY_BYTES_MAX: Final = META_KEY_BYTES_MAX  # the metadata store's (LMDB's) key limit
+SUBSCRIPTION_NAME_BYTES_MAX: Final = 128  # UTF-8 bytes; also the cursor's name
+PRODUCER_NAME_BYTES_MAX: Final = SUBSCRIPTION_NAME_BYTES_MAX  # UTF-8 bytes (no key, same bound)
+NAMED_ENTITY_CHARS_MAX: Final = 64  # a tenant, cluster or namespace part (ASCII only)
+_CURSOR_KEY_OVERHEAD_BYTES: Final = len(b"cursor/") + len(b"\x00")  # _cursor.cursor_key
+# The longest other key prefix a topic name goes under (topic policies, partitions, schemas,
+# managed ledgers); the topic's budget must fit each of them too.
+_TOPIC_KEY_PREFIX_BYTES_MAX: Final = max(len(b"topicpolicy/"), len(b"partitioned/"),
+                                         len(b"schema/"), len(b"ml/"))
+TOPIC_STORED_NAME_BYTES_MAX: Final = (METADATA_KEY_BYTES_MAX - _CURSOR_KEY_OVERHEAD_BYTES
+                                      - SUBSCRIPTION_NAME_BYTES_MAX)
+# Room kept for "-partition-<index>" after a base name: the longest index is int32 max.
+_PARTITION_SUFFIX_BYTES_MAX: Final = len(PARTITION_SUFFIX) + len(str(_INT32_MAX))
+assert (_CURSOR_KEY_OVERHEAD_BYTES + TOPIC_STORED_NAME_BYTES_MAX + SUBSCRIPTION_NAME_BYTES_MAX
+        == METADATA_KEY_BYTES_MAX), "a topic's and a subscription's budgets fill a cursor key"
+assert _TOPIC_KEY_PREFIX_BYTES_MAX + TOPIC_STORED_NAME_BYTES_MAX <= METADATA_KEY_BYTES_MAX
+# The longest namespace leaves room for a topic name of a useful length.
+assert 3 * (NAMED_ENTITY_CHARS_MAX + 1) + len("non-persistent://") \
+    + _PARTITION_SUFFIX_BYTES_MAX + 64 <= TOPIC_STORED_NAME_BYTES_MAX
+_SHOWN_NAME_CHARS_MAX: Final = 80  # an over-long name is quoted this far in errors and logs
 
 # Parsed names are immutable, so parses are shared; the bound keeps a flood of distinct
 # names from growing the cache without limit (upstream caches 100000 names too).
@@ -96,10 +142,60 @@ _TRANSACTION_PREFIXES: Final = (
 )
 
 
+def _shown(name: str) -> str:
+    """`name` as errors and logs quote it: cut after `_SHOWN_NAME_CHARS_MAX` characters."""
+    if len(name) <= _SHOWN_NAME_CHARS_MAX:
+        return name
+    return f"{name[:_SHOWN_NAME_CHARS_MAX]}... ({len(name)} characters)"
+
+
 def _check_named_entity(name: str) -> None:
-    """Raise unless `name` uses only the characters tenants, clusters and namespaces may use."""
+    """Raise unless `name` uses only the characters tenants, clusters and namespaces may use,
+    and at most `NAMED_ENTITY_CHARS_MAX` of them."""
+    if len(name) > NAMED_ENTITY_CHARS_MAX:
+        raise InvalidTopicNameError(f"Invalid named entity: {_shown(name)}: longer than "
+                                    f"{NAMED_ENTITY_CHARS_MAX} characters")
     if _NAMED_ENTITY.fullmatch(name) is None:
         raise InvalidTopicNameError(f"Invalid named entity: {name}")
+
+
+def check_tenant_name(name: str) -> None:
+    """Validate a tenant name (characters and length) as a namespace part.
+
+    Raises:
+        InvalidTopicNameError: it is empty, too long or holds a character outside
+            `[-=:.A-Za-z0-9_]`; nothing was done.
+    """
+    if name == "":
+        raise InvalidTopicNameError("Invalid named entity: an empty tenant name")
+    _check_named_entity(name)
+
+
+def _check_client_name(kind: str, name: str, limit_bytes: int) -> None:
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > limit_bytes:
+        raise ProducerBusyError(f"{kind} name {_shown(name)!r} is too long: {size} bytes, "
+                                f"at most {limit_bytes} bytes (UTF-8)")
+
+
+def check_subscription_name(name: str) -> None:
+    """Refuse a subscription name longer than `SUBSCRIPTION_NAME_BYTES_MAX` bytes of UTF-8,
+    before anything is created.
+
+    Raises:
+        ProducerBusyError: the name is too long (upstream answers a subscription name it
+            refuses with a NamingException, which goes out as ProducerBusy).
+    """
+    _check_client_name("Subscription", name, SUBSCRIPTION_NAME_BYTES_MAX)
+
+
+def check_producer_name(name: str) -> None:
+    """Refuse a producer name longer than `PRODUCER_NAME_BYTES_MAX` bytes of UTF-8.
+
+    Raises:
+        ProducerBusyError: the name is too long (upstream's code for a refused name).
+    """
+    _check_client_name("Producer", name, PRODUCER_NAME_BYTES_MAX)
 
 
 def _validate_namespace_parts(*parts: str) -> None:
@@ -180,7 +276,7 @@ class NamespaceName:
         except InvalidTopicNameError as error:
             raise InvalidTopicNameError(
                 "Invalid namespace format. expected <tenant>/<namespace> or "
-                f"<tenant>/<cluster>/<namespace> but got: {text}") from error
+                f"<tenant>/<cluster>/<namespace> but got: {_shown(text)}") from error
         if len(parts) == 2:
             return NamespaceName(parts[0], parts[1])
         return NamespaceName(parts[0], parts[2], cluster=parts[1])
@@ -215,8 +311,17 @@ class TopicName:
     cluster: str | None = None
 
     def __post_init__(self) -> None:
+        """Raises InvalidTopicNameError when the name is too long to store (see the module
+        comment); the name's syntax is `parse`'s business."""
         assert self.domain in _DOMAINS
         assert self.local_name != ""
+        if _stored_bytes_bound(self) <= TOPIC_STORED_NAME_BYTES_MAX:
+            return  # the common case, without encoding the name
+        size = topic_stored_bytes(self)
+        if size > TOPIC_STORED_NAME_BYTES_MAX:
+            raise InvalidTopicNameError(
+                f"Invalid topic name: {_shown(str(self))}: too long, {size} bytes as stored "
+                f"(with room for a partition suffix), at most {TOPIC_STORED_NAME_BYTES_MAX}")
 
     @staticmethod
     def parse(text: str) -> TopicName:
@@ -321,6 +426,34 @@ class TopicName:
 
     def __str__(self) -> str:
         return f"{self.domain}://{self.namespace_name}/{self.local_name}"
+
+
+def _base_parts(name: TopicName) -> tuple[str, str]:
+    """(namespace name, base local name) of a topic."""
+    local = name.local_name
+    if name.is_partitioned:
+        local = local[:local.rfind(PARTITION_SUFFIX)]
+    return name.namespace_name, local
+
+
+def _stored_bytes_bound(name: TopicName) -> int:
+    """A cheap upper bound of `topic_stored_bytes` (every byte encoded as %XX)."""
+    namespace, local = _base_parts(name)
+    return (len(name.domain) + len("://") + 3 * len(namespace) + len("/")
+            + 3 * len(local.encode("utf-8", "surrogatepass")) + _PARTITION_SUFFIX_BYTES_MAX)
+
+
+def topic_stored_bytes(name: TopicName) -> int:
+    """The bytes a topic takes in the longest form the metadata store keeps it in, counted for
+    its partitioned base plus room for the longest `-partition-<index>`: the most of
+    `persistence_name` (managed-ledger and cursor keys), the full name as UTF-8 (policy and
+    partition keys) and the full name percent-encoded keeping `:` and `/` (schema keys)."""
+    namespace, local = _base_parts(name)
+    full = f"{name.domain}://{namespace}/{local}"
+    longest = max(len(namespace) + len(name.domain) + 2 + len(_url_encode(local)),
+                  len(full.encode("utf-8", "surrogatepass")),
+                  len(quote(full, safe=":/", errors="surrogatepass")))
+    return longest + _PARTITION_SUFFIX_BYTES_MAX
 
 
 @functools.lru_cache(maxsize=_PARSE_CACHE_ENTRIES_MAX)

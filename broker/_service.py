@@ -39,6 +39,7 @@ from ._config import BrokerConfig
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._errors import MetadataError, NotAllowedError, TopicNotFoundError
 from ._managed_ledger import ml_key
+from ._metrics import ConnectionCounters
 from ._names import TopicName, matches_topics_pattern
 from ._namespaces import NamespaceRegistry
 from ._schemas import SchemaRegistry
@@ -72,6 +73,7 @@ class BrokerService:
         self._topic_listeners: list[TopicListener] = []
         self.closed = False
         self.stopping = False  # set by the server's shutdown: clients leave, state stays
+        self.connections = ConnectionCounters()  # kept by the binary protocol server
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -354,7 +356,11 @@ class BrokerService:
                 topic.remove_producer(producer)
                 raise NotAllowedError("Could not create the initial subscription: "
                                       "auto subscription creation is disabled")
-            await topic.create_subscription(initial, "earliest")
+            try:
+                await topic.create_subscription(initial, "earliest")
+            except BaseException:
+                topic.remove_producer(producer)  # a failed creation leaves no producer behind
+                raise
         return topic, producer
 
     async def subscribe(self, name: str | TopicName, spec: SubscribeSpec,

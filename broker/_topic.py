@@ -629,10 +629,16 @@ class PersistentTopic(_ProducerHost):
         existing = self.subscriptions.get(name)
         if existing is not None:
             return existing
+        created = name not in self.managed_ledger.cursors
         cursor = await self.managed_ledger.open_cursor(
             name, "earliest" if initial_position == "earliest" else "latest")
         if properties:
-            await cursor.set_cursor_properties(dict(properties))
+            try:
+                await cursor.set_cursor_properties(dict(properties))
+            except BaseException:
+                if created and name not in self.subscriptions:  # leave no cursor behind
+                    await self.managed_ledger.delete_cursor(name)
+                raise
         existing = self.subscriptions.get(name)
         if existing is not None:  # a concurrent subscribe created it while we awaited
             return existing

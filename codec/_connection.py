@@ -215,6 +215,12 @@ class Connection:
             self._offset = 0
         self._buffer += data
 
+    def discard_received(self) -> None:
+        """Drop every byte received and not yet turned into events, returning the buffer's
+        memory (the connection is being closed; later bytes are not expected)."""
+        self._buffer = bytearray()
+        self._offset = 0
+
     def next_event(self) -> Event | NeedData:
         """The next event, or `NEED_DATA` when a whole frame has not arrived yet.
 

@@ -10,8 +10,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker._errors import InvalidTopicNameError
-from broker._names import NamespaceName, TopicName, matches_topics_pattern, topics_hash
+from broker._errors import InvalidTopicNameError, ProducerBusyError
+from broker._names import (
+    METADATA_KEY_BYTES_MAX,
+    NAMED_ENTITY_CHARS_MAX,
+    PRODUCER_NAME_BYTES_MAX,
+    SUBSCRIPTION_NAME_BYTES_MAX,
+    TOPIC_STORED_NAME_BYTES_MAX,
+    NamespaceName,
+    TopicName,
+    check_producer_name,
+    check_subscription_name,
+    check_tenant_name,
+    matches_topics_pattern,
+    topic_stored_bytes,
+    topics_hash,
+)
 
 SHORT_FORMAT = "it should be in the format of <tenant>/<namespace>/<topic> or <topic>"
 
@@ -344,3 +358,109 @@ def test_partition_round_trip(tenant: str, local: str, index: int) -> None:
     assert partition.partition_index == index
     if not base.is_partitioned:
         assert partition.partitioned_base == base
+
+
+# -- length limits: every metadata key a valid name makes fits the store --------------------
+
+def _keys_of(name: TopicName) -> list[bytes]:
+    """Every metadata key a topic and its partitions make, with the longest subscription."""
+    from broker._cursor import cursor_key
+    from broker._managed_ledger import ml_key
+    from broker._schemas import SchemaRegistry
+
+    longest_sub = "s" * SUBSCRIPTION_NAME_BYTES_MAX
+    keys: list[bytes] = []
+    for each in (name, name.partition(2**31 - 1)):
+        keys += [ml_key(each.persistence_name), cursor_key(each.persistence_name, longest_sub),
+                 SchemaRegistry._key(each), b"topicpolicy/" + str(each).encode(),
+                 b"partitioned/" + str(each).encode()]
+    return keys
+
+
+def _is_valid(text: str) -> bool:
+    try:
+        TopicName.parse(text)
+    except InvalidTopicNameError:
+        return False
+    return True
+
+
+def _longest_valid(prefix: str, unit: str) -> TopicName:
+    """The topic `prefix + unit * n` for the largest n that is valid; one more is too long."""
+    count = 0
+    while count < METADATA_KEY_BYTES_MAX and _is_valid(prefix + unit * (count + 1)):
+        count += 1
+    with pytest.raises(InvalidTopicNameError, match="too long"):
+        TopicName.parse(prefix + unit * (count + 1))
+    return TopicName.parse(prefix + unit * count)
+
+
+_PREFIXES = ("persistent://public/default/",
+             "persistent://" + "t" * NAMED_ENTITY_CHARS_MAX + "/" + "n" * NAMED_ENTITY_CHARS_MAX
+             + "/")
+_LEGACY_PREFIX = "non-persistent://t=x/c:l/n.s/"  # its local name may hold "/"
+
+
+@pytest.mark.parametrize(("prefix", "unit"), [
+    *((prefix, unit) for prefix in (*_PREFIXES, _LEGACY_PREFIX)
+      for unit in ("a", "*", " ", "é", "😀", ":")),
+    (_LEGACY_PREFIX, "/"),
+])
+def test_the_longest_valid_topic_fits_every_key(prefix: str, unit: str) -> None:
+    name = _longest_valid(prefix, unit)
+    assert len(name.local_name) >= 10  # a useful length remains
+    for key in _keys_of(name):
+        assert len(key) <= METADATA_KEY_BYTES_MAX, key[:60]
+    assert topic_stored_bytes(name) <= TOPIC_STORED_NAME_BYTES_MAX
+
+
+def test_limits_are_tied_to_the_store() -> None:
+    from storage._metadata import META_KEY_BYTES_MAX
+
+    assert METADATA_KEY_BYTES_MAX == META_KEY_BYTES_MAX == 511
+    assert TOPIC_STORED_NAME_BYTES_MAX + SUBSCRIPTION_NAME_BYTES_MAX + len(b"cursor/\x00") \
+        == METADATA_KEY_BYTES_MAX
+
+
+def test_an_over_long_topic_is_invalid_in_every_form() -> None:
+    local = "x" * 600
+    for text in (local, f"public/default/{local}", f"persistent://public/default/{local}",
+                 f"persistent://public/default/{local}-partition-3"):
+        with pytest.raises(InvalidTopicNameError, match="too long"):
+            TopicName.parse(text)
+    with pytest.raises(InvalidTopicNameError, match="too long"):
+        TopicName("persistent", "public", "default", local)  # as the admin API builds it
+    with pytest.raises(InvalidTopicNameError) as caught:
+        TopicName.parse("y" * 5_000_000)
+    assert len(str(caught.value)) < 400  # the name is quoted, not echoed whole
+
+
+def test_partitions_of_a_valid_name_are_valid() -> None:
+    base = _longest_valid("persistent://public/default/", "p")
+    assert TopicName.parse(str(base.partition(2**31 - 1))).partitioned_base == base
+
+
+@pytest.mark.parametrize("text", ["t" * (NAMED_ENTITY_CHARS_MAX + 1) + "/ns",
+                                  "t/" + "n" * (NAMED_ENTITY_CHARS_MAX + 1),
+                                  "t/" + "c" * (NAMED_ENTITY_CHARS_MAX + 1) + "/ns"])
+def test_over_long_namespace_parts_are_invalid(text: str) -> None:
+    with pytest.raises(InvalidTopicNameError, match="Invalid namespace format") as caught:
+        NamespaceName.parse(text)
+    assert "longer than" in str(caught.value.__cause__)
+    with pytest.raises(InvalidTopicNameError, match="longer than"):
+        TopicName.parse(f"persistent://{text}/t")
+    NamespaceName.parse(text.replace("t" * (NAMED_ENTITY_CHARS_MAX + 1), "t")
+                        .replace("n" * (NAMED_ENTITY_CHARS_MAX + 1), "n")
+                        .replace("c" * (NAMED_ENTITY_CHARS_MAX + 1), "c"))
+    with pytest.raises(InvalidTopicNameError):
+        check_tenant_name("t" * (NAMED_ENTITY_CHARS_MAX + 1))
+    check_tenant_name("t" * NAMED_ENTITY_CHARS_MAX)
+
+
+def test_subscription_and_producer_name_limits_count_utf8_bytes() -> None:
+    check_subscription_name("s" * SUBSCRIPTION_NAME_BYTES_MAX)
+    check_producer_name("p" * PRODUCER_NAME_BYTES_MAX)
+    with pytest.raises(ProducerBusyError, match="too long"):
+        check_subscription_name("é" * (SUBSCRIPTION_NAME_BYTES_MAX // 2 + 1))
+    with pytest.raises(ProducerBusyError, match="too long"):
+        check_producer_name("p" * (PRODUCER_NAME_BYTES_MAX + 1))
