@@ -32,12 +32,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
 from storage import Storage, StorageError, StorageFullError
 
 from ._config import BrokerConfig
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
-from ._errors import MetadataError, NotAllowedError, TopicNotFoundError
+from ._errors import InvalidTopicNameError, MetadataError, NotAllowedError, TopicNotFoundError
 from ._managed_ledger import ml_key
 from ._metrics import ConnectionCounters
 from ._names import TopicName, matches_topics_pattern
@@ -54,6 +55,18 @@ Topic = PersistentTopic | NonPersistentTopic
 TopicListener = Callable[[str, bool], None]  # (complete topic name, created: else deleted)
 MAINTENANCE_INTERVAL_S = 1.0
 TOPIC_LISTENERS_MAX = 10_000  # topic-list watchers of every connection together
+
+
+def _listable(name: str, include_system: bool) -> bool:
+    """Whether `list_topics` shows a stored topic: system topics only when asked, and never one
+    whose name no longer parses (stored by an earlier build before names were limited), which
+    is logged instead, since no client could use it."""
+    try:
+        topic = TopicName.parse(name)
+    except InvalidTopicNameError as exc:
+        log.warning("not listing stored topic %.80r: %s", name, exc)
+        return False
+    return include_system or not topic.is_system_topic
 
 
 class BrokerService:
@@ -326,8 +339,6 @@ class BrokerService:
             prefix = f"ml/{namespace}/persistent/".encode()
             for key, _ in self.storage.metadata.scan(prefix):
                 local = key.decode()[len(prefix):]
-                from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
-
                 found.add(f"persistent://{namespace}/{unquote_plus(local)}")
         for name, topic in self.topics.items():
             if topic.name.namespace_name != namespace:
@@ -335,9 +346,7 @@ class BrokerService:
             if (topic.name.is_persistent and mode in ("PERSISTENT", "ALL")) or \
                     (not topic.name.is_persistent and mode in ("NON_PERSISTENT", "ALL")):
                 found.add(name)
-        if not include_system:
-            found = {t for t in found if not TopicName.parse(t).is_system_topic}
-        return sorted(found)
+        return [name for name in sorted(found) if _listable(name, include_system)]
 
     def list_topics_matching(self, namespace: str, pattern: str, mode: str = "PERSISTENT",
                              ) -> list[str]:

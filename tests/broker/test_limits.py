@@ -157,3 +157,22 @@ def test_a_producer_whose_initial_subscription_fails_is_not_left_behind(tmp_path
             assert await env.service.unload_topic(name)
 
     asyncio.run(scenario())
+
+
+def test_a_stored_topic_whose_name_no_longer_parses_is_left_out_of_listings(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An earlier build could store names between the current limit and the store's; listing
+    the namespace still works, without them."""
+    async def scenario() -> None:
+        async with broker_env(tmp_path) as env:
+            await env.service.get_topic(TopicName.parse("persistent://public/default/ok"),
+                                        create=True)
+            old = "o" * 420
+            env.service.storage.metadata.put(
+                f"ml/public/default/persistent/{old}".encode(), b"{}")
+            with caplog.at_level(logging.WARNING, logger="broker._service"):
+                listed = env.service.list_topics("public/default")
+            assert listed == ["persistent://public/default/ok"]
+            assert "not listing stored topic" in caplog.text
+
+    asyncio.run(scenario())
