@@ -1277,11 +1277,15 @@ class ConnectionHandler:
         last_id = _id_data(-1, -1, partition)
         last_id.batch_index = -1
         if last.entry_id >= 0:
-            entry = EntryInfo(last, ml.read_entry(last))
             last_id = _id_data(last.ledger_id, last.entry_id, partition)
-            # A stored count is a client's claim: clamped, so a bad one cannot fail the reply.
-            last_id.batch_index = (entry.batch_size - 1 if entry.metadata.HasField(
-                "num_messages_in_batch") else -1)
+            last_id.batch_index = -1
+            # The last entry's ledger may be trimmed already (nothing retains it): the position
+            # still stands, without the batch index only its entry could tell.
+            if ml.is_valid_position(last):
+                entry = EntryInfo(last, ml.read_entry(last))
+                # A stored count is a client's claim: clamped, so a bad one cannot fail it.
+                if entry.metadata.HasField("num_messages_in_batch"):
+                    last_id.batch_index = entry.batch_size - 1
         reply = pb.CommandGetLastMessageIdResponse(last_message_id=last_id, request_id=request_id)
         # Every subscription of a persistent topic answers its mark-delete position, readers'
         # non-durable ones included: the C++ client's has_message_available() for a reader at

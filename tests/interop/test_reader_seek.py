@@ -10,7 +10,8 @@ import pytest
 
 from codec import pb
 
-from . import RawClient
+from . import RawClient, wait_for
+from .conftest import BrokerFactory, new_client
 
 pytestmark = pytest.mark.interop
 
@@ -282,3 +283,26 @@ def test_a_readers_last_message_id_reply_carries_its_mark_delete_position(
     assert replies == {T.CLOSE_CONSUMER, T.SUCCESS}
     _reader_subscribe(connection, topic, 4, "at-id", (ledger, ids[1].entry_id()))
     assert _mark_delete(connection, 4) == (ledger, ids[2].entry_id())
+
+
+def test_has_message_available_after_the_last_ledger_is_trimmed(
+        broker_factory: BrokerFactory, topic: str) -> None:
+    """With no subscription to retain them, a restart's new ledger lets maintenance trim the
+    old one, last entry included: GET_LAST_MESSAGE_ID still answers that position (it used to
+    fail with PersistenceError, so every reader's has_message_available() raised)."""
+    broker = broker_factory("retention_check_interval_s=0")
+    client = new_client(broker.url)
+    _publish(client, topic, count=3)
+    client.close()
+    broker.restart()
+    client = new_client(broker.url)
+    try:
+        reader = client.create_reader(topic, pulsar.MessageId.latest)  # loads the topic
+        wait_for(lambda: "trimmed ledgers" in broker.log_path.read_text(errors="replace"), 30,
+                 "maintenance to trim the old ledger")
+        assert not reader.has_message_available()
+        _publish(client, topic, count=1)
+        assert reader.has_message_available()
+        assert reader.read_next(RECEIVE_MS).data() == b"m-0"
+    finally:
+        client.close()
