@@ -137,7 +137,7 @@ def _read_data_dir(what: str, read: Callable[[str], T], data_dir: str) -> T | No
 
 
 def _cmd_crashtest(args: argparse.Namespace) -> int:
-    from storage.crashtest import CrashTestOptions, run_crashtest
+    from storage.testing.crashtest import CrashTestOptions, run_crashtest
 
     options = CrashTestOptions(
         data_dir=args.data_dir,
@@ -151,7 +151,7 @@ def _cmd_crashtest(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_storage(args: argparse.Namespace) -> int:
-    from storage.benchmark import BenchOptions, run_storage_benchmark
+    from storage.testing.benchmark import BenchOptions, run_storage_benchmark
 
     options = BenchOptions(
         directory=args.dir,

@@ -22,7 +22,7 @@ from storage import (
     StorageFullError,
 )
 from storage._entry_log import split_location
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 ENTRY_LOG_BYTES_MAX = 16 * 1024
 

@@ -48,7 +48,7 @@ from storage._journal_format import (
 )
 from storage._recovery import ReplayStats
 from storage._write_cache import CacheHalf
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 ALIGNMENT_BYTES = 512
 ENTRY_BYTES = 200

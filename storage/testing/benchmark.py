@@ -58,11 +58,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ._completion import Completion
-from ._config import StorageConfig
-from ._errors import StorageError
-from ._recovery import ReplayStats
-from ._storage import Storage
+from .._completion import Completion
+from .._config import StorageConfig
+from .._errors import StorageError
+from .._recovery import ReplayStats
+from .._storage import Storage
 
 __all__ = [
     "FULL_SCALE",
