@@ -74,7 +74,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storage import Completion, LedgerNotFoundError, Storage, StorageError, StorageFullError
+from storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError, StorageFullError
 
 from ._config import BrokerConfig
 from ._cursor import ManagedCursor, cursor_prefix
@@ -181,7 +181,7 @@ class ManagedLedger:
     """A topic's durable log. Open it with `await ManagedLedger.open(...)`; use it from one
     asyncio event loop."""
 
-    def __init__(self, storage: Storage, name: str, config: ManagedLedgerConfig,
+    def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
                  properties: dict[str, str], terminated: Position | None = None):
         """Internal: use `ManagedLedger.open`."""
@@ -210,7 +210,8 @@ class ManagedLedger:
     # -- opening -------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, storage: Storage, name: str, config: ManagedLedgerConfig | None = None,
+    async def open(cls, storage: LedgerStorage, name: str,
+                   config: ManagedLedgerConfig | None = None,
                    clock: Callable[[], float] = time.time) -> ManagedLedger:
         """Open (creating if needed) and recover the managed ledger `name`.
 
@@ -839,7 +840,7 @@ class ManagedLedger:
                 await _delete_storage_ledger(self.storage, ledger_id)
 
 
-async def _recover_last_ledger(storage: Storage, ledger: _Ledger, now_ms: int) -> None:
+async def _recover_last_ledger(storage: LedgerStorage, ledger: _Ledger, now_ms: int) -> None:
     """Close the previous run's last ledger at its last entry and learn its size."""
     try:
         last = await storage.close_ledger(ledger.ledger_id)
@@ -855,7 +856,7 @@ async def _recover_last_ledger(storage: Storage, ledger: _Ledger, now_ms: int) -
         ledger.timestamp_ms = now_ms
 
 
-def _ledger_size(storage: Storage, ledger_id: int, entries: int) -> int:
+def _ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
     """Total bytes of a closed ledger, read back (its size was not recorded)."""
     size = 0
     for first in range(0, entries, RECOVERY_READ_ENTRIES_MAX):
@@ -864,14 +865,14 @@ def _ledger_size(storage: Storage, ledger_id: int, entries: int) -> int:
     return size
 
 
-async def _delete_storage_ledger(storage: Storage, ledger_id: int) -> None:
+async def _delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
     try:
         await storage.delete_ledger(ledger_id)
     except LedgerNotFoundError:
         pass
 
 
-def _delete_in_background(storage: Storage, ledger_id: int) -> None:
+def _delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
     """Delete a storage ledger without waiting; a failure leaves an orphan that the next
     open of the ML removes."""
     try:
