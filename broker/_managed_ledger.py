@@ -552,7 +552,7 @@ class ManagedLedger:
         assert self._submit_lock.locked()
         old = self._ledgers[-1]
         try:
-            last = await self.storage.close_ledger(old.ledger_id)
+            last = await _after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
             new_id = await self.storage.create_ledger({"ml": self.name})
         except StorageFullError as error:
             log.warning("ml %s: rollover of ledger %d failed, retried by the next add: %s",
@@ -813,7 +813,7 @@ class ManagedLedger:
 
     async def _close_current_ledger(self) -> None:
         current = self._ledgers[-1]
-        last = await self.storage.close_ledger(current.ledger_id)
+        last = await _after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
         assert last + 1 == current.entries or self._add_failed
         current.timestamp_ms = self._now_ms()
         empty = current.entries == 0 and len(self._ledgers) > 1
@@ -887,6 +887,23 @@ def _delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
             log.warning("deleting ledger %d failed: %s", ledger_id, error)
 
     completion.add_done_callback(report)
+
+
+async def _after_earlier_callbacks(completion: Completion[int]) -> int:
+    """Await a storage completion through the event loop even when it is already done, so
+    that the add confirmations the storage bounced onto the loop before it (`_submit`) have
+    run first: a close must see the entry count of every add it waited for. (Awaiting a
+    `Completion` that is already done does not yield to the loop.)"""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
+    await waiter
+    return completion.result()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],

@@ -9,9 +9,13 @@ refusals raised at once with the same error classes, writes answered by a `Compl
 that finishes once the write is "durable", the LAC advancing with it.
 
 A write is applied to the in-memory state at once (as `Storage` applies it to its write
-cache) and queued; it becomes durable in queue order, either at once (the default) or,
-after `hold_completions()`, when the test calls `complete_pending()`: so a test can hold
-adds in flight, as a slow journal would. Each queued write remembers how to undo itself.
+cache) and queued; it becomes durable in queue order, finished by the store's own thread
+(as the journal's syncer finishes `Storage`'s writes), so a completion is never done when
+the call that made it returns. After `hold_completions()`, writes wait until the test calls
+`complete_pending()` (in the test's thread): a test can hold adds in flight, as a slow
+journal would. `inline_completions=True` finishes every write in the calling thread before
+the call returns, which the real engine does only by a rare race; it is there to shake out
+callers that assume otherwise. Each queued write remembers how to undo itself.
 
 Scripted failures:
 
@@ -172,10 +176,17 @@ def _nothing() -> None:
 class InMemoryLedgerStorage:
     """A `LedgerStorage` in memory, with scripted failures (see the module comment)."""
 
-    def __init__(self, config: StorageConfig | None = None):
+    def __init__(self, config: StorageConfig | None = None, *,
+                 inline_completions: bool = False):
+        """`inline_completions`: finish writes in the calling thread, before the call
+        returns, instead of in the store's own thread (see the module comment)."""
         self.config = config or StorageConfig()
         self._lock = threading.RLock()
         self._finish_lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._inline = inline_completions
+        self._worker: threading.Thread | None = None
+        self._stopping = False
         self._ledgers: dict[int, _Ledger] = {}
         self._next_ledger_id = 1
         self._queue_: list[_Pending] = []
@@ -207,6 +218,7 @@ class InMemoryLedgerStorage:
         if count is None:
             with self._lock:
                 self._hold = False
+            self._drain()
         return finished
 
     def fail_next_adds(self, count: int, error: StorageError) -> None:
@@ -219,7 +231,6 @@ class InMemoryLedgerStorage:
         """The next write to become durable fails with `error`, and the store stops."""
         with self._lock:
             self._fail_write = error
-        self._drain()
 
     def set_disk_full(self, full: bool) -> None:
         """Switch the full disk on (the next write fails with `StorageFullError`) or off
@@ -231,7 +242,6 @@ class InMemoryLedgerStorage:
             if full and self.failed is None:
                 self._fail_write = StorageFullError("disk full (scripted)",
                                                     path="memory:journal", errno=28)
-        self._drain()
 
     def corrupt_entry(self, ledger_id: int, entry_id: int) -> None:
         """Reads covering this entry raise `CorruptionError`."""
@@ -257,12 +267,18 @@ class InMemoryLedgerStorage:
             return True
 
     def close(self) -> None:
-        """Finish the queued writes and refuse everything after. Idempotent."""
-        with self._lock:
-            self._hold = False
-        self._drain()
+        """Finish the queued writes, refuse everything after, and stop the store's thread.
+        Idempotent."""
         with self._lock:
             self.closed = True
+            self._hold = False
+            self._stopping = True
+            self._wake.notify_all()
+            worker = self._worker
+        while self._finish_one():
+            pass
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
 
     # -- ledgers -------------------------------------------------------------------------
 
@@ -412,20 +428,38 @@ class InMemoryLedgerStorage:
         return completion
 
     def _drain(self) -> None:
-        """Finish the queued writes unless held. Called without the state lock, so that
-        completion callbacks may call back into the store."""
+        """Have the queued writes finished unless held: by the store's thread, or here when
+        inline. Called without the state lock, so that completion callbacks may call back
+        into the store."""
         with self._lock:
-            hold = self._hold
-        if not hold:
-            while self._finish_one():
-                pass
+            if self._hold or not self._queue_:
+                return
+            if not self._inline:
+                if self._worker is None and not self._stopping:
+                    self._worker = threading.Thread(target=self._work, daemon=True,
+                                                    name="memory-storage-journal")
+                    self._worker.start()
+                self._wake.notify()
+                return
+        while self._finish_one():
+            pass
 
-    def _finish_one(self) -> bool:
+    def _work(self) -> None:
+        """The store's thread: finishes queued writes in order, as a journal's syncer."""
+        while True:
+            with self._lock:
+                while (self._hold or not self._queue_) and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return  # `close` finishes what is left
+            self._finish_one(unless_held=True)
+
+    def _finish_one(self, *, unless_held: bool = False) -> bool:
         """Make the oldest queued write durable (or fail it, as scripted). The finish lock
         keeps completions in queue order across threads; it is reentrant for callbacks."""
         with self._finish_lock:
             with self._lock:
-                if not self._queue_:
+                if not self._queue_ or (unless_held and self._hold):
                     return False
                 error = self._fail_write
                 if error is not None:
