@@ -6,6 +6,8 @@ A managed ledger (ML) named N is the list of storage ledgers that hold a topic's
 first. Writes go to the last one, the *current* ledger; the others are closed. A position is
 `(ledger_id, entry_id)` and entry ids run 0..n-1 inside each ledger.
 
+The storage is any `LedgerStorage` (the engine, or the in-memory one in tests).
+
 Metadata. The list lives in `storage.metadata` under `b"ml/" + N`, as JSON
 `{"ledgers": [{"ledger_id", "entries", "size", "timestamp_ms"}], "properties": {}}` (plus
 `"terminated": [ledger_id, entry_id]` once terminated: Pulsar's terminatedPosition), written
@@ -39,8 +41,10 @@ add tries again (any other storage error still fences it).
 Rollover (§9.1). A ledger is full when it has entries and (entries >= max_entries, or size >=
 max_size, or age >= max_rollover_time) and, when a minimum rollover time is set, its age is
 above that minimum (Pulsar's `currentLedgerIsFull`). Steps, under the submit lock: close the
-ledger (durable once every add before it is), create the next one, record the list (metadata
-first), then trim. A crash between the steps leaves an orphan ledger that the next open deletes.
+ledger (durable once every add before it is; the close is awaited through the event loop, so
+the confirmations of those adds have been applied first), create the next one, record the list
+(metadata first), then trim. A crash between the steps leaves an orphan ledger that the next
+open deletes.
 
 Reads are synchronous (storage reads are local) and stop at `last_confirmed_position`.
 

@@ -229,6 +229,31 @@ def test_completions_can_be_awaited_from_asyncio(impl: Impl) -> None:
     assert store.read_entry(ledger, 0) == b"async"
 
 
+def test_writes_complete_in_the_order_they_were_made(impl: Impl) -> None:
+    store = impl.store
+    first = new_ledger(store)
+    second = new_ledger(store)
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def note(label: str) -> Callable[[Completion[int]], None]:
+        def callback(_: Completion[int]) -> None:
+            with lock:
+                order.append(label)
+        return callback
+
+    made: list[tuple[str, Completion[int]]] = [
+        ("a0", store.add_entry(first, b"a0")), ("b0", store.add_entry(second, b"b0")),
+        ("meta", store.metadata.apply_journaled([(b"k", b"v")])),
+        ("a1", store.add_entry(first, b"a1")), ("close-a", store.close_ledger(first)),
+        ("new", store.create_ledger()), ("b1", store.add_entry(second, b"b1"))]
+    for label, completion in made:
+        completion.add_done_callback(note(label))
+    for _, completion in made:
+        done(completion)
+    assert order == [label for label, _ in made]
+
+
 def test_callbacks_see_the_lac_already_advanced(impl: Impl) -> None:
     store = impl.store
     ledger = new_ledger(store)
