@@ -30,6 +30,7 @@ Scripted failures:
   write that never became durable (the failed adds' entry ids are handed out again) and
   accepts writes again.
 * `corrupt_entry(ledger_id, entry_id)`: reads covering that entry raise `CorruptionError`.
+* `fail_next_reads(n, error)`: the next n reads raise `error` (a read error that may pass).
 
 Threads: every method may be called from any thread; one lock guards the state, and
 completions are finished outside it, in queue order (their callbacks run in the finishing
@@ -196,6 +197,7 @@ class InMemoryLedgerStorage:
         self._fail_write: StorageFailedError | None = None
         self._disk_full = False
         self._corrupt: set[tuple[int, int]] = set()
+        self._refuse_reads: list[StorageError] = []
         self.metadata = InMemoryMetadata(self)
         self.failed: StorageError | None = None
         self.closed = False
@@ -206,6 +208,12 @@ class InMemoryLedgerStorage:
         """From now on, writes become durable only in `complete_pending`."""
         with self._lock:
             self._hold = True
+
+    @property
+    def pending_writes(self) -> int:
+        """How many writes are queued, not yet durable."""
+        with self._lock:
+            return len(self._queue_)
 
     def complete_pending(self, count: int | None = None) -> int:
         """Make the oldest `count` queued writes (all when None) durable, and stop holding
@@ -242,6 +250,12 @@ class InMemoryLedgerStorage:
             if full and self.failed is None:
                 self._fail_write = StorageFullError("disk full (scripted)",
                                                     path="memory:journal", errno=28)
+
+    def fail_next_reads(self, count: int, error: StorageError) -> None:
+        """The next `count` reads (`read_entry`, `read_entries`) raise `error`."""
+        assert count >= 0
+        with self._lock:
+            self._refuse_reads.extend([error] * count)
 
     def corrupt_entry(self, ledger_id: int, entry_id: int) -> None:
         """Reads covering this entry raise `CorruptionError`."""
@@ -385,8 +399,11 @@ class InMemoryLedgerStorage:
         return self.read_entries(ledger_id, entry_id, entry_id)[0]
 
     def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
-        """Raises like `Storage.read_entries`; `CorruptionError` for `corrupt_entry`."""
+        """Raises like `Storage.read_entries`; `CorruptionError` for `corrupt_entry`, and
+        the errors `fail_next_reads` scripted."""
         with self._lock:
+            if self._refuse_reads:
+                raise self._refuse_reads.pop(0)
             ledger = self._ledger(ledger_id)
             if first < 0 or last < first or last > ledger.lac:
                 raise NoSuchEntryError(

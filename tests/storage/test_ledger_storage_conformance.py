@@ -343,9 +343,11 @@ def test_a_full_disk_stops_writes_until_there_is_room_again(impl: Impl) -> None:
         done(store.add_entry(ledger, b"refused"))
     assert store.full
     assert isinstance(store.failed, StorageFullError)
-    for refused in (lambda: store.add_entry(ledger, b"again"), lambda: store.create_ledger(),
-                    lambda: store.close_ledger(ledger),
-                    lambda: store.metadata.apply_journaled([(b"m/new", b"3")])):
+    writes: list[Callable[[], object]] = [
+        lambda: store.add_entry(ledger, b"again"), lambda: store.create_ledger(),
+        lambda: store.close_ledger(ledger),
+        lambda: store.metadata.apply_journaled([(b"m/new", b"3")])]
+    for refused in writes:
         with pytest.raises(StorageFullError):
             refused()
     # Deleting still works while full: it frees space.
@@ -387,8 +389,10 @@ def test_a_closed_store_refuses_writes(impl: Impl) -> None:
     ledger = new_ledger(store)
     impl.close()
     assert store.closed
-    for refused in (lambda: store.add_entry(ledger, b"x"), lambda: store.create_ledger(),
-                    lambda: store.fence(ledger)):
+    writes: list[Callable[[], object]] = [
+        lambda: store.add_entry(ledger, b"x"), lambda: store.create_ledger(),
+        lambda: store.fence(ledger)]
+    for refused in writes:
         with pytest.raises(StorageClosedError):
             refused()
 
