@@ -39,6 +39,7 @@ thread, and may call back into the store).
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -190,7 +191,7 @@ class InMemoryLedgerStorage:
         self._stopping = False
         self._ledgers: dict[int, _Ledger] = {}
         self._next_ledger_id = 1
-        self._queue_: list[_Pending] = []
+        self._pending: list[_Pending] = []
         self._undo_on_resume: list[Callable[[], None]] = []
         self._hold = False
         self._refuse_adds: list[StorageError] = []
@@ -213,7 +214,7 @@ class InMemoryLedgerStorage:
     def pending_writes(self) -> int:
         """How many writes are queued, not yet durable."""
         with self._lock:
-            return len(self._queue_)
+            return len(self._pending)
 
     def complete_pending(self, count: int | None = None) -> int:
         """Make the oldest `count` queued writes (all when None) durable, and stop holding
@@ -249,7 +250,7 @@ class InMemoryLedgerStorage:
                 self._fail_write = None  # switched off before any write hit it
             if full and self.failed is None:
                 self._fail_write = StorageFullError("disk full (scripted)",
-                                                    path="memory:journal", errno=28)
+                                                    path="memory:journal", errno=errno.ENOSPC)
 
     def fail_next_reads(self, count: int, error: StorageError) -> None:
         """The next `count` reads (`read_entry`, `read_entries`) raise `error`."""
@@ -441,7 +442,7 @@ class InMemoryLedgerStorage:
                undo: Callable[[], None]) -> Completion[int]:
         """Queue a write applied in memory. Lock held; the caller drains after."""
         completion: Completion[int] = Completion()
-        self._queue_.append(_Pending(completion, value, on_durable, undo))
+        self._pending.append(_Pending(completion, value, on_durable, undo))
         return completion
 
     def _drain(self) -> None:
@@ -449,7 +450,7 @@ class InMemoryLedgerStorage:
         inline. Called without the state lock, so that completion callbacks may call back
         into the store."""
         with self._lock:
-            if self._hold or not self._queue_:
+            if self._hold or not self._pending:
                 return
             if not self._inline:
                 if self._worker is None and not self._stopping:
@@ -465,7 +466,7 @@ class InMemoryLedgerStorage:
         """The store's thread: finishes queued writes in order, as a journal's syncer."""
         while True:
             with self._lock:
-                while (self._hold or not self._queue_) and not self._stopping:
+                while (self._hold or not self._pending) and not self._stopping:
                     self._wake.wait()
                 if self._stopping:
                     return  # `close` finishes what is left
@@ -476,17 +477,17 @@ class InMemoryLedgerStorage:
         keeps completions in queue order across threads; it is reentrant for callbacks."""
         with self._finish_lock:
             with self._lock:
-                if not self._queue_ or (unless_held and self._hold):
+                if not self._pending or (unless_held and self._hold):
                     return False
                 error = self._fail_write
                 if error is not None:
-                    failed, self._queue_ = self._queue_, []
+                    failed, self._pending = self._pending, []
                     self._fail_write = None
                     if self.failed is None:
                         self.failed = error
                     self._undo_on_resume.extend(p.undo for p in failed)
                 else:
-                    pending = self._queue_.pop(0)
+                    pending = self._pending.pop(0)
                     pending.on_durable()
             if error is not None:
                 for item in failed:
