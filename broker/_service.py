@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
-from storage import Storage, StorageError, StorageFullError
+from storage import LedgerStorage, StorageError, StorageFullError
 
 from ._config import BrokerConfig
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
@@ -72,7 +72,7 @@ def _listable(name: str, include_system: bool) -> bool:
 class BrokerService:
     """The broker: topics, producers, consumers and their policies over one storage."""
 
-    def __init__(self, storage: Storage, config: BrokerConfig | None = None,
+    def __init__(self, storage: LedgerStorage, config: BrokerConfig | None = None,
                  clock: Callable[[], float] = time.time):
         self.storage = storage
         self.config = config or BrokerConfig()
