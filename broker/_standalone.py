@@ -124,13 +124,20 @@ class StandaloneOptions:
     skip_corrupt_journal_segments: bool = False
 
     def __post_init__(self) -> None:
-        """Raises ConfigurationError naming a setting out of its range (nothing built)."""
+        """Raises ConfigurationError naming a setting out of its range, or
+        max_message_size_bytes and entry_size_bytes_max when the broker's largest message
+        does not fit the storage's largest entry (nothing built)."""
         if self.pending_sends_max < 1:
             raise ConfigurationError(f"pending_sends_max must be at least 1, not "
                                      f"{self.pending_sends_max}")
         if not self.shutdown_grace_s >= 0:  # NaN too
             raise ConfigurationError(f"shutdown_grace_s must be 0 or more, not "
                                      f"{self.shutdown_grace_s}")
+        check_entry_fits_storage(self.config, self.storage_config().entry_size_bytes_max)
+
+    def storage_config(self) -> StorageConfig:
+        """The storage the broker runs on."""
+        return StorageConfig(skip_corrupt_journal_segments=self.skip_corrupt_journal_segments)
 
 
 def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
@@ -246,8 +253,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
         DataDirLockedError: another process owns the data directory.
         CorruptionError: recovery refused the data directory (left as found).
         ConfigurationError: a key, certificate or TLS setting, or the data directory, is
-            unusable, or max_message_size_bytes does not fit the storage's largest entry
-            (nothing started).
+            unusable (nothing started).
         OSError: the ports cannot be bound.
     """
     started = time.monotonic()
@@ -255,10 +261,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     options = _with_listener_urls(options, security)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
-    storage_config = StorageConfig(
-        skip_corrupt_journal_segments=options.skip_corrupt_journal_segments)
-    check_entry_fits_storage(options.config, storage_config.entry_size_bytes_max)
-    storage = _open_storage(options.data_dir, storage_config)
+    storage = _open_storage(options.data_dir, options.storage_config())
     try:
         service = BrokerService(storage, options.config)
         await service.start()

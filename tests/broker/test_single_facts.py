@@ -129,6 +129,10 @@ def _magnetar(*argv: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(("setting", "line"), [
     ("default_num_partitions=0", "default_num_partitions must be at least 1, not 0"),
+    ("max_message_size_bytes=6291456",
+     "max_message_size_bytes (6291456) plus 10268 bytes of frame padding and broker entry "
+     "metadata exceeds the storage's entry_size_bytes_max (5308416): max_message_size_bytes "
+     "may be at most 5298148"),
     ("dispatcher_retry_backoff_initial_ms=5",
      "dispatcher_retry_backoff_initial_ms is no longer a setting: "
      + REMOVED_SETTINGS.get("dispatcher_retry_backoff_initial_ms", "")),
