@@ -227,7 +227,7 @@ def encode_frame(
     return _U32.pack(total) + _U32.pack(len(command_bytes)) + command_bytes + tail
 
 
-def _split_entry(entry: bytes) -> tuple[int | None, int, int]:
+def _split_entry(entry: bytes | memoryview) -> tuple[int | None, int, int]:
     """(checksum on the wire or None, offset of metadataSize, offset of the metadata's end)."""
     size = len(entry)
     pos = 0
@@ -338,7 +338,7 @@ def entry_payload_bytes(entry: bytes) -> int:
         RemoteProtocolError: the entry is truncated.
     """
     start = _broker_entry_metadata_end(entry, 0)
-    meta_end = _split_entry(entry[start:] if start else entry)[2]
+    meta_end = _split_entry(memoryview(entry)[start:] if start else entry)[2]
     return len(entry) - start - meta_end
 
 

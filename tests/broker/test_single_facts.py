@@ -162,3 +162,10 @@ def test_standalone_options_are_validated_with_errors(options: dict[str, object]
                                                       words: str) -> None:
     with pytest.raises(ConfigurationError, match=f"^{words}$"):
         StandaloneOptions(data_dir="unused", **options)  # type: ignore[arg-type]
+
+
+def test_payload_length_is_found_without_the_payload() -> None:
+    _, entry = _claiming(3)
+    prefixed = codec.prefix_broker_entry_metadata(pb.BrokerEntryMetadata(index=5), entry)
+    for each in (entry, prefixed):
+        assert codec.entry_payload_bytes(each) == len(codec.entry_payload(each))
