@@ -31,6 +31,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from ._completion import Completion
+from ._config import StorageConfig
 from ._errors import StorageError
 from ._index import MetaOp
 from ._ledger import LedgerInfo
@@ -83,6 +84,10 @@ class LedgerStorage(Protocol):
 
     @property
     def metadata(self) -> LedgerMetadata: ...
+
+    @property
+    def config(self) -> StorageConfig:
+        """The settings; the broker checks its largest entry against `entry_size_bytes_max`."""
 
     @property
     def failed(self) -> StorageError | None:
