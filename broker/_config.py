@@ -8,7 +8,8 @@ from typing import Final
 
 from ._errors import ConfigurationError
 
-__all__ = ["SETTING_CHOICES", "SETTING_RANGES", "BrokerConfig", "check_settings"]
+__all__ = ["REMOVED_SETTINGS", "SETTING_CHOICES", "SETTING_RANGES", "BrokerConfig",
+           "check_settings"]
 
 # Pulsar's SchemaCompatibilityStrategy names a broker default may take (not UNDEFINED).
 SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
@@ -33,8 +34,6 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "dispatcher_max_read_batch_size": (1, None),
     "dispatcher_max_read_size_bytes": (1, None),
     "dispatcher_max_round_robin_batch_size": (1, None),
-    "dispatcher_retry_backoff_initial_ms": (0, None),
-    "dispatcher_retry_backoff_max_ms": (0, None),
     "active_consumer_failover_delay_ms": (0, None),
     "key_shared_consistent_hashing_replica_points": (1, None),
     "key_shared_look_ahead_msg_in_replay_threshold_per_consumer": (0, None),
@@ -64,6 +63,12 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "token_allowed_clock_skew_s": (0, None),
     "auth_refresh_check_interval_s": (0, None),
     "storage_full_check_interval_s": (0, None),
+}
+# Settings an earlier build accepted but nothing read: `--config NAME=...` names them as gone
+# (name -> why), instead of guessing at a similar name.
+REMOVED_SETTINGS: Final[dict[str, str]] = {
+    "dispatcher_retry_backoff_initial_ms": "nothing read it (dispatch retries are not delayed)",
+    "dispatcher_retry_backoff_max_ms": "nothing read it (dispatch retries are not delayed)",
 }
 # The settings that take one of a few names.
 SETTING_CHOICES: Final[dict[str, tuple[str, ...]]] = {
@@ -101,8 +106,6 @@ class BrokerConfig:
     dispatcher_max_read_batch_size: int = 100
     dispatcher_max_read_size_bytes: int = 5 * 1024 * 1024
     dispatcher_max_round_robin_batch_size: int = 20
-    dispatcher_retry_backoff_initial_ms: int = 1
-    dispatcher_retry_backoff_max_ms: int = 10
     active_consumer_failover_delay_ms: int = 1000
     subscription_redelivery_tracker_enabled: bool = True
     acknowledgment_at_batch_index_level_enabled: bool = True

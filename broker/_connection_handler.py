@@ -95,6 +95,7 @@ from google.protobuf.message import Message
 
 from codec import (
     CPP_CLIENT_ACCEPTED_TYPES,
+    FRAME_PADDING_BYTES,
     ChecksumMismatch,
     Connection,
     ConnectionClosed,
@@ -158,7 +159,6 @@ SERVER_VERSION: Final = "Magnetar-0.1.0"
 UINT64_MASK: Final = (1 << 64) - 1
 INT64_MAX: Final = (1 << 63) - 1
 REQUEST_ID_NONE: Final = UINT64_MASK  # broker-initiated CLOSE_PRODUCER / CLOSE_CONSUMER
-FRAME_PADDING_BYTES: Final = 10 * 1024  # room for command and metadata (wire reference §2.4)
 PENDING_SENDS_MAX_DEFAULT: Final = 1000  # per connection (Pulsar's maxPendingPublishRequests)
 CLOSED_PRODUCER_IDS_MAX: Final = 1024  # closed ids remembered, to drop their late SENDs quietly
 KEEPALIVE_INTERVAL_S_DEFAULT: Final = 30.0

@@ -67,6 +67,7 @@ from codec import (
 from codec._proto import pulsar_api_pb2 as pb
 
 from ._config import BrokerConfig
+from ._entry import messages_in_entry
 from ._errors import MetadataError
 
 __all__ = [
@@ -89,7 +90,8 @@ def highest_sequence_id_of(sequence_id: int, stated_highest: int,
     """The highest sequence id an entry carries; never below `sequence_id`.
 
     In order: the id the SEND stated (`stated_highest`, when not below `sequence_id`); the
-    metadata's `highest_sequence_id`; for a batch of n > 1 messages, the sequence id of its
+    metadata's `highest_sequence_id`; for a batch of n > 1 messages (n: `_entry.messages_in`,
+    the claim bounded by what the entry can hold), the sequence id of its
     last single-message metadata (what the C++ client writes; the payload is decompressed
     when needed), else `sequence_id + n - 1` when that message has none or the payload
     cannot be read; otherwise `sequence_id`. Reading the batch is cheap in the usual case of
@@ -109,7 +111,7 @@ def highest_sequence_id_of(sequence_id: int, stated_highest: int,
     if metadata.HasField("highest_sequence_id") and \
             metadata.highest_sequence_id >= sequence_id:
         return int(metadata.highest_sequence_id)
-    count = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+    count = messages_in_entry(metadata, entry)
     if count <= 1:
         return sequence_id
     consecutive = sequence_id + count - 1

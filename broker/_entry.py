@@ -16,13 +16,16 @@ what the entry can hold -- every message of a batch takes at least `SINGLE_MESSA
 bytes of the (uncompressed) payload -- and by `MESSAGES_IN_BATCH_MAX`. A SEND whose claim breaks
 a bound is refused (`batch_count_error`); an entry stored before that check with an absurd claim
 is read as holding `messages_in` messages: at least 1, at most what it can hold.
+`messages_in` is the one definition of an entry's message count: the publish counters, the
+index interceptor, deduplication and the dispatchers (`EntryInfo.batch_size`) all use it
+(`messages_in_entry` when they hold the entry's bytes), so they never disagree.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from codec import parse_entry
+from codec import RemoteProtocolError, entry_payload_bytes, parse_entry
 from codec._proto import pulsar_api_pb2 as pb
 
 from ._position import Position
@@ -35,6 +38,7 @@ __all__ = [
     "batch_capacity",
     "batch_count_error",
     "messages_in",
+    "messages_in_entry",
 ]
 
 TAG_VALUE = "TAGS"
@@ -81,6 +85,19 @@ def messages_in(metadata: pb.MessageMetadata, payload_bytes: int | None = None) 
     limit = (MESSAGES_IN_BATCH_MAX if payload_bytes is None
              else batch_capacity(metadata, payload_bytes))
     return max(1, min(metadata.num_messages_in_batch, limit))
+
+
+def messages_in_entry(metadata: pb.MessageMetadata, entry: bytes) -> int:
+    """`messages_in` for an entry's bytes (as sent, or stored with a 0x0e02 block): its
+    payload's length is found from the size fields without copying it. An entry too short
+    to hold its metadata is bounded by `MESSAGES_IN_BATCH_MAX` alone."""
+    if not metadata.HasField("num_messages_in_batch"):
+        return 1
+    try:
+        payload_bytes: int | None = entry_payload_bytes(entry)
+    except RemoteProtocolError:
+        payload_bytes = None
+    return messages_in(metadata, payload_bytes)
 
 
 class EntryInfo:

@@ -11,7 +11,7 @@ Pulsar's `brokerEntryMetadataInterceptors` setting names interceptors that add a
 them.
 
 The index counts messages, not entries: it starts at -1 for a topic that never had one, and
-each entry adds its number of messages (`num_messages_in_batch`, 1 when absent), so an entry's
+each entry adds its number of messages (`_entry.messages_in`), so an entry's
 index is the index of its *last* message. It continues across ledgers, and across restarts:
 `EntryMetadataAppender.open` reads the block of the topic's newest stored entry (an entry
 without one, e.g. written before the setting was turned on, leaves the count at -1, as
@@ -37,7 +37,7 @@ from typing import Final
 
 from codec import parse_entry, pb, prefix_broker_entry_metadata
 
-from ._entry import messages_in
+from ._entry import messages_in_entry
 from ._managed_ledger import ManagedLedger
 from ._position import Position
 
@@ -103,7 +103,7 @@ class EntryMetadataAppender:
         if self.timestamp:
             block.broker_timestamp = self._clock_ms()
         if self.index:
-            self.last_index += messages_in(metadata)
+            self.last_index += messages_in_entry(metadata, entry)
             block.index = self.last_index
         return prefix_broker_entry_metadata(block, entry)
 

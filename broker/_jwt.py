@@ -1,45 +1,52 @@
-"""JSON Web Tokens in compact JWS form: what Pulsar's token authentication carries.
+"""JSON Web Tokens in compact JWS form, what Pulsar's token authentication carries, signed
+and verified by PyJWT.
 
 Theory of operation
 -------------------
-A token is `base64url(header) "." base64url(claims) "." base64url(signature)`, unpadded
-base64url each, where the header is a JSON object naming the algorithm (`alg`) and the claims
-a JSON object (`sub`: the role; `exp`: expiry, seconds since the epoch, optional). The
-signature covers the first two parts as ASCII.
+A token is `base64url(header) "." base64url(claims) "." base64url(signature)`; the header
+names the algorithm (`alg`), the claims hold the role (`sub` by default) and optionally `exp`
+and `nbf` (seconds since the epoch). PyJWT parses, signs and verifies; this module decides
+which tokens are acceptable and says why one is not.
 
-Algorithms: HS256/384/512 (HMAC with a shared secret key: bytes), RS256/384/512 (RSA
-PKCS#1 v1.5) and ES256/384/512 (ECDSA on P-256/P-384/P-521, the signature being the raw
-`r || s` of fixed width, not DER). Signing takes the secret or the private key; verifying
-the secret or the public key. `cryptography` does the primitives; the token format is ours.
+Algorithms (`ALGORITHMS`): HS256/384/512 with a secret key (bytes), RS256/384/512 with an RSA
+key pair, ES256/384/512 with an EC key pair on P-256/P-384/P-521 -- what Pulsar's
+AuthenticationProviderToken takes. A verifying key allows exactly the algorithms of its kind
+(`_allowed_for`: the three HS for a secret, the three RS for an RSA key, the one ES of the
+key's curve), and that allow-list is what PyJWT verifies against, so a token can never choose
+how its key is interpreted (no `alg: none`, no HMAC "signed" with a public key's bytes). The
+header is read first, unverified, only to name the fault of a token outside the allow-list.
 
-Verification refuses, before looking at the signature: a token not made of three parts, a part
-that is not base64url, a header or claims that are not JSON objects, `alg: none` or any
-algorithm not in `ALGORITHMS`, and an algorithm whose family does not fit the key (an HMAC
-token checked against a public key, an RS token against an EC key, an ES256 token against a
-P-384 key...) -- the classic confusion attacks. HMAC signatures are compared in constant time.
-Then the time claims: `exp` at or before now (less the allowed clock skew) and `nbf` after
-now are refused. Every refusal raises `TokenError` (an `AuthenticationError`, wire code
-AuthenticationError) whose message says what was wrong; nothing is cached or changed.
+Verification refuses, with a `TokenError` (an `AuthenticationError`, wire code
+AuthenticationError) whose message says what was wrong: a token longer than
+`TOKEN_LENGTH_MAX_BYTES`, a malformed token, an unsigned one or an algorithm not allowed for
+the key, a header naming a critical extension PyJWT does not implement (`crit`, RFC 7515
+4.1.11), a signature that does not verify, `exp` at or before now less
+the allowed clock skew, `nbf` after now plus the skew (both compared as the fractional seconds
+they may be). Other registered claims (`aud`, `iat`, `iss`, `jti`, `sub`'s type) are not
+checked, as Pulsar's provider does not check them unless configured (the role claim is
+checked by `_auth.py`). Nothing is cached or changed by a refusal.
+
+Key lengths are this module's policy, not PyJWT's warnings: a secret is used as given (what
+`tokens create-secret-key` makes, or a file an operator chose), an RSA signing key has at least
+`RSA_KEY_BITS_MIN` bits.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
-import hashlib
-import hmac
 import json
+import re
 import time
-from dataclasses import dataclass
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.utils import (
-    decode_dss_signature,
-    encode_dss_signature,
-)
+import jwt
+import jwt.utils
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from jwt.types import Options
+from jwt.warnings import InsecureKeyLengthWarning
 
 from ._errors import AuthenticationError
 
@@ -63,27 +70,22 @@ SigningKey = bytes | PrivateKey
 VerifyingKey = bytes | PublicKey
 
 TOKEN_LENGTH_MAX_BYTES: Final = 64 * 1024  # longer "tokens" are refused unparsed
+_B64URL: Final = re.compile(r"[A-Za-z0-9_-]*")
 RSA_KEY_BITS_MIN: Final = 2048  # RFC 7518 3.3
 
-
-@dataclass(frozen=True)
-class _Algorithm:
-    family: str  # "HS", "RS" or "ES"
-    digest: Any  # hashlib constructor (HS) or cryptography hash class (RS, ES)
-    curve: type[ec.EllipticCurve] | None = None  # ES only
-    coordinate_bytes: int = 0  # ES only: width of r and of s
-
-
-ALGORITHMS: Final[dict[str, _Algorithm]] = {
-    "HS256": _Algorithm("HS", hashlib.sha256),
-    "HS384": _Algorithm("HS", hashlib.sha384),
-    "HS512": _Algorithm("HS", hashlib.sha512),
-    "RS256": _Algorithm("RS", hashes.SHA256),
-    "RS384": _Algorithm("RS", hashes.SHA384),
-    "RS512": _Algorithm("RS", hashes.SHA512),
-    "ES256": _Algorithm("ES", hashes.SHA256, ec.SECP256R1, 32),
-    "ES384": _Algorithm("ES", hashes.SHA384, ec.SECP384R1, 48),
-    "ES512": _Algorithm("ES", hashes.SHA512, ec.SECP521R1, 66),
+# Algorithm -> the kind of key it takes: "secret", "RSA", or the EC curve's name.
+ALGORITHMS: Final[dict[str, str]] = {
+    "HS256": "secret", "HS384": "secret", "HS512": "secret",
+    "RS256": "RSA", "RS384": "RSA", "RS512": "RSA",
+    "ES256": "secp256r1", "ES384": "secp384r1", "ES512": "secp521r1",
+}
+# PyJWT verifies the signature against the allow-list; of the registered claims it would check
+# by default, Pulsar's provider checks only `exp` and `nbf`, and as possibly fractional
+# NumericDates (PyJWT truncates them to whole seconds), so `decode_token` checks those two.
+_DECODE_OPTIONS: Final[Options] = {
+    "verify_signature": True, "verify_exp": False, "verify_nbf": False, "verify_iat": False,
+    "verify_aud": False, "verify_iss": False, "verify_sub": False, "verify_jti": False,
+    "require": [],
 }
 
 
@@ -91,47 +93,76 @@ class TokenError(AuthenticationError):
     """A token that cannot be accepted; the message says why."""
 
 
-# -- base64url and JSON -----------------------------------------------------------------------
+def _key_kind(key: SigningKey | VerifyingKey) -> str:
+    """"secret", "RSA", or the EC key's curve name (the values of `ALGORITHMS`)."""
+    if isinstance(key, bytes):
+        return "secret"
+    if isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey):
+        return "RSA"
+    return str(key.curve.name)
 
 
-def _b64encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+def _describe(kind: str) -> str:
+    return {"secret": "secret key", "RSA": "RSA key"}.get(kind, f"EC key ({kind})")
 
 
-def _b64decode(text: str, part: str) -> bytes:
-    if not text or any(c not in _B64URL_CHARS for c in text) or len(text) % 4 == 1:
-        raise TokenError(f"the token's {part} is not base64url")
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise TokenError(f"the token's {part} is not base64url") from None
+def _allowed_for(key: SigningKey | VerifyingKey) -> list[str]:
+    """The algorithm allow-list of a key: the algorithms of its kind."""
+    kind = _key_kind(key)
+    return [alg for alg, takes in ALGORITHMS.items() if takes == kind]
 
 
-_B64URL_CHARS: Final = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+def _check_alg(alg: object, key: SigningKey | VerifyingKey) -> str:
+    """`alg` when it is a supported algorithm for `key`, else TokenError naming the fault."""
+    if not isinstance(alg, str) or alg.lower() == "none":
+        raise TokenError(f"unsigned tokens (alg {alg!r}) are not accepted")
+    if alg not in ALGORITHMS:
+        raise TokenError(f"unsupported token algorithm {alg!r} (supported: "
+                         f"{', '.join(ALGORITHMS)})")
+    if alg not in _allowed_for(key):
+        raise TokenError(f"the token's algorithm {alg} does not fit the verifying "
+                         f"{_describe(_key_kind(key))}")
+    if isinstance(key, bytes) and not key:
+        raise TokenError("the secret key is empty")
+    return alg
 
 
-def _json_object(data: bytes, part: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except (UnicodeDecodeError, ValueError):
-        raise TokenError(f"the token's {part} is not JSON") from None
-    if not isinstance(value, dict):
-        raise TokenError(f"the token's {part} is not a JSON object")
-    return value
+@contextmanager
+def _key_length_is_ours() -> Iterator[None]:
+    """PyJWT warns about short keys; the policy is this module's (see the module comment)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureKeyLengthWarning)
+        yield
 
 
-def _split(token: str) -> tuple[dict[str, Any], dict[str, Any], bytes, bytes]:
-    """Header, claims, signature and the signed bytes of a token, unverified."""
+def _checked_length(token: str) -> str:
     if len(token) > TOKEN_LENGTH_MAX_BYTES:
         raise TokenError(f"the token is longer than {TOKEN_LENGTH_MAX_BYTES} bytes")
-    parts = token.strip().split(".")
+    return token.strip()
+
+
+def _malformed(token: str, error: jwt.PyJWTError) -> TokenError:
+    """A TokenError naming which part of a token PyJWT refused as malformed: a diagnosis
+    only, for the message (PyJWT's own words when no part is found at fault)."""
+    parts = token.split(".")
     if len(parts) != 3:
-        raise TokenError(f"a token has 3 dot-separated parts, this one {len(parts)}")
-    header = _json_object(_b64decode(parts[0], "header"), "header")
-    claims = _json_object(_b64decode(parts[1], "claims"), "claims")
-    signature = _b64decode(parts[2], "signature") if parts[2] else b""
-    return header, claims, signature, f"{parts[0]}.{parts[1]}".encode("ascii")
+        return TokenError(f"a token has 3 dot-separated parts, this one {len(parts)}")
+    for text, part in ((parts[0], "header"), (parts[1], "claims"), (parts[2], "signature")):
+        try:
+            if not _B64URL.fullmatch(text):
+                raise ValueError(text)
+            data = jwt.utils.base64url_decode(text)
+        except (binascii.Error, ValueError):
+            return TokenError(f"the token's {part} is not base64url")
+        if part == "signature":
+            break
+        try:
+            value = json.loads(data)
+        except ValueError:  # UnicodeDecodeError too
+            return TokenError(f"the token's {part} is not JSON")
+        if not isinstance(value, dict):
+            return TokenError(f"the token's {part} is not a JSON object")
+    return TokenError(f"malformed token: {error}")
 
 
 def parse_unverified(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -141,11 +172,13 @@ def parse_unverified(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
     Raises:
         TokenError: the token is malformed.
     """
-    header, claims, _, _ = _split(token)
+    token = _checked_length(token)
+    try:
+        header = jwt.get_unverified_header(token)
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as error:
+        raise _malformed(token, error) from None
     return header, claims
-
-
-# -- keys and algorithms ----------------------------------------------------------------------
 
 
 def algorithm_for_key(key: SigningKey | VerifyingKey, alg: str | None = None) -> str:
@@ -155,93 +188,14 @@ def algorithm_for_key(key: SigningKey | VerifyingKey, alg: str | None = None) ->
     Raises:
         TokenError: `alg` is unknown or does not fit the key.
     """
+    allowed = _allowed_for(key)
     if alg is None:
-        if isinstance(key, bytes):
-            alg = "HS256"
-        elif isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey):
-            alg = "RS256"
-        else:
-            alg = {"secp256r1": "ES256", "secp384r1": "ES384",
-                   "secp521r1": "ES512"}.get(key.curve.name, "ES256")
-    _check_key(_algorithm(alg), alg, key)
-    return alg
-
-
-def _algorithm(alg: object) -> _Algorithm:
-    if not isinstance(alg, str) or alg.lower() == "none":
-        raise TokenError(f"unsigned tokens (alg {alg!r}) are not accepted")
-    found = ALGORITHMS.get(alg)
-    if found is None:
-        raise TokenError(f"unsupported token algorithm {alg!r} (supported: "
-                         f"{', '.join(ALGORITHMS)})")
-    return found
-
-
-def _check_key(algorithm: _Algorithm, alg: str, key: SigningKey | VerifyingKey) -> None:
-    if algorithm.family == "HS":
-        fits = isinstance(key, bytes)
-    elif algorithm.family == "RS":
-        fits = isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey)
-    else:
-        fits = (isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey)
-                and algorithm.curve is not None and isinstance(key.curve, algorithm.curve))
-    if not fits:
-        raise TokenError(f"the token's algorithm {alg} does not fit the verifying "
-                         f"{_key_kind(key)}")
-    if isinstance(key, bytes) and not key:
-        raise TokenError("the secret key is empty")
-
-
-def _key_kind(key: SigningKey | VerifyingKey) -> str:
-    if isinstance(key, bytes):
-        return "secret key"
-    if isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey):
-        return "RSA key"
-    return f"EC key ({key.curve.name})"
-
-
-# -- signing and verifying --------------------------------------------------------------------
-
-
-def _sign(algorithm: _Algorithm, key: SigningKey, data: bytes) -> bytes:
-    if algorithm.family == "HS":
-        assert isinstance(key, bytes)
-        return hmac.new(key, data, algorithm.digest).digest()
-    if algorithm.family == "RS":
-        if not isinstance(key, rsa.RSAPrivateKey):
-            raise TokenError("RS tokens are signed with an RSA private key")
-        return key.sign(data, padding.PKCS1v15(), algorithm.digest())
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise TokenError("ES tokens are signed with an EC private key")
-    r, s = decode_dss_signature(key.sign(data, ec.ECDSA(algorithm.digest())))
-    width = algorithm.coordinate_bytes
-    return r.to_bytes(width, "big") + s.to_bytes(width, "big")
-
-
-def _verify(algorithm: _Algorithm, key: VerifyingKey, data: bytes, signature: bytes) -> bool:
-    if algorithm.family == "HS":
-        assert isinstance(key, bytes)
-        expected = hmac.new(key, data, algorithm.digest).digest()
-        return hmac.compare_digest(expected, signature)
-    try:
-        if algorithm.family == "RS":
-            assert isinstance(key, rsa.RSAPublicKey)
-            key.verify(signature, data, padding.PKCS1v15(), algorithm.digest())
-            return True
-        assert isinstance(key, ec.EllipticCurvePublicKey)
-        width = algorithm.coordinate_bytes
-        if len(signature) != 2 * width:
-            return False
-        r = int.from_bytes(signature[:width], "big")
-        s = int.from_bytes(signature[width:], "big")
-        key.verify(encode_dss_signature(r, s), data, ec.ECDSA(algorithm.digest()))
-        return True
-    except InvalidSignature:
-        return False
+        alg = allowed[0] if allowed else "ES256"
+    return _check_alg(alg, key)
 
 
 def encode_token(claims: dict[str, Any], key: SigningKey, alg: str | None = None) -> str:
-    """Sign `claims` into a compact token.
+    """Sign `claims` into a compact token (header `{"alg": ALG}`).
 
     Args:
         claims: JSON-able claims, e.g. `{"sub": "admin", "exp": 1767225600}`.
@@ -249,16 +203,19 @@ def encode_token(claims: dict[str, Any], key: SigningKey, alg: str | None = None
         alg: the algorithm (default: by the key, see `algorithm_for_key`).
 
     Raises:
-        TokenError: the algorithm is unknown or does not fit the key.
+        TokenError: the algorithm is unknown or does not fit the key, a public key was given,
+            or an RSA key is shorter than `RSA_KEY_BITS_MIN` bits.
     """
     alg = algorithm_for_key(key, alg)
+    if isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
+        raise TokenError(f"{alg[:2]} tokens are signed with a private key, not a public one")
     if isinstance(key, rsa.RSAPrivateKey) and key.key_size < RSA_KEY_BITS_MIN:
         raise TokenError(f"RSA keys have at least {RSA_KEY_BITS_MIN} bits")
-    header = {"alg": alg}
-    signed = (_b64encode(json.dumps(header, separators=(",", ":")).encode()) + "."
-              + _b64encode(json.dumps(claims, separators=(",", ":")).encode()))
-    signature = _sign(ALGORITHMS[alg], key, signed.encode("ascii"))
-    return f"{signed}.{_b64encode(signature)}"
+    try:
+        with _key_length_is_ours():
+            return jwt.encode(claims, key, algorithm=alg, headers={"typ": None})
+    except (jwt.PyJWTError, TypeError, ValueError) as error:
+        raise TokenError(f"cannot sign the token: {error}") from None
 
 
 def decode_token(token: str, key: VerifyingKey, *, now_s: float | None = None,
@@ -272,17 +229,24 @@ def decode_token(token: str, key: VerifyingKey, *, now_s: float | None = None,
         clock_skew_s: tolerance for `exp` and `nbf`.
 
     Raises:
-        TokenError: malformed, unsigned, the wrong algorithm for the key, a bad signature,
-            expired or not yet valid (see the module comment).
+        TokenError: malformed, unsigned, an algorithm not allowed for the key, a bad
+            signature, expired or not yet valid (see the module comment).
     """
     assert clock_skew_s >= 0
-    header, claims, signature, signed = _split(token)
-    alg = header.get("alg")
-    algorithm = _algorithm(alg)
-    assert isinstance(alg, str)
-    _check_key(algorithm, alg, key)
-    if not signature or not _verify(algorithm, key, signed, signature):
-        raise TokenError("the token's signature does not verify")
+    token = _checked_length(token)
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError as error:
+        raise _malformed(token, error) from None
+    _check_alg(header.get("alg"), key)
+    try:
+        with _key_length_is_ours():
+            claims: dict[str, Any] = jwt.decode(token, key, algorithms=_allowed_for(key),
+                                                options=_DECODE_OPTIONS)
+    except jwt.InvalidSignatureError:
+        raise TokenError("the token's signature does not verify") from None
+    except jwt.PyJWTError as error:
+        raise _malformed(token, error) from None
     now = time.time() if now_s is None else now_s
     exp = _time_claim(claims, "exp")
     if exp is not None and exp <= now - clock_skew_s:

@@ -24,6 +24,12 @@ inactive producers' dedup state. Each task honours its own interval. While the d
 (`storage_full`: publishes are refused, see `_topic.py`), every
 `storage_full_check_interval_s` it asks the storage to resume writes in a worker thread
 (`Storage.try_resume_writes`); once there is room, writes resume without a restart.
+
+Start-up check: the largest entry the broker may store -- `max_message_size_bytes` plus the
+frame padding a message may use for its metadata (`codec.FRAME_PADDING_BYTES`) plus a broker
+entry metadata block (`codec.BROKER_ENTRY_METADATA_BYTES_MAX`) -- must fit the storage's
+`entry_size_bytes_max`; otherwise the service is not built (`check_entry_fits_storage`), rather
+than refusing the largest messages one by one after accepting them from the wire.
 """
 
 from __future__ import annotations
@@ -34,11 +40,18 @@ import time
 from collections.abc import Callable
 from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
-from storage import Storage, StorageError, StorageFullError
+from codec import BROKER_ENTRY_METADATA_BYTES_MAX, FRAME_PADDING_BYTES
+from storage import LedgerStorage, StorageError, StorageFullError
 
 from ._config import BrokerConfig
 from ._consumer import Consumer, ConsumerSink, SubscribeSpec
-from ._errors import InvalidTopicNameError, MetadataError, NotAllowedError, TopicNotFoundError
+from ._errors import (
+    ConfigurationError,
+    InvalidTopicNameError,
+    MetadataError,
+    NotAllowedError,
+    TopicNotFoundError,
+)
 from ._managed_ledger import ml_key
 from ._metrics import ConnectionCounters
 from ._names import TopicName, matches_topics_pattern
@@ -47,7 +60,8 @@ from ._schemas import SchemaRegistry
 from ._tasks import log_task_failure
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
 
-__all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "Topic", "TopicListener"]
+__all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "Topic", "TopicListener",
+           "check_entry_fits_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +83,36 @@ def _listable(name: str, include_system: bool) -> bool:
     return include_system or not topic.is_system_topic
 
 
-class BrokerService:
-    """The broker: topics, producers, consumers and their policies over one storage."""
+def check_entry_fits_storage(config: BrokerConfig, entry_size_bytes_max: int) -> None:
+    """Check that the broker's largest stored entry fits the storage's (module comment).
 
-    def __init__(self, storage: Storage, config: BrokerConfig | None = None,
+    Raises:
+        ConfigurationError: it does not; the message names both settings.
+    """
+    needed = config.max_message_size_bytes + FRAME_PADDING_BYTES + \
+        BROKER_ENTRY_METADATA_BYTES_MAX
+    if needed > entry_size_bytes_max:
+        raise ConfigurationError(
+            f"max_message_size_bytes ({config.max_message_size_bytes}) plus "
+            f"{FRAME_PADDING_BYTES + BROKER_ENTRY_METADATA_BYTES_MAX} bytes of frame padding "
+            f"and broker entry metadata exceeds the storage's entry_size_bytes_max "
+            f"({entry_size_bytes_max}): max_message_size_bytes may be at most "
+            f"{entry_size_bytes_max - FRAME_PADDING_BYTES - BROKER_ENTRY_METADATA_BYTES_MAX}")
+
+
+class BrokerService:
+    """The broker: topics, producers, consumers and their policies over one storage.
+
+    Raises:
+        ConfigurationError: the config's largest message does not fit the storage's largest
+            entry (`check_entry_fits_storage`); nothing is loaded.
+    """
+
+    def __init__(self, storage: LedgerStorage, config: BrokerConfig | None = None,
                  clock: Callable[[], float] = time.time):
-        self.storage = storage
         self.config = config or BrokerConfig()
+        check_entry_fits_storage(self.config, storage.config.entry_size_bytes_max)
+        self.storage = storage
         self.clock = clock
         self.namespaces = NamespaceRegistry(storage.metadata, self.config)
         self.schemas = SchemaRegistry(storage.metadata, self.namespaces, clock)

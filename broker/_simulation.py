@@ -84,6 +84,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from codec import (
+    BROKER_ENTRY_METADATA_BYTES_MAX,
+    FRAME_PADDING_BYTES,
     SingleMessage,
     build_batch,
     build_message,
@@ -135,6 +137,7 @@ DRAIN_PERMITS = 100_000
 SETTLE_YIELDS = 8
 DRAIN_POLL_S = 0.002
 CHECKPOINT_PUMPS = 64
+SIM_ENTRY_BYTES_MAX = 64 * 1024  # the simulated storage's largest entry
 LOOP_TICK_S = 0.0001  # virtual time per event-loop iteration
 VIOLATIONS_PER_DRAIN_MAX = 4
 MAX_UNACKED_LIMITED_TOPIC = 1  # this topic caps unacked messages per consumer
@@ -615,10 +618,13 @@ class _Simulation:
             delayed_delivery_tick_time_ms=config.tick_ms,
             key_shared_unblocking_interval_ms=0,  # a timer would make runs depend on timing
             dispatcher_max_read_batch_size=25,
+            # The largest message the small storage below can hold (checked at start).
+            max_message_size_bytes=SIM_ENTRY_BYTES_MAX - FRAME_PADDING_BYTES
+            - BROKER_ENTRY_METADATA_BYTES_MAX,
         )
         self.storage_config = StorageConfig(
             background_threads=config.storage_threads,
-            entry_size_bytes_max=64 * 1024,
+            entry_size_bytes_max=SIM_ENTRY_BYTES_MAX,
             journal_record_bytes_max=128 * 1024,
             journal_prealloc_bytes=64 * 1024,
             journal_segment_bytes_max=512 * 1024,

@@ -58,12 +58,12 @@ from typing import Any, Final
 from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 
 from ._auth import AuthenticationService
-from ._config import BrokerConfig
+from ._config import REMOVED_SETTINGS, BrokerConfig
 from ._connection_handler import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
 from ._errors import ConfigurationError
 from ._listeners import check_tls, listeners_of
 from ._server import SHUTDOWN_GRACE_S_DEFAULT, serve
-from ._service import BrokerService
+from ._service import BrokerService, check_entry_fits_storage
 from ._tls import TlsOptions, server_ssl_context
 
 __all__ = [
@@ -124,8 +124,20 @@ class StandaloneOptions:
     skip_corrupt_journal_segments: bool = False
 
     def __post_init__(self) -> None:
-        assert self.pending_sends_max >= 1, "pending_sends_max must be at least 1"
-        assert self.shutdown_grace_s >= 0, "shutdown_grace_s must not be negative"
+        """Raises ConfigurationError naming a setting out of its range, or
+        max_message_size_bytes and entry_size_bytes_max when the broker's largest message
+        does not fit the storage's largest entry (nothing built)."""
+        if self.pending_sends_max < 1:
+            raise ConfigurationError(f"pending_sends_max must be at least 1, not "
+                                     f"{self.pending_sends_max}")
+        if not self.shutdown_grace_s >= 0:  # NaN too
+            raise ConfigurationError(f"shutdown_grace_s must be 0 or more, not "
+                                     f"{self.shutdown_grace_s}")
+        check_entry_fits_storage(self.config, self.storage_config().entry_size_bytes_max)
+
+    def storage_config(self) -> StorageConfig:
+        """The storage the broker runs on."""
+        return StorageConfig(skip_corrupt_journal_segments=self.skip_corrupt_journal_segments)
 
 
 def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
@@ -144,6 +156,8 @@ def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None
     for item in overrides:
         name, sep, text = item.partition("=")
         name = name.strip().replace("-", "_")
+        if sep and name in REMOVED_SETTINGS:
+            raise ConfigurationError(f"{name} is no longer a setting: {REMOVED_SETTINGS[name]}")
         if not sep or name not in types_by_name:
             raise ConfigurationError(_unknown_setting(item, name, list(types_by_name)))
         changes[name] = _parse_value(types_by_name[name], text.strip(), name)
@@ -247,8 +261,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     options = _with_listener_urls(options, security)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
-    storage = _open_storage(options.data_dir, StorageConfig(
-        skip_corrupt_journal_segments=options.skip_corrupt_journal_segments))
+    storage = _open_storage(options.data_dir, options.storage_config())
     try:
         service = BrokerService(storage, options.config)
         await service.start()

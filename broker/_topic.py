@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from codec import parse_entry
+from codec import FRAME_PADDING_BYTES, parse_entry
 from codec._proto import pulsar_api_pb2 as pb
 
 from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
@@ -73,7 +73,7 @@ from ._dedup import (
     DedupResult,
     highest_sequence_id_of,
 )
-from ._entry import EntryInfo
+from ._entry import EntryInfo, messages_in_entry
 from ._entry_metadata import EntryMetadataAppender, interceptors_of
 from ._errors import (
     BrokerError,
@@ -167,8 +167,7 @@ def _count_in(topic: PersistentTopic | NonPersistentTopic, producer: Producer, e
               metadata: pb.MessageMetadata) -> int:
     """Count a published entry in the topic's and the producer's counters; returns its
     number of messages."""
-    messages = metadata.num_messages_in_batch if metadata.HasField(
-        "num_messages_in_batch") else 1
+    messages = messages_in_entry(metadata, entry)
     producer.msg_in_counter += messages
     producer.bytes_in_counter += len(entry)
     topic.msg_in_counter += messages
@@ -547,7 +546,7 @@ class PersistentTopic(_ProducerHost):
         return DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
 
     def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
-        limit = self.config.max_message_size_bytes + 10 * 1024
+        limit = self.config.max_message_size_bytes + FRAME_PADDING_BYTES
         if len(entry) > limit:
             raise NotAllowedError(f"Message of {len(entry)} bytes exceeds the maximum "
                                   f"{self.config.max_message_size_bytes} on {self.name}")

@@ -60,6 +60,8 @@ from ._connection import (
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._framer import (
+    BROKER_ENTRY_METADATA_BYTES_MAX,
+    FRAME_PADDING_BYTES,
     FRAME_SIZE_BYTES_MAX_DEFAULT,
     MAGIC_BROKER_ENTRY_METADATA,
     MAGIC_CRC32C,
@@ -72,6 +74,7 @@ from ._framer import (
     encode_entry,
     encode_frame,
     entry_payload,
+    entry_payload_bytes,
     parse_entry,
     prefix_broker_entry_metadata,
     split_broker_entry_metadata,
@@ -98,11 +101,13 @@ __all__ = [
     "BATCH_DELAY_MS_MAX_DEFAULT",
     "BATCH_MESSAGES_MAX_DEFAULT",
     "BATCH_SIZE_BYTES_MAX_DEFAULT",
+    "BROKER_ENTRY_METADATA_BYTES_MAX",
     "BROKER_TO_CLIENT_TYPES",
     "CHUNKED_MESSAGE_SIZE_BYTES_MAX_DEFAULT",
     "CLIENT_TO_BROKER_TYPES",
     "CPP_CLIENT_ACCEPTED_TYPES",
     "EARLIEST",
+    "FRAME_PADDING_BYTES",
     "FRAME_SIZE_BYTES_MAX_DEFAULT",
     "INCOMPLETE_CHUNK_EXPIRY_MS_DEFAULT",
     "KEY_HASH_RANGE_SIZE",
@@ -155,6 +160,7 @@ __all__ = [
     "encode_frame",
     "encode_single_metadata",
     "entry_payload",
+    "entry_payload_bytes",
     "hash_range_slot",
     "java_string_hash",
     "java_string_hash_utf8",

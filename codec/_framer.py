@@ -63,6 +63,8 @@ from ._proto import pulsar_api_pb2 as pb
 from ._wire import check_strings, parse_message, serialize_message
 
 __all__ = [
+    "BROKER_ENTRY_METADATA_BYTES_MAX",
+    "FRAME_PADDING_BYTES",
     "FRAME_SIZE_BYTES_MAX_DEFAULT",
     "MAGIC_BROKER_ENTRY_METADATA",
     "MAGIC_CRC32C",
@@ -75,6 +77,7 @@ __all__ = [
     "encode_entry",
     "encode_frame",
     "entry_payload",
+    "entry_payload_bytes",
     "parse_entry",
     "prefix_broker_entry_metadata",
     "split_broker_entry_metadata",
@@ -84,8 +87,13 @@ __all__ = [
 MAGIC_CRC32C: Final = 0x0E01
 MAGIC_BROKER_ENTRY_METADATA: Final = 0x0E02
 MAX_MESSAGE_SIZE_DEFAULT: Final = 5 * 1024 * 1024  # Pulsar's maxMessageSize
-FRAME_PADDING_BYTES: Final = 10 * 1024  # Pulsar's room for command and metadata
+# Pulsar's room for command and metadata above maxMessageSize (Commands.MESSAGE_SIZE_FRAME_
+# PADDING): the one definition, which the broker's frame and message limits both use.
+FRAME_PADDING_BYTES: Final = 10 * 1024
 FRAME_SIZE_BYTES_MAX_DEFAULT: Final = MAX_MESSAGE_SIZE_DEFAULT + FRAME_PADDING_BYTES
+# The most a 0x0e02 block adds in front of a stored entry: magic (2), size (4), and a
+# BrokerEntryMetadata of two 64-bit varint fields (1-byte tag + up to 10 bytes each).
+BROKER_ENTRY_METADATA_BYTES_MAX: Final = 2 + 4 + 2 * (1 + 10)
 
 PAYLOAD_COMMAND_TYPES: Final = frozenset({pb.BaseCommand.SEND, pb.BaseCommand.MESSAGE})
 # Empty sub-commands: a frame that omits them still means the command.
@@ -219,7 +227,7 @@ def encode_frame(
     return _U32.pack(total) + _U32.pack(len(command_bytes)) + command_bytes + tail
 
 
-def _split_entry(entry: bytes) -> tuple[int | None, int, int]:
+def _split_entry(entry: bytes | memoryview) -> tuple[int | None, int, int]:
     """(checksum on the wire or None, offset of metadataSize, offset of the metadata's end)."""
     size = len(entry)
     pos = 0
@@ -321,6 +329,17 @@ def entry_payload(entry: bytes) -> bytes:
     start = _broker_entry_metadata_end(entry, 0)
     meta_end = _split_entry(entry[start:] if start else entry)[2]
     return entry[start + meta_end :]
+
+
+def entry_payload_bytes(entry: bytes) -> int:
+    """The length of `entry_payload(entry)`, found without copying the payload.
+
+    Raises:
+        RemoteProtocolError: the entry is truncated.
+    """
+    start = _broker_entry_metadata_end(entry, 0)
+    meta_end = _split_entry(memoryview(entry)[start:] if start else entry)[2]
+    return len(entry) - start - meta_end
 
 
 def decode_frame(frame: bytes) -> Frame | ChecksumMismatch:

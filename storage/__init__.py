@@ -27,6 +27,7 @@ from ._errors import (
 from ._fs import FileHandle, FileSystem, OsFileSystem
 from ._journal import JournalMark
 from ._ledger import LedgerInfo
+from ._ledger_storage import LedgerMetadata, LedgerMetadataTransaction, LedgerStorage
 from ._metadata import MetadataStore, MetadataTransaction
 from ._storage import Storage
 
@@ -45,7 +46,10 @@ __all__ = [
     "LedgerExistsError",
     "LedgerFencedError",
     "LedgerInfo",
+    "LedgerMetadata",
+    "LedgerMetadataTransaction",
     "LedgerNotFoundError",
+    "LedgerStorage",
     "MetadataStore",
     "MetadataTransaction",
     "NoSuchEntryError",

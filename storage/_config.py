@@ -21,8 +21,10 @@ class StorageConfig:
     then lose up to that interval of acknowledged adds.
     """
 
-    # Entries.
-    entry_size_bytes_max: int = 5 * MiB + 10 * KiB
+    # Entries. The default holds a broker's largest message at Pulsar's default maxMessageSize
+    # (5 MiB) with room for its frame padding and broker entry metadata; the broker checks
+    # the fit of its own settings against this at start.
+    entry_size_bytes_max: int = 5 * MiB + 64 * KiB
 
     # Journal.
     journal_sync: bool = True

@@ -4,6 +4,7 @@ refused with a message that says which."""
 from __future__ import annotations
 
 import base64
+import hmac
 import json
 import re
 import time
@@ -38,6 +39,11 @@ def _keys(alg: str) -> tuple[object, object]:
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _signed(signed_part: str) -> str:
+    """`signed_part` with a valid HS256 signature by SECRET (a well-signed malformed token)."""
+    return f"{signed_part}.{_b64(hmac.new(SECRET, signed_part.encode(), 'sha256').digest())}"
 
 
 def _forge(header: dict[str, object], claims: dict[str, object], signature: bytes = b"x") -> str:
@@ -137,10 +143,13 @@ def test_expired_and_not_yet_valid_tokens_are_refused() -> None:
     ("abc", "3 dot-separated parts, this one 1"),
     ("a.b.c.d", "3 dot-separated parts, this one 4"),
     ("!!.e30.AA", "header is not base64url"),
-    (_b64(b'{"alg":"HS256"}') + ".e30=.AA", "claims is not base64url"),
+    # PyJWT tolerates '=' padding (the hand-written parser refused it); the signature,
+    # which covers the exact text, still refuses the token.
+    (_b64(b'{"alg":"HS256"}') + ".e30=.AA", "signature does not verify"),
     (_b64(b"not json") + ".e30.AA", "header is not JSON"),
     (_b64(b"[1]") + ".e30.AA", "header is not a JSON object"),
-    (_b64(b'{"alg":"HS256"}') + "." + _b64(b'"text"') + ".AA", "claims is not a JSON object"),
+    (_signed(_b64(b'{"alg":"HS256"}') + "." + _b64(b'"text"')),
+     "claims is not a JSON object"),
     (_b64(b'{"alg":"HS256"}') + ".e30.A", "signature is not base64url"),
 ])
 def test_malformed_tokens_name_their_fault(token: str, message: str) -> None:
@@ -157,3 +166,34 @@ def test_token_errors_are_authentication_errors_with_the_wire_code() -> None:
 def test_oversized_tokens_are_refused_unparsed() -> None:
     with pytest.raises(TokenError, match="longer than"):
         decode_token("a" * (64 * 1024 + 1), SECRET)
+
+
+# -- PyJWT underneath (issue 11, section 4) ------------------------------------------------
+
+
+def test_tokens_are_the_ones_the_earlier_encoder_made() -> None:
+    """`tokens create` output is unchanged: the same header (no `typ`), bytes for bytes."""
+    token = encode_token({"sub": "alice", "exp": 1900000000}, b"k" * 32)
+    assert token == ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSIsImV4cCI6MTkwMDAwMDAwMH0."
+                     "mgu7v4g0LC6d4t99Ge_iHOSfAcAMW5nqeTZkiwvZvyA")
+    assert decode_token(token, b"k" * 32, now_s=1_800_000_000)["sub"] == "alice"
+
+
+@pytest.mark.parametrize("extension", [{"crit": ["x-policy"], "x-policy": 1},
+                                       {"crit": ["b64"], "b64": False}])
+def test_a_critical_header_extension_is_refused(extension: dict[str, object]) -> None:
+    """RFC 7515 4.1.11: a token naming a critical extension the verifier does not know is
+    invalid, even when well signed (the hand-written verifier accepted both); RFC 7797's
+    `b64: false` payload is not taken for claims either."""
+    header = _b64(json.dumps({"alg": "HS256", **extension}).encode())
+    token = _signed(f"{header}.{_b64(json.dumps({'sub': 'a'}).encode())}")
+    with pytest.raises(TokenError, match=r"critical extension|'b64'"):
+        decode_token(token, SECRET)
+
+
+def test_claims_pulsar_does_not_check_are_not_checked() -> None:
+    """`aud`, a future `iat`, a numeric `jti` or `sub` pass, as with Pulsar's provider."""
+    claims = {"sub": 7, "role": "alice", "aud": "elsewhere", "iat": int(time.time()) + 3600,
+              "jti": 5}
+    token = encode_token(claims, SECRET)
+    assert decode_token(token, SECRET)["role"] == "alice"

@@ -277,7 +277,7 @@ def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resumes(
         disk = SmallDisk(4, tmp_path, capacity_bytes=2**40)
         storage = Storage.open(tmp_path, small_config(entry_log_bytes_max=128 * 1024),
                                fs=disk)
-        service = BrokerService(storage, BrokerConfig())
+        service = BrokerService(storage, BrokerConfig(max_message_size_bytes=64 * 1024))
         await service.start(maintenance=False)
         admin = await start_admin(service, "127.0.0.1", 0)
         try:
