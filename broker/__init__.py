@@ -10,28 +10,7 @@ REST v2 admin API and Prometheus `/metrics`. `AuthenticationService` (JWT tokens
 `encode_token`/`decode_token`) and `TlsOptions` secure both.
 """
 
-from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
-from ._admin import AdminServer, RestError, admin_app, start_admin
-from ._auth import (
-    AuthenticationProvider,
-    AuthenticationService,
-    AuthSession,
-    Principal,
-    TokenAuthenticationProvider,
-)
 from ._config import BrokerConfig
-from ._connection_handler import (
-    KEEPALIVE_INTERVAL_S_DEFAULT,
-    PENDING_SENDS_MAX_DEFAULT,
-    ConnectionHandler,
-    WireConsumerSink,
-)
-from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
-from ._cursor import ManagedCursor
-from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
-from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
-from ._draining import ConsumerDrainingStats, DrainingHash, DrainingHashesTracker
-from ._entry_metadata import EntryMetadataAppender
 from ._errors import (
     AuthenticationError,
     BrokerError,
@@ -57,10 +36,6 @@ from ._errors import (
     for_code,
     from_storage_error,
 )
-from ._jwt import TokenError, decode_token, encode_token
-from ._lookup_http import LookupUrls
-from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
-from ._metrics import render_metrics
 from ._names import (
     NamespaceName,
     TopicName,
@@ -69,11 +44,12 @@ from ._names import (
     topics_hash,
 )
 from ._namespaces import EffectivePolicies, NamespaceRegistry, SchemaPolicy
-from ._pending_acks import PendingAck, PendingAcksMap
-from ._position import ManagedLedgerTerminatedError, Position
-from ._redelivery import RedeliveryCounts
-from ._schemas import SchemaEntry, SchemaRegistry, StoredSchema
-from ._selectors import (
+from .cli._standalone import StandaloneOptions, run_standalone, serve_standalone
+from .dispatch._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
+from .dispatch._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
+from .dispatch._draining import ConsumerDrainingStats, DrainingHash, DrainingHashesTracker
+from .dispatch._pending_acks import PendingAck, PendingAcksMap
+from .dispatch._selectors import (
     ConsistentHashingSelector,
     HashRange,
     HashRangeAutoSplitSelector,
@@ -81,15 +57,45 @@ from ._selectors import (
     StickyKeyConsumerSelector,
     new_selector,
 )
-from ._server import BrokerServer, serve
-from ._service import TOPIC_LISTENERS_MAX, BrokerService, Topic, TopicListener
-from ._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
-from ._standalone import StandaloneOptions, run_standalone, serve_standalone
-from ._stats import internal_stats, topic_stats
-from ._subscription import Subscription
-from ._tls import TlsOptions
-from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec, PublishResult
-from ._topic_watchers import WATCHERS_PER_CONNECTION_MAX, TopicListWatchers
+from .dispatch._subscription import Subscription
+from .http._admin import AdminServer, RestError, admin_app, start_admin
+from .http._lookup_http import LookupUrls
+from .http._metrics import render_metrics
+from .http._stats import internal_stats, topic_stats
+from .ledger._cursor import ManagedCursor
+from .ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from .ledger._position import ManagedLedgerTerminatedError, Position
+from .ledger._redelivery import RedeliveryCounts
+from .schemas._schemas import SchemaEntry, SchemaRegistry, StoredSchema
+from .security._auth import (
+    AuthenticationProvider,
+    AuthenticationService,
+    AuthSession,
+    Principal,
+    TokenAuthenticationProvider,
+)
+from .security._jwt import TokenError, decode_token, encode_token
+from .security._tls import TlsOptions
+from .testing._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
+from .topics._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
+from .topics._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
+from .topics._entry_metadata import EntryMetadataAppender
+from .topics._service import TOPIC_LISTENERS_MAX, BrokerService, Topic, TopicListener
+from .topics._topic import (
+    NonPersistentTopic,
+    PersistentTopic,
+    Producer,
+    ProducerSpec,
+    PublishResult,
+)
+from .wire._connection_handler import (
+    KEEPALIVE_INTERVAL_S_DEFAULT,
+    PENDING_SENDS_MAX_DEFAULT,
+    ConnectionHandler,
+    WireConsumerSink,
+)
+from .wire._server import BrokerServer, serve
+from .wire._topic_watchers import WATCHERS_PER_CONNECTION_MAX, TopicListWatchers
 
 __all__ = [
     "DEDUP_CURSOR_NAME",

@@ -198,8 +198,8 @@ class BrokerConfig:
         may be: a number out of its range, an unknown choice, broker entry metadata
         interceptor or malformed advertised listeners. Nothing is left behind: the config is
         not built."""
-        from ._entry_metadata import interceptors_of
         from ._listeners import listeners_of
+        from .topics._entry_metadata import interceptors_of
 
         check_settings(self)
         partitions_max = self.max_num_partitions_per_partitioned_topic

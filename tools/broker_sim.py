@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.CRITICAL
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(message)s")
     if args.trace:
-        for noisy in ("storage", "broker._managed_ledger", "broker._service", "broker._topic",
-                      "broker._cursor", "asyncio"):
+        for noisy in ("storage", "broker.ledger._managed_ledger", "broker.topics._service",
+                      "broker.topics._topic", "broker.ledger._cursor", "asyncio"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     config = SimulationConfig(
         seed=seed, steps=args.steps, topics=args.topics, data_dir=args.dir,

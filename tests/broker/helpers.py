@@ -315,7 +315,7 @@ async def admin_env(path: Path, config: BrokerConfig | None = None, **overrides:
     `(env, server, client)`."""
     import aiohttp
 
-    from broker._admin import start_admin
+    from broker.http._admin import start_admin
 
     async with broker_env(path, config, **overrides) as env:
         server = await start_admin(env.service, "127.0.0.1", 0)

@@ -18,7 +18,7 @@ from broker import (
     ProducerSpec,
     ServiceNotReadyError,
 )
-from broker._access_modes import Waiter
+from broker.topics._access_modes import Waiter
 
 from .helpers import broker_env
 

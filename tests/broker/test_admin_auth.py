@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from broker import AuthenticationService, TokenAuthenticationProvider, encode_token
-from broker._admin import start_admin
+from broker.http._admin import start_admin
 
 from .helpers import broker_env
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from broker import IncompatibleSchemaError, InvalidSchemaError, StoredSchema
-from broker._avro_compat import can_read, parse_avro, read_problems
-from broker._schema_compat import KEY_VALUE, check_compatible, check_readable
+from broker.schemas._avro_compat import can_read, parse_avro, read_problems
+from broker.schemas._schema_compat import KEY_VALUE, check_compatible, check_readable
 from codec import pb
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from broker import DEDUP_CURSOR_NAME, PersistentTopic, Position, Producer, ProducerSpec
 from broker._config import BrokerConfig
-from broker._dedup import highest_sequence_id_of
-from broker._service import BrokerService
+from broker.topics._dedup import highest_sequence_id_of
+from broker.topics._service import BrokerService
 from codec import (
     CompressionType,
     SingleMessage,

@@ -19,7 +19,7 @@ from broker import (
     ProducerSpec,
     SubscribeSpec,
 )
-from broker._service import BrokerService
+from broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_batch_entry, publish, settle, wait_for
 

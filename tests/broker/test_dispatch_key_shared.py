@@ -34,9 +34,9 @@ from broker import (
     SubscribeSpec,
     topic_stats,
 )
-from broker._dispatch_key_shared import LOOK_AHEAD_UNLIMITED, KeySharedDispatcher
-from broker._subscription import Subscription
-from broker._topic import PersistentTopic, Producer
+from broker.dispatch._dispatch_key_shared import LOOK_AHEAD_UNLIMITED, KeySharedDispatcher
+from broker.dispatch._subscription import Subscription
+from broker.topics._topic import PersistentTopic, Producer
 from storage import Storage
 from tests.broker.helpers import (
     Received,

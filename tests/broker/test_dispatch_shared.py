@@ -18,8 +18,8 @@ from broker import (
     SubscribeSpec,
     topic_stats,
 )
-from broker._dispatch_shared import SharedDispatcher
-from broker._position import int_to_ack_set
+from broker.dispatch._dispatch_shared import SharedDispatcher
+from broker.ledger._position import int_to_ack_set
 from tests.broker.helpers import (
     BrokerEnv,
     Received,

@@ -18,7 +18,7 @@ from broker import (
     PersistentTopic,
     SubscribeSpec,
 )
-from broker._dispatcher import SingleActiveConsumerDispatcher
+from broker.dispatch._dispatcher import SingleActiveConsumerDispatcher
 from tests.broker.helpers import (
     RecordingSink,
     broker_env,

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from broker import BrokerService, ProducerSpec, SubscribeSpec, topic_stats
-from broker._metrics import CONTENT_TYPE, render_metrics
-from broker._position import Position
+from broker.http._metrics import CONTENT_TYPE, render_metrics
+from broker.ledger._position import Position
 
 from .helpers import (
     RecordingSink,

@@ -20,8 +20,8 @@ from broker import (
     SubscribeSpec,
     topic_stats,
 )
-from broker._dispatcher import failover_ring_choice
-from broker._nonpersistent import NonPersistentSubscription
+from broker.dispatch._dispatcher import failover_ring_choice
+from broker.dispatch._nonpersistent import NonPersistentSubscription
 from tests.broker.helpers import RecordingSink, broker_env, publish, publish_batch
 
 TOPIC = "non-persistent://public/default/live"

@@ -31,7 +31,7 @@ from broker import (
     SubscribeSpec,
     TopicTerminatedError,
 )
-from broker._service import BrokerService
+from broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_entry, now_ms, publish
 

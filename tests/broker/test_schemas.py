@@ -163,7 +163,7 @@ def test_consumers_store_a_first_schema_and_must_read_the_topics(tmp_path: Path)
 
 
 def test_the_broker_default_strategy_is_a_checked_setting() -> None:
-    from broker._standalone import config_with_overrides
+    from broker.cli._standalone import config_with_overrides
 
     assert config_with_overrides([]).schema_compatibility_strategy == "FULL"
     assert config_with_overrides(["schema_compatibility_strategy=FORWARD"]

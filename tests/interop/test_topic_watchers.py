@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from broker import WATCHERS_PER_CONNECTION_MAX, BrokerService
-from broker._server import BrokerServer
+from broker.wire._server import BrokerServer
 from codec import Frame, pb
 
 from .test_server import DEADLINE_S, _AsyncClient, _with_server

@@ -22,8 +22,8 @@ import pytest
 
 from broker import _cursor, _dedup, _delayed, _dispatch_key_shared, _dispatch_shared, _draining
 from broker import _subscription as subscription_module
-from broker._position import Position
-from broker._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
+from broker.ledger._position import Position
+from broker.testing._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "broker_sim.py"
