@@ -3,12 +3,14 @@ implements (broker reference §10), each limit named with its unit."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 from ._errors import ConfigurationError
 
-__all__ = ["SETTING_CHOICES", "SETTING_RANGES", "BrokerConfig", "check_settings"]
+__all__ = ["INTERCEPTOR_INDEX", "INTERCEPTOR_TIMESTAMP", "SETTING_CHOICES", "SETTING_RANGES",
+           "BrokerConfig", "check_settings", "interceptors_of"]
 
 # Pulsar's SchemaCompatibilityStrategy names a broker default may take (not UNDEFINED).
 SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
@@ -199,7 +201,6 @@ class BrokerConfig:
         interceptor or malformed advertised listeners. Nothing is left behind: the config is
         not built."""
         from ._listeners import listeners_of
-        from .topics._entry_metadata import interceptors_of
 
         check_settings(self)
         partitions_max = self.max_num_partitions_per_partitioned_topic
@@ -231,3 +232,32 @@ def check_settings(config: BrokerConfig) -> None:
         if value not in choices:
             raise ConfigurationError(f"{name} must be one of {', '.join(choices)}, "
                                      f"not {value!r}")
+
+
+# Broker entry metadata interceptors (topics/_entry_metadata.py), by short name or upstream's
+# class name.
+INTERCEPTOR_TIMESTAMP: Final = "timestamp"
+INTERCEPTOR_INDEX: Final = "index"
+_UPSTREAM_PACKAGE: Final = "org.apache.pulsar.common.intercept."
+_NAMES: Final = {
+    INTERCEPTOR_TIMESTAMP: INTERCEPTOR_TIMESTAMP,
+    "AppendBrokerTimestampMetadataInterceptor": INTERCEPTOR_TIMESTAMP,
+    INTERCEPTOR_INDEX: INTERCEPTOR_INDEX,
+    "AppendIndexMetadataInterceptor": INTERCEPTOR_INDEX,
+}
+
+
+def interceptors_of(names: Iterable[str]) -> frozenset[str]:
+    """The interceptors a setting names, as `INTERCEPTOR_TIMESTAMP` / `INTERCEPTOR_INDEX`.
+
+    Raises:
+        ValueError: a name is neither a short name nor one of upstream's two class names.
+    """
+    found = set()
+    for name in names:
+        short = _NAMES.get(name.removeprefix(_UPSTREAM_PACKAGE))
+        if short is None:
+            raise ValueError(f"unknown broker entry metadata interceptor {name!r} (expected "
+                             f"{', '.join(sorted(_NAMES))})")
+        found.add(short)
+    return frozenset(found)

@@ -5,7 +5,7 @@ Theory of operation
 Start-up, in order: install the SIGTERM/SIGINT handlers (so a signal that arrives while the
 data directory is being recovered still shuts down cleanly), open the `Storage` (recovering
 the directory), start the `BrokerService`, start the binary-protocol server
-(`_server.serve`), then the admin HTTP server if that module exists (`start_http`). Only then
+(`wire/_server.serve`), then the admin HTTP server (`start_http`). Only then
 does the process log that it is ready; the TCP port accepts connections from the moment the
 server starts.
 
@@ -25,11 +25,10 @@ storage (queued writes, checkpoint, directory lock). The signal handlers are rem
 a second signal kills the process at once; the data directory recovers from that like from any
 crash.
 
-The admin hook. `start_http(service, host, port, **options)` calls
-`broker.http._admin.start_admin(service, host, port, **options)` when a `broker.http._admin` module
-exists, awaiting its result if it is awaitable, and returns what it gives (a handle);
-without the module it does nothing and returns None. The options carry the URLs its HTTP
-lookups answer with and, when configured, authentication and HTTPS. At shutdown
+The admin hook. `start_http(service, host, port, **options)` awaits
+`broker.http._admin.start_admin(service, host, port, **options)` and returns what it gives (a
+handle). The options carry the URLs its HTTP lookups answer with and, when configured,
+authentication and HTTPS. At shutdown
 `stop_http(handle)` calls the handle's `close()` (awaited if awaitable) and then its
 `wait_closed()` if it has one -- the shape of an `asyncio.Server` or an aiohttp runner
 wrapper.
@@ -40,8 +39,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
-import importlib
-import importlib.util
 import inspect
 import logging
 import math
@@ -50,7 +47,6 @@ import signal
 import socket
 import ssl
 import time
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -60,6 +56,7 @@ from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 from .._config import BrokerConfig
 from .._errors import ConfigurationError
 from .._listeners import check_tls, listeners_of
+from ..http._admin import start_admin
 from ..security._auth import AuthenticationService
 from ..security._tls import TlsOptions, server_ssl_context
 from ..topics._service import BrokerService
@@ -77,7 +74,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ADMIN_MODULE: Final = "broker.http._admin"
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -180,19 +176,14 @@ def _parse_value(kind: Any, text: str, name: str) -> Any:
 
 
 async def start_http(service: BrokerService, host: str, port: int,
-                     **options: object) -> object | None:
-    """Start the admin HTTP server if the admin module exists (see the module comment);
-    `options` go to its `start_admin` as keywords.
+                     **options: Any) -> object | None:
+    """Start the admin HTTP server (see the module comment); `options` go to its
+    `start_admin` as keywords.
 
     Returns:
-        The admin server's handle, or None when there is no admin module.
+        The admin server's handle.
     """
-    if importlib.util.find_spec(ADMIN_MODULE) is None:
-        return None
-    admin: types.ModuleType = importlib.import_module(ADMIN_MODULE)
-    handle: object = admin.start_admin(service, host, port, **options)
-    if inspect.isawaitable(handle):
-        handle = await handle
+    handle: object = await start_admin(service, host, port, **options)
     return handle
 
 

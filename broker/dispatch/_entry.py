@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from codec import parse_entry
-from codec._proto import pulsar_api_pb2 as pb
+from codec import parse_entry, pb
 
 from ..ledger._position import Position
 

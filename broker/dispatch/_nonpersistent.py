@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from codec import sticky_key
-from codec._proto import pulsar_api_pb2 as pb
+from codec import pb, sticky_key
 
 from .._errors import ConsumerBusyError
 from ._consumer import Consumer, Delivery
@@ -23,13 +22,13 @@ from ._dispatcher import failover_ring_choice
 from ._selectors import StickyKeyConsumerSelector, new_selector
 
 if TYPE_CHECKING:
-    from ..topics._topic import NonPersistentTopic
+    from ._parent import NonPersistentParent
 
 __all__ = ["NonPersistentSubscription"]
 
 
 class NonPersistentSubscription:
-    def __init__(self, topic: NonPersistentTopic, name: str):
+    def __init__(self, topic: NonPersistentParent, name: str):
         self.topic = topic
         self.name = name
         self.consumers: list[Consumer] = []

@@ -47,7 +47,7 @@ from ._entry import EntryInfo
 
 if TYPE_CHECKING:
     from .._config import BrokerConfig
-    from ..topics._topic import PersistentTopic
+    from ._parent import SubscriptionParent
 
 __all__ = ["Subscription"]
 
@@ -60,7 +60,7 @@ ACK_CUMULATIVE = 1
 class Subscription:
     """One subscription of a persistent topic."""
 
-    def __init__(self, topic: PersistentTopic, name: str, cursor: ManagedCursor):
+    def __init__(self, topic: SubscriptionParent, name: str, cursor: ManagedCursor):
         self.topic = topic
         self.name = name
         self.cursor = cursor

@@ -90,6 +90,7 @@ from .._names import (
     NamespaceName,
     TopicDomain,
     TopicName,
+    advertised_url_for,
     check_subscription_name,
     check_tenant_name,
 )
@@ -101,7 +102,6 @@ from ..security._auth import AuthenticationService
 from ..topics._dedup import DEDUP_CURSOR_NAME
 from ..topics._service import BrokerService, Topic
 from ..topics._topic import NonPersistentTopic, PersistentTopic
-from ..wire._server import advertised_url_for
 from ._admin_auth import Middleware, auth_middleware
 from ._lookup_http import LookupUrls, lookup_routes, partitions_for_client
 from ._metrics import CONTENT_TYPE, render_metrics

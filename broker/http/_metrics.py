@@ -34,9 +34,9 @@ as the format requires. Names ending in `_total` are counters, the rest gauges.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from ..topics._service import ConnectionCounters
 from ..topics._topic import NonPersistentTopic, PersistentTopic
 from ._stats import topic_stats
 
@@ -89,27 +89,6 @@ METRICS: dict[str, str] = {
 }
 
 Labels = tuple[tuple[str, str], ...]
-
-
-@dataclass
-class ConnectionCounters:
-    """The binary protocol server's counters (`_server.py` keeps them on the service).
-
-    Attributes:
-        active: open connections.
-        refused: connections refused for a connection limit, since start.
-        closed_for_incomplete_frames: connections closed for `max_incomplete_frames_bytes`.
-        incomplete_frames_bytes: bytes of frames not yet complete, over all connections.
-    """
-
-    active: int = 0
-    refused: int = 0
-    closed_for_incomplete_frames: int = 0
-    incomplete_frames_bytes: int = 0
-
-    def any(self) -> bool:
-        """Whether a counter is not zero."""
-        return any(getattr(self, each.name) for each in fields(self))
 
 
 class _Families:

@@ -89,9 +89,9 @@ from codec import (
     build_message,
     encode_entry,
     parse_entry,
+    pb,
     unpack_messages,
 )
-from codec._proto import pulsar_api_pb2 as pb
 from storage import (
     FileSystem,
     OsFileSystem,

@@ -63,8 +63,8 @@ from codec import (
     batch_last_sequence_id,
     decompress,
     entry_payload,
+    pb,
 )
-from codec._proto import pulsar_api_pb2 as pb
 
 from .._config import BrokerConfig
 from .._errors import MetadataError

@@ -32,11 +32,12 @@ gap in the sequence (the entry is not stored; later entries keep counting).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Final
 
 from codec import parse_entry, pb, prefix_broker_entry_metadata
 
+from .._config import INTERCEPTOR_INDEX, INTERCEPTOR_TIMESTAMP, interceptors_of
 from ..dispatch._entry import messages_in
 from ..ledger._managed_ledger import ManagedLedger
 from ..ledger._position import Position
@@ -44,32 +45,7 @@ from ..ledger._position import Position
 __all__ = ["INTERCEPTOR_INDEX", "INTERCEPTOR_TIMESTAMP", "EntryMetadataAppender",
            "interceptors_of"]
 
-INTERCEPTOR_TIMESTAMP: Final = "timestamp"
-INTERCEPTOR_INDEX: Final = "index"
-_UPSTREAM_PACKAGE: Final = "org.apache.pulsar.common.intercept."
-_NAMES: Final = {
-    INTERCEPTOR_TIMESTAMP: INTERCEPTOR_TIMESTAMP,
-    "AppendBrokerTimestampMetadataInterceptor": INTERCEPTOR_TIMESTAMP,
-    INTERCEPTOR_INDEX: INTERCEPTOR_INDEX,
-    "AppendIndexMetadataInterceptor": INTERCEPTOR_INDEX,
-}
 INDEX_NONE: Final = -1  # the index before a topic's first message
-
-
-def interceptors_of(names: Iterable[str]) -> frozenset[str]:
-    """The interceptors a setting names, as `INTERCEPTOR_TIMESTAMP` / `INTERCEPTOR_INDEX`.
-
-    Raises:
-        ValueError: a name is neither a short name nor one of upstream's two class names.
-    """
-    found = set()
-    for name in names:
-        short = _NAMES.get(name.removeprefix(_UPSTREAM_PACKAGE))
-        if short is None:
-            raise ValueError(f"unknown broker entry metadata interceptor {name!r} (expected "
-                             f"{', '.join(sorted(_NAMES))})")
-        found.add(short)
-    return frozenset(found)
 
 
 class EntryMetadataAppender:

@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
 from storage import Storage, StorageError, StorageFullError
@@ -42,12 +43,11 @@ from .._names import TopicName, matches_topics_pattern
 from .._namespaces import NamespaceRegistry
 from .._tasks import log_task_failure
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
-from ..http._metrics import ConnectionCounters
 from ..ledger._managed_ledger import ml_key
 from ..schemas._schemas import SchemaRegistry
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
 
-__all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "Topic", "TopicListener"]
+__all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "ConnectionCounters", "Topic", "TopicListener"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,28 @@ def _listable(name: str, include_system: bool) -> bool:
         log.warning("not listing stored topic %.80r: %s", name, exc)
         return False
     return include_system or not topic.is_system_topic
+
+
+@dataclass
+class ConnectionCounters:
+    """The binary protocol server's counters (`wire/_server.py` keeps them on the
+    service; `/metrics` shows them).
+
+    Attributes:
+        active: open connections.
+        refused: connections refused for a connection limit, since start.
+        closed_for_incomplete_frames: connections closed for `max_incomplete_frames_bytes`.
+        incomplete_frames_bytes: bytes of frames not yet complete, over all connections.
+    """
+
+    active: int = 0
+    refused: int = 0
+    closed_for_incomplete_frames: int = 0
+    incomplete_frames_bytes: int = 0
+
+    def any(self) -> bool:
+        """Whether a counter is not zero."""
+        return any(getattr(self, each.name) for each in fields(self))
 
 
 class BrokerService:

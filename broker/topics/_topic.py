@@ -60,8 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from codec import parse_entry
-from codec._proto import pulsar_api_pb2 as pb
+from codec import parse_entry, pb
 
 from .._errors import (
     BrokerError,

@@ -46,12 +46,12 @@ import asyncio
 import contextlib
 import logging
 import resource
-import socket
 import ssl
 from typing import Final
 
 from codec import base_command, encode_frame, pb
 
+from .._names import advertised_url_for
 from ..security._auth import AuthenticationService
 from ..topics._service import BrokerService
 from ._connection_handler import (
@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 RECEIVE_BYTES_MAX: Final = 256 * 1024  # one read from a socket
 SHUTDOWN_GRACE_S_DEFAULT: Final = 10.0  # in-flight work is waited for at most this long
 CLOSE_WAIT_S_MAX: Final = 2.0  # then connection tasks that have not ended are cancelled
-_WILDCARD_HOSTS: Final = frozenset({"", "0.0.0.0", "::"})
 REFUSAL_WRITE_S_MAX: Final = 1.0  # a refused connection's ERROR is written this long at most
 # A refused or closed connection is a WARNING the first time and every this many times after
 # (the rest DEBUG): a flood of them does not flood the log.
@@ -77,17 +76,6 @@ LIMIT_WARNING_EVERY: Final = 1000
 # File descriptors kept for everything but client connections (the storage's files, LMDB, the
 # admin HTTP server): the connection limit never lets clients take these.
 DESCRIPTORS_RESERVED: Final = 256
-
-
-def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
-    """The default URL LOOKUP answers with: `pulsar://host:port` (`pulsar+ssl://` for TLS),
-    the machine's name for a wildcard bind address."""
-    assert 0 < port < 65536
-    assert scheme in ("pulsar", "pulsar+ssl")
-    shown = socket.getfqdn() if host in _WILDCARD_HOSTS else host
-    if ":" in shown and not shown.startswith("["):
-        shown = f"[{shown}]"  # an IPv6 literal
-    return f"{scheme}://{shown}:{port}"
 
 
 class BrokerServer:

@@ -18,10 +18,11 @@ from broker import (
     ServiceNotReadyError,
     TopicNotFoundError,
 )
+from broker._names import advertised_url_for
 from broker.cli import build_parser
 from broker.cli._standalone import config_with_overrides, stop_http
 from broker.wire._connection_handler import _lookup_error, server_error
-from broker.wire._server import BrokerServer, advertised_url_for, serve
+from broker.wire._server import BrokerServer, serve
 from codec import (
     NEED_DATA,
     Connection,
