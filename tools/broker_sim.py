@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--topics must be at least 2, --steps at least 0, --drain-every at least 1")
     # Runnable from a checkout without installing: the repository root holds `broker`.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from broker import SimulationConfig, run_simulation
+    from broker.testing._simulation import SimulationConfig, run_simulation
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     print(f"sim: seed {seed}", flush=True)

@@ -20,15 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker import (
-    BrokerConfig,
-    BrokerService,
-    Consumer,
-    Delivery,
-    PersistentTopic,
-    Producer,
-    ProducerSpec,
-)
+from broker import BrokerConfig, BrokerService, Consumer, Delivery, PersistentTopic, ProducerSpec
+from broker.topics._topic import Producer
 from codec import (
     SingleMessage,
     build_batch,

@@ -10,13 +10,9 @@ from typing import Any
 
 import pytest
 
-from broker import (
-    BrokerService,
-    IncompatibleSchemaError,
-    InvalidSchemaError,
-    StoredSchema,
-    TopicName,
-)
+from broker import BrokerService, TopicName
+from broker._errors import IncompatibleSchemaError, InvalidSchemaError
+from broker.schemas._schemas import StoredSchema
 from codec import pb
 
 from .helpers import broker_env

@@ -15,14 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
-    Consumer,
-    PersistentTopic,
-    Position,
-    ProducerSpec,
-    SubscribeSpec,
-    SubscriptionBusyError,
-)
+from broker import Consumer, PersistentTopic, Position, ProducerSpec, SubscribeSpec
+from broker._errors import SubscriptionBusyError
 from broker.ledger._position import EARLIEST, LATEST
 from broker.topics._service import BrokerService
 from codec import SingleMessage, build_batch, encode_entry

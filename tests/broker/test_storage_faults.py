@@ -28,14 +28,13 @@ from broker import (
     BrokerService,
     NotAllowedError,
     PersistentTopic,
-    Producer,
     ProducerSpec,
     SubscribeSpec,
 )
 from broker._errors import DiskFullError
 from broker.http._metrics import render_metrics
 from broker.http._stats import topic_stats
-from broker.topics._topic import PublishResult
+from broker.topics._topic import Producer, PublishResult
 from storage import Storage
 from storage._entry_log import entry_log_name, split_location
 from storage.simfs import SimFileSystem

@@ -11,13 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
-    BrokerConfig,
-    BrokerError,
-    BrokerService,
-    ServiceNotReadyError,
-    TopicNotFoundError,
-)
+from broker import BrokerConfig, BrokerError, BrokerService, TopicNotFoundError
+from broker._errors import ServiceNotReadyError
 from broker._names import advertised_url_for
 from broker.cli import build_parser
 from broker.cli._standalone import config_with_overrides, stop_http
