@@ -160,7 +160,7 @@ class BrokerConfig:
     schema_compatibility_strategy: str = "FULL"
     is_allow_auto_update_schema_enabled: bool = True
     is_schema_validation_enforced: bool = False
-    # Authentication (broker/_auth.py); no authorization: superuser roles are only logged.
+    # Authentication (security/_auth.py); no authorization: superuser roles are only logged.
     authentication_enabled: bool = False
     token_secret_key: str = ""  # path, file:///path or data:;base64,... (HS tokens)
     token_public_key: str = ""  # same forms, DER or PEM (RS/ES tokens)
@@ -173,7 +173,7 @@ class BrokerConfig:
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
 
-    # Connections (the binary protocol server, broker/_server.py). Pulsar's brokerMaxConnections
+    # Connections (the binary protocol server, wire/_server.py). Pulsar's brokerMaxConnections
     # and maxConnectionsPerIp default to 0 (off); a single-process broker sets both: every
     # connection costs a file descriptor (shared with the storage's files) and a task on the
     # one event loop, so the total stays well inside a typical descriptor limit and one

@@ -1,4 +1,4 @@
-"""Run the seeded broker simulation (`broker/_simulation.py`) from the command line.
+"""Run the seeded broker simulation (`broker/testing/_simulation.py`) from the command line.
 
 It prints `sim: seed S` first and a summary last, and exits with 1 when the broker broke an
 invariant (each violation names the seed, step, topic, subscription and message id), so a

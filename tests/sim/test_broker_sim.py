@@ -1,4 +1,4 @@
-"""The seeded broker simulation (`broker/_simulation.py`, `tools/broker_sim.py`).
+"""The seeded broker simulation (`broker/testing/_simulation.py`, `tools/broker_sim.py`).
 
 A short run is part of the default suite and a long one is behind `slow`; both take the seed
 from `--seed` (the `seed` fixture) and print it first and the summary last. The simulation
