@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from storage import MetadataStore
+from storage import LedgerMetadata
 
 from ._config import BrokerConfig
 from ._errors import MetadataError, NotAllowedError
@@ -96,7 +96,7 @@ def _check_name(kind: str, name: str) -> None:
 class NamespaceRegistry:
     """Tenants, namespaces and policies, persisted in the metadata store."""
 
-    def __init__(self, metadata: MetadataStore, config: BrokerConfig):
+    def __init__(self, metadata: LedgerMetadata, config: BrokerConfig):
         self._meta = metadata
         self._config = config
 

@@ -25,6 +25,7 @@ from ._errors import (
 from ._fs import FileHandle, FileSystem, OsFileSystem
 from ._journal import JournalMark
 from ._ledger import LedgerInfo
+from ._ledger_storage import LedgerMetadata, LedgerMetadataTransaction, LedgerStorage
 from ._metadata import META_KEY_BYTES_MAX, MetadataStore, MetadataTransaction
 from ._storage import Storage
 
@@ -44,7 +45,10 @@ __all__ = [
     "LedgerExistsError",
     "LedgerFencedError",
     "LedgerInfo",
+    "LedgerMetadata",
+    "LedgerMetadataTransaction",
     "LedgerNotFoundError",
+    "LedgerStorage",
     "MetadataStore",
     "MetadataTransaction",
     "NoSuchEntryError",

@@ -6,6 +6,8 @@ A managed ledger (ML) named N is the list of storage ledgers that hold a topic's
 first. Writes go to the last one, the *current* ledger; the others are closed. A position is
 `(ledger_id, entry_id)` and entry ids run 0..n-1 inside each ledger.
 
+The storage is any `LedgerStorage` (the engine, or the in-memory one in tests).
+
 Metadata. The list lives in `storage.metadata` under `b"ml/" + N`, as JSON
 `{"ledgers": [{"ledger_id", "entries", "size", "timestamp_ms"}], "properties": {}}` (plus
 `"terminated": [ledger_id, entry_id]` once terminated: Pulsar's terminatedPosition), written
@@ -39,8 +41,10 @@ add tries again (any other storage error still fences it).
 Rollover (§9.1). A ledger is full when it has entries and (entries >= max_entries, or size >=
 max_size, or age >= max_rollover_time) and, when a minimum rollover time is set, its age is
 above that minimum (Pulsar's `currentLedgerIsFull`). Steps, under the submit lock: close the
-ledger (durable once every add before it is), create the next one, record the list (metadata
-first), then trim. A crash between the steps leaves an orphan ledger that the next open deletes.
+ledger (durable once every add before it is; the close is awaited through the event loop, so
+the confirmations of those adds have been applied first), create the next one, record the list
+(metadata first), then trim. A crash between the steps leaves an orphan ledger that the next
+open deletes.
 
 Reads are synchronous (storage reads are local) and stop at `last_confirmed_position`.
 
@@ -74,7 +78,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storage import Completion, LedgerNotFoundError, Storage, StorageError, StorageFullError
+from storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError, StorageFullError
 
 from .._config import BrokerConfig
 from ._cursor import ManagedCursor, cursor_prefix
@@ -181,7 +185,7 @@ class ManagedLedger:
     """A topic's durable log. Open it with `await ManagedLedger.open(...)`; use it from one
     asyncio event loop."""
 
-    def __init__(self, storage: Storage, name: str, config: ManagedLedgerConfig,
+    def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
                  properties: dict[str, str], terminated: Position | None = None):
         """Internal: use `ManagedLedger.open`."""
@@ -210,7 +214,8 @@ class ManagedLedger:
     # -- opening -------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, storage: Storage, name: str, config: ManagedLedgerConfig | None = None,
+    async def open(cls, storage: LedgerStorage, name: str,
+                   config: ManagedLedgerConfig | None = None,
                    clock: Callable[[], float] = time.time) -> ManagedLedger:
         """Open (creating if needed) and recover the managed ledger `name`.
 
@@ -551,7 +556,7 @@ class ManagedLedger:
         assert self._submit_lock.locked()
         old = self._ledgers[-1]
         try:
-            last = await self.storage.close_ledger(old.ledger_id)
+            last = await _after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
             new_id = await self.storage.create_ledger({"ml": self.name})
         except StorageFullError as error:
             log.warning("ml %s: rollover of ledger %d failed, retried by the next add: %s",
@@ -812,7 +817,7 @@ class ManagedLedger:
 
     async def _close_current_ledger(self) -> None:
         current = self._ledgers[-1]
-        last = await self.storage.close_ledger(current.ledger_id)
+        last = await _after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
         assert last + 1 == current.entries or self._add_failed
         current.timestamp_ms = self._now_ms()
         empty = current.entries == 0 and len(self._ledgers) > 1
@@ -839,7 +844,7 @@ class ManagedLedger:
                 await _delete_storage_ledger(self.storage, ledger_id)
 
 
-async def _recover_last_ledger(storage: Storage, ledger: _Ledger, now_ms: int) -> None:
+async def _recover_last_ledger(storage: LedgerStorage, ledger: _Ledger, now_ms: int) -> None:
     """Close the previous run's last ledger at its last entry and learn its size."""
     try:
         last = await storage.close_ledger(ledger.ledger_id)
@@ -855,7 +860,7 @@ async def _recover_last_ledger(storage: Storage, ledger: _Ledger, now_ms: int) -
         ledger.timestamp_ms = now_ms
 
 
-def _ledger_size(storage: Storage, ledger_id: int, entries: int) -> int:
+def _ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
     """Total bytes of a closed ledger, read back (its size was not recorded)."""
     size = 0
     for first in range(0, entries, RECOVERY_READ_ENTRIES_MAX):
@@ -864,14 +869,14 @@ def _ledger_size(storage: Storage, ledger_id: int, entries: int) -> int:
     return size
 
 
-async def _delete_storage_ledger(storage: Storage, ledger_id: int) -> None:
+async def _delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
     try:
         await storage.delete_ledger(ledger_id)
     except LedgerNotFoundError:
         pass
 
 
-def _delete_in_background(storage: Storage, ledger_id: int) -> None:
+def _delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
     """Delete a storage ledger without waiting; a failure leaves an orphan that the next
     open of the ML removes."""
     try:
@@ -886,6 +891,23 @@ def _delete_in_background(storage: Storage, ledger_id: int) -> None:
             log.warning("deleting ledger %d failed: %s", ledger_id, error)
 
     completion.add_done_callback(report)
+
+
+async def _after_earlier_callbacks(completion: Completion[int]) -> int:
+    """Await a storage completion through the event loop even when it is already done, so
+    that the add confirmations the storage bounced onto the loop before it (`_submit`) have
+    run first: a close must see the entry count of every add it waited for. (Awaiting a
+    `Completion` that is already done does not yield to the loop.)"""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
+    await waiter
+    return completion.result()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],

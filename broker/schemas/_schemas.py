@@ -39,7 +39,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from codec import pb
-from storage import MetadataStore
+from storage import LedgerMetadata
 
 from .._errors import IncompatibleSchemaError
 from .._names import TopicName
@@ -130,7 +130,7 @@ class SchemaRegistry:
         clock: the time source of the registration timestamps, in seconds.
     """
 
-    def __init__(self, metadata: MetadataStore, namespaces: NamespaceRegistry | None = None,
+    def __init__(self, metadata: LedgerMetadata, namespaces: NamespaceRegistry | None = None,
                  clock: Callable[[], float] = time.time):
         self.metadata = metadata
         self.namespaces = namespaces

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
-from storage import Storage, StorageError, StorageFullError
+from storage import LedgerStorage, StorageError, StorageFullError
 
 from .._config import BrokerConfig
 from .._errors import InvalidTopicNameError, MetadataError, NotAllowedError, TopicNotFoundError
@@ -94,7 +94,7 @@ class ConnectionCounters:
 class BrokerService:
     """The broker: topics, producers, consumers and their policies over one storage."""
 
-    def __init__(self, storage: Storage, config: BrokerConfig | None = None,
+    def __init__(self, storage: LedgerStorage, config: BrokerConfig | None = None,
                  clock: Callable[[], float] = time.time):
         self.storage = storage
         self.config = config or BrokerConfig()

@@ -1,0 +1,127 @@
+"""`LedgerStorage`: what the broker needs of a ledger store, as a Protocol.
+
+Theory of operation
+-------------------
+The broker (the managed ledger, its cursors, the service, the namespace and schema
+registries) depends on this interface, not on `Storage`, so that its tests can run against
+the real engine and against `storage.testing.memory.InMemoryLedgerStorage` (scripted
+failures, no disk) alike. Both promise the same behaviour, checked by one shared suite
+(`tests/storage/test_ledger_storage_conformance.py`):
+
+* Ledger ids are handed out by `create_ledger`; entry ids are dense from 0 in each ledger.
+* Writes return a `Completion` that finishes once the write is durable; an add's completion
+  gives its entry id, and the ledger's last-add-confirmed (LAC) advances at that moment.
+  Adds of one ledger complete in order.
+* Refusals are raised at once and leave nothing written: `EntryTooLargeError`,
+  `LedgerNotFoundError`, `LedgerFencedError`, `LedgerClosedError`, and `failed` (a
+  `StorageFailedError`) or `StorageClosedError` once the store accepts no writes. A write
+  that fails after it was accepted fails its completion instead.
+* Reads return entries at or below the LAC only (`NoSuchEntryError` beyond), or raise
+  `CorruptionError` for bytes that fail their checks.
+* `full` is true while a full disk stopped the writes; `try_resume_writes` turns writes back
+  on when there is room (adds that failed are gone, every acknowledged one is kept).
+
+The metadata store is a small key-value store with durable transactions and journaled
+batches (see `storage._metadata`); `LedgerMetadata` is the part of it the broker uses.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from ._completion import Completion
+from ._errors import StorageError
+from ._index import MetaOp
+from ._ledger import LedgerInfo
+
+__all__ = ["LedgerMetadata", "LedgerMetadataTransaction", "LedgerStorage"]
+
+
+class LedgerMetadataTransaction(Protocol):
+    """Operations applied together when the transaction block ends without error."""
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value as this transaction sees it (its own writes included)."""
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Raises ValueError: the key is not 1..`META_KEY_BYTES_MAX` bytes."""
+
+    def delete(self, key: bytes) -> None: ...
+
+
+class LedgerMetadata(Protocol):
+    """Key-value metadata beside the ledgers."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with `prefix`, in key order."""
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """A durable put, committed before it returns."""
+
+    def delete(self, key: bytes) -> None:
+        """A durable delete, committed before it returns."""
+
+    def transaction(self) -> AbstractContextManager[LedgerMetadataTransaction]:
+        """A write transaction, committed durably when the block exits normally and
+        aborted (nothing applied) when it raises."""
+
+    def apply_journaled(self, ops: list[MetaOp]) -> Completion[int]:
+        """Puts (value) and deletes (None), visible to reads at once, durable when the
+        completion finishes.
+
+        Raises:
+            ValueError: a key is not 1..`META_KEY_BYTES_MAX` bytes; nothing applied.
+            StorageFailedError, StorageClosedError: the store accepts no writes.
+        """
+
+
+class LedgerStorage(Protocol):
+    """A ledger store: what `ManagedLedger` and the broker use (see the module comment)."""
+
+    @property
+    def metadata(self) -> LedgerMetadata: ...
+
+    @property
+    def failed(self) -> StorageError | None:
+        """The error that stopped the writes, or None while they are accepted."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def full(self) -> bool:
+        """Whether writes are refused because the disk was full."""
+
+    def try_resume_writes(self) -> bool:
+        """After a full disk: accept writes again if there is room now. Returns whether
+        writes resumed. May block: call it from a worker thread, not an event loop."""
+
+    def create_ledger(self, metadata: dict[str, str] | None = None) -> Completion[int]:
+        """A new ledger; the completion gives its id once the creation is durable."""
+
+    def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
+        """Append an entry; the completion gives its entry id once durable."""
+
+    def fence(self, ledger_id: int) -> Completion[int]:
+        """Refuse later adds; gives the last entry accepted before the fence."""
+
+    def close_ledger(self, ledger_id: int) -> Completion[int]:
+        """Close at the last accepted entry; gives that entry id once it is durable."""
+
+    def delete_ledger(self, ledger_id: int) -> Completion[int]:
+        """Delete a ledger; its entries become unreadable at once."""
+
+    def last_add_confirmed(self, ledger_id: int) -> int: ...
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo: ...
+
+    def list_ledgers(self) -> list[LedgerInfo]:
+        """Every ledger that is not deleted, by id."""
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes: ...
+
+    def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
+        """Entries `first`..`last` (inclusive), all at or below the LAC."""

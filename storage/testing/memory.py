@@ -1,0 +1,505 @@
+"""`InMemoryLedgerStorage`: a `LedgerStorage` without a disk, with scripted failures.
+
+Theory of operation
+-------------------
+The store keeps, per ledger, its state (open, fenced, closed, deleted), its accepted entries
+and its last-add-confirmed (LAC), and a dict of metadata. It behaves like `Storage` (the
+shared conformance suite runs against both): ledger ids from 1, dense entry ids from 0,
+refusals raised at once with the same error classes, writes answered by a `Completion`
+that finishes once the write is "durable", the LAC advancing with it.
+
+A write is applied to the in-memory state at once (as `Storage` applies it to its write
+cache) and queued; it becomes durable in queue order, finished by the store's own thread
+(as the journal's syncer finishes `Storage`'s writes), so a completion is never done when
+the call that made it returns. After `hold_completions()`, writes wait until the test calls
+`complete_pending()` (in the test's thread): a test can hold adds in flight, as a slow
+journal would. `inline_completions=True` finishes every write in the calling thread before
+the call returns, which the real engine does only by a rare race; it is there to shake out
+callers that assume otherwise. Each queued write remembers how to undo itself.
+
+Scripted failures:
+
+* `fail_next_adds(n, error)`: the next n `add_entry` calls raise `error` and write nothing
+  (what `Storage` does when its write cache stays full).
+* `fail_writes(error)`: the next write to become durable fails with `error`, a
+  `StorageFailedError` (a journal write hitting EIO): the store stops accepting writes and
+  every queued write fails with it. Nothing acknowledged is lost.
+* `set_disk_full(True)`: the same with `StorageFullError`, and `full` stays true. While
+  full, `delete_ledger` and deletes-only `apply_journaled` still work (committed at once),
+  and `try_resume_writes` returns False until `set_disk_full(False)`; then it undoes every
+  write that never became durable (the failed adds' entry ids are handed out again) and
+  accepts writes again.
+* `corrupt_entry(ledger_id, entry_id)`: reads covering that entry raise `CorruptionError`.
+* `fail_next_reads(n, error)`: the next n reads raise `error` (a read error that may pass).
+
+Threads: every method may be called from any thread; one lock guards the state, and
+completions are finished outside it, in queue order (their callbacks run in the finishing
+thread, and may call back into the store).
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._completion import Completion
+from .._config import StorageConfig
+from .._errors import (
+    CorruptionError,
+    EntryTooLargeError,
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerNotFoundError,
+    NoSuchEntryError,
+    StorageClosedError,
+    StorageError,
+    StorageFailedError,
+    StorageFullError,
+)
+from .._index import MetaOp
+from .._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo
+from .._metadata import _check_key
+
+__all__ = ["InMemoryLedgerStorage", "InMemoryMetadata", "InMemoryMetadataTransaction"]
+
+
+class _Ledger:
+    __slots__ = ("entries", "lac", "ledger_id", "metadata", "state")
+
+    def __init__(self, ledger_id: int, metadata: dict[str, str]):
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self.state = OPEN
+        self.entries: list[bytes] = []  # accepted, durable or not
+        self.lac = -1
+
+    def info(self) -> LedgerInfo:
+        return LedgerInfo(self.ledger_id, self.state, self.lac, dict(self.metadata))
+
+
+@dataclass
+class _Pending:
+    """A write applied in memory and waiting to become durable."""
+
+    completion: Completion[int]
+    value: int
+    on_durable: Callable[[], None]
+    undo: Callable[[], None]
+
+
+class InMemoryMetadataTransaction:
+    """Buffered operations, applied by `InMemoryMetadata.transaction` on success."""
+
+    def __init__(self, store: InMemoryMetadata):
+        self._store = store
+        self.ops: dict[bytes, bytes | None] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.ops:
+            return self.ops[key]
+        return self._store.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        _check_key(key)
+        self.ops[key] = bytes(value)
+
+    def delete(self, key: bytes) -> None:
+        self.ops[key] = None
+
+
+class InMemoryMetadata:
+    """The metadata of an `InMemoryLedgerStorage` (see `storage._metadata`)."""
+
+    def __init__(self, owner: InMemoryLedgerStorage):
+        self._owner = owner
+        self._values: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._owner._lock:
+            return self._values.get(key)
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        with self._owner._lock:
+            return sorted((k, v) for k, v in self._values.items() if k.startswith(prefix))
+
+    def put(self, key: bytes, value: bytes) -> None:
+        with self.transaction() as txn:
+            txn.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        with self.transaction() as txn:
+            txn.delete(key)
+
+    @contextmanager
+    def transaction(self) -> Iterator[InMemoryMetadataTransaction]:
+        txn = InMemoryMetadataTransaction(self)
+        yield txn
+        with self._owner._lock:
+            self._apply(list(txn.ops.items()))
+
+    def apply_journaled(self, ops: list[MetaOp]) -> Completion[int]:
+        """Visible at once, durable when the completion finishes.
+
+        Raises:
+            ValueError: a bad key; nothing applied.
+            StorageFailedError, StorageClosedError: the store accepts no writes.
+        """
+        for key, _ in ops:
+            _check_key(key)
+        owner = self._owner
+        with owner._lock:
+            if owner.full and all(value is None for _, value in ops):
+                self._apply(ops)  # straight to the "index", as `Storage` does when full
+                return Completion.resolved(0)
+            owner._check_writable()
+            before = [(key, self._values.get(key)) for key, _ in ops]
+            self._apply(ops)
+            completion = owner._queue(0, _nothing,
+                                      lambda: self._apply(list(reversed(before))))
+        owner._drain()
+        return completion
+
+    def _apply(self, ops: list[MetaOp]) -> None:
+        for key, value in ops:
+            if value is None:
+                self._values.pop(key, None)
+            else:
+                self._values[key] = bytes(value)
+
+
+def _nothing() -> None:
+    return None
+
+
+class InMemoryLedgerStorage:
+    """A `LedgerStorage` in memory, with scripted failures (see the module comment)."""
+
+    def __init__(self, config: StorageConfig | None = None, *,
+                 inline_completions: bool = False):
+        """`inline_completions`: finish writes in the calling thread, before the call
+        returns, instead of in the store's own thread (see the module comment)."""
+        self.config = config or StorageConfig()
+        self._lock = threading.RLock()
+        self._finish_lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._inline = inline_completions
+        self._worker: threading.Thread | None = None
+        self._stopping = False
+        self._ledgers: dict[int, _Ledger] = {}
+        self._next_ledger_id = 1
+        self._pending: list[_Pending] = []
+        self._undo_on_resume: list[Callable[[], None]] = []
+        self._hold = False
+        self._refuse_adds: list[StorageError] = []
+        self._fail_write: StorageFailedError | None = None
+        self._disk_full = False
+        self._corrupt: set[tuple[int, int]] = set()
+        self._refuse_reads: list[StorageError] = []
+        self.metadata = InMemoryMetadata(self)
+        self.failed: StorageError | None = None
+        self.closed = False
+
+    # -- scripted behaviour -------------------------------------------------------------
+
+    def hold_completions(self) -> None:
+        """From now on, writes become durable only in `complete_pending`."""
+        with self._lock:
+            self._hold = True
+
+    @property
+    def pending_writes(self) -> int:
+        """How many writes are queued, not yet durable."""
+        with self._lock:
+            return len(self._pending)
+
+    def complete_pending(self, count: int | None = None) -> int:
+        """Make the oldest `count` queued writes (all when None) durable, and stop holding
+        when all are done. Returns how many finished."""
+        finished = 0
+        while count is None or finished < count:
+            if not self._finish_one():
+                break
+            finished += 1
+        if count is None:
+            with self._lock:
+                self._hold = False
+            self._drain()
+        return finished
+
+    def fail_next_adds(self, count: int, error: StorageError) -> None:
+        """The next `count` `add_entry` calls raise `error`; nothing is written."""
+        assert count >= 0
+        with self._lock:
+            self._refuse_adds.extend([error] * count)
+
+    def fail_writes(self, error: StorageFailedError) -> None:
+        """The next write to become durable fails with `error`, and the store stops."""
+        with self._lock:
+            self._fail_write = error
+
+    def set_disk_full(self, full: bool) -> None:
+        """Switch the full disk on (the next write fails with `StorageFullError`) or off
+        (`try_resume_writes` can succeed)."""
+        with self._lock:
+            self._disk_full = full
+            if not full and isinstance(self._fail_write, StorageFullError):
+                self._fail_write = None  # switched off before any write hit it
+            if full and self.failed is None:
+                self._fail_write = StorageFullError("disk full (scripted)",
+                                                    path="memory:journal", errno=errno.ENOSPC)
+
+    def fail_next_reads(self, count: int, error: StorageError) -> None:
+        """The next `count` reads (`read_entry`, `read_entries`) raise `error`."""
+        assert count >= 0
+        with self._lock:
+            self._refuse_reads.extend([error] * count)
+
+    def corrupt_entry(self, ledger_id: int, entry_id: int) -> None:
+        """Reads covering this entry raise `CorruptionError`."""
+        with self._lock:
+            self._corrupt.add((ledger_id, entry_id))
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def full(self) -> bool:
+        return isinstance(self.failed, StorageFullError) and not self.closed
+
+    def try_resume_writes(self) -> bool:
+        """Accept writes again after a full disk, once `set_disk_full(False)` was called:
+        the writes that never became durable are undone (see the module comment)."""
+        with self._lock:
+            if not self.full or self._disk_full:
+                return False
+            for undo in reversed(self._undo_on_resume):
+                undo()
+            self._undo_on_resume.clear()
+            self.failed = None
+            return True
+
+    def close(self) -> None:
+        """Finish the queued writes, refuse everything after, and stop the store's thread.
+        Idempotent."""
+        with self._lock:
+            self.closed = True
+            self._hold = False
+            self._stopping = True
+            self._wake.notify_all()
+            worker = self._worker
+        while self._finish_one():
+            pass
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
+
+    # -- ledgers -------------------------------------------------------------------------
+
+    def create_ledger(self, metadata: dict[str, str] | None = None) -> Completion[int]:
+        metadata = dict(metadata or {})
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+        with self._lock:
+            self._check_writable()
+            ledger_id = self._next_ledger_id
+            self._next_ledger_id += 1
+            self._ledgers[ledger_id] = _Ledger(ledger_id, metadata)
+
+            def undo() -> None:
+                del self._ledgers[ledger_id]
+                self._next_ledger_id = ledger_id
+
+            completion = self._queue(ledger_id, _nothing, undo)
+        self._drain()
+        return completion
+
+    def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
+        """Raises like `Storage.add_entry`; plus the errors `fail_next_adds` scripted."""
+        if len(data) > self.config.entry_size_bytes_max:
+            raise EntryTooLargeError(
+                f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
+                f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
+        data = bytes(data)
+        with self._lock:
+            self._check_writable()
+            ledger = self._writable_ledger(ledger_id)
+            if self._refuse_adds:
+                raise self._refuse_adds.pop(0)
+            entry_id = len(ledger.entries)
+            ledger.entries.append(data)
+
+            def durable() -> None:
+                assert ledger.lac + 1 == entry_id, "adds become durable in order"
+                ledger.lac = entry_id
+
+            def undo() -> None:
+                assert len(ledger.entries) == entry_id + 1
+                ledger.entries.pop()
+
+            completion = self._queue(entry_id, durable, undo)
+        self._drain()
+        return completion
+
+    def fence(self, ledger_id: int) -> Completion[int]:
+        with self._lock:
+            self._check_writable()
+            ledger = self._ledger(ledger_id)
+            if ledger.state != OPEN:
+                return Completion.resolved(ledger.lac)
+            completion = self._change_state(ledger, FENCED, len(ledger.entries) - 1)
+        self._drain()
+        return completion
+
+    def close_ledger(self, ledger_id: int) -> Completion[int]:
+        with self._lock:
+            self._check_writable()
+            ledger = self._ledger(ledger_id)
+            last = len(ledger.entries) - 1
+            if ledger.state == CLOSED:
+                return Completion.resolved(last)
+            completion = self._change_state(ledger, CLOSED, last)
+        self._drain()
+        return completion
+
+    def delete_ledger(self, ledger_id: int) -> Completion[int]:
+        with self._lock:
+            if self.full:
+                self._ledger(ledger_id).state = DELETED  # committed at once, as `Storage`
+                return Completion.resolved(ledger_id)
+            self._check_writable()
+            completion = self._change_state(self._ledger(ledger_id), DELETED, ledger_id)
+        self._drain()
+        return completion
+
+    def _change_state(self, ledger: _Ledger, state: str, value: int) -> Completion[int]:
+        before = ledger.state
+        ledger.state = state
+
+        def undo() -> None:
+            ledger.state = before
+
+        return self._queue(value, _nothing, undo)
+
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        with self._lock:
+            return self._ledger(ledger_id).lac
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo:
+        with self._lock:
+            return self._ledger(ledger_id).info()
+
+    def list_ledgers(self) -> list[LedgerInfo]:
+        with self._lock:
+            return [ledger.info() for _, ledger in sorted(self._ledgers.items())
+                    if ledger.state != DELETED]
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        return self.read_entries(ledger_id, entry_id, entry_id)[0]
+
+    def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
+        """Raises like `Storage.read_entries`; `CorruptionError` for `corrupt_entry`, and
+        the errors `fail_next_reads` scripted."""
+        with self._lock:
+            if self._refuse_reads:
+                raise self._refuse_reads.pop(0)
+            ledger = self._ledger(ledger_id)
+            if first < 0 or last < first or last > ledger.lac:
+                raise NoSuchEntryError(
+                    f"ledger {ledger_id} has entries 0..{ledger.lac}; asked {first}..{last}")
+            for entry_id in range(first, last + 1):
+                if (ledger_id, entry_id) in self._corrupt:
+                    raise CorruptionError(
+                        f"ledger {ledger_id} entry {entry_id}: scripted corruption",
+                        path=f"memory:ledger-{ledger_id}", offset=entry_id)
+            return ledger.entries[first:last + 1]
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _ledger(self, ledger_id: int) -> _Ledger:
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is None or ledger.state == DELETED:
+            raise LedgerNotFoundError(f"ledger {ledger_id} does not exist")
+        return ledger
+
+    def _writable_ledger(self, ledger_id: int) -> _Ledger:
+        ledger = self._ledger(ledger_id)
+        if ledger.state == FENCED:
+            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+        if ledger.state == CLOSED:
+            raise LedgerClosedError(f"ledger {ledger_id} is closed")
+        return ledger
+
+    def _check_writable(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        if self.closed:
+            raise StorageClosedError("in-memory storage is closed")
+
+    def _queue(self, value: int, on_durable: Callable[[], None],
+               undo: Callable[[], None]) -> Completion[int]:
+        """Queue a write applied in memory. Lock held; the caller drains after."""
+        completion: Completion[int] = Completion()
+        self._pending.append(_Pending(completion, value, on_durable, undo))
+        return completion
+
+    def _drain(self) -> None:
+        """Have the queued writes finished unless held: by the store's thread, or here when
+        inline. Called without the state lock, so that completion callbacks may call back
+        into the store."""
+        with self._lock:
+            if self._hold or not self._pending:
+                return
+            if not self._inline:
+                if self._worker is None and not self._stopping:
+                    self._worker = threading.Thread(target=self._work, daemon=True,
+                                                    name="memory-storage-journal")
+                    self._worker.start()
+                self._wake.notify()
+                return
+        while self._finish_one():
+            pass
+
+    def _work(self) -> None:
+        """The store's thread: finishes queued writes in order, as a journal's syncer."""
+        while True:
+            with self._lock:
+                while (self._hold or not self._pending) and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return  # `close` finishes what is left
+            self._finish_one(unless_held=True)
+
+    def _finish_one(self, *, unless_held: bool = False) -> bool:
+        """Make the oldest queued write durable (or fail it, as scripted). The finish lock
+        keeps completions in queue order across threads; it is reentrant for callbacks."""
+        with self._finish_lock:
+            with self._lock:
+                if not self._pending or (unless_held and self._hold):
+                    return False
+                error = self._fail_write
+                if error is not None:
+                    failed, self._pending = self._pending, []
+                    self._fail_write = None
+                    if self.failed is None:
+                        self.failed = error
+                    self._undo_on_resume.extend(p.undo for p in failed)
+                else:
+                    pending = self._pending.pop(0)
+                    pending.on_durable()
+            if error is not None:
+                for item in failed:
+                    item.completion.set_exception(error)
+            else:
+                pending.completion.set_result(pending.value)
+            return True
+
+
+if TYPE_CHECKING:  # mypy checks that both implementations satisfy the Protocol
+    from .._ledger_storage import LedgerStorage
+    from .._storage import Storage
+
+    def _conforms(real: Storage, memory: InMemoryLedgerStorage) -> list[LedgerStorage]:
+        return [real, memory]
