@@ -77,7 +77,8 @@ def test_the_frame_padding_is_defined_once() -> None:
     assert codec.FRAME_SIZE_BYTES_MAX_DEFAULT == (codec.MAX_MESSAGE_SIZE_DEFAULT
                                                   + codec.FRAME_PADDING_BYTES)
     assert _connection_handler.FRAME_PADDING_BYTES is codec.FRAME_PADDING_BYTES
-    for module in ("broker/topics/_topic.py", "broker/wire/_connection_handler.py", "storage/_config.py"):
+    for module in ("broker/topics/_topic.py", "broker/wire/_connection_handler.py",
+                   "storage/_config.py"):
         text = (REPO_ROOT / module).read_text()
         assert "10 * 1024" not in text, module
         assert "10 * KiB" not in text, module
