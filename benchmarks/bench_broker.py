@@ -59,10 +59,10 @@ from broker import (
     Consumer,
     Delivery,
     PersistentTopic,
-    Producer,
     ProducerSpec,
     SubscribeSpec,
 )
+from broker.topics._topic import Producer
 from codec import SingleMessage, build_batch, build_message, encode_entry
 from storage import Storage, StorageConfig
 from storage.testing.benchmark import (

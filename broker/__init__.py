@@ -6,195 +6,113 @@ subscriptions with the four dispatchers (Exclusive, Failover, Shared, Key_Shared
 PIP-379 draining), cursors persisted through the journal's group commit, deduplication,
 delayed delivery, tag filtering, retention, TTL and backlog quotas. `serve` and
 `run_standalone` put it on the Pulsar binary protocol over TCP; `start_admin` serves the
-REST v2 admin API and Prometheus `/metrics`. `AuthenticationService` (JWT tokens, our own
-`encode_token`/`decode_token`) and `TlsOptions` secure both.
+REST v2 admin API and Prometheus `/metrics`. `AuthenticationService` (JWT tokens) and
+`TlsOptions` secure both.
+
+The package is laid out in wings (sub-packages), each importing only the ones below it
+(tests/test_exports.py checks it):
+
+    cli/        the `magnetar` command line and the standalone bootstrap
+    wire/ http/ the binary protocol server; the admin REST API, HTTP lookup, metrics, stats
+    topics/     the service, persistent and non-persistent topics, access modes, dedup
+    schemas/    the schema registry and compatibility checks
+    dispatch/   subscriptions, dispatchers, selectors, consumers
+    ledger/ security/  managed ledgers and cursors; authentication and TLS
+    (base)      _config, _errors, _names, _namespaces, _listeners, _tasks
+    testing/    the seeded broker simulation (a harness)
+
+`__all__` lists what a user of the package needs; everything else is imported from its wing.
+The names that live in a wing load on first use, so `import broker` loads neither the HTTP
+server (aiohttp), the command line nor the simulation.
 """
 
-from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
-from ._admin import AdminServer, RestError, admin_app, start_admin
-from ._auth import (
-    AuthenticationProvider,
-    AuthenticationService,
-    AuthSession,
-    Principal,
-    TokenAuthenticationProvider,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from ._config import BrokerConfig
-from ._connection_handler import (
-    KEEPALIVE_INTERVAL_S_DEFAULT,
-    PENDING_SENDS_MAX_DEFAULT,
-    ConnectionHandler,
-    WireConsumerSink,
-)
-from ._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
-from ._cursor import ManagedCursor
-from ._dedup import DEDUP_CURSOR_NAME, DeduplicationState, DedupResult
-from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
-from ._draining import ConsumerDrainingStats, DrainingHash, DrainingHashesTracker
-from ._entry_metadata import EntryMetadataAppender
 from ._errors import (
     AuthenticationError,
     BrokerError,
     ConfigurationError,
-    ConsumerAssignError,
-    ConsumerBusyError,
-    ConsumerNotFoundError,
-    IncompatibleSchemaError,
-    InvalidSchemaError,
     InvalidTopicNameError,
-    MetadataError,
     NotAllowedError,
     PersistenceError,
-    ProducerBlockedQuotaExceededError,
-    ProducerBlockedQuotaExceededException,
-    ProducerBusyError,
-    ProducerFencedError,
-    ServiceNotReadyError,
-    SubscriptionBusyError,
-    SubscriptionNotFoundError,
     TopicNotFoundError,
     TopicTerminatedError,
-    for_code,
-    from_storage_error,
 )
-from ._jwt import TokenError, decode_token, encode_token
-from ._lookup_http import LookupUrls
-from ._managed_ledger import ManagedLedger, ManagedLedgerConfig
-from ._metrics import render_metrics
-from ._names import (
-    NamespaceName,
-    TopicName,
-    matches_topics_pattern,
-    strip_domain_scheme,
-    topics_hash,
-)
-from ._namespaces import EffectivePolicies, NamespaceRegistry, SchemaPolicy
-from ._pending_acks import PendingAck, PendingAcksMap
-from ._position import ManagedLedgerTerminatedError, Position
-from ._redelivery import RedeliveryCounts
-from ._schemas import SchemaEntry, SchemaRegistry, StoredSchema
-from ._selectors import (
-    ConsistentHashingSelector,
-    HashRange,
-    HashRangeAutoSplitSelector,
-    HashRangeExclusiveSelector,
-    StickyKeyConsumerSelector,
-    new_selector,
-)
-from ._server import BrokerServer, serve
-from ._service import TOPIC_LISTENERS_MAX, BrokerService, Topic, TopicListener
-from ._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
-from ._standalone import StandaloneOptions, run_standalone, serve_standalone
-from ._stats import internal_stats, topic_stats
-from ._subscription import Subscription
-from ._tls import TlsOptions
-from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec, PublishResult
-from ._topic_watchers import WATCHERS_PER_CONNECTION_MAX, TopicListWatchers
+from ._names import NamespaceName, TopicName
+
+if TYPE_CHECKING:
+    from .cli._standalone import StandaloneOptions, run_standalone
+    from .dispatch._consumer import Consumer, ConsumerSink, Delivery, SubscribeSpec
+    from .http._admin import start_admin
+    from .ledger._position import Position
+    from .security._auth import AuthenticationService
+    from .security._tls import TlsOptions
+    from .topics._service import BrokerService
+    from .topics._topic import PersistentTopic, ProducerSpec
+    from .wire._server import BrokerServer, serve
 
 __all__ = [
-    "DEDUP_CURSOR_NAME",
-    "KEEPALIVE_INTERVAL_S_DEFAULT",
-    "PENDING_SENDS_MAX_DEFAULT",
-    "TOPIC_EPOCH_PROPERTY",
-    "TOPIC_LISTENERS_MAX",
-    "WATCHERS_PER_CONNECTION_MAX",
-    "AdminServer",
-    "AuthSession",
     "AuthenticationError",
-    "AuthenticationProvider",
     "AuthenticationService",
     "BrokerConfig",
     "BrokerError",
     "BrokerServer",
     "BrokerService",
     "ConfigurationError",
-    "ConnectionHandler",
-    "ConsistentHashingSelector",
     "Consumer",
-    "ConsumerAssignError",
-    "ConsumerBusyError",
-    "ConsumerDrainingStats",
-    "ConsumerNotFoundError",
     "ConsumerSink",
-    "DedupResult",
-    "DeduplicationState",
-    "DelayedAdd",
     "Delivery",
-    "DrainingHash",
-    "DrainingHashesTracker",
-    "EffectivePolicies",
-    "EntryMetadataAppender",
-    "ExclusiveAccess",
-    "HashRange",
-    "HashRangeAutoSplitSelector",
-    "HashRangeExclusiveSelector",
-    "InMemoryDelayedDeliveryTracker",
-    "IncompatibleSchemaError",
-    "InvalidSchemaError",
     "InvalidTopicNameError",
-    "LookupUrls",
-    "ManagedCursor",
-    "ManagedLedger",
-    "ManagedLedgerConfig",
-    "ManagedLedgerTerminatedError",
-    "MetadataError",
     "NamespaceName",
-    "NamespaceRegistry",
-    "NonPersistentTopic",
     "NotAllowedError",
-    "PendingAck",
-    "PendingAcksMap",
     "PersistenceError",
     "PersistentTopic",
     "Position",
-    "Principal",
-    "Producer",
-    "ProducerBlockedQuotaExceededError",
-    "ProducerBlockedQuotaExceededException",
-    "ProducerBusyError",
-    "ProducerFencedError",
     "ProducerSpec",
-    "PublishResult",
-    "RedeliveryCounts",
-    "RestError",
-    "SchemaEntry",
-    "SchemaPolicy",
-    "SchemaRegistry",
-    "ServiceNotReadyError",
-    "SimulationConfig",
-    "SimulationReport",
     "StandaloneOptions",
-    "StickyKeyConsumerSelector",
-    "StoredSchema",
     "SubscribeSpec",
-    "Subscription",
-    "SubscriptionBusyError",
-    "SubscriptionNotFoundError",
     "TlsOptions",
-    "TokenAuthenticationProvider",
-    "TokenError",
-    "Topic",
-    "TopicListWatchers",
-    "TopicListener",
     "TopicName",
     "TopicNotFoundError",
     "TopicTerminatedError",
-    "Violation",
-    "WireConsumerSink",
-    "admin_app",
-    "decode_token",
-    "encode_token",
-    "for_code",
-    "from_storage_error",
-    "internal_stats",
-    "matches_topics_pattern",
-    "new_selector",
-    "render_metrics",
-    "run_simulation",
     "run_standalone",
     "serve",
-    "serve_standalone",
     "start_admin",
-    "strip_domain_scheme",
-    "topic_stats",
 ]
+
+# name -> the module it lives in, for the names loaded on first use.
+_LAZY: dict[str, str] = {
+    "AuthenticationService": ".security._auth",
+    "BrokerServer": ".wire._server",
+    "BrokerService": ".topics._service",
+    "Consumer": ".dispatch._consumer",
+    "ConsumerSink": ".dispatch._consumer",
+    "Delivery": ".dispatch._consumer",
+    "PersistentTopic": ".topics._topic",
+    "Position": ".ledger._position",
+    "ProducerSpec": ".topics._topic",
+    "StandaloneOptions": ".cli._standalone",
+    "SubscribeSpec": ".dispatch._consumer",
+    "TlsOptions": ".security._tls",
+    "run_standalone": ".cli._standalone",
+    "serve": ".wire._server",
+    "start_admin": ".http._admin",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Load a public name from its wing on first use (see the module comment)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value: object = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -3,13 +3,14 @@ implements (broker reference §10), each limit named with its unit."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 from ._errors import ConfigurationError
 
-__all__ = ["REMOVED_SETTINGS", "SETTING_CHOICES", "SETTING_RANGES", "BrokerConfig",
-           "check_settings"]
+__all__ = ["INTERCEPTOR_INDEX", "INTERCEPTOR_TIMESTAMP", "REMOVED_SETTINGS", "SETTING_CHOICES",
+           "SETTING_RANGES", "BrokerConfig", "check_settings", "interceptors_of"]
 
 # Pulsar's SchemaCompatibilityStrategy names a broker default may take (not UNDEFINED).
 SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
@@ -161,7 +162,7 @@ class BrokerConfig:
     schema_compatibility_strategy: str = "FULL"
     is_allow_auto_update_schema_enabled: bool = True
     is_schema_validation_enforced: bool = False
-    # Authentication (broker/_auth.py); no authorization: superuser roles are only logged.
+    # Authentication (security/_auth.py); no authorization: superuser roles are only logged.
     authentication_enabled: bool = False
     token_secret_key: str = ""  # path, file:///path or data:;base64,... (HS tokens)
     token_public_key: str = ""  # same forms, DER or PEM (RS/ES tokens)
@@ -174,7 +175,7 @@ class BrokerConfig:
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
 
-    # Connections (the binary protocol server, broker/_server.py). Pulsar's brokerMaxConnections
+    # Connections (the binary protocol server, wire/_server.py). Pulsar's brokerMaxConnections
     # and maxConnectionsPerIp default to 0 (off); a single-process broker sets both: every
     # connection costs a file descriptor (shared with the storage's files) and a task on the
     # one event loop, so the total stays well inside a typical descriptor limit and one
@@ -201,7 +202,6 @@ class BrokerConfig:
         may be: a number out of its range, an unknown choice, broker entry metadata
         interceptor or malformed advertised listeners. Nothing is left behind: the config is
         not built."""
-        from ._entry_metadata import interceptors_of
         from ._listeners import listeners_of
 
         check_settings(self)
@@ -234,3 +234,32 @@ def check_settings(config: BrokerConfig) -> None:
         if value not in choices:
             raise ConfigurationError(f"{name} must be one of {', '.join(choices)}, "
                                      f"not {value!r}")
+
+
+# Broker entry metadata interceptors (topics/_entry_metadata.py), by short name or upstream's
+# class name.
+INTERCEPTOR_TIMESTAMP: Final = "timestamp"
+INTERCEPTOR_INDEX: Final = "index"
+_UPSTREAM_PACKAGE: Final = "org.apache.pulsar.common.intercept."
+_NAMES: Final = {
+    INTERCEPTOR_TIMESTAMP: INTERCEPTOR_TIMESTAMP,
+    "AppendBrokerTimestampMetadataInterceptor": INTERCEPTOR_TIMESTAMP,
+    INTERCEPTOR_INDEX: INTERCEPTOR_INDEX,
+    "AppendIndexMetadataInterceptor": INTERCEPTOR_INDEX,
+}
+
+
+def interceptors_of(names: Iterable[str]) -> frozenset[str]:
+    """The interceptors a setting names, as `INTERCEPTOR_TIMESTAMP` / `INTERCEPTOR_INDEX`.
+
+    Raises:
+        ValueError: a name is neither a short name nor one of upstream's two class names.
+    """
+    found = set()
+    for name in names:
+        short = _NAMES.get(name.removeprefix(_UPSTREAM_PACKAGE))
+        if short is None:
+            raise ValueError(f"unknown broker entry metadata interceptor {name!r} (expected "
+                             f"{', '.join(sorted(_NAMES))})")
+        found.add(short)
+    return frozenset(found)

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import re
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -65,7 +66,7 @@ from urllib.parse import quote
 import crc32c
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
-from storage._metadata import META_KEY_BYTES_MAX
+from storage import META_KEY_BYTES_MAX
 
 from ._errors import InvalidTopicNameError, ProducerBusyError
 
@@ -80,6 +81,7 @@ __all__ = [
     "NamespaceName",
     "TopicDomain",
     "TopicName",
+    "advertised_url_for",
     "check_producer_name",
     "check_subscription_name",
     "matches_topics_pattern",
@@ -579,3 +581,18 @@ def matches_topics_pattern(pattern: str, topic: str | TopicName) -> bool:
     _, _, without_scheme = base.partition("://")
     return _compiled_topics_pattern(strip_domain_scheme(pattern)).fullmatch(
         without_scheme) is not None
+
+
+# Bind addresses that mean every interface: LOOKUP answers the machine's name for them.
+_WILDCARD_HOSTS: Final = frozenset({"", "0.0.0.0", "::"})
+
+
+def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
+    """The default URL LOOKUP answers with: `pulsar://host:port` (`pulsar+ssl://` for TLS),
+    the machine's name for a wildcard bind address."""
+    assert 0 < port < 65536
+    assert scheme in ("pulsar", "pulsar+ssl")
+    shown = socket.getfqdn() if host in _WILDCARD_HOSTS else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"  # an IPv6 literal
+    return f"{scheme}://{shown}:{port}"

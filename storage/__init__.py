@@ -28,10 +28,11 @@ from ._fs import FileHandle, FileSystem, OsFileSystem
 from ._journal import JournalMark
 from ._ledger import LedgerInfo
 from ._ledger_storage import LedgerMetadata, LedgerMetadataTransaction, LedgerStorage
-from ._metadata import MetadataStore, MetadataTransaction
+from ._metadata import META_KEY_BYTES_MAX, MetadataStore, MetadataTransaction
 from ._storage import Storage
 
 __all__ = [
+    "META_KEY_BYTES_MAX",
     "CheckReport",
     "Completion",
     "CorruptionError",

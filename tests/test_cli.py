@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from broker._errors import ConfigurationError
-from broker._standalone import config_with_overrides
 from broker.cli import build_parser, main
+from broker.cli._standalone import config_with_overrides
 from storage import Storage
 
 
@@ -306,7 +306,7 @@ def _ranged_settings() -> list[tuple[str, float]]:
 def test_standalone_names_a_host_that_does_not_resolve(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    from broker._standalone import StandaloneOptions, run_standalone
+    from broker.cli._standalone import StandaloneOptions, run_standalone
 
     def unknown(host: object, *args: object, **kwargs: object) -> object:
         # What the resolver answers for an unknown name (no DNS query made by the test).

@@ -3,6 +3,14 @@
 Every name a package lists in `__all__` exists. Imports point down only: `storage` and
 `codec` never import `broker`, and neither imports the other's internals (modules or
 names with a leading underscore).
+
+The floor plan of broker/: its wings (sub-packages) import downwards only, and broker uses
+only the public names of `storage` and `codec`. Every broker module's imports are read with
+`ast` (also those under `if TYPE_CHECKING:` and inside functions: a lazy import is still a
+dependency), resolved to the modules they name, and checked against `WING_RANK`: a module may
+import its own wing and any wing ranked lower, never one ranked higher or another wing of the
+same rank. The import cycles inside broker/ are counted: none may span two wings, and the
+cycles inside one wing may only become fewer.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import broker
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("storage", "codec", "broker")
@@ -107,3 +117,170 @@ def test_importing_a_lower_layer_loads_no_broker(package: str) -> None:
     assert not [m for m in loaded if m == "broker" or m.startswith("broker.")]
     other = "codec" if package == "storage" else "storage"
     assert not [m for m in loaded if m.startswith(f"{other}._")]
+
+
+# The base (broker/_config, _errors, _names, _namespaces, _listeners, _tasks) is "", the
+# wings are broker's sub-packages. Imports run from a higher rank to a lower one.
+WING_RANK: dict[str, int] = {
+    "": 0,
+    "ledger": 1,
+    "security": 1,
+    "dispatch": 2,
+    "schemas": 3,
+    "topics": 4,
+    "wire": 5,
+    "http": 5,
+    "cli": 6,
+    "testing": 6,
+}
+
+# Private modules of storage/codec that broker may import, with the reason. Empty: broker
+# uses what storage/__init__ and codec/__init__ export.
+PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {}
+
+# Import cycles whose modules all lie in one wing, today: _config/_listeners, the managed
+# ledger and its cursors, the subscription and its dispatchers, the service and its topics,
+# the admin app and its schema routes, the admin commands and the schema commands. Most close
+# only under `if TYPE_CHECKING:`. They may become fewer, never more.
+CYCLES_INSIDE_WINGS_MAX = 6
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+BROKER_MODULES: dict[str, Path] = {
+    _module_name(path): path for path in sorted((REPO / "broker").rglob("*.py"))}
+
+
+def _broker_imports(module: str) -> set[str]:
+    """The modules `module` imports (every import statement, wherever it stands)."""
+    path = BROKER_MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                found.add(submodule if submodule in BROKER_MODULES else target)
+    return found
+
+
+BROKER_GRAPH: dict[str, set[str]] = {
+    module: {dep for dep in _broker_imports(module) if dep in BROKER_MODULES}
+    for module in BROKER_MODULES}
+
+
+def _wing(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1].startswith("_")) \
+        else ""
+
+
+def _cycles() -> list[set[str]]:
+    """The strongly connected components of BROKER_GRAPH with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in sorted(BROKER_GRAPH[node]):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(BROKER_GRAPH):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_wing_is_ranked() -> None:
+    wings = {_wing(module) for module in BROKER_MODULES if module != "broker"}
+    assert wings == set(WING_RANK)
+
+
+def test_wings_import_downwards_only() -> None:
+    wrong = []
+    for module, deps in BROKER_GRAPH.items():
+        if module == "broker":  # the package's front door re-exports from every wing
+            continue
+        wing = _wing(module)
+        for dep in deps:
+            dep_wing = _wing(dep)
+            if dep == "broker" or (dep_wing != wing
+                                   and WING_RANK[dep_wing] >= WING_RANK[wing]):
+                wrong.append(f"{module} ({wing or 'base'}) imports {dep} "
+                             f"({dep_wing or 'base'})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_broker_uses_public_names_of_storage_and_codec() -> None:
+    wrong = []
+    for module in BROKER_MODULES:
+        for dep in _broker_imports(module):
+            top, _, rest = dep.partition(".")
+            private = any(part.startswith("_") for part in rest.split("."))
+            if top in ("storage", "codec") and private and dep not in PRIVATE_IMPORTS_ALLOWED:
+                wrong.append(f"{module} imports {dep}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle_spans_two_wings() -> None:
+    cycles = _cycles()
+    spanning = [sorted(cycle) for cycle in cycles if len({_wing(m) for m in cycle}) > 1]
+    assert not spanning
+    assert len(cycles) <= CYCLES_INSIDE_WINGS_MAX, [sorted(cycle) for cycle in cycles]
+
+
+def test_the_checker_sees_an_upward_import() -> None:
+    """The rule is not vacuous: the graph resolves relative imports to real modules."""
+    assert "broker.topics._topic" in BROKER_GRAPH["broker.topics._service"]
+    assert "broker.dispatch._subscription" in BROKER_GRAPH["broker.topics._topic"]
+    assert "broker.cli._admin_cli" in BROKER_GRAPH["broker.cli._main"]  # `from . import _admin_cli`
+    assert WING_RANK[_wing("broker.topics._topic")] > WING_RANK[_wing("broker._config")]
+
+
+def test_all_lists_what_users_need() -> None:
+    assert len(broker.__all__) <= 30
+    assert sorted(broker.__all__) == sorted(set(broker.__all__))
+    for name in broker.__all__:
+        assert getattr(broker, name) is not None
+    assert not any(name.startswith("_") for name in broker.__all__)
+    assert set(broker.__all__) <= set(dir(broker))
+
+
+@pytest.mark.parametrize("heavy", ["aiohttp", "broker.testing._simulation", "broker.cli",
+                                   "broker.http._admin"])
+def test_import_broker_loads_no_harness_http_or_cli(heavy: str) -> None:
+    code = f"import sys, broker; sys.exit({heavy!r} in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"import broker loads {heavy}: {done.stderr}"

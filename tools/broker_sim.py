@@ -1,4 +1,4 @@
-"""Run the seeded broker simulation (`broker/_simulation.py`) from the command line.
+"""Run the seeded broker simulation (`broker/testing/_simulation.py`) from the command line.
 
 It prints `sim: seed S` first and a summary last, and exits with 1 when the broker broke an
 invariant (each violation names the seed, step, topic, subscription and message id), so a
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--topics must be at least 2, --steps at least 0, --drain-every at least 1")
     # Runnable from a checkout without installing: the repository root holds `broker`.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from broker import SimulationConfig, run_simulation
+    from broker.testing._simulation import SimulationConfig, run_simulation
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     print(f"sim: seed {seed}", flush=True)
@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.CRITICAL
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(message)s")
     if args.trace:
-        for noisy in ("storage", "broker._managed_ledger", "broker._service", "broker._topic",
-                      "broker._cursor", "asyncio"):
+        for noisy in ("storage", "broker.ledger._managed_ledger", "broker.topics._service",
+                      "broker.topics._topic", "broker.ledger._cursor", "asyncio"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     config = SimulationConfig(
         seed=seed, steps=args.steps, topics=args.topics, data_dir=args.dir,

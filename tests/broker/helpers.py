@@ -20,15 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker import (
-    BrokerConfig,
-    BrokerService,
-    Consumer,
-    Delivery,
-    PersistentTopic,
-    Producer,
-    ProducerSpec,
-)
+from broker import BrokerConfig, BrokerService, Consumer, Delivery, PersistentTopic, ProducerSpec
+from broker.topics._topic import Producer
 from codec import (
     SingleMessage,
     build_batch,
@@ -315,7 +308,7 @@ async def admin_env(path: Path, config: BrokerConfig | None = None, **overrides:
     `(env, server, client)`."""
     import aiohttp
 
-    from broker._admin import start_admin
+    from broker.http._admin import start_admin
 
     async with broker_env(path, config, **overrides) as env:
         server = await start_admin(env.service, "127.0.0.1", 0)

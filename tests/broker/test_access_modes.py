@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
-    TOPIC_EPOCH_PROPERTY,
-    ExclusiveAccess,
-    PersistentTopic,
-    ProducerBusyError,
-    ProducerFencedError,
-    ProducerSpec,
-    ServiceNotReadyError,
-)
-from broker._access_modes import Waiter
+from broker import PersistentTopic, ProducerSpec
+from broker._errors import ProducerBusyError, ProducerFencedError, ServiceNotReadyError
+from broker.topics._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
 
 from .helpers import broker_env
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker import PersistentTopic, ProducerSpec, SubscribeSpec
-from broker._admin import aggregate_partitioned_stats
+from broker.http._admin import aggregate_partitioned_stats
 
 from .helpers import (
     AdminClient,
@@ -117,7 +117,7 @@ def test_tenants_lifecycle_and_errors(tmp_path: Path) -> None:
 def test_the_cluster_exists_and_shows_its_data(tmp_path: Path) -> None:
     import aiohttp
 
-    from broker._admin import start_admin
+    from broker.http._admin import start_admin
 
     from .helpers import AdminClient, broker_env
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from broker import AuthenticationService, TokenAuthenticationProvider, encode_token
-from broker._admin import start_admin
+from broker import AuthenticationService
+from broker.http._admin import start_admin
+from broker.security._auth import TokenAuthenticationProvider
+from broker.security._jwt import encode_token
 
 from .helpers import broker_env
 

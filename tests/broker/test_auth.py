@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from broker import BrokerConfig
-from broker._auth import (
+from broker._errors import AuthenticationError, ConfigurationError
+from broker.security._auth import (
     REFRESH_AUTH_DATA,
     AuthenticationService,
     AuthSession,
@@ -22,8 +23,7 @@ from broker._auth import (
     load_public_key,
     read_key_source,
 )
-from broker._errors import AuthenticationError, ConfigurationError
-from broker._jwt import encode_token
+from broker.security._jwt import encode_token
 from codec import pb
 
 SECRET = b"0123456789abcdef0123456789abcdef"

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from broker import IncompatibleSchemaError, InvalidSchemaError, StoredSchema
-from broker._avro_compat import can_read, parse_avro, read_problems
-from broker._schema_compat import KEY_VALUE, check_compatible, check_readable
+from broker._errors import IncompatibleSchemaError, InvalidSchemaError
+from broker.schemas._avro_compat import can_read, parse_avro, read_problems
+from broker.schemas._schema_compat import KEY_VALUE, check_compatible, check_readable
+from broker.schemas._schemas import StoredSchema
 from codec import pb
 
 

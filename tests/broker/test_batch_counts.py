@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker._entry import (
+from broker._names import matches_topics_pattern
+from broker.dispatch._entry import (
     MESSAGES_IN_BATCH_MAX,
     SINGLE_MESSAGE_BYTES_MIN,
     batch_count_error,
     messages_in,
 )
-from broker._names import matches_topics_pattern
-from broker._position import (
+from broker.ledger._position import (
     ack_set_to_int,
     ack_set_words_max,
     int_to_ack_set,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker import Consumer, PersistentTopic, Position, ProducerSpec, SubscribeSpec
-from broker._service import BrokerService
+from broker.topics._service import BrokerService
 
 from .helpers import BrokerEnv, RecordingSink, broker_env, make_entry, settle, wait_for
 

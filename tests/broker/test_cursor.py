@@ -24,9 +24,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from broker._cursor import ManagedCursor, cursor_key
-from broker._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
-from broker._position import (
+from broker.ledger._cursor import ManagedCursor, cursor_key
+from broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
+from broker.ledger._position import (
     EARLIEST,
     LATEST,
     InvalidPositionError,

@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker._config import BrokerConfig
-from broker._dedup import (
+from broker._errors import MetadataError
+from broker.topics._dedup import (
     DeduplicationState,
     DedupResult,
     decode_dedup_snapshot,
     encode_dedup_snapshot,
 )
-from broker._errors import MetadataError
 
 NOT_DUP = DedupResult.NOT_DUP
 DUP = DedupResult.DUP

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker import DEDUP_CURSOR_NAME, PersistentTopic, Position, Producer, ProducerSpec
+from broker import PersistentTopic, Position, ProducerSpec
 from broker._config import BrokerConfig
-from broker._dedup import highest_sequence_id_of
-from broker._service import BrokerService
+from broker.topics._dedup import DEDUP_CURSOR_NAME, highest_sequence_id_of
+from broker.topics._service import BrokerService
+from broker.topics._topic import Producer
 from codec import (
     CompressionType,
     SingleMessage,

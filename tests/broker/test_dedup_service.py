@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
-    DEDUP_CURSOR_NAME,
-    PersistenceError,
-    PersistentTopic,
-    Position,
-    ProducerSpec,
-    SubscribeSpec,
-)
-from broker._service import BrokerService
+from broker import PersistenceError, PersistentTopic, Position, ProducerSpec, SubscribeSpec
+from broker.topics._dedup import DEDUP_CURSOR_NAME
+from broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_batch_entry, publish, settle, wait_for
 

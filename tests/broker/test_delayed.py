@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker._config import BrokerConfig
-from broker._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
+from broker.dispatch._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 
 TRACKED = DelayedAdd.TRACKED
 NOT_DELAYED = DelayedAdd.NOT_DELAYED

@@ -21,7 +21,7 @@ from broker import (
     ProducerSpec,
     SubscribeSpec,
 )
-from broker._service import BrokerService
+from broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_entry, now_ms, publish, settle, wait_for
 

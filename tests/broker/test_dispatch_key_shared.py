@@ -27,16 +27,16 @@ from broker import (
     BrokerConfig,
     BrokerService,
     Consumer,
-    ConsumerAssignError,
     Delivery,
     Position,
     ProducerSpec,
     SubscribeSpec,
-    topic_stats,
 )
-from broker._dispatch_key_shared import LOOK_AHEAD_UNLIMITED, KeySharedDispatcher
-from broker._subscription import Subscription
-from broker._topic import PersistentTopic, Producer
+from broker._errors import ConsumerAssignError
+from broker.dispatch._dispatch_key_shared import LOOK_AHEAD_UNLIMITED, KeySharedDispatcher
+from broker.dispatch._subscription import Subscription
+from broker.http._stats import topic_stats
+from broker.topics._topic import PersistentTopic, Producer
 from storage import Storage
 from tests.broker.helpers import (
     Received,

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker._draining import (
+from broker.dispatch._draining import (
     UNBLOCKED_IN_BATCH,
     ConsumerDrainingStats,
     DrainingHash,
     DrainingHashesTracker,
 )
-from broker._pending_acks import PendingAcksMap
-from broker._selectors import ConsistentHashingSelector, ranges_contain
+from broker.dispatch._pending_acks import PendingAcksMap
+from broker.dispatch._selectors import ConsistentHashingSelector, ranges_contain
 
 
 @dataclass(eq=False)

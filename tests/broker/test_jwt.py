@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from broker._errors import AuthenticationError
-from broker._jwt import (
+from broker.security._jwt import (
     ALGORITHMS,
     TokenError,
     algorithm_for_key,

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from broker._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
-from broker._position import (
+from broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
+from broker.ledger._position import (
     InvalidPositionError,
     ManagedLedgerClosedError,
     ManagedLedgerTerminatedError,

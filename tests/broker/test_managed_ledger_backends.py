@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from broker._managed_ledger import ManagedLedger, ManagedLedgerConfig
-from broker._position import ManagedLedgerFencedError, Position
+from broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from broker.ledger._position import ManagedLedgerFencedError, Position
 from storage import (
     CorruptionError,
     LedgerStorage,

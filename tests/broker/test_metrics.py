@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from broker import BrokerService, ProducerSpec, SubscribeSpec, topic_stats
-from broker._metrics import CONTENT_TYPE, render_metrics
-from broker._position import Position
+from broker import BrokerService, ProducerSpec, SubscribeSpec
+from broker.http._metrics import CONTENT_TYPE, render_metrics
+from broker.http._stats import topic_stats
+from broker.ledger._position import Position
 
 from .helpers import (
     RecordingSink,

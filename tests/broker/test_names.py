@@ -364,9 +364,9 @@ def test_partition_round_trip(tenant: str, local: str, index: int) -> None:
 
 def _keys_of(name: TopicName) -> list[bytes]:
     """Every metadata key a topic and its partitions make, with the longest subscription."""
-    from broker._cursor import cursor_key
-    from broker._managed_ledger import ml_key
-    from broker._schemas import SchemaRegistry
+    from broker.ledger._cursor import cursor_key
+    from broker.ledger._managed_ledger import ml_key
+    from broker.schemas._schemas import SchemaRegistry
 
     longest_sub = "s" * SUBSCRIPTION_NAME_BYTES_MAX
     keys: list[bytes] = []

@@ -10,18 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
-    BrokerService,
-    Consumer,
-    ConsumerBusyError,
-    NonPersistentTopic,
-    Producer,
-    ProducerSpec,
-    SubscribeSpec,
-    topic_stats,
-)
-from broker._dispatcher import failover_ring_choice
-from broker._nonpersistent import NonPersistentSubscription
+from broker import BrokerService, Consumer, ProducerSpec, SubscribeSpec
+from broker._errors import ConsumerBusyError
+from broker.dispatch._dispatcher import failover_ring_choice
+from broker.dispatch._nonpersistent import NonPersistentSubscription
+from broker.http._stats import topic_stats
+from broker.topics._topic import NonPersistentTopic, Producer
 from tests.broker.helpers import RecordingSink, broker_env, publish, publish_batch
 
 TOPIC = "non-persistent://public/default/live"

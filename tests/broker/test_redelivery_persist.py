@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from broker import Consumer, PersistentTopic, Position, SubscribeSpec
-from broker._cursor import cursor_key
-from broker._redelivery import RedeliveryCounts
-from broker._service import BrokerService
+from broker.ledger._cursor import cursor_key
+from broker.ledger._redelivery import RedeliveryCounts
+from broker.topics._service import BrokerService
 
 from .helpers import (
     BrokerEnv,

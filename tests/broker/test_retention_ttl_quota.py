@@ -22,16 +22,9 @@ from typing import Any
 
 import pytest
 
-from broker import (
-    PersistentTopic,
-    Position,
-    ProducerBlockedQuotaExceededError,
-    ProducerBlockedQuotaExceededException,
-    ProducerSpec,
-    SubscribeSpec,
-    TopicTerminatedError,
-)
-from broker._service import BrokerService
+from broker import PersistentTopic, Position, ProducerSpec, SubscribeSpec, TopicTerminatedError
+from broker._errors import ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException
+from broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_entry, now_ms, publish
 

@@ -10,13 +10,9 @@ from typing import Any
 
 import pytest
 
-from broker import (
-    BrokerService,
-    IncompatibleSchemaError,
-    InvalidSchemaError,
-    StoredSchema,
-    TopicName,
-)
+from broker import BrokerService, TopicName
+from broker._errors import IncompatibleSchemaError, InvalidSchemaError
+from broker.schemas._schemas import StoredSchema
 from codec import pb
 
 from .helpers import broker_env
@@ -163,7 +159,7 @@ def test_consumers_store_a_first_schema_and_must_read_the_topics(tmp_path: Path)
 
 
 def test_the_broker_default_strategy_is_a_checked_setting() -> None:
-    from broker._standalone import config_with_overrides
+    from broker.cli._standalone import config_with_overrides
 
     assert config_with_overrides([]).schema_compatibility_strategy == "FULL"
     assert config_with_overrides(["schema_compatibility_strategy=FORWARD"]

@@ -15,16 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
-    Consumer,
-    PersistentTopic,
-    Position,
-    ProducerSpec,
-    SubscribeSpec,
-    SubscriptionBusyError,
-)
-from broker._position import EARLIEST, LATEST
-from broker._service import BrokerService
+from broker import Consumer, PersistentTopic, Position, ProducerSpec, SubscribeSpec
+from broker._errors import SubscriptionBusyError
+from broker.ledger._position import EARLIEST, LATEST
+from broker.topics._service import BrokerService
 from codec import SingleMessage, build_batch, encode_entry
 
 from .helpers import RecordingSink, broker_env, make_entry, now_ms, publish, settle, wait_for

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from broker._config import BrokerConfig
 from broker._errors import ConsumerAssignError
-from broker._selectors import (
+from broker.dispatch._selectors import (
     ConsistentHashingSelector,
     ConsumerHashAssignmentsSnapshot,
     ConsumerNameIndexTracker,
@@ -314,7 +314,7 @@ def test_collisions_first_added_wins_and_the_queue_takes_over(
     selector = ConsistentHashingSelector[FakeConsumer](1)
     first, second = FakeConsumer(first_name), FakeConsumer(second_name)
     selector.add_consumer(first)
-    with caplog.at_level(logging.ERROR, logger="broker._selectors"):
+    with caplog.at_level(logging.ERROR, logger="broker.dispatch._selectors"):
         impacted = selector.add_consumer(second)
     assert "got no hash ring point" in caplog.text
     assert impacted.empty

@@ -12,16 +12,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from broker import (
-    BrokerConfig,
-    BrokerService,
-    PersistentTopic,
-    Producer,
-    ProducerSpec,
-    SubscribeSpec,
-)
-from broker._dispatcher import DISPATCH_RETRY_DELAY_S
+from broker import BrokerConfig, BrokerService, PersistentTopic, ProducerSpec, SubscribeSpec
 from broker._errors import DiskFullError
+from broker.dispatch._dispatcher import DISPATCH_RETRY_DELAY_S
+from broker.topics._topic import Producer
 from storage import StorageError
 from storage.testing.memory import InMemoryLedgerStorage
 

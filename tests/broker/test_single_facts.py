@@ -14,12 +14,12 @@ import pytest
 import codec
 from broker import BrokerConfig, BrokerService, ProducerSpec
 from broker._config import REMOVED_SETTINGS
-from broker._dedup import highest_sequence_id_of
-from broker._entry import SINGLE_MESSAGE_BYTES_MIN, EntryInfo, messages_in
 from broker._errors import ConfigurationError
-from broker._position import Position
-from broker._standalone import StandaloneOptions, config_with_overrides
-from broker._topic import PersistentTopic
+from broker.cli._standalone import StandaloneOptions, config_with_overrides
+from broker.dispatch._entry import SINGLE_MESSAGE_BYTES_MIN, EntryInfo, messages_in
+from broker.ledger._position import Position
+from broker.topics._dedup import highest_sequence_id_of
+from broker.topics._topic import PersistentTopic
 from codec import SingleMessage, build_batch, encode_entry, pb
 from storage import Storage, StorageConfig
 
@@ -72,12 +72,13 @@ def test_every_counter_agrees_on_the_messages_of_an_entry(claimed: int | None,
 
 
 def test_the_frame_padding_is_defined_once() -> None:
-    from broker import _connection_handler
+    from broker.wire import _connection_handler
 
     assert codec.FRAME_SIZE_BYTES_MAX_DEFAULT == (codec.MAX_MESSAGE_SIZE_DEFAULT
                                                   + codec.FRAME_PADDING_BYTES)
     assert _connection_handler.FRAME_PADDING_BYTES is codec.FRAME_PADDING_BYTES
-    for module in ("broker/_topic.py", "broker/_connection_handler.py", "storage/_config.py"):
+    for module in ("broker/topics/_topic.py", "broker/wire/_connection_handler.py",
+                   "storage/_config.py"):
         text = (REPO_ROOT / module).read_text()
         assert "10 * 1024" not in text, module
         assert "10 * KiB" not in text, module

@@ -28,14 +28,13 @@ from broker import (
     BrokerService,
     NotAllowedError,
     PersistentTopic,
-    Producer,
     ProducerSpec,
     SubscribeSpec,
 )
 from broker._errors import DiskFullError
-from broker._metrics import render_metrics
-from broker._stats import topic_stats
-from broker._topic import PublishResult
+from broker.http._metrics import render_metrics
+from broker.http._stats import topic_stats
+from broker.topics._topic import Producer, PublishResult
 from storage import Storage
 from storage._entry_log import entry_log_name, split_location
 from storage.testing.simfs import SimFileSystem
@@ -268,7 +267,7 @@ def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resumes(
     writes: health turns back to ok and the other topic publishes again."""
     import aiohttp
 
-    from broker._admin import start_admin
+    from broker.http._admin import start_admin
     from tests.storage.helpers import SmallDisk, small_config
 
     big, small = "persistent://public/default/big", "persistent://public/default/small"

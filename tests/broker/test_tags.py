@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker import Consumer, PersistentTopic, ProducerSpec, SubscribeSpec
-from broker._service import BrokerService
+from broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, publish, settle, wait_for
 

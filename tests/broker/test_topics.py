@@ -14,15 +14,13 @@ import pytest
 from broker import (
     BrokerService,
     Consumer,
-    MetadataError,
     NotAllowedError,
     PersistentTopic,
-    ProducerBusyError,
     ProducerSpec,
     SubscribeSpec,
-    SubscriptionNotFoundError,
     TopicNotFoundError,
 )
+from broker._errors import MetadataError, ProducerBusyError, SubscriptionNotFoundError
 from tests.broker.helpers import (
     RecordingSink,
     broker_env,

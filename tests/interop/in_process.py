@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from broker import BrokerConfig, BrokerService
-from broker._admin import AdminServer, start_admin
-from broker._server import BrokerServer, serve
+from broker.http._admin import AdminServer, start_admin
+from broker.wire._server import BrokerServer, serve
 from storage import Storage
 from storage.testing.simfs import SimFileSystem
 

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from broker._jwt import encode_token
+from broker.security._jwt import encode_token
 from codec import pb
 
 from . import HOST, BrokerProcess, RawClient, free_port

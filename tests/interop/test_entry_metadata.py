@@ -214,7 +214,7 @@ def test_index_continues_across_a_restart_and_dedup_replays(broker_factory: Brok
 
 
 def test_interceptor_names_are_checked() -> None:
-    from broker._standalone import config_with_overrides
+    from broker.cli._standalone import config_with_overrides
 
     upstream = ("org.apache.pulsar.common.intercept.AppendBrokerTimestampMetadataInterceptor,"
                 "org.apache.pulsar.common.intercept.AppendIndexMetadataInterceptor")

@@ -20,10 +20,10 @@ import pulsar
 import pytest
 
 from broker import BrokerConfig, BrokerService
-from broker._connection_handler import ConnectionHandler
-from broker._metrics import render_metrics
 from broker._names import SUBSCRIPTION_NAME_BYTES_MAX, TopicName
-from broker._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
+from broker.http._metrics import render_metrics
+from broker.wire._connection_handler import ConnectionHandler
+from broker.wire._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
 from codec import (
     ConnectionClosed,
     Frame,

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from broker import BrokerConfig, BrokerService
-from broker._entry import SINGLE_MESSAGE_BYTES_MIN
-from broker._topic import PersistentTopic
+from broker.dispatch._entry import SINGLE_MESSAGE_BYTES_MIN
+from broker.topics._topic import PersistentTopic
 from codec import (
     ChecksumMismatch,
     ConnectionClosed,

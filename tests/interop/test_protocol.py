@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pulsar
 import pytest
 
-from broker import topics_hash
+from broker._names import topics_hash
 from codec import Frame, SingleMessage, build_batch, build_message, encode_frame, pb
 from codec import base_command as wrap
 

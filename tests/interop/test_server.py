@@ -11,17 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
-    BrokerConfig,
-    BrokerError,
-    BrokerService,
-    ServiceNotReadyError,
-    TopicNotFoundError,
-)
-from broker._connection_handler import _lookup_error, server_error
-from broker._server import BrokerServer, advertised_url_for, serve
-from broker._standalone import config_with_overrides, stop_http
+from broker import BrokerConfig, BrokerError, BrokerService, TopicNotFoundError
+from broker._errors import ServiceNotReadyError
+from broker._names import advertised_url_for
 from broker.cli import build_parser
+from broker.cli._standalone import config_with_overrides, stop_http
+from broker.wire._connection_handler import _lookup_error, server_error
+from broker.wire._server import BrokerServer, serve
 from codec import (
     NEED_DATA,
     Connection,

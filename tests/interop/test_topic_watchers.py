@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import WATCHERS_PER_CONNECTION_MAX, BrokerService
-from broker._server import BrokerServer
+from broker import BrokerService
+from broker.wire._server import BrokerServer
+from broker.wire._topic_watchers import WATCHERS_PER_CONNECTION_MAX
 from codec import Frame, pb
 
 from .test_server import DEADLINE_S, _AsyncClient, _with_server

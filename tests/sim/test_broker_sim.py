@@ -1,4 +1,4 @@
-"""The seeded broker simulation (`broker/_simulation.py`, `tools/broker_sim.py`).
+"""The seeded broker simulation (`broker/testing/_simulation.py`, `tools/broker_sim.py`).
 
 A short run is part of the default suite and a long one is behind `slow`; both take the seed
 from `--seed` (the `seed` fixture) and print it first and the summary last. The simulation
@@ -20,10 +20,12 @@ from types import ModuleType
 
 import pytest
 
-from broker import _cursor, _dedup, _delayed, _dispatch_key_shared, _dispatch_shared, _draining
-from broker import _subscription as subscription_module
-from broker._position import Position
-from broker._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
+from broker.dispatch import _delayed, _dispatch_key_shared, _dispatch_shared, _draining
+from broker.dispatch import _subscription as subscription_module
+from broker.ledger import _cursor
+from broker.ledger._position import Position
+from broker.testing._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
+from broker.topics import _dedup
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "broker_sim.py"

@@ -1,0 +1,370 @@
+"""`magnetar standalone`: one process, one data directory, the whole broker.
+
+Theory of operation
+-------------------
+Start-up, in order: install the SIGTERM/SIGINT handlers (so a signal that arrives while the
+data directory is being recovered still shuts down cleanly), open the `Storage` (recovering
+the directory), start the `BrokerService`, start the binary-protocol server
+(`wire/_server.serve`), then the admin HTTP server (`start_http`). Only then
+does the process log that it is ready; the TCP port accepts connections from the moment the
+server starts.
+
+Security. Before the data directory is opened, the authentication service
+(`_auth.AuthenticationService.from_config`: the token key is read) and the TLS context
+(`_tls.server_ssl_context`: certificate, key, trusted CAs) are built, so a bad key or
+certificate stops the process with a clear message before anything listens. So do advertised
+listeners that contradict the TLS settings or `--advertised-url` (`_listeners.py`); with them
+the internal listener's URLs are the advertised ones. Both listeners
+of the binary protocol (plain `port`, TLS `tls_port`) and of the admin API (`http_port`,
+`https_port`) share them.
+
+Shutdown, on the first SIGTERM or SIGINT: stop accepting, let the commands already received
+finish (every SEND that reached the broker is persisted and receipted), close the connections,
+stop the admin server, close the service (topics, cursors, dedup snapshots) and finally the
+storage (queued writes, checkpoint, directory lock). The signal handlers are removed first, so
+a second signal kills the process at once; the data directory recovers from that like from any
+crash.
+
+The admin hook. `start_http(service, host, port, **options)` awaits
+`broker.http._admin.start_admin(service, host, port, **options)` and returns what it gives (a
+handle). The options carry the URLs its HTTP lookups answer with and, when configured,
+authentication and HTTPS. At shutdown
+`stop_http(handle)` calls the handle's `close()` (awaited if awaitable) and then its
+`wait_closed()` if it has one -- the shape of an `asyncio.Server` or an aiohttp runner
+wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import difflib
+import inspect
+import logging
+import math
+import os
+import signal
+import socket
+import ssl
+import time
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
+
+from .._config import REMOVED_SETTINGS, BrokerConfig
+from .._errors import ConfigurationError
+from .._listeners import check_tls, listeners_of
+from ..http._admin import start_admin
+from ..security._auth import AuthenticationService
+from ..security._tls import TlsOptions, server_ssl_context
+from ..topics._service import BrokerService, check_entry_fits_storage
+from ..wire._connection_handler import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
+from ..wire._server import SHUTDOWN_GRACE_S_DEFAULT, serve
+
+__all__ = [
+    "StandaloneOptions",
+    "config_with_overrides",
+    "run_standalone",
+    "serve_standalone",
+    "start_http",
+    "stop_http",
+]
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+
+
+@dataclass(frozen=True)
+class StandaloneOptions:
+    """What `magnetar standalone` was asked for.
+
+    Attributes:
+        data_dir: the data directory (created when missing).
+        host: bind address of the binary protocol and the admin server.
+        port: binary protocol port (0: any free port).
+        http_port: admin HTTP port, passed to the admin hook.
+        advertised_url: what LOOKUP answers (default `pulsar://host:port`; with advertised
+            listeners in `config`: the internal listener's URL, and it must stay None).
+        config: the broker configuration.
+        shutdown_grace_s: how long in-flight work may take at shutdown.
+        tls: certificate and key for the TLS listeners (None: no TLS).
+        tls_port: the `pulsar+ssl://` port (needs `tls`; 0: any free port).
+        https_port: the admin API's HTTPS port (needs `tls`).
+        advertised_url_tls: the TLS URL LOOKUP answers (default `pulsar+ssl://host:tls_port`).
+        keepalive_interval_s: the broker's PING cadence; a connection silent for a whole
+            interval after a PING is closed (<= 0: no broker PINGs, no idle timeout).
+        pending_sends_max: SENDs awaiting receipts per connection before the broker stops
+            reading that connection (Pulsar's maxPendingPublishRequestsPerConnection).
+    """
+
+    data_dir: str
+    host: str = "127.0.0.1"
+    port: int = 6650
+    http_port: int = 8080
+    advertised_url: str | None = None
+    config: BrokerConfig = field(default_factory=BrokerConfig)
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S_DEFAULT
+    tls: TlsOptions | None = None
+    tls_port: int | None = None
+    https_port: int | None = None
+    advertised_url_tls: str | None = None
+    keepalive_interval_s: float = KEEPALIVE_INTERVAL_S_DEFAULT
+    pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT
+    # Start even when a journal record recovery must replay is corrupt: skip the rest of
+    # that segment and lose what it holds (logged at ERROR with the records/bytes lost).
+    skip_corrupt_journal_segments: bool = False
+
+    def __post_init__(self) -> None:
+        """Raises ConfigurationError naming a setting out of its range, or
+        max_message_size_bytes and entry_size_bytes_max when the broker's largest message
+        does not fit the storage's largest entry (nothing built)."""
+        if self.pending_sends_max < 1:
+            raise ConfigurationError(f"pending_sends_max must be at least 1, not "
+                                     f"{self.pending_sends_max}")
+        if not self.shutdown_grace_s >= 0:  # NaN too
+            raise ConfigurationError(f"shutdown_grace_s must be 0 or more, not "
+                                     f"{self.shutdown_grace_s}")
+        check_entry_fits_storage(self.config, self.storage_config().entry_size_bytes_max)
+
+    def storage_config(self) -> StorageConfig:
+        """The storage the broker runs on."""
+        return StorageConfig(skip_corrupt_journal_segments=self.skip_corrupt_journal_segments)
+
+
+def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
+    """A `BrokerConfig` with `name=value` overrides (`--config` on the command line).
+
+    Values are parsed by the field's type: integers, floats, booleans (true/false/1/0/yes/no)
+    and comma-separated tuples of strings.
+
+    Raises:
+        ConfigurationError: (a ValueError) an unknown field, a malformed item, a value of the
+            wrong type or out of the setting's range (`_config.SETTING_RANGES`).
+    """
+    base = base or BrokerConfig()
+    types_by_name = typing.get_type_hints(BrokerConfig)
+    changes: dict[str, Any] = {}
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if sep and name in REMOVED_SETTINGS:
+            raise ConfigurationError(f"{name} is no longer a setting: {REMOVED_SETTINGS[name]}")
+        if not sep or name not in types_by_name:
+            raise ConfigurationError(_unknown_setting(item, name, list(types_by_name)))
+        changes[name] = _parse_value(types_by_name[name], text.strip(), name)
+    return dataclasses.replace(base, **changes)
+
+
+def _unknown_setting(item: str, name: str, names: list[str]) -> str:
+    if "=" not in item:
+        return f"not a broker setting: {item!r} (expected name=value)"
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"not a broker setting: {item!r}{hint}"
+
+
+def _parse_value(kind: Any, text: str, name: str) -> Any:
+    if kind is bool:
+        lowered = text.lower()
+        if lowered not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigurationError(f"{name} takes true or false, not {text!r}")
+        return lowered in ("true", "1", "yes")
+    if kind is int or kind is float:
+        try:
+            number = kind(text)
+        except ValueError:
+            raise ConfigurationError(f"{name} takes a number, not {text!r}") from None
+        if not math.isfinite(number):
+            raise ConfigurationError(f"{name} takes a finite number, not {text!r}")
+        return number
+    if typing.get_origin(kind) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    if kind is str:
+        return text
+    raise ConfigurationError(f"{name} cannot be set from the command line")
+
+
+async def start_http(service: BrokerService, host: str, port: int,
+                     **options: Any) -> object | None:
+    """Start the admin HTTP server (see the module comment); `options` go to its
+    `start_admin` as keywords.
+
+    Returns:
+        The admin server's handle.
+    """
+    handle: object = await start_admin(service, host, port, **options)
+    return handle
+
+
+async def stop_http(handle: object | None) -> None:
+    """Stop what `start_http` started (nothing for None)."""
+    if handle is None:
+        return
+    close = getattr(handle, "close", None)
+    if close is not None:
+        result = close()
+        if inspect.isawaitable(result):
+            await result
+    wait_closed = getattr(handle, "wait_closed", None)
+    if wait_closed is not None:
+        result = wait_closed()
+        if inspect.isawaitable(result):
+            await result
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        log.info("%s received: shutting down", signal.Signals(signum).name)
+        for each in SHUTDOWN_SIGNALS:  # a second signal takes the default action: exit now
+            loop.remove_signal_handler(each)
+        stop.set()
+
+    for each in SHUTDOWN_SIGNALS:
+        loop.add_signal_handler(each, on_signal, each)
+
+
+async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | None = None) -> int:
+    """Run the standalone broker until `stop` is set (or a shutdown signal arrives).
+
+    Args:
+        options: what to run.
+        stop: an event that ends the run (default: a new one set by the signal handlers).
+
+    Returns:
+        The process exit status: 0 after a clean shutdown.
+
+    Raises:
+        DataDirLockedError: another process owns the data directory.
+        CorruptionError: recovery refused the data directory (left as found).
+        ConfigurationError: a key, certificate or TLS setting, or the data directory, is
+            unusable (nothing started).
+        OSError: the ports cannot be bound.
+    """
+    started = time.monotonic()
+    security = _Security.from_options(options)
+    options = _with_listener_urls(options, security)
+    stop = stop or asyncio.Event()
+    _install_signal_handlers(stop)
+    storage = _open_storage(options.data_dir, options.storage_config())
+    try:
+        service = BrokerService(storage, options.config)
+        await service.start()
+        try:
+            await _serve_until(service, options, stop, started, security)
+        finally:
+            await service.close()
+    finally:
+        storage.close()
+    log.info("stopped cleanly")
+    return EXIT_OK
+
+
+def _open_storage(data_dir: str, config: StorageConfig) -> Storage:
+    """`Storage.open`, with a data directory that cannot be used reported as a
+    ConfigurationError naming it (DataDirLockedError passes through)."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise ConfigurationError(f"--data-dir {data_dir} is not a directory")
+    try:
+        return Storage.open(data_dir, config)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot use --data-dir {data_dir}: "
+                                 f"{exc.strerror or exc}") from exc
+
+
+def _with_listener_urls(options: StandaloneOptions, security: _Security) -> StandaloneOptions:
+    """With advertised listeners configured, the internal listener's URLs become the
+    advertised ones (what LOOKUP answers a client that names no listener).
+
+    Raises:
+        ConfigurationError: listeners next to --advertised-url/--advertised-url-tls, or a
+            `pulsar+ssl://` URL missing (TLS port) or superfluous (none); nothing started.
+    """
+    listeners = listeners_of(options.config)
+    internal = listeners.internal
+    if internal is None:
+        return options
+    if options.advertised_url is not None or options.advertised_url_tls is not None:
+        raise ConfigurationError("advertised_listeners and --advertised-url/"
+                                 "--advertised-url-tls must not appear together")
+    try:
+        check_tls(listeners, security.ssl_context is not None and options.tls_port is not None)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    return dataclasses.replace(options, advertised_url=internal.broker_url,
+                               advertised_url_tls=internal.broker_url_tls)
+
+
+@dataclass(frozen=True)
+class _Security:
+    auth: AuthenticationService | None
+    ssl_context: ssl.SSLContext | None
+
+    @classmethod
+    def from_options(cls, options: StandaloneOptions) -> _Security:
+        if options.tls is None and (options.tls_port is not None
+                                    or options.https_port is not None):
+            raise ConfigurationError("--tls-port and --https-port need --tls-cert-file and "
+                                     "--tls-key-file")
+        if options.tls is not None and options.tls_port is None and options.https_port is None:
+            log.warning("TLS certificate given but neither --tls-port nor --https-port: "
+                        "nothing is served over TLS")
+        return cls(AuthenticationService.from_config(options.config),
+                   None if options.tls is None else server_ssl_context(options.tls))
+
+    def admin_options(self, options: StandaloneOptions) -> dict[str, object]:
+        found: dict[str, object] = {}
+        if self.auth is not None:
+            found["auth"] = self.auth
+        if self.ssl_context is not None and options.https_port is not None:
+            found.update(ssl_context=self.ssl_context, https_port=options.https_port)
+        return found
+
+
+async def _serve_until(service: BrokerService, options: StandaloneOptions, stop: asyncio.Event,
+                       started: float, security: _Security) -> None:
+    tls = security.ssl_context is not None and options.tls_port is not None
+    server = await serve(service, options.host, options.port,
+                         advertised_url=options.advertised_url, auth=security.auth,
+                         ssl_context=security.ssl_context if tls else None,
+                         tls_port=options.tls_port if tls else None,
+                         advertised_url_tls=options.advertised_url_tls,
+                         keepalive_interval_s=options.keepalive_interval_s,
+                         pending_sends_max=options.pending_sends_max)
+    http: object | None = None
+    try:
+        http = await start_http(service, options.host, options.http_port,
+                                broker_url=server.url,
+                                broker_url_tls=server.context.advertised_url_tls or None,
+                                **security.admin_options(options))
+        log.info("Magnetar standalone ready on %s%s (data in %s, %s, started in %.2f s)",
+                 server.url, f" and {server.context.advertised_url_tls}"
+                 if server.tls_port is not None else "", options.data_dir,
+                 "no admin HTTP" if http is None
+                 else f"admin HTTP port {getattr(http, 'port', options.http_port)}",
+                 time.monotonic() - started)
+        await stop.wait()
+    finally:
+        await server.shutdown(options.shutdown_grace_s)
+        await stop_http(http)
+
+
+def run_standalone(options: StandaloneOptions) -> int:
+    """`magnetar standalone`: run until SIGTERM/SIGINT; returns the exit status."""
+    try:
+        return asyncio.run(serve_standalone(options))
+    except (DataDirLockedError, CorruptionError, ConfigurationError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_FAILED
+    except socket.gaierror as exc:  # an OSError that does not say which name
+        log.error("cannot start: --host %s: %s", options.host, exc.strerror)
+        return EXIT_FAILED
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_FAILED

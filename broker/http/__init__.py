@@ -1,0 +1,3 @@
+"""The HTTP side: the REST v2 admin API, schema routes, admin authentication, HTTP lookup, metrics
+and stats.
+"""

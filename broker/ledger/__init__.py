@@ -1,0 +1,3 @@
+"""Managed ledgers on storage: the ledger list, cursors, positions, range sets and persisted
+redelivery counts.
+"""

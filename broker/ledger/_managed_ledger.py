@@ -1,0 +1,919 @@
+"""`ManagedLedger`: a topic's durable log, as a list of storage ledgers.
+
+Theory of operation
+-------------------
+A managed ledger (ML) named N is the list of storage ledgers that hold a topic's entries, oldest
+first. Writes go to the last one, the *current* ledger; the others are closed. A position is
+`(ledger_id, entry_id)` and entry ids run 0..n-1 inside each ledger.
+
+The storage is any `LedgerStorage` (the engine, or the in-memory one in tests).
+
+Metadata. The list lives in `storage.metadata` under `b"ml/" + N`, as JSON
+`{"ledgers": [{"ledger_id", "entries", "size", "timestamp_ms"}], "properties": {}}` (plus
+`"terminated": [ledger_id, entry_id]` once terminated: Pulsar's terminatedPosition), written
+with a direct durable `transaction()` each time the list changes (rollover, trim, close). A
+ledger's `timestamp_ms` is its close time (0 while it is the current ledger). Storage ledgers
+carry the metadata `{"ml": N}` so that orphans can be found.
+
+Open (bookkeeper-storage.md §9.1). Read the record; close the last ledger of the previous run at
+its last entry (`close_ledger`; its entry count is then exact, and its size is summed by reading
+it back unless the record already holds both); drop zero-entry ledgers; find orphans (storage
+ledgers tagged with N that the record does not list: a rollover or trim that crashed between
+its steps); create a NEW ledger for writes — an ML never appends to a previous run's ledger;
+write the record; only then delete the dropped ledgers and the orphans. Then recover every
+durable cursor stored under `b"cursor/" + N + b"\\x00"`.
+
+Adds. `add_entry` takes the ML's submit lock (an `asyncio.Lock`, FIFO), rolls over first when
+the current ledger is full, hands the entry to `storage.add_entry` (which assigns the entry id at
+once), releases the lock and waits for durability. So concurrent adds get positions in call
+order. The storage completes adds in order; each completion is bounced onto the event loop,
+where it advances the ledger's entry count and size and `last_confirmed_position`, resolves the
+add, and calls the `on_entries_added` hooks. After its add is durable, an add that filled the
+ledger rolls over at once (Pulsar closes a full ledger right away, so it can be trimmed).
+
+A failed add (the storage refused or failed it: a full disk) leaves the current ledger in
+doubt, as in Pulsar, where a failed add closes the ledger: the next add first rolls over, and
+the new ledger's list ignores whatever the storage may hold of the failed adds beyond the
+entries the ML confirmed (a current ledger left without entries is dropped from the list
+and deleted). A rollover that fails because the disk is full does not fence the ML: the next
+add tries again (any other storage error still fences it).
+
+Rollover (§9.1). A ledger is full when it has entries and (entries >= max_entries, or size >=
+max_size, or age >= max_rollover_time) and, when a minimum rollover time is set, its age is
+above that minimum (Pulsar's `currentLedgerIsFull`). Steps, under the submit lock: close the
+ledger (durable once every add before it is; the close is awaited through the event loop, so
+the confirmations of those adds have been applied first), create the next one, record the list
+(metadata first), then trim. A crash between the steps leaves an orphan ledger that the next
+open deletes.
+
+Reads are synchronous (storage reads are local) and stop at `last_confirmed_position`.
+
+Trimming (broker semantics §7.1, storage §9.3). Candidates are the closed ledgers strictly below
+the ledger of the slowest durable cursor's *persisted* mark-delete position (the next ledger when
+that position is its ledger's last entry), or every closed ledger when there are no durable
+cursors. Walking them oldest first, a ledger goes when its retention time has expired or the
+data kept would still be over the retention size; the walk stops at the first that stays.
+Non-durable cursors do not hold data back; they are moved past what goes. The record is written
+first, then the storage ledgers are deleted, so a crash leaves orphans, never dangling
+metadata. Trimming runs after each rollover, when a durable cursor's persisted mark-delete
+moves to another ledger, and whenever the owner calls `trim_consumed_ledgers` (Pulsar: every
+`retentionCheckIntervalInSeconds`).
+
+Position arithmetic. Ledgers other than the current one always have at least one entry (a
+ledger is rolled over only once it has entries, and empty ones are dropped on open). The *write
+position* is `(current, entries of current)`, where the next entry will go.
+`next_position(p)` is the position right after p in the layout (crossing to entry 0 of the next
+ledger that has entries); `next_valid_position(p)` is that, capped at the write position
+(Pulsar's `getNextValidPosition`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError, StorageFullError
+
+from .._config import BrokerConfig
+from ._cursor import ManagedCursor, cursor_prefix
+from ._position import (
+    InvalidPositionError,
+    ManagedLedgerClosedError,
+    ManagedLedgerFencedError,
+    ManagedLedgerTerminatedError,
+    Position,
+)
+from ._redelivery import (
+    REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT,
+    REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT,
+)
+
+__all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerConfig", "ml_key"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+READ_CHUNK_ENTRIES_MAX = 64  # entries fetched from storage per call when reading
+RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
+
+InitialPosition = Literal["latest", "earliest"]
+
+
+def ml_key(name: str) -> bytes:
+    """The metadata key of a managed ledger's record."""
+    return b"ml/" + name.encode()
+
+
+@dataclass(frozen=True)
+class ManagedLedgerConfig:
+    """Per-topic managed-ledger settings (Pulsar's `ManagedLedgerConfig` as the broker sets
+    it). Retention: 0 deletes consumed ledgers at once, -1 keeps them without limit."""
+
+    max_entries_per_ledger: int = 50_000
+    max_size_per_ledger_bytes: int = 2048 * MiB
+    max_ledger_rollover_time_s: float = 240 * 60
+    min_ledger_rollover_time_s: float = 10 * 60
+    retention_time_minutes: float = 0
+    retention_size_mb: float = 0
+    max_unacked_ranges_to_persist: int = 10_000
+    max_batch_deleted_index_to_persist: int = 10_000
+    max_redelivery_counts_to_persist: int = REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT
+    batch_index_ack_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.max_entries_per_ledger >= 1
+        assert self.max_size_per_ledger_bytes >= 1
+        assert self.max_unacked_ranges_to_persist >= 0
+        assert self.max_batch_deleted_index_to_persist >= 0
+        assert 0 <= self.max_redelivery_counts_to_persist <= REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT
+
+    @classmethod
+    def from_broker_config(cls, config: BrokerConfig) -> ManagedLedgerConfig:
+        """The broker-wide defaults (namespace/topic policies may override retention)."""
+        return cls(
+            max_entries_per_ledger=config.managed_ledger_max_entries_per_ledger,
+            max_size_per_ledger_bytes=config.managed_ledger_max_size_per_ledger_bytes,
+            max_ledger_rollover_time_s=config.managed_ledger_max_ledger_rollover_time_s,
+            min_ledger_rollover_time_s=config.managed_ledger_min_ledger_rollover_time_s,
+            retention_time_minutes=config.default_retention_time_minutes,
+            retention_size_mb=config.default_retention_size_mb,
+            max_unacked_ranges_to_persist=config.managed_ledger_max_unacked_ranges_to_persist,
+            max_redelivery_counts_to_persist=(
+                config.managed_ledger_max_redelivery_counts_to_persist),
+            batch_index_ack_enabled=config.acknowledgment_at_batch_index_level_enabled,
+        )
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One ledger of a managed ledger, as `ManagedLedger.ledgers()` reports it."""
+
+    ledger_id: int
+    entries: int
+    size_bytes: int
+    timestamp_ms: int  # close time; 0 for the current ledger
+
+
+class _Ledger:
+    """A ledger's mutable bookkeeping inside the ML."""
+
+    __slots__ = ("entries", "ledger_id", "size", "timestamp_ms")
+
+    def __init__(self, ledger_id: int, entries: int = 0, size: int = 0, timestamp_ms: int = 0):
+        self.ledger_id = ledger_id
+        self.entries = entries
+        self.size = size
+        self.timestamp_ms = timestamp_ms
+
+    def to_json(self) -> dict[str, int]:
+        return {"ledger_id": self.ledger_id, "entries": self.entries, "size": self.size,
+                "timestamp_ms": self.timestamp_ms}
+
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> _Ledger:
+        return cls(int(item["ledger_id"]), int(item["entries"]), int(item["size"]),
+                   int(item["timestamp_ms"]))
+
+
+class ManagedLedger:
+    """A topic's durable log. Open it with `await ManagedLedger.open(...)`; use it from one
+    asyncio event loop."""
+
+    def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
+                 clock: Callable[[], float], ledgers: list[_Ledger],
+                 properties: dict[str, str], terminated: Position | None = None):
+        """Internal: use `ManagedLedger.open`."""
+        assert ledgers, "an open managed ledger always has a current ledger"
+        self.storage = storage
+        self.name = name
+        self.config = config
+        self.clock = clock
+        self.properties = properties
+        self._ledgers = ledgers
+        self._ids = [ledger.ledger_id for ledger in ledgers]
+        self._current_created_s = clock()
+        self._submitted_entries = 0
+        self._submitted_bytes = 0
+        self._submit_lock = asyncio.Lock()
+        self._state = "open"
+        self._fenced: BaseException | None = None
+        self._add_failed = False  # an add failed: roll over before the next one
+        self.cursors: dict[str, ManagedCursor] = {}
+        self._non_durable: dict[int, ManagedCursor] = {}
+        self.on_entries_added: list[Callable[[Position], None]] = []
+        self._last_confirmed = self._initial_last_confirmed()
+        self.terminated_position = terminated
+        self._last_add: asyncio.Future[Position] | None = None
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, storage: LedgerStorage, name: str,
+                   config: ManagedLedgerConfig | None = None,
+                   clock: Callable[[], float] = time.time) -> ManagedLedger:
+        """Open (creating if needed) and recover the managed ledger `name`.
+
+        Args:
+            storage: the open storage holding the ledgers and the metadata.
+            name: the ML name (the topic's persistence name).
+            config: settings; the defaults when None.
+            clock: wall-clock seconds (ledger ages and timestamps).
+
+        Raises:
+            StorageError: the storage failed; nothing was changed in the record.
+        """
+        config = config or ManagedLedgerConfig()
+        raw = storage.metadata.get(ml_key(name))
+        record: dict[str, Any] = json.loads(raw) if raw else {"ledgers": [], "properties": {}}
+        ledgers = [_Ledger.from_json(item) for item in record["ledgers"]]
+        if ledgers:
+            await _recover_last_ledger(storage, ledgers[-1], int(clock() * 1000))
+        kept = [ledger for ledger in ledgers if ledger.entries > 0]
+        dropped = [ledger.ledger_id for ledger in ledgers if ledger.entries == 0]
+        known = {ledger.ledger_id for ledger in ledgers}
+        orphans = [info.ledger_id for info in storage.list_ledgers()
+                   if info.metadata.get("ml") == name and info.ledger_id not in known]
+        new_id = await storage.create_ledger({"ml": name})
+        terminated = record.get("terminated")
+        ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
+                 dict(record.get("properties", {})),
+                 Position(*terminated) if terminated else None)
+        ml._write_record()
+        for ledger_id in dropped + orphans:
+            await _delete_storage_ledger(storage, ledger_id)
+        if orphans:
+            log.info("ml %s: deleted orphan ledgers %s", name, orphans)
+        for key, value in storage.metadata.scan(cursor_prefix(name)):
+            cursor_name = key[len(cursor_prefix(name)):].decode()
+            ml.cursors[cursor_name] = ManagedCursor.recover(ml, cursor_name, value)
+        log.info("ml %s opened: ledgers %s, last %s", name, ml._ids, ml._last_confirmed)
+        return ml
+
+    def _initial_last_confirmed(self) -> Position:
+        for ledger in reversed(self._ledgers):
+            if ledger.entries > 0:
+                return Position(ledger.ledger_id, ledger.entries - 1)
+        return Position(self._ledgers[-1].ledger_id, -1)
+
+    def _write_record(self) -> None:
+        """Persist the ledger list and properties (direct durable commit)."""
+        data: dict[str, Any] = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
+                                "properties": self.properties}
+        if self.terminated_position is not None:
+            data["terminated"] = list(self.terminated_position)
+        encoded = json.dumps(data, separators=(",", ":")).encode()
+        with self.storage.metadata.transaction() as txn:
+            txn.put(ml_key(self.name), encoded)
+
+    async def terminate(self) -> Position:
+        """Take no more entries from now on; returns the last entry's position (entry -1 of
+        the current ledger when there is none), once every earlier add is durable and the
+        termination is recorded. Idempotent.
+
+        Raises:
+            ManagedLedgerClosedError: closed or deleted; nothing changed.
+            StorageError: recording failed; the ML refuses adds until it is reopened (the
+                record may or may not say terminated).
+        """
+        self._check_open()
+        if self.terminated_position is not None:
+            return self.terminated_position
+        async with self._submit_lock:
+            self.terminated_position = Position(-1, -1)  # adds are refused from here on
+            if self._last_add is not None:
+                await asyncio.wait([self._last_add])
+            self.terminated_position = self._last_confirmed
+            self._write_record()
+        log.info("ml %s terminated at %s", self.name, self.terminated_position)
+        return self.terminated_position
+
+    def set_property(self, key: str, value: str | None) -> None:
+        """Set (or remove, with None) an ML property, durably."""
+        self._check_open()
+        if value is None:
+            self.properties.pop(key, None)
+        else:
+            self.properties[key] = value
+        self._write_record()
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._state != "open"
+
+    @property
+    def current_ledger_id(self) -> int:
+        return self._ledgers[-1].ledger_id
+
+    @property
+    def last_confirmed_position(self) -> Position:
+        """The last durable entry; `(current, -1)` when the ML has none."""
+        return self._last_confirmed
+
+    @property
+    def total_size_bytes(self) -> int:
+        return sum(ledger.size for ledger in self._ledgers)
+
+    @property
+    def number_of_entries(self) -> int:
+        return sum(ledger.entries for ledger in self._ledgers)
+
+    def ledgers(self) -> list[LedgerRecord]:
+        """Every ledger, oldest first; the last one is the current ledger."""
+        return [LedgerRecord(ledger.ledger_id, ledger.entries, ledger.size, ledger.timestamp_ms)
+                for ledger in self._ledgers]
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ManagedLedgerClosedError(f"managed ledger {self.name} is {self._state}")
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- position arithmetic -------------------------------------------------------------
+
+    def _ledger_index(self, ledger_id: int) -> int | None:
+        index = bisect_left(self._ids, ledger_id)
+        if index < len(self._ids) and self._ids[index] == ledger_id:
+            return index
+        return None
+
+    def has_ledger(self, ledger_id: int) -> bool:
+        return self._ledger_index(ledger_id) is not None
+
+    def ledger_entries(self, ledger_id: int) -> int:
+        """Confirmed entries of a ledger (0 for one that is not in the list)."""
+        index = self._ledger_index(ledger_id)
+        return 0 if index is None else self._ledgers[index].entries
+
+    def write_position(self) -> Position:
+        """Where the next entry goes: `(current, its entry count)`."""
+        current = self._ledgers[-1]
+        return Position(current.ledger_id, current.entries)
+
+    def is_valid_position(self, position: Position) -> bool:
+        """Whether `position` is a confirmed entry of this ML."""
+        return 0 <= position.entry_id < self.ledger_entries(position.ledger_id)
+
+    def first_position(self) -> Position:
+        """The position before the first entry: `(first ledger, -1)` (Pulsar's
+        `getFirstPosition`)."""
+        return Position(self._ids[0], -1)
+
+    def first_entry_at_or_after(self, position: Position) -> Position:
+        """The lowest confirmed entry >= `position`; the write position when there is none
+        below it; `position` itself when it is beyond the write position."""
+        write = self.write_position()
+        if position >= write:
+            return position
+        index = bisect_left(self._ids, position.ledger_id)
+        if index < len(self._ids) and self._ids[index] == position.ledger_id:
+            entry_id = max(position.entry_id, 0)
+            if entry_id < self._ledgers[index].entries:
+                return Position(position.ledger_id, entry_id)
+            index += 1
+        for ledger in self._ledgers[index:]:
+            if ledger.entries > 0:
+                return Position(ledger.ledger_id, 0)
+        return write
+
+    def next_position(self, position: Position) -> Position:
+        """The position right after `position` in the ledger layout (always greater)."""
+        following = self.first_entry_at_or_after(Position(position.ledger_id,
+                                                          position.entry_id + 1))
+        assert following > position
+        return following
+
+    def next_valid_position(self, position: Position) -> Position:
+        """`next_position`, capped at the write position (Pulsar's `getNextValidPosition`)."""
+        return min(self.next_position(position), self.write_position())
+
+    def previous_position(self, position: Position) -> Position:
+        """The entry before `position`: `(l, e-1)`; for entry 0 the last entry of the previous
+        ledger with entries; `(first ledger, -1)` when there is none."""
+        if position.entry_id > 0:
+            return Position(position.ledger_id, position.entry_id - 1)
+        index = bisect_left(self._ids, position.ledger_id) - 1
+        while index >= 0:
+            ledger = self._ledgers[index]
+            if ledger.entries > 0:
+                return Position(ledger.ledger_id, ledger.entries - 1)
+            index -= 1
+        return self.first_position()
+
+    def entries_between(self, first: Position, last: Position) -> int:
+        """How many confirmed entries p satisfy first <= p <= last."""
+        if last < first:
+            return 0
+        start = bisect_left(self._ids, first.ledger_id)
+        stop = bisect_right(self._ids, last.ledger_id)
+        total = 0
+        for ledger in self._ledgers[start:stop]:
+            low = max(first.entry_id, 0) if ledger.ledger_id == first.ledger_id else 0
+            high = ledger.entries - 1
+            if ledger.ledger_id == last.ledger_id:
+                high = min(high, last.entry_id)
+            if high >= low:
+                total += high - low + 1
+        return total
+
+    def position_after_n(self, position: Position, count: int) -> Position:
+        """The `count`-th confirmed entry after `position` (count >= 1), or the last confirmed
+        entry when there are fewer."""
+        assert count >= 1
+        at = self.next_position(position)
+        while at <= self._last_confirmed:
+            available = self.ledger_entries(at.ledger_id) - at.entry_id
+            assert available > 0
+            if count <= available:
+                return Position(at.ledger_id, at.entry_id + count - 1)
+            count -= available
+            at = self.next_position(Position(at.ledger_id, at.entry_id + available - 1))
+        return max(self._last_confirmed, position)
+
+    def estimated_size_after(self, position: Position) -> int:
+        """Bytes of the entries after `position` (whole ledgers exactly, the ledger holding
+        `position` pro rata by its average entry size): the backlog size estimate."""
+        total = 0
+        for ledger in self._ledgers:
+            if ledger.ledger_id > position.ledger_id:
+                total += ledger.size
+            elif ledger.ledger_id == position.ledger_id and ledger.entries > 0:
+                remaining = ledger.entries - 1 - position.entry_id
+                total += max(remaining, 0) * ledger.size // ledger.entries
+        return total
+
+    # -- adds and rollover ---------------------------------------------------------------
+
+    async def add_entry(self, data: bytes) -> Position:
+        """Append an entry; returns its position once it is durable.
+
+        Concurrent calls get increasing positions in call order.
+
+        Raises:
+            ManagedLedgerClosedError: the ML is closed or deleted; nothing written.
+            ManagedLedgerFencedError: an earlier rollover failed; nothing written.
+            ManagedLedgerTerminatedError: the ML is terminated; nothing written.
+            StorageError: the storage refused or failed the add (see `storage.add_entry`).
+        """
+        self._check_writable()
+        async with self._submit_lock:
+            self._check_writable()
+            if self._add_failed or self._current_is_full():
+                await self._rollover()
+            done = self._submit(bytes(data))
+            self._last_add = done
+            ledger = self._ledgers[-1]
+            filled = self._current_is_full()
+        position = await done
+        # Only the add that filled the ledger rolls it over once durable, and only when no
+        # one else holds the submit lock (a later add rolling over, or a close): waiting
+        # for it would make this add return after later ones, and publishes must return
+        # in order (send receipts, dedup's persisted sequence ids).
+        if filled and self._ledgers[-1] is ledger and not self._submit_lock.locked():
+            await self.rollover_if_full()
+        return position
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.terminated_position is not None:
+            raise ManagedLedgerTerminatedError(f"managed ledger {self.name} is terminated")
+        if self._fenced is not None:
+            raise ManagedLedgerFencedError(
+                f"managed ledger {self.name} is fenced after a failed rollover: "
+                f"{self._fenced}") from self._fenced
+
+    def _submit(self, data: bytes) -> asyncio.Future[Position]:
+        loop = asyncio.get_running_loop()
+        ledger = self._ledgers[-1]
+        completion = self.storage.add_entry(ledger.ledger_id, data)
+        self._submitted_entries += 1
+        self._submitted_bytes += len(data)
+        done: asyncio.Future[Position] = loop.create_future()
+        size = len(data)
+
+        def bounce(finished: Completion[int]) -> None:
+            _call_soon(loop, self._on_add_done, ledger, size, finished, done)
+
+        completion.add_done_callback(bounce)
+        return done
+
+    def _on_add_done(self, ledger: _Ledger, size: int, finished: Completion[int],
+                     done: asyncio.Future[Position]) -> None:
+        error = finished.exception()
+        if error is not None:
+            self._add_failed = True
+            if not done.done():
+                done.set_exception(error)
+            return
+        entry_id = finished.result()
+        assert entry_id == ledger.entries, "adds of a ledger complete in order"
+        ledger.entries = entry_id + 1
+        ledger.size += size
+        position = Position(ledger.ledger_id, entry_id)
+        assert position > self._last_confirmed
+        self._last_confirmed = position
+        if not done.done():
+            done.set_result(position)
+        for hook in list(self.on_entries_added):
+            hook(position)
+
+    def _current_is_full(self) -> bool:
+        """Pulsar's `currentLedgerIsFull`, for a ledger that has entries."""
+        if self._submitted_entries == 0 or self._state != "open" or self._fenced:
+            return False
+        config = self.config
+        age_s = self.clock() - self._current_created_s
+        full = (self._submitted_entries >= config.max_entries_per_ledger
+                or self._submitted_bytes >= config.max_size_per_ledger_bytes
+                or age_s >= config.max_ledger_rollover_time_s)
+        if not full:
+            return False
+        return config.min_ledger_rollover_time_s <= 0 or age_s > config.min_ledger_rollover_time_s
+
+    async def rollover_if_full(self) -> bool:
+        """Roll over when the current ledger is full (the owner calls this periodically so
+        that an idle ledger is closed by age). Returns whether it rolled over.
+
+        Raises:
+            StorageError: the rollover failed; the ML is then fenced.
+        """
+        async with self._submit_lock:
+            if not self._current_is_full():
+                return False
+            await self._rollover()
+            return True
+
+    async def _rollover(self) -> None:
+        """Close the current ledger and start the next one. Submit lock held."""
+        assert self._submit_lock.locked()
+        old = self._ledgers[-1]
+        try:
+            last = await _after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
+            new_id = await self.storage.create_ledger({"ml": self.name})
+        except StorageFullError as error:
+            log.warning("ml %s: rollover of ledger %d failed, retried by the next add: %s",
+                        self.name, old.ledger_id, error)
+            self._add_failed = True
+            raise
+        except StorageError as error:
+            self._fenced = error
+            log.error("ml %s: rollover of ledger %d failed: %s", self.name, old.ledger_id, error)
+            raise
+        assert self._state == "open"
+        now_ms = self._now_ms()
+        if self._add_failed:
+            self._add_failed = False
+            if last + 1 != old.entries:
+                log.warning("ml %s: ledger %d closed after failed adds; keeping its %d "
+                            "confirmed entries (storage holds %d)", self.name,
+                            old.ledger_id, old.entries, last + 1)
+        else:
+            assert last + 1 == self._submitted_entries == old.entries, "close waits for adds"
+        old.timestamp_ms = now_ms
+        if old.entries == 0:  # only after failed adds: the list keeps no empty ledger
+            self._ledgers.pop()
+            self._ids.pop()
+            _delete_in_background(self.storage, old.ledger_id)
+            if self._last_confirmed.ledger_id == old.ledger_id:
+                self._last_confirmed = Position(new_id, -1)
+        self._ledgers.append(_Ledger(new_id))
+        self._ids.append(new_id)
+        self._current_created_s = self.clock()
+        self._submitted_entries = 0
+        self._submitted_bytes = 0
+        self._write_record()
+        log.info("ml %s: rolled over ledger %d (%d entries) to %d", self.name, old.ledger_id,
+                 old.entries, new_id)
+        self.trim_consumed_ledgers(now_ms)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def read_entries(self, start: Position, max_entries: int,
+                     max_bytes: int) -> list[tuple[Position, bytes]]:
+        """Confirmed entries from the first one at or after `start`, crossing ledgers.
+
+        Returns at most `max_entries` entries, stopping before the one that would take the
+        total above `max_bytes` — but always at least one when any is available.
+
+        Raises:
+            CorruptionError, NoSuchEntryError: from the storage read.
+        """
+        assert max_entries >= 0
+        found: list[tuple[Position, bytes]] = []
+        total = 0
+        at = self.first_entry_at_or_after(start)
+        while len(found) < max_entries and at <= self._last_confirmed:
+            available = self.ledger_entries(at.ledger_id) - at.entry_id
+            count = min(max_entries - len(found), available, READ_CHUNK_ENTRIES_MAX)
+            assert count > 0
+            datas = self.storage.read_entries(at.ledger_id, at.entry_id, at.entry_id + count - 1)
+            for offset, data in enumerate(datas):
+                if found and total + len(data) > max_bytes:
+                    return found
+                found.append((Position(at.ledger_id, at.entry_id + offset), data))
+                total += len(data)
+            at = self.next_position(found[-1][0])
+        return found
+
+    def read_entry(self, position: Position) -> bytes:
+        """One confirmed entry.
+
+        Raises:
+            InvalidPositionError: not a confirmed entry of this ML.
+        """
+        if not self.is_valid_position(position):
+            raise InvalidPositionError(f"{position} is not an entry of {self.name}")
+        return self.storage.read_entry(position.ledger_id, position.entry_id)
+
+    def find_newest_matching(self, predicate: Callable[[bytes], bool],
+                             start: Position | None = None) -> Position | None:
+        """The newest entry (from `start`, default the first) for which `predicate` holds,
+        assuming it holds for a prefix of the entries (binary search, ~log2(n) reads).
+        None when it does not hold for the first one."""
+        first = self.first_entry_at_or_after(start or self.first_position())
+        count = self.entries_between(first, self._last_confirmed)
+        if count == 0 or not predicate(self.read_entry(first)):
+            return None
+        low, high = 0, count - 1  # predicate holds at `low`
+        while low < high:
+            middle = (low + high + 1) // 2
+            if predicate(self.read_entry(self._nth_from(first, middle))):
+                low = middle
+            else:
+                high = middle - 1
+        return self._nth_from(first, low)
+
+    def _nth_from(self, first: Position, offset: int) -> Position:
+        return first if offset == 0 else self.position_after_n(first, offset)
+
+    def find_position_by_time(self, timestamp_ms: int, entry_timestamp: Callable[[bytes], int],
+                              start: Position | None = None) -> Position:
+        """Where a seek by time lands (§4.7): right after the newest entry whose timestamp is
+        below `timestamp_ms`, or the first entry when none is. Timestamps must rise."""
+        newest = self.find_newest_matching(lambda data: entry_timestamp(data) < timestamp_ms,
+                                           start)
+        if newest is None:
+            return self.first_entry_at_or_after(start or self.first_position())
+        return self.next_valid_position(newest)
+
+    # -- cursors -------------------------------------------------------------------------
+
+    async def open_cursor(self, name: str, initial_position: InitialPosition = "latest",
+                          properties: dict[str, int] | None = None) -> ManagedCursor:
+        """The durable cursor `name`: the existing one (its initial position and properties
+        are then ignored), or a new one created at `initial_position` (§4.6) and persisted
+        before this returns.
+
+        Raises:
+            ManagedLedgerClosedError: the ML is closed.
+            StorageError, ValueError: the new cursor's record could not be written (ValueError:
+                its key is too long for the metadata store); the new cursor is forgotten
+                again, so nothing is left behind.
+        """
+        self._check_open()
+        existing = self.cursors.get(name)
+        if existing is not None:
+            await existing.flush()
+            return existing
+        cursor = ManagedCursor.create(self, name, initial_position, durable=True,
+                                      properties=properties)
+        self.cursors[name] = cursor
+        try:
+            await cursor.flush()
+        except BaseException:
+            if self.cursors.get(name) is cursor:  # a cursor never persisted is no cursor
+                del self.cursors[name]
+                cursor.deleted = True  # whoever still holds it writes nothing more
+            raise
+        return cursor
+
+    def new_non_durable_cursor(self, start: Position | None = None,
+                               initial_position: InitialPosition = "latest",
+                               name: str = "") -> ManagedCursor:
+        """A memory-only cursor (readers, §4.6) that never holds back trimming. `start` is the
+        reader's start message position: a real one makes the reader start AT it; EARLIEST
+        starts at the first entry; None, LATEST or a position beyond the last entry let
+        `initial_position` decide."""
+        self._check_open()
+        cursor = ManagedCursor.create_non_durable(self, name, start, initial_position)
+        self._non_durable[id(cursor)] = cursor
+        return cursor
+
+    def release_non_durable_cursor(self, cursor: ManagedCursor) -> None:
+        """Forget a non-durable cursor (its last consumer left)."""
+        assert not cursor.durable
+        self._non_durable.pop(id(cursor), None)
+
+    @property
+    def non_durable_cursors(self) -> list[ManagedCursor]:
+        return list(self._non_durable.values())
+
+    async def delete_cursor(self, name: str) -> None:
+        """Delete a durable cursor and its record (durably), then trim what it held back.
+        Deleting a cursor that does not exist is a no-op."""
+        cursor = self.cursors.pop(name, None)
+        if cursor is None:
+            return
+        await cursor.delete_record()
+        if self._state == "open":
+            self.trim_consumed_ledgers()
+
+    def on_cursor_persisted(self, cursor: ManagedCursor, previous: Position,
+                            current: Position) -> None:
+        """A durable cursor's persisted mark-delete moved from `previous` to `current`."""
+        if self._state != "open" or cursor.name not in self.cursors:
+            return
+        end_of_ledger = current.entry_id + 1 >= self.ledger_entries(current.ledger_id)
+        if current.ledger_id != previous.ledger_id or end_of_ledger:
+            self.trim_consumed_ledgers()
+
+    # -- trimming ------------------------------------------------------------------------
+
+    def _trim_boundary(self) -> int:
+        """Index of the first ledger that is NOT a trimming candidate."""
+        current_index = len(self._ledgers) - 1
+        if not self.cursors:
+            return current_index
+        # The lower of the in-memory and the persisted mark-delete: a crash must not find its
+        # cursor pointing into a deleted ledger, and a reset may have moved it back.
+        slowest = min(min(c.mark_delete_position, c.persisted_mark_delete_position)
+                      for c in self.cursors.values())
+        index = bisect_left(self._ids, slowest.ledger_id)
+        if (index < current_index and self._ids[index] == slowest.ledger_id
+                and slowest.entry_id >= self._ledgers[index].entries - 1):
+            index += 1
+        return min(index, current_index)
+
+    def trim_consumed_ledgers(self, now_ms: int | None = None) -> list[int]:
+        """Delete consumed ledgers that retention no longer keeps (§7.1).
+
+        Args:
+            now_ms: the wall-clock time to judge retention by (default: the clock's).
+
+        Returns:
+            The ids of the ledgers deleted (their storage deletes are under way).
+        """
+        if self._state != "open":
+            return []
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        doomed = self._trim_candidates(now_ms)
+        if not doomed:
+            return []
+        kept_from = Position(self._ids[len(doomed)], -1)
+        for cursor in self._non_durable.values():
+            cursor.move_past_trimmed(kept_from)
+        for cursor in self.cursors.values():
+            assert cursor.mark_delete_position >= self.previous_position(kept_from)
+        del self._ledgers[:len(doomed)]
+        del self._ids[:len(doomed)]
+        self._write_record()
+        for ledger_id in doomed:
+            _delete_in_background(self.storage, ledger_id)
+        log.info("ml %s: trimmed ledgers %s", self.name, doomed)
+        return doomed
+
+    def _trim_candidates(self, now_ms: int) -> list[int]:
+        config = self.config
+        retention_ms = config.retention_time_minutes * 60_000
+        retention_bytes = config.retention_size_mb * MiB
+        total = self.total_size_bytes
+        size_deleted = 0
+        doomed: list[int] = []
+        for ledger in self._ledgers[:self._trim_boundary()]:
+            size_deleted += ledger.size
+            expired = retention_ms >= 0 and now_ms - ledger.timestamp_ms > retention_ms
+            over_quota = retention_bytes >= 0 and total - size_deleted >= retention_bytes
+            if not (expired or over_quota):
+                break
+            doomed.append(ledger.ledger_id)
+        return doomed
+
+    # -- closing and deleting ------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Flush the cursors, close the current ledger and record it (dropping it when
+        empty). Idempotent. Storage errors are logged: a later open recovers."""
+        if self._state != "open":
+            return
+        async with self._submit_lock:
+            self._state = "closing"
+            try:
+                for cursor in list(self.cursors.values()):
+                    await cursor.flush()
+                await self._close_current_ledger()
+            except StorageError as error:
+                log.warning("ml %s: close did not finish cleanly (%s); the next open recovers",
+                            self.name, error)
+            finally:
+                self._state = "closed"
+
+    async def _close_current_ledger(self) -> None:
+        current = self._ledgers[-1]
+        last = await _after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
+        assert last + 1 == current.entries or self._add_failed
+        current.timestamp_ms = self._now_ms()
+        empty = current.entries == 0 and len(self._ledgers) > 1
+        if empty:
+            self._ledgers.pop()
+            self._ids.pop()
+        self._write_record()
+        if empty:
+            await _delete_storage_ledger(self.storage, current.ledger_id)
+
+    async def delete(self) -> None:
+        """Delete the cursors, the ML record and every ledger, in that order (a crash
+        leaves orphan ledgers, which the next open of the same name deletes)."""
+        if self._state == "deleted":
+            return
+        async with self._submit_lock:
+            self._state = "deleted"
+            for name in list(self.cursors):
+                await self.cursors.pop(name).delete_record()
+            self._non_durable.clear()
+            with self.storage.metadata.transaction() as txn:
+                txn.delete(ml_key(self.name))
+            for ledger_id in list(self._ids):
+                await _delete_storage_ledger(self.storage, ledger_id)
+
+
+async def _recover_last_ledger(storage: LedgerStorage, ledger: _Ledger, now_ms: int) -> None:
+    """Close the previous run's last ledger at its last entry and learn its size."""
+    try:
+        last = await storage.close_ledger(ledger.ledger_id)
+    except LedgerNotFoundError:
+        log.warning("ml ledger %d is gone from storage; dropping it", ledger.ledger_id)
+        ledger.entries = 0
+        return
+    entries = last + 1
+    if entries != ledger.entries or (entries > 0 and ledger.size == 0):
+        ledger.size = _ledger_size(storage, ledger.ledger_id, entries)
+    ledger.entries = entries
+    if ledger.timestamp_ms == 0:
+        ledger.timestamp_ms = now_ms
+
+
+def _ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
+    """Total bytes of a closed ledger, read back (its size was not recorded)."""
+    size = 0
+    for first in range(0, entries, RECOVERY_READ_ENTRIES_MAX):
+        last = min(first + RECOVERY_READ_ENTRIES_MAX, entries) - 1
+        size += sum(len(data) for data in storage.read_entries(ledger_id, first, last))
+    return size
+
+
+async def _delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
+    try:
+        await storage.delete_ledger(ledger_id)
+    except LedgerNotFoundError:
+        pass
+
+
+def _delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
+    """Delete a storage ledger without waiting; a failure leaves an orphan that the next
+    open of the ML removes."""
+    try:
+        completion = storage.delete_ledger(ledger_id)
+    except StorageError as error:
+        log.warning("could not delete ledger %d: %s", ledger_id, error)
+        return
+
+    def report(finished: Completion[int]) -> None:
+        error = finished.exception()
+        if error is not None:
+            log.warning("deleting ledger %d failed: %s", ledger_id, error)
+
+    completion.add_done_callback(report)
+
+
+async def _after_earlier_callbacks(completion: Completion[int]) -> int:
+    """Await a storage completion through the event loop even when it is already done, so
+    that the add confirmations the storage bounced onto the loop before it (`_submit`) have
+    run first: a close must see the entry count of every add it waited for. (Awaiting a
+    `Completion` that is already done does not yield to the loop.)"""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
+    await waiter
+    return completion.result()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],
+               *args: object) -> None:
+    """Run `callback` on `loop` from a storage thread (ignored once the loop is closed)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass

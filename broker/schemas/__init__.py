@@ -1,0 +1,1 @@
+"""The schema registry, Pulsar's compatibility strategies and the Avro resolution rules."""

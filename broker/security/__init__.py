@@ -1,0 +1,1 @@
+"""Authentication (tokens) and TLS."""

@@ -1,0 +1,400 @@
+"""Authentication: who a connection or an admin request is, and keeping that true over time.
+
+Theory of operation
+-------------------
+`AuthenticationService` holds the enabled providers by method name (only "token" exists:
+`TokenAuthenticationProvider`, Pulsar's AuthenticationProviderToken semantics) and the
+superuser roles (recorded and logged; Magnetar does no authorization). It is built from the
+broker configuration by `AuthenticationService.from_config`, which returns None when
+authentication is off; the key is read once, at start-up, so a bad key file stops the broker
+before it listens.
+
+Binary protocol (wire reference 5.1). The connection handler calls `start_session` with the
+CONNECT command: the method named there must be enabled and its credentials valid, or an
+`AuthenticationError` comes back and the handler answers ERROR (request id -1) and closes.
+On success the `AuthSession` it returns knows the role and when the credentials expire, and
+runs Pulsar's refresh check every `auth_refresh_check_interval_s`:
+
+* credentials still valid: nothing;
+* expired, the client did not declare `supports_auth_refresh`: close the connection;
+* expired, no challenge outstanding: send AUTH_CHALLENGE (method "token", data
+  "PulsarAuthRefresh", the bytes Pulsar sends) and wait for AUTH_RESPONSE;
+* expired, and the challenge of the previous check is still unanswered: close.
+
+An AUTH_RESPONSE goes to `AuthSession.on_response`: fresh valid credentials for the same role
+replace the old ones (producers and consumers are untouched); anything else -- a bad or
+expired token, another role, another method -- closes the connection.
+
+HTTP: `authenticate_http` takes the `Authorization` header (`Bearer <token>`, the form
+Pulsar's admin client sends) and returns the principal or raises `AuthenticationError`.
+
+Key sources (`read_key_source`) are what Pulsar's `tokenSecretKey`/`tokenPublicKey` take: a
+path, `file:///path`, or `data:;base64,<base64>`. A secret key is the raw bytes of the file
+(what `tokens create-secret-key` writes); a public or private key is DER (what
+`tokens create-key-pair` writes) or PEM.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+import binascii
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from codec import pb
+
+from .._config import BrokerConfig
+from .._errors import AuthenticationError, ConfigurationError
+from ._jwt import PrivateKey, PublicKey, TokenError, VerifyingKey, decode_token
+
+__all__ = [
+    "AUTH_METHOD_TOKEN",
+    "REFRESH_AUTH_DATA",
+    "AuthSession",
+    "AuthenticationProvider",
+    "AuthenticationService",
+    "Principal",
+    "TokenAuthenticationProvider",
+    "load_private_key",
+    "load_public_key",
+    "read_key_source",
+]
+
+log = logging.getLogger(__name__)
+
+AUTH_METHOD_TOKEN: Final = "token"
+REFRESH_AUTH_DATA: Final = b"PulsarAuthRefresh"  # Pulsar's AuthData.REFRESH_AUTH_DATA
+KEY_FILE_BYTES_MAX: Final = 1024 * 1024  # a key file larger than this is refused
+_BEARER: Final = "bearer "
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated client.
+
+    Attributes:
+        role: the role (Pulsar's principal), from the token's role claim.
+        method: the authentication method that vouched for it.
+        expires_at_s: when the credentials expire (seconds since the epoch; None: never).
+    """
+
+    role: str
+    method: str
+    expires_at_s: float | None = None
+
+    def expired(self, now_s: float | None = None) -> bool:
+        now = time.time() if now_s is None else now_s
+        return self.expires_at_s is not None and self.expires_at_s <= now
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+
+def read_key_source(source: str) -> bytes:
+    """The bytes of a key given as a path, `file:///path` or `data:[type][;base64],data`.
+
+    Raises:
+        ConfigurationError: the file cannot be read, is too large or empty, or the data URL
+            is malformed.
+    """
+    if source.startswith("data:"):
+        meta, sep, payload = source[5:].partition(",")
+        if not sep:
+            raise ConfigurationError(f"malformed key data URL (no comma): {source[:40]!r}")
+        if meta.endswith(";base64") or meta == "base64":
+            try:
+                return base64.b64decode(payload, validate=True)
+            except (binascii.Error, ValueError):
+                raise ConfigurationError("the key data URL is not valid base64") from None
+        return urllib.parse.unquote_to_bytes(payload)
+    path = Path(urllib.parse.urlparse(source).path if source.startswith("file:") else source)
+    try:
+        size = path.stat().st_size
+        if size > KEY_FILE_BYTES_MAX:
+            raise ConfigurationError(f"key file {path} is larger than {KEY_FILE_BYTES_MAX} B")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read key file {path}: {exc.strerror or exc}") from None
+    if not data:
+        raise ConfigurationError(f"key file {path} is empty")
+    return data
+
+
+def load_public_key(data: bytes, where: str = "public key") -> PublicKey:
+    """An RSA or EC public key from DER (SubjectPublicKeyInfo) or PEM bytes.
+
+    Raises:
+        ConfigurationError: not such a key.
+    """
+    try:
+        if data.lstrip().startswith(b"-----BEGIN"):
+            key = serialization.load_pem_public_key(data)
+        else:
+            key = serialization.load_der_public_key(data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"{where}: not a DER or PEM public key ({exc})") from None
+    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
+        raise ConfigurationError(f"{where}: only RSA and EC public keys are supported")
+    return key
+
+
+def load_private_key(data: bytes, where: str = "private key") -> PrivateKey:
+    """An RSA or EC private key from DER (PKCS#8) or PEM bytes, unencrypted.
+
+    Raises:
+        ConfigurationError: not such a key.
+    """
+    try:
+        if data.lstrip().startswith(b"-----BEGIN"):
+            key = serialization.load_pem_private_key(data, password=None)
+        else:
+            key = serialization.load_der_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"{where}: not a DER or PEM private key ({exc})") from None
+    if not isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+        raise ConfigurationError(f"{where}: only RSA and EC private keys are supported")
+    return key
+
+
+# -- providers --------------------------------------------------------------------------------
+
+
+class AuthenticationProvider(abc.ABC):
+    """One authentication method."""
+
+    method_name: str
+
+    @abc.abstractmethod
+    def authenticate(self, auth_data: bytes) -> Principal:
+        """The principal the credentials prove.
+
+        Raises:
+            AuthenticationError: missing, malformed, invalid or expired credentials.
+        """
+
+
+class TokenAuthenticationProvider(AuthenticationProvider):
+    """JWT tokens signed with a secret key or a key pair (see `_jwt.py`).
+
+    Args:
+        key: the secret (bytes) or the public key that verifies tokens.
+        role_claim: the claim holding the role (Pulsar's tokenAuthClaim, default "sub").
+        clock_skew_s: tolerance on `exp`/`nbf` (Pulsar's tokenAllowedClockSkewSeconds).
+    """
+
+    method_name = AUTH_METHOD_TOKEN
+
+    def __init__(self, key: VerifyingKey, role_claim: str = "sub", clock_skew_s: float = 0.0):
+        assert role_claim, "the role claim needs a name"
+        assert clock_skew_s >= 0
+        self.key = key
+        self.role_claim = role_claim
+        self.clock_skew_s = clock_skew_s
+
+    def authenticate(self, auth_data: bytes) -> Principal:
+        if not auth_data:
+            raise TokenError("no token was sent")
+        try:
+            token = auth_data.decode("ascii")
+        except UnicodeDecodeError:
+            raise TokenError("the token is not ASCII text") from None
+        claims = decode_token(token, self.key, clock_skew_s=self.clock_skew_s)
+        role = claims.get(self.role_claim)
+        if not isinstance(role, str) or not role:
+            raise TokenError(f"the token has no {self.role_claim!r} claim (the role)")
+        exp = claims.get("exp")
+        return Principal(role, self.method_name,
+                         None if exp is None else float(exp) + self.clock_skew_s)
+
+
+# -- the service ------------------------------------------------------------------------------
+
+
+class AuthenticationService:
+    """The enabled providers and the superuser roles (see the module comment)."""
+
+    def __init__(self, providers: list[AuthenticationProvider],
+                 superuser_roles: tuple[str, ...] = (),
+                 refresh_check_interval_s: float = 60.0):
+        assert providers, "authentication needs at least one provider"
+        self.providers = {provider.method_name: provider for provider in providers}
+        self.superuser_roles = frozenset(superuser_roles)
+        self.refresh_check_interval_s = refresh_check_interval_s
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig) -> AuthenticationService | None:
+        """The service the configuration asks for; None when authentication is disabled.
+
+        Raises:
+            ConfigurationError: authentication is enabled without a usable key.
+        """
+        if not config.authentication_enabled:
+            return None
+        if bool(config.token_secret_key) == bool(config.token_public_key):
+            raise ConfigurationError("token authentication needs exactly one of "
+                                     "token_secret_key and token_public_key")
+        key: VerifyingKey
+        if config.token_secret_key:
+            key = read_key_source(config.token_secret_key)
+        else:
+            key = load_public_key(read_key_source(config.token_public_key),
+                                  config.token_public_key)
+        provider = TokenAuthenticationProvider(key, config.token_auth_claim,
+                                               config.token_allowed_clock_skew_s)
+        log.info("token authentication enabled (%s key%s)",
+                 "secret" if isinstance(key, bytes) else "public",
+                 f"; superusers: {', '.join(config.superuser_roles)}"
+                 if config.superuser_roles else "")
+        return cls([provider], config.superuser_roles, config.auth_refresh_check_interval_s)
+
+    def authenticate(self, method: str, auth_data: bytes) -> Principal:
+        """Authenticate credentials of a method.
+
+        Raises:
+            AuthenticationError: the method is not enabled, or the credentials are bad.
+        """
+        provider = self.providers.get(method)
+        if provider is None:
+            enabled = ", ".join(sorted(self.providers))
+            if method in ("", "none"):
+                raise AuthenticationError(f"authentication is required (method: {enabled})")
+            raise AuthenticationError(f"authentication method {method!r} is not enabled "
+                                      f"(enabled: {enabled})")
+        principal = provider.authenticate(auth_data)
+        if principal.role in self.superuser_roles:
+            log.debug("superuser %r authenticated", principal.role)
+        return principal
+
+    def authenticate_http(self, authorization: str | None) -> Principal:
+        """Authenticate an HTTP request's `Authorization` header (`Bearer <token>`).
+
+        Raises:
+            AuthenticationError: no header, another scheme, or a bad token.
+        """
+        if not authorization:
+            raise AuthenticationError("authentication required: send 'Authorization: "
+                                      "Bearer <token>'")
+        if not authorization.lower().startswith(_BEARER):
+            raise AuthenticationError("the Authorization header must use the Bearer scheme")
+        token = authorization[len(_BEARER):].strip()
+        return self.authenticate(AUTH_METHOD_TOKEN, token.encode("ascii", "replace"))
+
+    def start_session(self, connect: pb.CommandConnect, send: Callable[[pb.CommandAuthChallenge],
+                      bool], close: Callable[[], None], peer: str,
+                      server_version: str) -> AuthSession:
+        """Authenticate a CONNECT and start the connection's refresh checks.
+
+        Raises:
+            AuthenticationError: the connection must be refused (nothing was started).
+        """
+        method = connect.auth_method_name  # the deprecated enum auth_method names no token
+        principal = self.authenticate(method, connect.auth_data)
+        supports_refresh = (connect.HasField("feature_flags")
+                            and connect.feature_flags.supports_auth_refresh)
+        session = AuthSession(self, principal, supports_refresh=supports_refresh, send=send,
+                              close=close, peer=peer, server_version=server_version,
+                              protocol_version=connect.protocol_version)
+        log.info("connection from %s authenticated as %r (%s)", peer, principal.role, method)
+        session.start()
+        return session
+
+
+class AuthSession:
+    """The authentication of one connection and its refresh checks (see the module comment).
+
+    Args:
+        send: sends AUTH_CHALLENGE; returns False when it could not.
+        close: closes the connection.
+    """
+
+    def __init__(self, service: AuthenticationService, principal: Principal, *,
+                 supports_refresh: bool, send: Callable[[pb.CommandAuthChallenge], bool],
+                 close: Callable[[], None], peer: str, server_version: str,
+                 protocol_version: int):
+        self.service = service
+        self.principal = principal
+        self.supports_refresh = supports_refresh
+        self.challenge_outstanding = False
+        self.refreshes = 0
+        self._send = send
+        self._close = close
+        self._peer = peer
+        self._server_version = server_version
+        self._protocol_version = protocol_version
+        self._timer: asyncio.TimerHandle | None = None
+        self._stopped = False
+
+    def start(self) -> None:
+        """Schedule the next refresh check (none when the interval is <= 0)."""
+        interval = self.service.refresh_check_interval_s
+        if interval > 0 and not self._stopped:
+            self._timer = asyncio.get_running_loop().call_later(interval, self._check)
+
+    def stop(self) -> None:
+        """No more checks (the connection closed). Idempotent."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._stopped:
+            return
+        if self.principal.expired() and self._expire():
+            return  # closed
+        self.start()
+
+    def _expire(self) -> bool:
+        """Act on expired credentials; True when the connection was closed."""
+        role = self.principal.role
+        if not self.supports_refresh:
+            return self._fail(f"the credentials of {role!r} expired and the client cannot "
+                              "refresh them")
+        if self.challenge_outstanding:
+            return self._fail(f"{role!r} did not answer the refresh challenge in time")
+        challenge = pb.CommandAuthChallenge(
+            server_version=self._server_version, protocol_version=self._protocol_version,
+            challenge=pb.AuthData(auth_method_name=self.principal.method,
+                                  auth_data=REFRESH_AUTH_DATA))
+        if not self._send(challenge):
+            return self._fail("the refresh challenge could not be sent")
+        self.challenge_outstanding = True
+        log.debug("credentials of %r on %s expired: challenge sent", role, self._peer)
+        return False
+
+    def on_response(self, response: pb.CommandAuthResponse) -> None:
+        """An AUTH_RESPONSE: accept fresh credentials of the same role or close."""
+        if self._stopped:
+            return
+        data = response.response
+        try:
+            fresh = self.service.authenticate(data.auth_method_name or self.principal.method,
+                                              data.auth_data)
+        except AuthenticationError as exc:
+            self._fail(f"refreshed credentials refused: {exc}")
+            return
+        if fresh.role != self.principal.role:
+            self._fail(f"refreshed credentials are for role {fresh.role!r}, not "
+                       f"{self.principal.role!r}")
+            return
+        self.principal = fresh
+        self.challenge_outstanding = False
+        self.refreshes += 1
+        log.info("credentials of %r on %s refreshed", fresh.role, self._peer)
+
+    def _fail(self, why: str) -> bool:
+        log.warning("closing the connection of %s: %s", self._peer, why)
+        self.stop()
+        self._close()
+        return True

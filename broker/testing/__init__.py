@@ -1,0 +1,1 @@
+"""The seeded broker simulation (a harness, not loaded by `import broker`)."""

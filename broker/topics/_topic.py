@@ -1,0 +1,882 @@
+"""Topics: persistent ones (a managed ledger, producers, subscriptions, deduplication) and
+non-persistent ones (memory only, dropped when nobody can take a message).
+
+Theory of operation
+-------------------
+Publishing to a persistent topic (`PersistentTopic.publish`):
+
+1. checks: topic not fenced or terminated, message size, the delayed-delivery maximum;
+2. deduplication (when enabled, never for system topics; broker reference §5), with the
+   entry's highest sequence id from `highest_sequence_id_of` when the SEND states none: DUP
+   answers with message id (-1, -1) and writes nothing; UNKNOWN (the same sequence id may
+   still be in flight) fails with PersistenceError so the client resends;
+3. the entry (the producer's metadata and payload, checksum included, as sent) is appended
+   to the managed ledger, and the publish completes only when it is durable;
+4. dedup records the persisted (highest) sequence id, and every 1000 entries snapshots the
+   per-producer state into the `pulsar.dedup` cursor's properties (its mark-delete is the
+   snapshot position). On load, the state is the snapshot plus a replay of every entry
+   after it, so a restart or a crash loses nothing.
+5. subscriptions are woken through the managed ledger's entries-added hook.
+
+Producers: names are unique per topic (ProducerBusy); the access modes (Shared, Exclusive,
+ExclusiveWithFencing, WaitForExclusive) and the topic epoch are `_access_modes.ExclusiveAccess`'s
+business: a WaitForExclusive producer that must wait is returned with its `waiter` set and
+is registered in `producers` only once promoted. The backlog quota is checked at creation
+(broker reference §7.3).
+
+A full disk: a publish that fails with StorageFullError closes its producer (CLOSE_PRODUCER:
+a SEND_ERROR would make the official client drop the connection and resend in a loop), and
+while the disk is full producers are refused with DiskFullError (ProducerBlockedQuota-
+ExceededException on the wire), which the client reports to the pending sends' callers
+before it retries with backoff; the service resumes writes once there is room.
+
+Closing (`fenced`): while a topic closes, unloads or is deleted, new producers and consumers
+get ServiceNotReady (the client retries and lands on the reloaded topic). A broker-side close
+of a producer or consumer goes through `Producer.disconnect` / the consumer's sink, which the
+connection turns into CLOSE_PRODUCER / CLOSE_CONSUMER (the client reconnects).
+
+Termination (`terminate`): the managed ledger records its last position and takes no more
+entries; producers are disconnected and refused with TopicTerminatedError from then on;
+consumers read up to the last entry and then get nothing more (no REACHED_END_OF_TOPIC: the
+C++ client cannot handle it, wire reference §10.5).
+
+Read failure (`read_failed`): when a dispatcher finds stored entries it can never read (a
+corrupt entry log or index: `CorruptionError`, `NoSuchEntryError`), the topic logs the error
+(it names the file and offset), records it in `failure` (stats: `storageFailure`, metrics:
+`pulsar_topic_storage_failed`), closes every consumer with CLOSE_CONSUMER and refuses new
+subscriptions with NotAllowedError naming the failure: the official client then reports the
+error instead of waiting for messages that never come. Producers and other topics are not
+affected; unloading the topic (or a restart) clears the mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from codec import FRAME_PADDING_BYTES, parse_entry, pb
+
+from .._errors import (
+    BrokerError,
+    ConsumerBusyError,
+    DiskFullError,
+    NotAllowedError,
+    PersistenceError,
+    ProducerBlockedQuotaExceededError,
+    ProducerBlockedQuotaExceededException,
+    ProducerBusyError,
+    ServiceNotReadyError,
+    SubscriptionNotFoundError,
+    TopicTerminatedError,
+    from_storage_error,
+)
+from .._names import TopicName
+from .._namespaces import EffectivePolicies
+from .._tasks import spawn
+from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
+from ..dispatch._entry import EntryInfo, messages_in_entry
+from ..dispatch._subscription import Subscription
+from ..ledger._cursor import ManagedCursor
+from ..ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ..ledger._position import Position
+from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
+from ._dedup import (
+    DEDUP_CURSOR_NAME,
+    DEDUP_UNKNOWN_MESSAGE,
+    DeduplicationState,
+    DedupResult,
+    highest_sequence_id_of,
+)
+from ._entry_metadata import EntryMetadataAppender, interceptors_of
+
+if TYPE_CHECKING:
+    from .._config import BrokerConfig
+    from ._service import BrokerService
+
+__all__ = ["NonPersistentTopic", "PersistentTopic", "Producer", "ProducerSpec",
+           "PublishResult"]
+
+log = logging.getLogger(__name__)
+
+_PRODUCER_NAMES = itertools.count(0)
+RESERVED_SUBSCRIPTION_PREFIXES = ("pulsar.repl",)
+
+
+@dataclass(frozen=True)
+class ProducerSpec:
+    """What CommandProducer asks for, as plain values."""
+
+    producer_name: str = ""
+    access_mode: str = "Shared"  # Shared | Exclusive | ExclusiveWithFencing | WaitForExclusive
+    epoch: int = 0
+    topic_epoch: int | None = None  # what the client got from an earlier exclusive access
+    metadata: dict[str, str] = field(default_factory=dict)
+    initial_subscription_name: str = ""
+    address: str = ""
+    client_version: str = ""
+
+
+class Producer:
+    """A connected producer."""
+
+    def __init__(self, topic: PersistentTopic | NonPersistentTopic, spec: ProducerSpec,
+                 name: str, user_provided_name: bool):
+        self.topic = topic
+        self.spec = spec
+        self.name = name
+        self.user_provided_name = user_provided_name
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.closed = False
+        self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.topic_epoch: int | None = None  # granted with exclusive access
+        self.waiter: Waiter | None = None  # set while a WaitForExclusive producer waits
+        self.closer: Callable[[str], None] | None = None  # the connection's CLOSE_PRODUCER
+        self.closed_on_full_disk = False  # SENDs still on their way are refused quietly
+
+    def disconnect(self, reason: str) -> None:
+        """The broker drops this producer (already removed from its topic): its connection
+        tells the client, which reconnects."""
+        if self.closer is not None:
+            self.closer(reason)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    ledger_id: int
+    entry_id: int
+
+    @property
+    def duplicate(self) -> bool:
+        return self.ledger_id == -1 and self.entry_id == -1
+
+
+def _now_ms() -> float:
+    """Wall-clock ms: the unit of `DeduplicationState`'s times."""
+    return time.time() * 1000
+
+
+def _count_in(topic: PersistentTopic | NonPersistentTopic, producer: Producer, entry: bytes,
+              metadata: pb.MessageMetadata) -> int:
+    """Count a published entry in the topic's and the producer's counters; returns its
+    number of messages."""
+    messages = messages_in_entry(metadata, entry)
+    producer.msg_in_counter += messages
+    producer.bytes_in_counter += len(entry)
+    topic.msg_in_counter += messages
+    topic.bytes_in_counter += len(entry)
+    return messages
+
+
+def _metadata_of(entry: bytes) -> pb.MessageMetadata:
+    return parse_entry(entry, verify_checksum=False).metadata
+
+
+class _ProducerHost:
+    """What both topic kinds do with producers: admission under the access modes
+    (`ExclusiveAccess`), registration, removal with promotion of a waiting producer, and
+    broker-side disconnects. Subclasses set `name`, `producers`, `access` and `fenced`."""
+
+    name: TopicName
+    producers: dict[str, Producer]
+    access: ExclusiveAccess
+    fenced: bool
+
+    def _admit(self, producer: Producer) -> Producer:
+        """Apply the access mode (see `ExclusiveAccess.admit`, whose errors pass through);
+        a producer that must wait is returned unregistered with its `waiter` set."""
+        spec = producer.spec
+        granted = self.access.admit(producer.name, spec.access_mode, spec.topic_epoch,
+                                    len(self.producers), self._evict_producers, producer)
+        if isinstance(granted, Waiter):
+            producer.waiter = granted
+            log.info("producer %s waits for exclusive access to %s (%d waiting)",
+                     producer.name, self.name, len(self.access.waiters))
+            return producer
+        producer.topic_epoch = granted
+        self._register(producer)
+        return producer
+
+    def _name_taken(self, name: str) -> bool:
+        return name in self.producers or any(w.name == name for w in self.access.waiters)
+
+    def _register(self, producer: Producer) -> None:
+        assert producer.name not in self.producers
+        self.producers[producer.name] = producer
+
+    def _unregistered(self, producer: Producer) -> None:
+        """Hook: `producer` just left `producers`."""
+
+    def _evict_producers(self) -> None:
+        self.disconnect_producers("fenced by an ExclusiveWithFencing producer")
+
+    def disconnect_producers(self, reason: str) -> None:
+        """Remove every producer, waiting ones included, and tell its connection
+        (CLOSE_PRODUCER; the client reconnects)."""
+        # Waiters first: removing a holder while they wait would promote one.
+        for producer in [w.producer for w in self.access.waiters] + \
+                list(self.producers.values()):
+            self.remove_producer(producer)
+            producer.disconnect(reason)
+
+    def remove_producer(self, producer: Producer) -> None:
+        """A producer leaves (or stops waiting). Idempotent. When it held exclusive access,
+        the first waiting producer is promoted and registered (not while closing)."""
+        producer.closed = True
+        if producer.waiter is not None:
+            self.access.removed(producer.name, producer.waiter, len(self.producers))
+            return
+        if self.producers.get(producer.name) is not producer:
+            return
+        del self.producers[producer.name]
+        self._unregistered(producer)
+        if self.fenced:
+            return  # closing: nobody is promoted (the waiters reconnect to the reloaded topic)
+        promoted = self.access.removed(producer.name, None, len(self.producers))
+        if promoted is not None:
+            waiting: Producer = promoted.producer
+            waiting.waiter = None
+            waiting.topic_epoch = promoted.admitted.result()
+            self._register(waiting)
+
+
+class PersistentTopic(_ProducerHost):
+    """A persistent topic (or one partition of a partitioned topic)."""
+
+    def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
+        self.service = service
+        self.name = name
+        self.managed_ledger = ml
+        self.subscriptions: dict[str, Subscription] = {}
+        self.readers: dict[str, Subscription] = {}  # non-durable subscriptions
+        self.producers: dict[str, Producer] = {}
+        self.policies: EffectivePolicies = service.namespaces.effective_policies(
+            str(name), name.namespace_name)
+        self.dedup: DeduplicationState | None = None
+        interceptors = interceptors_of(service.config.broker_entry_metadata_interceptors)
+        self.entry_metadata = EntryMetadataAppender.open(
+            interceptors, ml, lambda: int(service.clock() * 1000)) if interceptors else None
+        self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
+        self.fenced = False
+        self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
+        self.access = ExclusiveAccess(
+            ExclusiveAccess.restored_epoch(ml.properties),
+            lambda epoch: ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch)))
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.msg_out_counter = 0
+        self.bytes_out_counter = 0
+        self._publish_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+        ml.on_entries_added.append(self._entries_added)
+
+    @property
+    def config(self) -> BrokerConfig:
+        return self.service.config
+
+    @classmethod
+    async def load(cls, service: BrokerService, name: TopicName) -> PersistentTopic:
+        ml_config = ManagedLedgerConfig.from_broker_config(service.config)
+        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config)
+        topic = cls(service, name, ml)
+        topic.apply_policies()
+        for cursor_name, cursor in ml.cursors.items():
+            if cursor_name != DEDUP_CURSOR_NAME:
+                topic.subscriptions[cursor_name] = Subscription(topic, cursor_name, cursor)
+        await topic._recover_dedup()
+        return topic
+
+    def apply_policies(self) -> None:
+        """Re-read the effective policies (after a namespace or topic policy change)."""
+        self.policies = self.service.namespaces.effective_policies(
+            str(self.name), self.name.namespace_name)
+        self.managed_ledger.config = dataclasses.replace(
+            self.managed_ledger.config,
+            retention_time_minutes=self.policies.retention_time_minutes,
+            retention_size_mb=self.policies.retention_size_mb)
+
+    # -- deduplication ---------------------------------------------------------------------
+
+    def dedup_enabled(self) -> bool:
+        return self.policies.deduplication_enabled and not self.name.is_system_topic
+
+    async def _recover_dedup(self) -> None:
+        ml = self.managed_ledger
+        if not self.dedup_enabled():
+            if DEDUP_CURSOR_NAME in ml.cursors:
+                await ml.delete_cursor(DEDUP_CURSOR_NAME)
+            self.dedup = None
+            return
+        state = DeduplicationState.from_config(self.config)
+        cursor = await ml.open_cursor(DEDUP_CURSOR_NAME, "earliest")
+        now = _now_ms()
+        state.restore({k: int(v) for k, v in cursor.properties.items()}, now)
+        position = ml.next_valid_position(cursor.mark_delete_position)
+        last = ml.last_confirmed_position
+        replayed = 0
+        while position <= last:
+            batch = ml.read_entries(position, 1000, 32 * 1024 * 1024)
+            if not batch:
+                break
+            for entry_position, data in batch:
+                metadata = _metadata_of(data)
+                highest = highest_sequence_id_of(metadata.sequence_id, -1, metadata, data)
+                state.replay_entry(metadata.producer_name, metadata.sequence_id, highest, now)
+                replayed += 1
+                position = ml.next_valid_position(Position(*entry_position))
+        self.dedup = state
+        self._dedup_recorded = last
+        if replayed >= self.config.broker_deduplication_entries_interval:
+            await self._take_dedup_snapshot(cursor)
+        log.info("dedup state of %s recovered (%d entries replayed)", self.name, replayed)
+
+    async def _take_dedup_snapshot(self, cursor: ManagedCursor | None = None) -> None:
+        state = self.dedup
+        cursor = cursor or self.managed_ledger.cursors.get(DEDUP_CURSOR_NAME)
+        if state is None or cursor is None or state.snapshot_running:
+            return
+        snapshot = state.begin_snapshot()
+        # The last entry whose sequence ids are in the state: every entry up to it is
+        # covered, so recovery replays only what follows (the last confirmed entry may be
+        # ahead of it while its publish has not yet recorded itself).
+        position = self._dedup_recorded
+        ok = False
+        try:
+            if position > cursor.mark_delete_position:
+                await cursor.mark_delete(position, properties=dict(snapshot))
+            ok = True
+        finally:
+            state.end_snapshot(_now_ms(), ok)
+
+    # -- producers -------------------------------------------------------------------------
+
+    @property
+    def terminated(self) -> bool:
+        return self.managed_ledger.terminated_position is not None
+
+    def add_producer(self, spec: ProducerSpec) -> Producer:
+        """Admit a producer. A WaitForExclusive producer that has to wait comes back with
+        its `waiter` set and is not yet in `producers`.
+
+        Raises:
+            ProducerBusyError: the name is taken, an exclusive producer excludes it, or the
+                producer limit is reached.
+            ProducerFencedError: its topic epoch is older than the topic's.
+            ServiceNotReadyError: the topic is closing, or too many producers wait.
+            TopicTerminatedError: the topic is terminated.
+            ProducerBlockedQuotaExceededError/Exception: the backlog quota is exceeded.
+        Nothing is left behind on failure (but an ExclusiveWithFencing producer has evicted
+        the others even when it then fails).
+        """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        if self.terminated:
+            raise TopicTerminatedError(f"Topic {self.name} is terminated")
+        name = spec.producer_name or self._generated_name()
+        if self._name_taken(name):
+            raise ProducerBusyError(
+                f"Producer with name '{name}' is already connected to topic '{self.name}'")
+        limit = self.policies.max_producers_per_topic
+        if limit > 0 and len(self.producers) >= limit:
+            raise ProducerBusyError("Topic reached max producers limit")
+        self._check_backlog_quota()
+        if self.service.storage_full:
+            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full "
+                                f"({self.service.storage.failed})")
+        return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
+
+    def _register(self, producer: Producer) -> None:
+        super()._register(producer)
+        if self.dedup is not None:
+            self.dedup.producer_connected(producer.name)
+
+    def _unregistered(self, producer: Producer) -> None:
+        if self.dedup is not None:
+            self.dedup.producer_disconnected(producer.name, _now_ms())
+
+    def _generated_name(self) -> str:
+        while True:
+            name = f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
+            if name not in self.producers:
+                return name
+
+    def last_sequence_id(self, producer: Producer) -> int:
+        return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
+
+    def exceeded_backlog_quota(self) -> str | None:
+        """The policy of the first backlog quota exceeded ("destination_storage" by size,
+        then "message_age" by the oldest unacknowledged message), or None."""
+        limit = self.policies.backlog_quota_limit_bytes
+        if limit >= 0 and self.estimated_backlog_bytes() > limit:
+            return self.policies.backlog_quota_policy
+        age_limit_s = self.policies.backlog_quota_limit_s
+        if age_limit_s >= 0:
+            oldest = self.oldest_unacked_publish_time()
+            if oldest is not None and _now_ms() - oldest > age_limit_s * 1000:
+                return self.policies.backlog_quota_age_policy
+        return None
+
+    def backlog_quota_exceeded(self) -> bool:
+        return self.exceeded_backlog_quota() is not None
+
+    def oldest_unacked_publish_time(self) -> int | None:
+        """Time (ms) of the oldest unacknowledged entry over durable subscriptions -- its
+        broker timestamp when stored with one, else its publish time -- or None when nothing
+        is unacknowledged."""
+        ml = self.managed_ledger
+        oldest: int | None = None
+        for subscription in self.subscriptions.values():
+            if not subscription.durable or subscription.backlog() == 0:
+                continue
+            position = ml.next_valid_position(subscription.cursor.mark_delete_position)
+            while position <= ml.last_confirmed_position and subscription.is_acked(position):
+                position = ml.next_valid_position(position)
+            if position > ml.last_confirmed_position:
+                continue
+            published = EntryInfo(position, ml.read_entry(position)).timestamp
+            oldest = published if oldest is None else min(oldest, published)
+        return oldest
+
+    def _check_backlog_quota(self) -> None:
+        policy = self.exceeded_backlog_quota()
+        if policy is None:
+            return
+        message = f"Cannot create producer on topic with backlog quota exceeded ({self.name})"
+        if policy == "producer_request_hold":
+            raise ProducerBlockedQuotaExceededError(message)
+        if policy == "producer_exception":
+            raise ProducerBlockedQuotaExceededException(message)
+
+    def estimated_backlog_bytes(self) -> int:
+        durable = [s.cursor for s in self.subscriptions.values() if s.durable]
+        if not durable:
+            return 0
+        slowest = min(c.mark_delete_position for c in durable)
+        return int(self.managed_ledger.estimated_size_after(slowest))
+
+    # -- publishing ------------------------------------------------------------------------
+
+    async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
+                      highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
+                      ) -> PublishResult:
+        """Append one entry (a message or a batch) for a producer.
+
+        Args:
+            producer: the publishing producer.
+            entry: the entry bytes as sent.
+            sequence_id: the SEND's (lowest) sequence id.
+            highest_sequence_id: the SEND's stated highest id; below `sequence_id` when it
+                stated none, and then dedup derives it from the entry
+                (`highest_sequence_id_of`).
+            metadata: the entry's metadata when the caller has it parsed already.
+
+        Raises:
+            NotAllowedError: too large, or delayed beyond the maximum; nothing written.
+            PersistenceError: dedup cannot tell yet, or storage failed; nothing written
+                (on a storage failure the entry may or may not be durable).
+            DiskFullError: the disk is full; nothing acknowledged, the producer is closed.
+            TopicTerminatedError: the topic is terminated, closing, or the producer is
+                closed (or still waiting for exclusive access).
+        """
+        if producer.closed_on_full_disk:
+            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
+        if self.fenced or producer.closed or self.producers.get(producer.name) is not producer:
+            raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
+        metadata = metadata if metadata is not None else _metadata_of(entry)
+        self._check_message(entry, metadata)
+        dedup = self.dedup
+        last_chunk = not metadata.HasField("chunk_id") or \
+            metadata.chunk_id == metadata.num_chunks_from_msg - 1
+        if dedup is not None:
+            highest_sequence_id = highest_sequence_id_of(sequence_id, highest_sequence_id,
+                                                         metadata, entry)
+            verdict = dedup.check(producer.name, sequence_id, highest_sequence_id,
+                                  is_chunk_not_last=not last_chunk)
+            if verdict is DedupResult.DUP:
+                return PublishResult(-1, -1)
+            if verdict is DedupResult.UNKNOWN:
+                raise PersistenceError(DEDUP_UNKNOWN_MESSAGE)
+        stored = entry if self.entry_metadata is None else \
+            self.entry_metadata.prefix(entry, metadata)
+        try:
+            position = await self.managed_ledger.add_entry(stored)
+        except BrokerError:
+            raise
+        except Exception as exc:
+            if dedup is not None:
+                dedup.reset_pushed_to_persisted()
+            from storage import StorageError, StorageFullError
+
+            if isinstance(exc, StorageFullError):
+                raise self._refuse_for_full_disk(producer, exc) from exc
+            if isinstance(exc, StorageError):
+                raise from_storage_error(exc) from exc
+            raise PersistenceError(f"write to {self.name} failed: {exc}") from exc
+        if dedup is not None and last_chunk:
+            dedup.record_persisted(producer.name, sequence_id, highest_sequence_id)
+            self._dedup_recorded = max(self._dedup_recorded, position)
+            # Every `entries_interval` entries; the time-based snapshot is maintenance's.
+            # Not once the topic is closing: `close` cancelled the background tasks and
+            # takes the last snapshot itself (a task spawned now would outlive the topic).
+            if not dedup.snapshot_running and not self.fenced and \
+                    dedup.entries_since_snapshot >= \
+                    self.config.broker_deduplication_entries_interval:
+                self._spawn(self._take_dedup_snapshot())
+        _count_in(self, producer, entry, metadata)
+        return PublishResult(position.ledger_id, position.entry_id)
+
+    def _refuse_for_full_disk(self, producer: Producer, error: Exception) -> DiskFullError:
+        """A publish failed on a full disk: close the producer (CLOSE_PRODUCER) instead of
+        answering SEND_ERROR, which the official client treats as a broken connection and
+        answers by resending forever. It reconnects, is refused with DiskFullError while the
+        disk is full, and fails its pending sends with that error."""
+        if not producer.closed:
+            log.warning("closing producer %s of %s: the disk is full (%s)", producer.name,
+                        self.name, error)
+            producer.closed_on_full_disk = True
+            self.remove_producer(producer)
+            producer.disconnect("the broker's disk is full")
+        return DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
+
+    def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
+        limit = self.config.max_message_size_bytes + FRAME_PADDING_BYTES
+        if len(entry) > limit:
+            raise NotAllowedError(f"Message of {len(entry)} bytes exceeds the maximum "
+                                  f"{self.config.max_message_size_bytes} on {self.name}")
+        max_delay = self.policies.delayed_delivery_max_delay_ms
+        if max_delay > 0 and metadata.HasField("deliver_at_time") and \
+                metadata.deliver_at_time - metadata.publish_time > max_delay:
+            raise NotAllowedError(
+                f"Exceeds max allowed delivery delay of {max_delay} milliseconds")
+
+    def _entries_added(self, position: Position) -> None:
+        for subscription in self.subscriptions.values():
+            subscription.kick()
+        for subscription in self._non_durable_subscriptions():
+            subscription.kick()
+
+    def messages_out(self, messages: int, size: int) -> None:
+        self.msg_out_counter += messages
+        self.bytes_out_counter += size
+
+    def acks_changed(self) -> None:
+        """A cursor moved; trimming is the managed ledger's business."""
+
+    def _spawn(self, work: Any) -> None:
+        spawn(work, self._background, f"topic {self.name}")
+
+    # -- subscriptions ---------------------------------------------------------------------
+
+    def _non_durable_subscriptions(self) -> list[Subscription]:
+        return list(self.readers.values())
+
+    async def subscribe(self, spec: SubscribeSpec, sink: ConsumerSink) -> Consumer:
+        """Attach a consumer, creating the subscription when needed.
+
+        Raises:
+            NotAllowedError, ConsumerBusyError, ConsumerAssignError: as Pulsar answers.
+        """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        if self.failure is not None:
+            raise NotAllowedError(f"Topic {self.name} cannot be read: {self.failure}")
+        if not spec.subscription:
+            raise NotAllowedError("Empty subscription name")
+        if spec.subscription == DEDUP_CURSOR_NAME or \
+                spec.subscription.startswith(RESERVED_SUBSCRIPTION_PREFIXES):
+            raise NotAllowedError("Subscription with reserved subscription name attempted")
+        limit = self.policies.max_consumers_per_topic
+        if limit > 0 and self.consumer_count() >= limit:
+            raise ConsumerBusyError("Topic reached max consumers limit")
+        subscription = await self._subscription_for(spec)
+        await subscription.wait_reset()
+        consumer = Consumer(spec, sink, partition=self.name.partition_index)
+        try:
+            subscription.add_consumer(consumer)
+        except BaseException:
+            if not subscription.durable and not subscription.consumers:
+                self._drop_reader(subscription)
+            raise
+        return consumer
+
+    async def _subscription_for(self, spec: SubscribeSpec) -> Subscription:
+        if not spec.durable:
+            if spec.subscription in self.subscriptions:
+                raise NotAllowedError("Durable subscription with the same name already exists.")
+            return self._new_reader(spec)
+        if spec.subscription in self.readers:
+            raise NotAllowedError("NonDurable subscription with the same name already exists.")
+        existing = self.subscriptions.get(spec.subscription)
+        if existing is not None:
+            return existing
+        if not self.config.allow_auto_subscription_creation:
+            raise SubscriptionNotFoundError(f"Subscription {spec.subscription} not found")
+        return await self.create_subscription(spec.subscription, spec.initial_position,
+                                              spec.subscription_properties,
+                                              spec.start_message_rollback_duration_s)
+
+    async def create_subscription(self, name: str, initial_position: str = "latest",
+                                  properties: dict[str, str] | None = None,
+                                  rollback_s: int = 0) -> Subscription:
+        existing = self.subscriptions.get(name)
+        if existing is not None:
+            return existing
+        created = name not in self.managed_ledger.cursors
+        cursor = await self.managed_ledger.open_cursor(
+            name, "earliest" if initial_position == "earliest" else "latest")
+        if properties:
+            try:
+                await cursor.set_cursor_properties(dict(properties))
+            except BaseException:
+                if created and name not in self.subscriptions:  # leave no cursor behind
+                    await self.managed_ledger.delete_cursor(name)
+                raise
+        existing = self.subscriptions.get(name)
+        if existing is not None:  # a concurrent subscribe created it while we awaited
+            return existing
+        subscription = Subscription(self, name, cursor)
+        self.subscriptions[name] = subscription
+        if rollback_s > 0:
+            await subscription.reset_cursor_by_time(int(time.time() * 1000) - rollback_s * 1000)
+        return subscription
+
+    def _new_reader(self, spec: SubscribeSpec) -> Subscription:
+        existing = self.readers.get(spec.subscription)
+        if existing is not None:
+            return existing
+        start = None
+        if spec.start_message_id is not None:
+            ledger_id, entry_id, _ = spec.start_message_id
+            start = Position(ledger_id, entry_id)
+        cursor = self.managed_ledger.new_non_durable_cursor(
+            start, "earliest" if spec.initial_position == "earliest" else "latest",
+            name=spec.subscription)
+        subscription = Subscription(self, spec.subscription, cursor)
+        self.readers[spec.subscription] = subscription
+        return subscription
+
+    def _drop_reader(self, subscription: Subscription) -> None:
+        if self.readers.get(subscription.name) is subscription:
+            del self.readers[subscription.name]
+            subscription.close()
+            self.managed_ledger.release_non_durable_cursor(subscription.cursor)
+
+    def consumer_closed(self, subscription: Subscription, consumer: Consumer) -> None:
+        subscription.remove_consumer(consumer)
+        if not subscription.durable and not subscription.consumers:
+            self._drop_reader(subscription)
+
+    def consumer_count(self) -> int:
+        return sum(len(s.consumers) for s in self.all_subscriptions())
+
+    def all_subscriptions(self) -> list[Subscription]:
+        return list(self.subscriptions.values()) + self._non_durable_subscriptions()
+
+    async def unsubscribe(self, name: str, consumer: Consumer | None = None,
+                          force: bool = False) -> None:
+        """Delete a subscription.
+
+        Raises:
+            SubscriptionNotFoundError: no such subscription.
+            BrokerError (MetadataError): other consumers are connected and not forced.
+        """
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"Subscription {name} not found")
+        others = [c for c in subscription.consumers if c is not consumer]
+        if others and not force:
+            from .._errors import MetadataError
+
+            raise MetadataError("Unconnected or shared consumer attempting to unsubscribe")
+        for other in subscription.consumers:
+            subscription.remove_consumer(other)
+            if other is not consumer:
+                other.sink.close_consumer(other, "subscription deleted")
+        subscription.close()
+        del self.subscriptions[name]
+        await self.managed_ledger.delete_cursor(name)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        self.fenced = True
+        for subscription in self.all_subscriptions():
+            subscription.close()
+        for task in list(self._background):
+            task.cancel()
+        if self.dedup is not None and not self.managed_ledger.closed:
+            try:
+                await self._take_dedup_snapshot()
+            except Exception as exc:  # closing anyway; replay covers what is missing
+                log.warning("final dedup snapshot of %s failed: %s", self.name, exc)
+        await self.managed_ledger.close()
+
+    async def terminate(self) -> Position:
+        """Terminate the topic: no more messages (see the module docstring). Returns the
+        last message's position. Idempotent.
+
+        Raises:
+            ServiceNotReadyError: the topic is closing.
+            BrokerError: the managed ledger failed (see `ManagedLedger.terminate`).
+        """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        position = await self.managed_ledger.terminate()
+        self.disconnect_producers("topic terminated")
+        return position
+
+    def read_failed(self, error: BaseException, subscription: Subscription) -> None:
+        """A dispatcher cannot read the topic's entries, for good (see the module comment).
+        Every consumer is closed; the topic stays loaded, marked failed, until unloaded."""
+        if self.failure is None:
+            self.failure = f"{type(error).__name__}: {error}"
+            log.error("topic %s failed: subscription %s cannot read its entries: %s; closing "
+                      "its consumers and refusing new ones until it is unloaded", self.name,
+                      subscription.name, self.failure)
+        reason = f"topic cannot be read: {self.failure}"
+        for sub in self.all_subscriptions():
+            for consumer in list(sub.consumers):
+                sub.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, reason)
+
+    def _disconnect_all(self, reason: str) -> None:
+        self.disconnect_producers(reason)
+        for subscription in self.all_subscriptions():
+            for consumer in list(subscription.consumers):
+                subscription.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, reason)
+
+    async def unload(self) -> None:
+        """Close the topic with every producer and consumer told to reconnect (they come
+        back to the topic reloaded). What is durable stays; the caller forgets the topic."""
+        self.fenced = True
+        self._disconnect_all("topic unloaded")
+        await self.close()
+
+    async def delete(self, force: bool = False) -> None:
+        """Delete the topic; with clients connected only when forced (each is told, with
+        CLOSE_PRODUCER / CLOSE_CONSUMER, and reconnects: to a new topic when automatic
+        creation is on).
+
+        Raises:
+            NotAllowedError: clients are connected and not forced; nothing changed.
+        """
+        if (self.producers or self.consumer_count()) and not force:
+            raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
+        self.fenced = True
+        self._disconnect_all("topic deleted")
+        for subscription in self.all_subscriptions():
+            subscription.close()
+        for task in list(self._background):
+            task.cancel()
+        await self.managed_ledger.delete()
+
+
+class NonPersistentTopic(_ProducerHost):
+    """A non-persistent topic: messages go to the consumers that can take them now and are
+    otherwise dropped (broker reference §3.7)."""
+
+    def __init__(self, service: BrokerService, name: TopicName):
+        from ..dispatch._nonpersistent import NonPersistentSubscription
+
+        self.service = service
+        self.name = name
+        self.producers: dict[str, Producer] = {}
+        self.subscriptions: dict[str, NonPersistentSubscription] = {}
+        self.policies = service.namespaces.effective_policies(str(name), name.namespace_name)
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.msg_out_counter = 0
+        self.bytes_out_counter = 0
+        self.msg_drop_counter = 0
+        self.fenced = False
+        self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
+        self.access = ExclusiveAccess(None, lambda epoch: None)  # the epoch: memory only
+
+    @property
+    def config(self) -> BrokerConfig:
+        return self.service.config
+
+    def add_producer(self, spec: ProducerSpec) -> Producer:
+        """Admit a producer (access modes as for persistent topics; the topic epoch is
+        not persisted).
+
+        Raises:
+            ServiceNotReadyError: the topic is closing.
+            ProducerBusyError, ProducerFencedError: as `ExclusiveAccess.admit`, or the name
+                is taken.
+        """
+        if self.fenced:
+            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        name = spec.producer_name or f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
+        if self._name_taken(name):
+            raise ProducerBusyError(
+                f"Producer with name '{name}' is already connected to topic '{self.name}'")
+        return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
+
+    def last_sequence_id(self, producer: Producer) -> int:
+        return -1
+
+    async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
+                      highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
+                      ) -> PublishResult:
+        """Offer one entry to the subscriptions (dropped where it does not fit).
+
+        Raises:
+            TopicTerminatedError: the producer is closed or still waits for exclusive access.
+        """
+        if self.producers.get(producer.name) is not producer:
+            raise TopicTerminatedError(f"Producer {producer.name} is not accepting messages")
+        metadata = metadata if metadata is not None else _metadata_of(entry)
+        messages = _count_in(self, producer, entry, metadata)
+        for subscription in self.subscriptions.values():
+            if not subscription.offer(entry, metadata, messages):
+                self.msg_drop_counter += messages
+        return PublishResult(0, 0)
+
+    async def subscribe(self, spec: SubscribeSpec, sink: ConsumerSink) -> Consumer:
+        from ..dispatch._nonpersistent import NonPersistentSubscription
+
+        subscription = self.subscriptions.get(spec.subscription)
+        if subscription is None:
+            subscription = NonPersistentSubscription(self, spec.subscription)
+            self.subscriptions[spec.subscription] = subscription
+        consumer = Consumer(spec, sink, partition=self.name.partition_index)
+        subscription.add_consumer(consumer)
+        return consumer
+
+    def consumer_closed(self, subscription: Any, consumer: Consumer) -> None:
+        subscription.remove_consumer(consumer)
+        if not subscription.consumers:
+            self.subscriptions.pop(subscription.name, None)
+
+    def consumer_count(self) -> int:
+        return sum(len(s.consumers) for s in self.subscriptions.values())
+
+    async def unsubscribe(self, name: str, consumer: Consumer | None = None,
+                          force: bool = False) -> None:
+        subscription = self.subscriptions.pop(name, None)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"Subscription {name} not found")
+
+    async def close(self) -> None:
+        self.fenced = True
+        self.subscriptions.clear()
+
+    async def delete(self, force: bool = False) -> None:
+        """Drop the topic; with clients connected only when forced (they are closed)."""
+        if (self.producers or self.consumer_count()) and not force:
+            raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
+        self.fenced = True
+        self.disconnect_producers("topic deleted")
+        for subscription in list(self.subscriptions.values()):
+            for consumer in list(subscription.consumers):
+                subscription.remove_consumer(consumer)
+                consumer.sink.close_consumer(consumer, "topic deleted")
+        await self.close()

@@ -1,0 +1,3 @@
+"""The Pulsar binary protocol server: the TCP server, the per-connection handler and topic-list
+watchers.
+"""
