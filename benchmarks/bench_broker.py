@@ -4,7 +4,7 @@ limits measured in the same run.
 
 What is measured
 ----------------
-* **Disk limits**, with `storage.benchmark`'s own measurement (1 KB write + fdatasync on a
+* **Disk limits**, with `storage.testing.benchmark`'s own measurement (1 KB write + fdatasync on a
   growing file and on a preallocated one, and sequential bandwidth), sampled at the start
   and at the end of the run; each limit is the better sample.
 * **Publish** (`publish` cells): `PersistentTopic.publish` of 1 KB messages to a topic with
@@ -65,7 +65,7 @@ from broker import (
 from broker.topics._topic import Producer
 from codec import SingleMessage, build_batch, build_message, encode_entry
 from storage import Storage, StorageConfig
-from storage.benchmark import (
+from storage.testing.benchmark import (
     FULL_SCALE,
     QUICK_SCALE,
     TINY_SCALE,

@@ -22,11 +22,12 @@ one consumer, on a fresh topic:
   a consumer then drains up to `consume_messages` of that backlog with `receive` +
   `acknowledge`; messages/s from the subscribe to the last receive.
 
-Disk limits: `storage.benchmark`'s own measurement (1 KB write + fdatasync on a growing file and
-on a preallocated one, sequential bandwidth), sampled at the start and the end; each limit is
-the better sample. Ratios: publish messages/s over the growing file's fsync rate (for batching
-off, how many receipted sends fit in one bare fsync's time -- above 1 the broker's group commit
-shares a sync among sends), and MB/s over the sequential bandwidth. MB means 2**20 bytes.
+Disk limits: `storage.testing.benchmark`'s own measurement (1 KB write + fdatasync on a growing
+file and on a preallocated one, sequential bandwidth), sampled at the start and the end; each
+limit is the better sample. Ratios: publish messages/s over the growing file's fsync rate (for
+batching off, how many receipted sends fit in one bare fsync's time -- above 1 the broker's
+group commit shares a sync among sends), and MB/s over the sequential bandwidth. MB means 2**20
+bytes.
 
     python benchmarks/bench_e2e.py --quick --json e2e.json --plot e2e.png
     python benchmarks/bench_e2e.py --dir /data
@@ -58,7 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pulsar  # type: ignore[import-untyped]
 from tqdm import tqdm
 
-from storage.benchmark import (
+from storage.testing.benchmark import (
     FULL_SCALE,
     QUICK_SCALE,
     TINY_SCALE,

@@ -1,6 +1,6 @@
 """Storage benchmark: durable appends, reads and journal replay against the disk's limits.
 
-The same as `magnetar bench storage`; see `storage/benchmark.py` for what is measured.
+The same as `magnetar bench storage`; see `storage/testing/benchmark.py` for what is measured.
 
     python benchmarks/bench_storage.py --quick
     python benchmarks/bench_storage.py --dir /data --json bench.json --plot bench.png
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Runnable from a checkout without installing: the repository root holds `storage`.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from storage.benchmark import BenchOptions, run_storage_benchmark
+    from storage.testing.benchmark import BenchOptions, run_storage_benchmark
 
     run_storage_benchmark(BenchOptions(directory=args.dir, quick=args.quick,
                                        json_path=args.json, plot_path=args.plot))

@@ -2,6 +2,8 @@
 entry logs, LMDB index, LastLogMark checkpoints, recovery, GC).
 
 The public surface is re-exported here; modules with a leading underscore are internal.
+The harnesses (`storage.testing`: crash test, benchmark, fault-injecting file system) are
+not imported here; `magnetar crashtest` and `magnetar bench storage` load them.
 """
 
 from ._check import CheckReport, InspectReport, check_data_dir, inspect_data_dir

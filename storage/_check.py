@@ -6,6 +6,9 @@ lock (a shared `flock` on LOCK while they run, so a broker cannot start meanwhil
 a copy without LOCK), open LMDB read-only without its lock file, run no recovery, and
 report what recovery WOULD do (`plan_recovery`) next to what they find. A directory a live
 process holds is refused with `DataDirLockedError` naming its PID.
+
+The checks of an open store see it through `CheckedStore` (its locks, ledger table, write
+cache, entry logs, index and journal directory), not through `Storage` itself.
 """
 
 from __future__ import annotations
@@ -16,24 +19,30 @@ import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import lmdb
 
 from ._config import StorageConfig
 from ._entry_log import EntryLogReader
+from ._entry_logs import EntryLogs
 from ._errors import CorruptionError, DataDirLockedError
 from ._fs import OsFileSystem
 from ._index import Index
 from ._journal import JournalMark, parse_segment_name
-from ._ledger import DELETED
+from ._ledger import DELETED, LedgerTable
 from ._recovery import RecoveryPlan, plan_recovery
+from ._write_cache import WriteCache
 
 if TYPE_CHECKING:
-    from ._storage import Storage
+    import threading
+
+    from ._checkpoint import Checkpointer
+    from ._fs import FileSystem
 
 __all__ = [
     "CheckReport",
+    "CheckedStore",
     "InspectReport",
     "check_data_dir",
     "check_storage",
@@ -42,6 +51,34 @@ __all__ = [
 ]
 
 PROBLEMS_LISTED_MAX = 100
+
+
+class CheckedStore(Protocol):
+    """What `check_storage` and `inspect_storage` read of an open store (`Storage`)."""
+
+    @property
+    def lock(self) -> threading.Condition: ...
+
+    @property
+    def checkpointer(self) -> Checkpointer: ...
+
+    @property
+    def ledgers(self) -> LedgerTable: ...
+
+    @property
+    def cache(self) -> WriteCache: ...
+
+    @property
+    def logs(self) -> EntryLogs: ...
+
+    @property
+    def index(self) -> Index: ...
+
+    @property
+    def fs(self) -> FileSystem: ...
+
+    @property
+    def journal_dir(self) -> str: ...
 
 
 @dataclass
@@ -75,12 +112,12 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def check_storage(store: Storage) -> CheckReport:
+def check_storage(store: CheckedStore) -> CheckReport:
     report = CheckReport()
-    with store.checkpoint_lock:
+    with store.checkpointer.lock:
         with store.lock:
-            ledgers = {i: (s.state, s.lac) for i, s in store.ledgers.items()}
-            purging = set(store.purge_ledgers)  # deleted; the next checkpoint purges them
+            ledgers = {i: (s.state, s.lac) for i, s in store.ledgers.ledgers.items()}
+            purging = set(store.ledgers.purge)  # deleted; the next checkpoint purges them
             cached = {(ledger_id, entry_id)
                       for half in (store.cache.active, store.cache.flushing) if half is not None
                       for ledger_id, entries in half.entries.items() for entry_id in entries}
@@ -96,7 +133,7 @@ def check_storage(store: Storage) -> CheckReport:
                                f"ledger is {state or 'unknown'}")
                 continue
             try:
-                store.reader.read(location, ledger_id, entry_id)
+                store.logs.reader.read(location, ledger_id, entry_id)
             except CorruptionError as exc:
                 report.problem(str(exc))
             except OSError as exc:
@@ -114,9 +151,9 @@ def check_storage(store: Storage) -> CheckReport:
     return report
 
 
-def _check_entry_logs(store: Storage, report: CheckReport) -> None:
-    for log_id in store.entry_logs:
-        path = store.reader.path(log_id)
+def _check_entry_logs(store: CheckedStore, report: CheckReport) -> None:
+    for log_id in store.logs.records:
+        path = store.logs.path(log_id)
         if not os.path.exists(path):
             report.problem(f"entry log {path} is registered but missing")
 
@@ -153,19 +190,19 @@ class InspectReport:
         return "\n".join(lines)
 
 
-def inspect_storage(store: Storage) -> InspectReport:
+def inspect_storage(store: CheckedStore) -> InspectReport:
     with store.lock:
         ledgers = [(i, s.state, s.lac, dict(s.metadata))
-                   for i, s in sorted(store.ledgers.items()) if s.state != DELETED]
+                   for i, s in sorted(store.ledgers.ledgers.items()) if s.state != DELETED]
         cache_bytes = store.cache.total_bytes()
     segments = []
     for name in store.fs.listdir(store.journal_dir):
         segment_id = parse_segment_name(name)
         if segment_id is not None:
             segments.append((segment_id, os.path.getsize(os.path.join(store.journal_dir, name))))
-    with store.checkpoint_lock:
+    with store.checkpointer.lock:
         logs = [(i, r.size, r.total_bytes, r.live_bytes(), r.sealed)
-                for i, r in sorted(store.entry_logs.items())]
+                for i, r in sorted(store.logs.records.items())]
     return InspectReport(ledgers, sorted(segments), store.index.persisted_mark, logs,
                          cache_bytes)
 

@@ -16,122 +16,210 @@ Steps, in the only safe order (storage design §12.4):
 
 A crash before 5 leaves entry-log bytes nothing points at (reclaimed at the next start);
 a crash after 5 leaves journal segments that the next start ignores or deletes.
+
+A `Checkpointer` (one per engine state, as BookKeeper's checkpointer) is built with what it
+works on: the storage lock (a `Condition`: the cache swap and the ledger snapshot happen
+under it, and adds waiting for cache space are woken after a flush), the write cache, the
+ledger table, the entry-log manager, the index and the file system; the journal is attached
+once recovery has started it. It owns the checkpoint lock, which GC and `check` take too.
+A fatal I/O error is reported through `on_failure` (the engine then accepts no writes), and
+`failure` tells it whether the engine has already failed.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from ._config import StorageConfig
 from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter
-from ._errors import StorageFailedError, StorageFullError
-from ._index import CheckpointWrite, EntryLogRecord, LedgerRecord, location_key
-from ._journal import JournalMark
-from ._ledger import DELETED
-from ._write_cache import CacheHalf
+from ._entry_logs import EntryLogs
+from ._errors import StorageError, StorageFailedError, StorageFullError
+from ._fs import FileSystem
+from ._index import CheckpointWrite, Index, LedgerRecord, location_key
+from ._journal import Journal, JournalMark
+from ._ledger import DELETED, LedgerTable
+from ._write_cache import CacheHalf, WriteCache
 
-if TYPE_CHECKING:
-    from ._storage import Storage
-
-__all__ = ["flush_to_index", "run_checkpoint"]
+__all__ = ["Checkpointer", "storage_error"]
 
 log = logging.getLogger(__name__)
 
-
-def run_checkpoint(store: Storage) -> None:
-    assert store.journal is not None
-    with store.checkpoint_lock:
-        store.fs.point("checkpoint:begin")
-        with store.lock:
-            if store.failed is not None:
-                # A failed engine writes nothing more (and a failed flush left its half
-                # in the cache, so another swap is impossible anyway).
-                raise store.failed
-            mark = store.journal.synced_mark
-            nothing_new = (not store.cache.active.entries and not store.cache.active.meta
-                           and not store.dirty_ledgers
-                           and store.index.persisted_mark == mark)
-            if nothing_new:
-                return
-            half = store.cache.swap()
-            records, purge = _snapshot_ledgers(store)
-        try:
-            flush_to_index(store, half, records, purge, mark)
-        except OSError as exc:
-            error = _storage_error(exc)
-            store.fail_with(error)
-            raise error from exc
-        with store.lock:
-            store.cache.clear_flushing()
-            store.lock.notify_all()
-        _delete_old_segments(store)
+FailureProbe = Callable[[], StorageError | None]
+FailureSink = Callable[[StorageFailedError], None]
 
 
-def _snapshot_ledgers(store: Storage) -> tuple[list[LedgerRecord], list[int]]:
-    records = [store.ledgers[i].record() for i in sorted(store.dirty_ledgers)]
-    purge = sorted(store.purge_ledgers)
-    store.dirty_ledgers.clear()
-    store.purge_ledgers.clear()
-    return records, purge
+class Checkpointer:
+    """Runs checkpoints of one engine state (see the module comment)."""
 
+    def __init__(self, *, fs: FileSystem, config: StorageConfig, lock: threading.Condition,
+                 cache: WriteCache, ledgers: LedgerTable, logs: EntryLogs, index: Index,
+                 failure: FailureProbe, on_failure: FailureSink):
+        self.lock = threading.Lock()  # the checkpoint lock: one checkpoint, GC or check
+        self._fs = fs
+        self._config = config
+        self._state_lock = lock
+        self._cache = cache
+        self._ledgers = ledgers
+        self._logs = logs
+        self._index = index
+        self._failure = failure
+        self._on_failure = on_failure
+        self._journal: Journal | None = None
 
-def flush_to_index(store: Storage, half: CacheHalf, records: list[LedgerRecord],
-                   purge: list[int], mark: JournalMark) -> None:
-    """Steps 3 to 5 of the checkpoint for one flushed half (also used by recovery)."""
-    started = time.monotonic()
-    # Only deletions this commit makes durable may drop entries: a ledger deleted in
-    # memory since the snapshot is not deleted on disk yet, and the mark covers its adds.
-    deleted = {r.ledger_id for r in records if r.state == DELETED} | set(purge)
-    entries = [(ledger_id, entry_id, data) for ledger_id in sorted(half.entries)
-               if ledger_id not in deleted
-               for entry_id, data in sorted(half.entries[ledger_id].items())]
-    store.fs.point("checkpoint:after-swap")
-    write = CheckpointWrite(mark=None, ledgers=records, purge_ledgers=purge,
-                            meta_ops=half.meta_ops())
-    touched = _append_entries(store, entries, write)
-    _drop_purged_from_logs(store, deleted, touched)
-    write.entry_logs = [store.entry_logs[i] for i in sorted(touched)]
-    write.counters = {"nextLedgerId": store.next_ledger_id, "nextLogId": store.next_log_id}
-    persisted = store.index.persisted_mark
-    write.mark = mark if persisted is None or mark > persisted else None
-    store.fs.point("checkpoint:before-index-commit")
-    store.index.commit_checkpoint(write)
-    store.fs.point("checkpoint:after-index-commit")
-    log.debug("checkpoint: %d entries, %d ledgers, mark %s in %.1f ms", len(entries),
-              len(records), write.mark, (time.monotonic() - started) * 1000)
+    def attach(self, journal: Journal) -> None:
+        """The journal whose synced mark checkpoints persist (recovery started it)."""
+        self._journal = journal
 
+    def rebind(self, lock: threading.Condition, failure: FailureProbe,
+               on_failure: FailureSink) -> None:
+        """Serve another owner's lock and failure state (a `Storage` adopting a recovered
+        state after a full disk)."""
+        self._state_lock, self._failure, self._on_failure = lock, failure, on_failure
 
-def _append_entries(store: Storage, entries: list[tuple[int, int, bytes]],
-                    write: CheckpointWrite) -> set[int]:
-    """Write the entries to entry logs and sync them; returns the log ids touched."""
-    touched: set[int] = set()
-    if not entries:
+    def checkpoint(self) -> None:
+        """Steps 1 to 6 (module comment).
+
+        Raises:
+            StorageError: the engine had already failed; nothing was written.
+            StorageFailedError: an entry-log write or sync or the index commit failed; the
+                flushed half stays in the cache and the engine accepts no writes.
+        """
+        journal = self._journal
+        assert journal is not None
+        with self.lock:
+            self._fs.point("checkpoint:begin")
+            with self._state_lock:
+                failed = self._failure()
+                if failed is not None:
+                    # A failed engine writes nothing more (and a failed flush left its half
+                    # in the cache, so another swap is impossible anyway).
+                    raise failed
+                mark = journal.synced_mark
+                cache = self._cache
+                nothing_new = (not cache.active.entries and not cache.active.meta
+                               and not self._ledgers.has_changes()
+                               and self._index.persisted_mark == mark)
+                if nothing_new:
+                    return
+                half = cache.swap()
+                records, purge = self._ledgers.take_changes()
+            try:
+                self.flush(half, records, purge, mark)
+            except OSError as exc:
+                error = storage_error(exc)
+                self._on_failure(error)
+                raise error from exc
+            with self._state_lock:
+                self._cache.clear_flushing()
+                self._state_lock.notify_all()
+            self._delete_old_segments(journal)
+
+    def flush(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
+              mark: JournalMark) -> None:
+        """Steps 3 to 5 for one flushed half (also used by recovery's replay). Raises
+        OSError as it comes; the half is left in the cache."""
+        started = time.monotonic()
+        # Only deletions this commit makes durable may drop entries: a ledger deleted in
+        # memory since the snapshot is not deleted on disk yet, and the mark covers its adds.
+        deleted = {r.ledger_id for r in records if r.state == DELETED} | set(purge)
+        entries = [(ledger_id, entry_id, data) for ledger_id in sorted(half.entries)
+                   if ledger_id not in deleted
+                   for entry_id, data in sorted(half.entries[ledger_id].items())]
+        self._fs.point("checkpoint:after-swap")
+        write = CheckpointWrite(mark=None, ledgers=records, purge_ledgers=purge,
+                                meta_ops=half.meta_ops())
+        touched = self._append_entries(entries, write)
+        self._drop_purged_from_logs(deleted, touched)
+        write.entry_logs = [self._logs.records[i] for i in sorted(touched)]
+        write.counters = {"nextLedgerId": self._ledgers.next_id, "nextLogId": self._logs.next_id}
+        persisted = self._index.persisted_mark
+        write.mark = mark if persisted is None or mark > persisted else None
+        self._fs.point("checkpoint:before-index-commit")
+        self._index.commit_checkpoint(write)
+        self._fs.point("checkpoint:after-index-commit")
+        log.debug("checkpoint: %d entries, %d ledgers, mark %s in %.1f ms", len(entries),
+                  len(records), write.mark, (time.monotonic() - started) * 1000)
+
+    def _append_entries(self, entries: list[tuple[int, int, bytes]],
+                        write: CheckpointWrite) -> set[int]:
+        """Write the entries to entry logs and sync them; returns the log ids touched."""
+        touched: set[int] = set()
+        if not entries:
+            return touched
+        limit = self._config.entry_log_bytes_max
+        remaining = RECORD_HEADER_BYTES * len(entries) + sum(len(e[2]) for e in entries)
+        start = 0
+        while start < len(entries):
+            writer = self._writer_with_room(entries[start], limit, touched)
+            stop = _run_end(entries, start, writer.position, remaining, limit)
+            chunk = entries[start:stop]
+            counted_before = dict(writer.ledger_bytes)
+            position_before = writer.position
+            keys: list[bytes] = []
+            locations = writer.append(chunk, keys)
+            assert len(keys) == len(locations) == len(chunk)
+            assert keys[0] == location_key(chunk[0][0], chunk[0][1]), "index key layout"
+            write.locations.extend(zip(keys, locations, strict=True))
+            remaining -= writer.position - position_before
+            self._account(writer, counted_before)
+            touched.add(writer.log_id)
+            start = stop
+        self._fs.point("checkpoint:after-entrylog-write")
+        current = self._logs.writer
+        assert current is not None
+        current.sync()
+        self._fs.point("checkpoint:after-entrylog-sync")
+        self._logs.records[current.log_id].size = current.position
         return touched
-    limit = store.config.entry_log_bytes_max
-    remaining = RECORD_HEADER_BYTES * len(entries) + sum(len(e[2]) for e in entries)
-    start = 0
-    while start < len(entries):
-        writer = _writer_with_room(store, entries[start], limit, touched)
-        stop = _run_end(entries, start, writer.position, remaining, limit)
-        chunk = entries[start:stop]
-        counted_before = dict(writer.ledger_bytes)
-        position_before = writer.position
-        keys: list[bytes] = []
-        locations = writer.append(chunk, keys)
-        assert len(keys) == len(locations) == len(chunk)
-        assert keys[0] == location_key(chunk[0][0], chunk[0][1]), "index key layout"
-        write.locations.extend(zip(keys, locations, strict=True))
-        remaining -= writer.position - position_before
-        _account(store, writer, counted_before)
-        touched.add(writer.log_id)
-        start = stop
-    store.fs.point("checkpoint:after-entrylog-write")
-    assert store.writer is not None
-    store.writer.sync()
-    store.fs.point("checkpoint:after-entrylog-sync")
-    store.entry_logs[store.writer.log_id].size = store.writer.position
-    return touched
+
+    def _writer_with_room(self, first: tuple[int, int, bytes], limit: int,
+                          touched: set[int]) -> EntryLogWriter:
+        """The current entry log, or a new one when the current one is full (the full one
+        is synced and sealed first)."""
+        writer = self._logs.writer
+        need = RECORD_HEADER_BYTES + len(first[2])
+        if writer is not None and (writer.position + need <= limit
+                                   or writer.position == 0):
+            return writer
+        if writer is not None:
+            writer.seal()
+            record = self._logs.records[writer.log_id]
+            record.size, record.sealed = writer.position, True
+            touched.add(writer.log_id)
+            self._logs.close_current()
+            self._fs.point("entrylog:after-seal")
+        return self._logs.start_current()
+
+    def _account(self, writer: EntryLogWriter, counted_before: dict[int, int]) -> None:
+        """Add what the writer's last append counted per ledger to the log's GC record."""
+        record = self._logs.records[writer.log_id]
+        for ledger_id, counted in writer.ledger_bytes.items():
+            size = counted - counted_before.get(ledger_id, 0)
+            if size:
+                record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
+                record.total_bytes += size
+        record.size = writer.position
+
+    def _drop_purged_from_logs(self, deleted: set[int], touched: set[int]) -> None:
+        if not deleted:
+            return
+        for log_id, record in self._logs.records.items():
+            if any(ledger_id in record.ledgers for ledger_id in deleted):
+                for ledger_id in deleted:
+                    record.ledgers.pop(ledger_id, None)
+                touched.add(log_id)
+
+    def _delete_old_segments(self, journal: Journal) -> None:
+        persisted = self._index.persisted_mark
+        if persisted is None:
+            return
+        try:
+            journal.delete_segments_before(persisted.segment_id)
+        except OSError as exc:
+            log.warning("could not delete old journal segments: %s", exc)
 
 
 def _run_end(entries: list[tuple[int, int, bytes]], start: int, position: int,
@@ -149,60 +237,8 @@ def _run_end(entries: list[tuple[int, int, bytes]], start: int, position: int,
     return stop
 
 
-def _writer_with_room(store: Storage, first: tuple[int, int, bytes], limit: int,
-                      touched: set[int]) -> EntryLogWriter:
-    """The current entry log, or a new one when the current one is full (the full one is
-    synced and sealed first)."""
-    writer = store.writer
-    need = RECORD_HEADER_BYTES + len(first[2])
-    if writer is not None and (writer.position + need <= limit
-                               or writer.position == 0):
-        return writer
-    if writer is not None:
-        writer.seal()
-        record = store.entry_logs[writer.log_id]
-        record.size, record.sealed = writer.position, True
-        touched.add(writer.log_id)
-        writer.close()
-        store.fs.point("entrylog:after-seal")
-    writer = store.new_entry_log()
-    store.writer = writer
-    store.entry_logs[writer.log_id] = EntryLogRecord(writer.log_id, writer.position)
-    return writer
-
-
-def _account(store: Storage, writer: EntryLogWriter, counted_before: dict[int, int]) -> None:
-    """Add what the writer's last append counted per ledger to the log's GC record."""
-    record = store.entry_logs[writer.log_id]
-    for ledger_id, counted in writer.ledger_bytes.items():
-        size = counted - counted_before.get(ledger_id, 0)
-        if size:
-            record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
-            record.total_bytes += size
-    record.size = writer.position
-
-
-def _drop_purged_from_logs(store: Storage, deleted: set[int], touched: set[int]) -> None:
-    if not deleted:
-        return
-    for log_id, record in store.entry_logs.items():
-        if any(ledger_id in record.ledgers for ledger_id in deleted):
-            for ledger_id in deleted:
-                record.ledgers.pop(ledger_id, None)
-            touched.add(log_id)
-
-
-def _delete_old_segments(store: Storage) -> None:
-    persisted = store.index.persisted_mark
-    if persisted is None or store.journal is None:
-        return
-    try:
-        store.journal.delete_segments_before(persisted.segment_id)
-    except OSError as exc:
-        log.warning("could not delete old journal segments: %s", exc)
-
-
-def _storage_error(exc: OSError) -> StorageFailedError:
+def storage_error(exc: OSError) -> StorageFailedError:
+    """The engine's error for an I/O error of a checkpoint or GC (ENOSPC: StorageFullError)."""
     if isinstance(exc, StorageFailedError):
         return exc
     path = getattr(exc, "filename", None)

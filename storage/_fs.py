@@ -3,8 +3,8 @@
 Every open, write, read, fsync, truncate, remove and directory sync the storage engine does
 goes through a `FileSystem`. `OsFileSystem` is the real one: raw file descriptors, `pwrite`,
 `pread`, `fdatasync`, no Python-level buffering. Tests and the power-loss crash harness swap
-in `storage.simfs.SimFileSystem`, which forwards to the real one but remembers every write
-that has not been synced, so that a simulated power loss can keep, drop, tear or corrupt
+in `storage.testing.simfs.SimFileSystem`, which forwards to the real one but remembers every
+write that has not been synced, so that a simulated power loss can keep, drop, tear or corrupt
 each of them.
 
 `point(label)` marks a named crash point in the engine (the checkpoint and compaction

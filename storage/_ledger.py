@@ -1,4 +1,4 @@
-"""A ledger's in-memory state, and what `list_ledgers` reports of it."""
+"""A ledger's in-memory state, the table of all of them, and what `list_ledgers` reports."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ._index import LedgerRecord
 
-__all__ = ["LedgerInfo", "LedgerState"]
+__all__ = ["LedgerInfo", "LedgerState", "LedgerTable"]
 
 OPEN = "open"
 FENCED = "fenced"
@@ -36,6 +36,56 @@ class LedgerState:
 
     def info(self) -> LedgerInfo:
         return LedgerInfo(self.ledger_id, self.state, self.lac, dict(self.metadata))
+
+
+class LedgerTable:
+    """Every ledger of one data directory, the next ledger id, and what the next checkpoint
+    must persist: the ledgers changed since the last one (`dirty`) and the deleted ones whose
+    locations it must purge (`purge`). Recovery fills it, `Storage` changes it under its
+    lock, and the checkpointer takes what changed (`take_changes`)."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[int, LedgerState] = {}
+        self.next_id = 1
+        self.dirty: set[int] = set()
+        self.purge: set[int] = set()
+
+    def get(self, ledger_id: int) -> LedgerState | None:
+        return self.ledgers.get(ledger_id)
+
+    def __len__(self) -> int:
+        return len(self.ledgers)
+
+    def load(self, ledger: LedgerState) -> None:
+        """A ledger as the index holds it (recovery): nothing to persist."""
+        assert ledger.ledger_id not in self.ledgers
+        self.ledgers[ledger.ledger_id] = ledger
+
+    def add(self, ledger: LedgerState) -> None:
+        """A new ledger (created or replayed); the next checkpoint records it."""
+        assert ledger.ledger_id not in self.ledgers
+        self.ledgers[ledger.ledger_id] = ledger
+        self.dirty.add(ledger.ledger_id)
+        self.next_id = max(self.next_id, ledger.ledger_id + 1)
+
+    def changed(self, ledger_id: int, *, deleted: bool = False) -> None:
+        """A ledger's state changed; a deleted one's locations are purged as well."""
+        assert ledger_id in self.ledgers
+        self.dirty.add(ledger_id)
+        if deleted:
+            self.purge.add(ledger_id)
+
+    def take_changes(self) -> tuple[list[LedgerRecord], list[int]]:
+        """The records of the changed ledgers and the ids to purge, by id; both are then
+        forgotten (a checkpoint persists them)."""
+        records = [self.ledgers[i].record() for i in sorted(self.dirty)]
+        purge = sorted(self.purge)
+        self.dirty.clear()
+        self.purge.clear()
+        return records, purge
+
+    def has_changes(self) -> bool:
+        return bool(self.dirty)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ Two ways to write:
   them into LMDB. Right for frequent small updates such as cursor positions. While the
   disk is full, deletes-only batches commit to LMDB at once instead (`Storage.full`).
 
+`MetadataStore` sees the engine through `MetadataHost` (the storage lock, the write cache's
+overlay, the index, and two narrow calls), not through `Storage` itself.
+
 META_BATCH payload: count u32, then per operation key length u32 ‖ key ‖ kind u8
 (1 put, 0 delete) ‖ value length u32 ‖ value.
 """
@@ -18,18 +21,17 @@ META_BATCH payload: count u32, then per operation key length u32 ‖ key ‖ kin
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._completion import Completion
-from ._index import MetaOp
-from ._journal_format import RecordType
+from ._index import Index, MetaOp
+from ._write_cache import WriteCache
 
-if TYPE_CHECKING:
-    from ._storage import Storage
-
-__all__ = ["MetadataStore", "MetadataTransaction", "decode_meta_ops", "encode_meta_ops"]
+__all__ = ["MetadataHost", "MetadataStore", "MetadataTransaction", "decode_meta_ops",
+           "encode_meta_ops"]
 
 _U32 = struct.Struct(">I")
 META_KEY_BYTES_MAX = 511  # LMDB's default key size limit
@@ -87,10 +89,30 @@ class MetadataTransaction:
         self._txn.delete(key, db=self._db)
 
 
+class MetadataHost(Protocol):
+    """What the metadata store needs of the engine (`Storage` is one)."""
+
+    @property
+    def lock(self) -> threading.Condition: ...
+
+    @property
+    def cache(self) -> WriteCache: ...
+
+    @property
+    def index(self) -> Index: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def delete_meta_while_full(self, keys: list[bytes]) -> bool: ...
+
+    def journal_meta(self, ops: list[MetaOp]) -> Completion[int]: ...
+
+
 class MetadataStore:
     """Key-value metadata in the data directory's LMDB environment."""
 
-    def __init__(self, store: Storage):
+    def __init__(self, store: MetadataHost):
         self._store = store
 
     def get(self, key: bytes) -> bytes | None:
@@ -143,9 +165,4 @@ class MetadataStore:
         if store.full and all(value is None for _, value in ops) and \
                 store.delete_meta_while_full([key for key, _ in ops]):
             return Completion.resolved(0)
-        payload = encode_meta_ops(ops)
-        with store.lock:
-            store._check_writable()
-            for key, value in ops:
-                store.cache.put_meta(key, value)
-            return store._journal_op(RecordType.META_BATCH, payload, 0)
+        return store.journal_meta(ops)

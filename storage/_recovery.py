@@ -47,6 +47,10 @@ Theory of operation
    (entry ids stay dense).
 4. Open a fresh journal segment (its first LSN follows the last replayed one) and run a
    checkpoint, which persists a mark at the start of that segment.
+
+Recovery works on a `RecoveryTarget` (a fresh `Storage`): it fills the ledger table and the
+entry-log manager, puts replayed entries in the write cache, flushes through the
+checkpointer, and starts the journal; it never imports `Storage`.
 """
 
 from __future__ import annotations
@@ -62,8 +66,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from ._config import StorageConfig
 from ._entry_log import parse_entry_log_name
+from ._entry_logs import EntryLogs
 from ._errors import CorruptionError, JournalCorruptionError
 from ._fs import FileHandle, FileSystem
+from ._index import EntryLogRecord, Index
 from ._journal import JournalMark, parse_segment_name
 from ._journal_format import (
     Record,
@@ -74,15 +80,16 @@ from ._journal_format import (
     scan_after_bad_record,
     scan_segment,
 )
-from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState
+from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState, LedgerTable
 from ._metadata import decode_meta_ops
+from ._write_cache import WriteCache
 
 if TYPE_CHECKING:
-    from ._index import EntryLogRecord, Index, LedgerRecord
-    from ._storage import Storage
+    from ._checkpoint import Checkpointer
+    from ._index import LedgerRecord
     from ._write_cache import CacheHalf
 
-__all__ = ["RecoveryPlan", "ReplayStats", "plan_recovery", "recover"]
+__all__ = ["RecoveryPlan", "RecoveryTarget", "ReplayStats", "plan_recovery", "recover"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +105,23 @@ class _Place(Protocol):
     config: StorageConfig
 
 
+class RecoveryTarget(Protocol):
+    """The engine state recovery fills (`Storage` is one)."""
+
+    fs: FileSystem
+    config: StorageConfig
+    data_dir: str
+    journal_dir: str
+    index: Index
+    cache: WriteCache
+    ledgers: LedgerTable
+    logs: EntryLogs
+    checkpointer: Checkpointer
+    replay_stats: ReplayStats | None
+
+    def start_journal(self, segment_id: int, last_lsn: int) -> None: ...
+
+
 @dataclass
 class ReplayStats:
     segments: int = 0
@@ -111,12 +135,12 @@ class ReplayStats:
     dropped_bytes: int = 0
 
 
-def recover(store: Storage) -> ReplayStats:
+def recover(store: RecoveryTarget) -> ReplayStats:
     _load_ledgers(store)
     _load_entry_logs(store)
     stats, last_lsn, next_segment = _replay_journal(store)
     store.start_journal(next_segment, last_lsn)
-    store.checkpoint()
+    store.checkpointer.checkpoint()
     log.info("recovered %s: %d ledgers, replayed %d records (%d bytes) from %d segments%s",
              store.data_dir, len(store.ledgers), stats.records, stats.bytes, stats.segments,
              f"; {stats.torn_tail}" if stats.torn_tail else "")
@@ -124,40 +148,41 @@ def recover(store: Storage) -> ReplayStats:
     return stats
 
 
-def _load_ledgers(store: Storage) -> None:
+def _load_ledgers(store: RecoveryTarget) -> None:
     records = store.index.load_ledgers()
     for ledger_id, record in records.items():
         lac = -1 if record.state == DELETED else store.index.last_indexed_entry(ledger_id)
-        store.ledgers[ledger_id] = LedgerState(ledger_id, record.metadata, record.state, lac)
+        store.ledgers.load(LedgerState(ledger_id, record.metadata, record.state, lac))
     highest = max(records, default=0)
-    store.next_ledger_id = max(store.index.counter("nextLedgerId"), highest + 1, 1)
+    store.ledgers.next_id = max(store.index.counter("nextLedgerId"), highest + 1, 1)
 
 
-def _load_entry_logs(store: Storage) -> None:
-    store.entry_logs = store.index.load_entry_logs()
+def _load_entry_logs(store: RecoveryTarget) -> None:
+    logs = store.logs
+    logs.records = store.index.load_entry_logs()
     on_disk = {}
-    for name in store.fs.listdir(store.entry_log_dir):
+    for name in store.fs.listdir(logs.directory):
         log_id = parse_entry_log_name(name)
         if log_id is None:
-            log.warning("ignoring unexpected file %s in %s", name, store.entry_log_dir)
+            log.warning("ignoring unexpected file %s in %s", name, logs.directory)
             continue
-        on_disk[log_id] = os.path.join(store.entry_log_dir, name)
-    for log_id, record in store.entry_logs.items():
+        on_disk[log_id] = os.path.join(logs.directory, name)
+    for log_id, record in logs.records.items():
         if log_id not in on_disk:
             raise CorruptionError(f"entry log {log_id} is in the index but missing on disk",
-                                  path=os.path.join(store.entry_log_dir, f"{log_id:08x}.log"),
+                                  path=os.path.join(logs.directory, f"{log_id:08x}.log"),
                                   offset=0)
         if not record.sealed:
             _trim_uncommitted_tail(store, on_disk[log_id], record.size)
     for log_id, path in sorted(on_disk.items()):
-        if log_id not in store.entry_logs:
+        if log_id not in logs.records:
             store.fs.remove(path)
             log.info("removed entry log %s: no committed checkpoint refers to it", path)
-    highest = max(list(store.entry_logs) + list(on_disk), default=0)
-    store.next_log_id = max(store.index.counter("nextLogId"), highest + 1, 1)
+    highest = max(list(logs.records) + list(on_disk), default=0)
+    logs.next_id = max(store.index.counter("nextLogId"), highest + 1, 1)
 
 
-def _trim_uncommitted_tail(store: Storage, path: str, committed: int) -> None:
+def _trim_uncommitted_tail(store: RecoveryTarget, path: str, committed: int) -> None:
     handle = store.fs.open(path)
     try:
         if handle.size() > committed:
@@ -170,7 +195,7 @@ def _trim_uncommitted_tail(store: Storage, path: str, committed: int) -> None:
 
 # -- journal replay -----------------------------------------------------------------------
 
-def _segments(store: Storage) -> list[tuple[int, str]]:
+def _segments(store: RecoveryTarget) -> list[tuple[int, str]]:
     found = []
     for name in store.fs.listdir(store.journal_dir):
         segment_id = parse_segment_name(name)
@@ -179,7 +204,7 @@ def _segments(store: Storage) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _replay_journal(store: Storage) -> tuple[ReplayStats, int, int]:
+def _replay_journal(store: RecoveryTarget) -> tuple[ReplayStats, int, int]:
     """Replay; returns (stats, last LSN, id for the fresh segment)."""
     stats = ReplayStats()
     mark = store.index.persisted_mark
@@ -210,7 +235,7 @@ def _replay_journal(store: Storage) -> tuple[ReplayStats, int, int]:
     return stats, max(last_lsn, 0), next_segment
 
 
-def _replay_segment(store: Storage, stats: ReplayStats, flusher: _ReplayFlusher,
+def _replay_segment(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayFlusher,
                     segment_id: int, path: str, start: int | None, expected: int | None,
                     newest: bool, next_path: str | None) -> int | None:
     """Replay one segment; returns the last LSN seen (or `expected` when none)."""
@@ -284,7 +309,7 @@ def _corrupt_record_text(result: ScanResult, after: Survivors) -> str:
             + (f", LSN {after.first_lsn}..{after.last_lsn}" if after.records else "") + ")")
 
 
-def _judge_stop(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
+def _judge_stop(store: RecoveryTarget, stats: ReplayStats, result: ScanResult, path: str,
                 newest: bool, next_path: str | None, handle: FileHandle,
                 header: SegmentHeader) -> None:
     where = f"{path} at offset {result.end_offset}: {result.problem}"
@@ -308,7 +333,7 @@ def _judge_stop(store: Storage, stats: ReplayStats, result: ScanResult, path: st
         _refuse_or_skip_record(store, stats, result, path, after)
 
 
-def _refuse_or_skip_record(store: Storage, stats: ReplayStats, result: ScanResult, path: str,
+def _refuse_or_skip_record(store: RecoveryTarget, stats: ReplayStats, result: ScanResult, path: str,
                            after: Survivors) -> None:
     """A bad record that is not a torn tail: refuse, or with skip_corrupt_journal_segments
     drop the rest of the segment and say how much that loses."""
@@ -339,7 +364,7 @@ def _first_lsn(store: _Place, path: str) -> int | None:
         handle.close()
 
 
-def _refuse_or_skip(store: Storage, message: str, path: str, offset: int) -> None:
+def _refuse_or_skip(store: RecoveryTarget, message: str, path: str, offset: int) -> None:
     if not store.config.skip_corrupt_journal_segments:
         raise CorruptionError(message + "; refusing to start (skip_corrupt_journal_segments "
                               "would skip it and lose what follows)", path=path, offset=offset)
@@ -357,7 +382,7 @@ class _ReplayFlusher:
     every flush runs in line, as all other I/O does.
     """
 
-    def __init__(self, store: Storage):
+    def __init__(self, store: RecoveryTarget):
         self._store = store
         self._thread: threading.Thread | None = None
         self._pending = False
@@ -371,10 +396,7 @@ class _ReplayFlusher:
         self.wait()
         store = self._store
         half = store.cache.swap()
-        records = [store.ledgers[i].record() for i in sorted(store.dirty_ledgers)]
-        purge = sorted(store.purge_ledgers)
-        store.dirty_ledgers.clear()
-        store.purge_ledgers.clear()
+        records, purge = store.ledgers.take_changes()
         self._pending = True
         job = partial(self._run, half, records, purge, mark)
         if not store.config.background_threads:
@@ -386,10 +408,8 @@ class _ReplayFlusher:
 
     def _run(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
              mark: JournalMark) -> None:
-        from ._checkpoint import flush_to_index
-
         try:
-            flush_to_index(self._store, half, records, purge, mark)
+            self._store.checkpointer.flush(half, records, purge, mark)
         except BaseException as exc:  # raised in the replaying thread by `wait`
             self._error = exc
 
@@ -416,17 +436,16 @@ class _ReplayFlusher:
 
 # -- applying records ---------------------------------------------------------------------
 
-def _apply_record(store: Storage, stats: ReplayStats, record: Record, path: str) -> None:
+def _apply_record(store: RecoveryTarget, stats: ReplayStats, record: Record, path: str) -> None:
     kind, payload = record.kind, record.payload
     if kind == RecordType.ADD_ENTRY:
         _apply_add(store, stats, record, path)
     elif kind == RecordType.LEDGER_CREATE:
         (ledger_id,) = _U64.unpack_from(payload)
-        if ledger_id not in store.ledgers:
+        if store.ledgers.get(ledger_id) is None:
             metadata = json.loads(bytes(payload[8:]))
-            store.ledgers[ledger_id] = LedgerState(ledger_id, metadata)
-            store.dirty_ledgers.add(ledger_id)
-        store.next_ledger_id = max(store.next_ledger_id, ledger_id + 1)
+            store.ledgers.add(LedgerState(ledger_id, metadata))
+        store.ledgers.next_id = max(store.ledgers.next_id, ledger_id + 1)
     elif kind == RecordType.FENCE:
         _set_state(store, _U64.unpack_from(payload)[0], FENCED, only_from=OPEN)
     elif kind == RecordType.LEDGER_CLOSE:
@@ -435,7 +454,7 @@ def _apply_record(store: Storage, stats: ReplayStats, record: Record, path: str)
     elif kind == RecordType.LEDGER_DELETE:
         (ledger_id,) = _U64.unpack_from(payload)
         if _set_state(store, ledger_id, DELETED, only_from=None):
-            store.purge_ledgers.add(ledger_id)
+            store.ledgers.changed(ledger_id, deleted=True)
     elif kind == RecordType.META_BATCH:
         for key, value in decode_meta_ops(bytes(payload)):
             store.cache.put_meta(key, value)
@@ -444,7 +463,7 @@ def _apply_record(store: Storage, stats: ReplayStats, record: Record, path: str)
                     record.offset)
 
 
-def _apply_add(store: Storage, stats: ReplayStats, record: Record, path: str) -> None:
+def _apply_add(store: RecoveryTarget, stats: ReplayStats, record: Record, path: str) -> None:
     ledger_id, entry_id = _IDS.unpack_from(record.payload)
     ledger = store.ledgers.get(ledger_id)
     if ledger is None or ledger.state == DELETED:
@@ -465,14 +484,14 @@ def _apply_add(store: Storage, stats: ReplayStats, record: Record, path: str) ->
     ledger.next_entry_id = entry_id + 1
 
 
-def _set_state(store: Storage, ledger_id: int, state: str, only_from: str | None) -> bool:
+def _set_state(store: RecoveryTarget, ledger_id: int, state: str, only_from: str | None) -> bool:
     ledger = store.ledgers.get(ledger_id)
     if ledger is None or ledger.state == DELETED:
         return False
     if only_from is not None and ledger.state != only_from:
         return False
     ledger.state = state
-    store.dirty_ledgers.add(ledger_id)
+    store.ledgers.changed(ledger_id)
     return True
 
 

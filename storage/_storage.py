@@ -15,6 +15,13 @@ once the journal's group commit has synced it, and the ledger's last-add-confirm
 advances at the same moment. Reads serve entries up to the LAC from the write cache or,
 once checkpointed, from the entry logs through the index.
 
+The engine state is owned by parts built here and handed what they need: the ledger table
+(`LedgerTable`: ledgers, the next id, what changed since the last checkpoint), the entry-log
+manager (`EntryLogs`: the registry of entry logs, the one being written, the reader), the
+`Checkpointer` and the `GarbageCollector`. `Storage` calls them through narrow methods;
+recovery, `check` and the metadata store see it through small Protocols of their own, so
+no module of the engine imports this one.
+
 A checkpoint (`_checkpoint.py`, every `checkpoint_interval_ms` or when the cache fills)
 captures the journal's synced mark, swaps the cache halves, appends the flushing half to
 the current entry log, fsyncs it, and commits the locations, the ledger records and the
@@ -59,9 +66,10 @@ from typing import TypeVar
 
 import lmdb
 
+from ._checkpoint import Checkpointer
 from ._completion import Completion
 from ._config import StorageConfig
-from ._entry_log import EntryLogReader, EntryLogWriter
+from ._entry_logs import EntryLogs
 from ._errors import (
     CorruptionError,
     DataDirLockedError,
@@ -76,11 +84,13 @@ from ._errors import (
     StorageFullError,
 )
 from ._fs import FileSystem, LockHandle, OsFileSystem
-from ._index import EntryLogRecord, Index
+from ._gc import GarbageCollector
+from ._index import CheckpointWrite, Index, MetaOp
 from ._journal import Journal, JournalRequest, segment_file_name
 from ._journal_format import RecordType
-from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo, LedgerState
-from ._metadata import MetadataStore
+from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo, LedgerState, LedgerTable
+from ._metadata import MetadataStore, encode_meta_ops
+from ._recovery import ReplayStats, recover
 from ._write_cache import WriteCache
 
 __all__ = ["Storage"]
@@ -108,16 +118,16 @@ class Storage:
         self.index = index
         self._dir_lock = lock
         self.lock = threading.Condition()
-        self.checkpoint_lock = threading.Lock()
         self.cache = WriteCache(config.write_cache_bytes_max // 2)
-        self.ledgers: dict[int, LedgerState] = {}
-        self.dirty_ledgers: set[int] = set()
-        self.purge_ledgers: set[int] = set()
-        self.entry_logs: dict[int, EntryLogRecord] = {}
-        self.next_ledger_id = 1
-        self.next_log_id = 1
-        self.writer: EntryLogWriter | None = None
-        self.reader = EntryLogReader(fs, self.entry_log_dir, config.open_entry_logs_max)
+        self.ledgers = LedgerTable()
+        self.logs = EntryLogs(fs, self.entry_log_dir, config)
+        self.checkpointer = Checkpointer(
+            fs=fs, config=config, lock=self.lock, cache=self.cache, ledgers=self.ledgers,
+            logs=self.logs, index=index, failure=self._failure, on_failure=self.fail_with)
+        self.collector = GarbageCollector(
+            fs=fs, config=config, logs=self.logs, index=index,
+            checkpoint_lock=self.checkpointer.lock, failure=self._failure,
+            on_failure=self.fail_with)
         self.journal: Journal | None = None
         self.failed: StorageError | None = None
         self.closed = False
@@ -125,10 +135,9 @@ class Storage:
         self._stop = threading.Event()
         self._background: threading.Thread | None = None
         self._last_gc = time.monotonic()
-        self.replay_stats: object = None
+        self.replay_stats: ReplayStats | None = None
         self.metadata = MetadataStore(self)
         self._resume_lock = threading.Lock()
-        self._retired_readers: list[EntryLogReader] = []
         self._meta_deleted_while_full: list[bytes] = []
 
     # -- opening and closing -------------------------------------------------------------
@@ -145,8 +154,6 @@ class Storage:
                 entry log, a damaged journal record with valid records after it:
                 `JournalCorruptionError`); the journal is left as found.
         """
-        from ._recovery import recover
-
         config = config or StorageConfig()
         fs = fs or OsFileSystem()
         path = os.path.abspath(os.fspath(data_dir))
@@ -179,6 +186,7 @@ class Storage:
         self.journal = Journal(self.fs, self.journal_dir, self.config, segment_id=segment_id,
                                last_lsn=last_lsn, on_durable=self._on_durable,
                                on_failed=self._on_failed)
+        self.checkpointer.attach(self.journal)
 
     def close(self) -> None:
         """Finish queued writes, checkpoint, and release the directory. Idempotent. Waits
@@ -222,12 +230,7 @@ class Storage:
             self._background.join()
 
     def _release(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        self.reader.close()
-        for reader in self._retired_readers:
-            reader.close()
+        self.logs.close()
         self.index.close()
         self._dir_lock.release()
 
@@ -263,7 +266,7 @@ class Storage:
             try:
                 self.journal.discard_unacknowledged()
                 with self.lock:
-                    writer, self.writer = self.writer, None
+                    writer, self.logs.writer = self.logs.writer, None
                 if writer is not None:
                     writer.close()
             except OSError as exc:
@@ -272,8 +275,6 @@ class Storage:
                 return False
             fresh = Storage(self.data_dir, self.config, self.fs, self._dir_lock, self.index)
             try:
-                from ._recovery import recover
-
                 recover(fresh)
             except (OSError, StorageFailedError) as exc:
                 fresh._discard_failed_recovery()
@@ -293,37 +294,32 @@ class Storage:
             StorageFailedError: removing a dead entry log failed (it stays referenced
                 or is removed at the next start); the deletion itself is committed.
         """
-        from ._index import CheckpointWrite
-
+        logs = self.logs
         with self.lock:
             ledger = self._ledger(ledger_id)
             ledger.state = DELETED
-            touched = [record for record in self.entry_logs.values()
+            touched = [record for record in logs.records.values()
                        if record.ledgers.pop(ledger_id, None) is not None]
             self.index.commit_checkpoint(CheckpointWrite(
                 mark=None, ledgers=[ledger.record()], purge_ledgers=[ledger_id],
                 entry_logs=touched))
-            dead = sorted(log_id for log_id in self.entry_logs
+            dead = sorted(log_id for log_id in logs.records
                           if log_id in {r.log_id for r in touched}
-                          and self.entry_logs[log_id].live_bytes() == 0)
-            if self.writer is not None and self.writer.log_id in dead:
-                self.writer.close()  # writes are off; a resume starts a new log
-                self.writer = None
+                          and logs.records[log_id].live_bytes() == 0)
+            if logs.writer is not None and logs.writer.log_id in dead:
+                logs.close_current()  # writes are off; a resume starts a new log
             for log_id in dead:
                 self.index.commit_checkpoint(CheckpointWrite(mark=None,
                                                              drop_entry_logs=[log_id]))
-                del self.entry_logs[log_id]
-                self.reader.forget(log_id)
-                for reader in self._retired_readers:
-                    reader.forget(log_id)
+                path = logs.path(log_id)
+                logs.forget(log_id)
                 try:
-                    self.fs.remove(self.reader.path(log_id))
+                    self.fs.remove(path)
                 except FileNotFoundError:
                     pass
                 except OSError as exc:
                     raise StorageFailedError(f"removing entry log {log_id} failed: {exc}",
-                                             path=self.reader.path(log_id),
-                                             errno=exc.errno) from exc
+                                             path=path, errno=exc.errno) from exc
         log.info("ledger %d deleted while the disk is full; entry logs freed: %s",
                  ledger_id, dead)
         return Completion.resolved(ledger_id)
@@ -331,8 +327,6 @@ class Storage:
     def delete_meta_while_full(self, keys: list[bytes]) -> bool:
         """Internal (`MetadataStore`): delete metadata keys straight in the index while the
         disk is full; returns False (nothing done) when it is not full."""
-        from ._index import CheckpointWrite
-
         with self._resume_lock:
             if not self.full:
                 return False
@@ -357,25 +351,21 @@ class Storage:
                     self.fs.remove(path)
                 except OSError as exc:
                     log.debug("could not remove %s: %s", path, exc)
-        if self.writer is not None:
-            self.writer.close()
-        self.reader.close()
+        self.logs.close()
 
     def _take_over(self, fresh: Storage) -> None:
         """Adopt a recovered state (see `try_resume_writes`). Reads in flight on the old
         state keep working: its reader stays open until the storage closes."""
         assert fresh.journal is not None
         with self.lock:
-            self._retired_readers.append(self.reader)
+            fresh.logs.take_readers_of(self.logs)
             self.cache = fresh.cache
             self.ledgers = fresh.ledgers
-            self.dirty_ledgers = fresh.dirty_ledgers
-            self.purge_ledgers = fresh.purge_ledgers
-            self.entry_logs = fresh.entry_logs
-            self.next_ledger_id = fresh.next_ledger_id
-            self.next_log_id = fresh.next_log_id
-            self.writer = fresh.writer
-            self.reader = fresh.reader
+            self.logs = fresh.logs
+            self.checkpointer = fresh.checkpointer
+            self.checkpointer.rebind(self.lock, self._failure, self.fail_with)
+            self.collector = fresh.collector
+            self.collector.rebind(self._failure, self.fail_with)
             self.journal = fresh.journal
             self.replay_stats = fresh.replay_stats
             fresh.journal.rebind(self._on_durable, self._on_failed)
@@ -402,11 +392,8 @@ class Storage:
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
         with self.lock:
             self._check_writable()
-            ledger_id = self.next_ledger_id
-            self.next_ledger_id += 1
-            assert ledger_id not in self.ledgers
-            self.ledgers[ledger_id] = LedgerState(ledger_id, metadata)
-            self.dirty_ledgers.add(ledger_id)
+            ledger_id = self.ledgers.next_id
+            self.ledgers.add(LedgerState(ledger_id, metadata))
             payload = _U64.pack(ledger_id) + json.dumps(metadata, sort_keys=True).encode()
             return self._journal_op(RecordType.LEDGER_CREATE, payload, ledger_id)
 
@@ -453,7 +440,7 @@ class Storage:
             if ledger.state != OPEN:
                 return Completion.resolved(ledger.lac)
             ledger.state = FENCED
-            self.dirty_ledgers.add(ledger_id)
+            self.ledgers.changed(ledger_id)
             return self._journal_op(RecordType.FENCE, _U64.pack(ledger_id),
                                     ledger.next_entry_id - 1)
 
@@ -467,7 +454,7 @@ class Storage:
             if ledger.state == CLOSED:
                 return Completion.resolved(last)
             ledger.state = CLOSED
-            self.dirty_ledgers.add(ledger_id)
+            self.ledgers.changed(ledger_id)
             return self._journal_op(RecordType.LEDGER_CLOSE, _CLOSE.pack(ledger_id, last), last)
 
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
@@ -483,9 +470,22 @@ class Storage:
             self._check_writable()
             ledger = self._ledger(ledger_id)
             ledger.state = DELETED
-            self.dirty_ledgers.add(ledger_id)
-            self.purge_ledgers.add(ledger_id)
+            self.ledgers.changed(ledger_id, deleted=True)
             return self._journal_op(RecordType.LEDGER_DELETE, _U64.pack(ledger_id), ledger_id)
+
+    def journal_meta(self, ops: list[MetaOp]) -> Completion[int]:
+        """Internal (`MetadataStore.apply_journaled`): put the operations in the cache's
+        overlay (reads see them at once) and journal them as one META_BATCH record.
+
+        Raises:
+            StorageFailedError, StorageClosedError: nothing was applied.
+        """
+        payload = encode_meta_ops(ops)
+        with self.lock:
+            self._check_writable()
+            for key, value in ops:
+                self.cache.put_meta(key, value)
+            return self._journal_op(RecordType.META_BATCH, payload, 0)
 
     def _journal_op(self, kind: RecordType, payload: bytes, value: int) -> Completion[int]:
         completion: Completion[int] = Completion()
@@ -504,7 +504,7 @@ class Storage:
     def list_ledgers(self) -> list[LedgerInfo]:
         """Every ledger that is not deleted, by id."""
         with self.lock:
-            return [ledger.info() for _, ledger in sorted(self.ledgers.items())
+            return [ledger.info() for _, ledger in sorted(self.ledgers.ledgers.items())
                     if ledger.state != DELETED]
 
     def _ledger(self, ledger_id: int) -> LedgerState:
@@ -603,7 +603,7 @@ class Storage:
             try:
                 located = self.index.locations(ledger_id, missing[0], missing[-1])
                 wanted = [(e, loc) for e, loc in located if found[e - first] is None]
-                datas = self.reader.read_run(ledger_id, wanted,
+                datas = self.logs.reader.read_run(ledger_id, wanted,
                                              self.config.read_batch_bytes_max)
                 break
             except FileNotFoundError as exc:
@@ -632,9 +632,7 @@ class Storage:
             StorageFailedError: an entry-log write or sync failed; the engine then accepts
                 no writes (what was acknowledged stays recoverable from the journal).
         """
-        from ._checkpoint import run_checkpoint
-
-        run_checkpoint(self)
+        self.checkpointer.checkpoint()
 
     def gc(self) -> dict[str, int]:
         """Drop entry logs with no live data and compact mostly-dead ones. Returns
@@ -644,9 +642,7 @@ class Storage:
             StorageFailedError: an I/O error; the engine then accepts no writes, and
                 reopening the directory removes whichever copy GC left unreferenced.
         """
-        from ._gc import collect_garbage
-
-        return collect_garbage(self)
+        return self.collector.collect()
 
     def check(self) -> CheckReport:
         """Verify the index against the entry logs and each ledger's 0..LAC."""
@@ -672,12 +668,9 @@ class Storage:
             pass
         return completion.result(0)
 
-    def new_entry_log(self) -> EntryLogWriter:
-        """Internal: create the next entry log (its id is persisted when first
-        committed)."""
-        log_id = self.next_log_id
-        self.next_log_id += 1
-        return EntryLogWriter(self.fs, self.entry_log_dir, log_id)
+    def _failure(self) -> StorageError | None:
+        """What stopped the engine, if anything (the checkpointer's and GC's probe)."""
+        return self.failed
 
     def fail_with(self, error: StorageFailedError) -> None:
         """Internal: a fatal I/O error outside the journal (checkpoint, GC)."""

@@ -2,7 +2,10 @@
 
 Each subcommand lives in a small `_cmd_*` function that imports what it needs lazily, so
 `magnetar --help` stays fast and a subcommand's heavy dependencies (matplotlib, the
-pulsar client) load only when that subcommand runs.
+pulsar client) load only when that subcommand runs. The harness commands (`crashtest`,
+`bench storage`) need packages a plain install leaves out (pyproject.toml's `crashtest` and
+`bench` extras); they check for them before doing any work and name the extra to install
+(`_missing_extra`, exit status 2).
 
 Errors reach the user as one line on stderr, never a traceback: argument errors as
 `magnetar <command>: <what is wrong> (see magnetar <command> --help)` with exit status 2
@@ -32,6 +35,8 @@ EXIT_FAILED = 1  # the command ran and failed (unreachable broker, locked direct
 EXIT_USAGE = 2  # the command line asked for something invalid
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 PORT_MAX = 65535
+EXTRA_CRASHTEST = "crashtest"  # pyproject.toml's extra for `magnetar crashtest`: tqdm
+EXTRA_BENCH = "bench"  # ... for `magnetar bench storage`: tqdm, and matplotlib for --plot
 
 
 class _Parser(argparse.ArgumentParser):
@@ -136,8 +141,24 @@ def _read_data_dir(what: str, read: Callable[[str], T], data_dir: str) -> T | No
     return None
 
 
+def _missing_extra(command: str, modules: Sequence[str], extra: str) -> bool:
+    """Whether a module `command` needs is not installed; if so, print one line naming the
+    missing modules and the extra that installs them (nothing has been done yet)."""
+    import importlib.util
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if not missing:
+        return False
+    print(f"{command}: needs {' and '.join(missing)}, which this installation lacks; install "
+          f"the {extra!r} extra: pip install 'magnetar[{extra}]' (nothing was run)",
+          file=sys.stderr)
+    return True
+
+
 def _cmd_crashtest(args: argparse.Namespace) -> int:
-    from storage.crashtest import CrashTestOptions, run_crashtest
+    if _missing_extra("magnetar crashtest", ["tqdm"], EXTRA_CRASHTEST):
+        return EXIT_USAGE
+    from storage.testing.crashtest import CrashTestOptions, run_crashtest
 
     options = CrashTestOptions(
         data_dir=args.data_dir,
@@ -151,7 +172,10 @@ def _cmd_crashtest(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_storage(args: argparse.Namespace) -> int:
-    from storage.benchmark import BenchOptions, run_storage_benchmark
+    needs = ["tqdm", "matplotlib"] if args.plot else ["tqdm"]
+    if _missing_extra("magnetar bench storage", needs, EXTRA_BENCH):
+        return EXIT_USAGE
+    from storage.testing.benchmark import BenchOptions, run_storage_benchmark
 
     options = BenchOptions(
         directory=args.dir,
@@ -325,6 +349,7 @@ def _add_crashtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "file layer that drops, tears or corrupts unsynced writes at each crash point. After "
         "every crash the data directory is reopened and verified. Prints the seed; the same "
         "seed replays the same workload. Exits 1 on any violation.",
+        epilog=f"Needs the {EXTRA_CRASHTEST!r} extra: pip install 'magnetar[{EXTRA_CRASHTEST}]'.",
     )
     crash.add_argument("--data-dir", required=True, help="scratch directory (its "
                        "crashtest-* subdirectories are replaced; refused while a broker or "
@@ -352,6 +377,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Measure raw fsync rate and sequential bandwidth, then durable appends "
         "(100 B, 1 KB, 64 KB; 1, 16 and 256 in flight), tailing and catch-up reads, and "
         "journal replay, in a temporary directory on the disk of --dir.",
+        epilog=f"Needs the {EXTRA_BENCH!r} extra (tqdm; matplotlib for --plot): "
+        f"pip install 'magnetar[{EXTRA_BENCH}]'.",
     )
     storage.add_argument("--quick", action="store_true", help="a short run (seconds)")
     storage.add_argument("--dir", default=".", help="run on the disk holding this directory")

@@ -15,7 +15,7 @@ on one asyncio event loop, with a `random.Random(S)` choosing every operation:
   ignored), and ask for redelivery (negative acks, redeliver-all);
 * the broker restarts: cleanly (service and storage closed, then reopened), killed
   (`Storage.abandon`, what `kill -9` leaves), or by a power loss (the storage runs on a
-  `storage.simfs.SimFileSystem`, stopped at a step or at a file operation it picked, whose
+  `storage.testing.simfs.SimFileSystem`, stopped at a step or at a file operation it picked, whose
   unsynced writes are then dropped, torn or corrupted); a kill or power loss may cut
   publishes and acks short;
 * every `drain_every_steps` steps and at the end, every subscription is drained: it gets a
@@ -103,7 +103,7 @@ from storage import (
     StorageError,
     StorageFailedError,
 )
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 from .._config import BrokerConfig
 from .._errors import BrokerError, ConsumerBusyError, PersistenceError

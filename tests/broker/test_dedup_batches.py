@@ -27,7 +27,7 @@ from codec import (
 )
 from codec._proto import pulsar_api_pb2 as pb
 from storage import Storage
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 from .helpers import broker_env, make_entry, now_ms, publish, settle, wait_for
 

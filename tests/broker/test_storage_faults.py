@@ -37,7 +37,7 @@ from broker.http._stats import topic_stats
 from broker.topics._topic import Producer, PublishResult
 from storage import Storage
 from storage._entry_log import entry_log_name, split_location
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 from .helpers import BrokerEnv, RecordingSink, broker_env, make_entry, settle, wait_for
 

@@ -19,7 +19,7 @@ from broker import BrokerConfig, BrokerService
 from broker.http._admin import AdminServer, start_admin
 from broker.wire._server import BrokerServer, serve
 from storage import Storage
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 CALL_TIMEOUT_S = 30.0
 

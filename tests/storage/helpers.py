@@ -15,7 +15,7 @@ from typing import Any
 
 from storage import FileHandle, FileSystem, OsFileSystem, StorageConfig
 from storage._fs import LockHandle
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 KiB = 1024
 MiB = 1024 * KiB

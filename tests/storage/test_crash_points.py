@@ -3,7 +3,7 @@
 One deterministic workload (no background threads) creates ledgers, writes entries in
 group-committed batches, checkpoints, rotates entry logs and journal segments (both are
 kept small), fences a ledger, deletes ledgers and runs GC, so that it passes every label
-in `storage.simfs.CRASH_POINTS`. A `SimFileSystem` stops it at the n-th pass of one label
+in `storage.testing.simfs.CRASH_POINTS`. A `SimFileSystem` stops it at the n-th pass of one label
 (or at the n-th file operation), `power_loss()` drops, tears or corrupts what was not
 synced, and a plain reopen must then show:
 
@@ -36,7 +36,7 @@ from storage import (
     StorageFailedError,
     StorageFullError,
 )
-from storage.simfs import CRASH_POINTS, SimFileSystem
+from storage.testing.simfs import CRASH_POINTS, SimFileSystem
 
 CONFIG = StorageConfig(
     background_threads=False,

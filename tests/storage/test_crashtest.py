@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from storage import DataDirLockedError, Storage, StorageConfig
-from storage.crashtest import (
+from storage.testing.crashtest import (
     AckModel,
     CrashTestOptions,
     CrashTestSummary,
@@ -26,7 +26,7 @@ from storage.crashtest import (
     run_crashtest,
     verify_config,
 )
-from storage.simfs import CRASH_POINTS
+from storage.testing.simfs import CRASH_POINTS
 
 SUMMARY_LINE = re.compile(
     r"^crashtest: (\d+) iterations, (\d+) acknowledged entries verified, (\d+) violations$")

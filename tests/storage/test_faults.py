@@ -22,7 +22,7 @@ from storage import (
     StorageFailedError,
     StorageFullError,
 )
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import WAIT_SECONDS_MAX, small_config
 
 PUMPED = small_config(background_threads=False)

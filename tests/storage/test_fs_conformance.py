@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from storage import FileSystem, OsFileSystem
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 BAD_FD = rf"\[Errno {errno.EBADF}\]"
 FACTORIES: list[Callable[[], FileSystem]] = [OsFileSystem, lambda: SimFileSystem(seed=3)]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from storage import Storage, StorageConfig, StorageFailedError, StorageFullError
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import SmallDisk, small_config
 
 PUMPED = small_config(background_threads=False)

@@ -22,7 +22,7 @@ from storage import (
     StorageFullError,
 )
 from storage._entry_log import split_location
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 ENTRY_LOG_BYTES_MAX = 16 * 1024
 
@@ -97,7 +97,7 @@ def registered_logs(store: Storage) -> set[int]:
 
 
 def logs_holding(store: Storage, ledger_id: int) -> set[int]:
-    return {log_id for log_id, record in store.entry_logs.items()
+    return {log_id for log_id, record in store.logs.records.items()
             if ledger_id in record.ledgers}
 
 
@@ -109,7 +109,7 @@ def log_of_entry(store: Storage, ledger_id: int, entry_id: int) -> int:
 
 def assert_clean_directory(store: Storage, data_dir: Path) -> None:
     """No orphan entry logs, index and memory agree, and `check()` finds nothing."""
-    assert log_files(data_dir) == registered_logs(store) == set(store.entry_logs)
+    assert log_files(data_dir) == registered_logs(store) == set(store.logs.records)
     report = store.check()
     assert report.ok, report.render()
 
@@ -124,8 +124,8 @@ def test_gc_deletes_logs_without_live_data(tmp_path: Path, rng: random.Random) -
     dead = interleaved(store, rng, {"dead": 900}, 40)["dead"][0]
     live_id, live_datas = interleaved(store, rng, {"live": 900}, 40)["live"]
     dead_only = logs_holding(store, dead) - logs_holding(store, live_id)
-    assert store.writer is not None
-    dead_only.discard(store.writer.log_id)
+    assert store.logs.writer is not None
+    dead_only.discard(store.logs.writer.log_id)
     assert len(dead_only) >= 2
     store.wait(store.delete_ledger(dead))
     store.checkpoint()  # purges the ledger's locations and its bytes from the logs
@@ -159,7 +159,7 @@ def mostly_dead_log(data_dir: Path, rng: random.Random) -> tuple[Ledgers, list[i
 def test_gc_compacts_logs_below_live_ratio(tmp_path: Path, rng: random.Random) -> None:
     live, dead, old_log = mostly_dead_log(tmp_path, rng)
     store = Storage.open(tmp_path, make_config())
-    record = store.entry_logs[old_log]
+    record = store.logs.records[old_log]
     assert record.live_bytes() / record.total_bytes < store.config.compaction_live_ratio_min
     done = store.gc()
     assert done["logs_compacted"] == 1
@@ -173,7 +173,7 @@ def test_gc_compacts_logs_below_live_ratio(tmp_path: Path, rng: random.Random) -
             assert log_of_entry(store, ledger_id, entry_id) == new_log
     assert_holds(store, live)
     assert_gone(store, dead)
-    new_record = store.entry_logs[new_log]
+    new_record = store.logs.records[new_log]
     assert new_record.sealed
     assert new_record.live_bytes() == new_record.total_bytes
     assert_clean_directory(store, tmp_path)
@@ -233,7 +233,7 @@ def test_ledger_deleted_during_compaction(tmp_path: Path, rng: random.Random,
     assert_clean_directory(store, tmp_path)
     store.checkpoint()  # purges the victim's relocated entries
     (new_log,) = log_files(tmp_path)
-    assert victim not in store.entry_logs[new_log].ledgers
+    assert victim not in store.logs.records[new_log].ledgers
     assert_clean_directory(store, tmp_path)
     store.close()
     with Storage.open(tmp_path, make_config()) as store:

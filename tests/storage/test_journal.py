@@ -13,7 +13,7 @@ from storage import Completion, OsFileSystem, Storage, StorageConfig, StorageFai
 from storage._fs import FileSystem
 from storage._journal import Journal, JournalRequest, parse_segment_name, segment_file_name
 from storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import CountingFileSystem, journal_files, small_config, wait_until
 
 WAIT_RESULT_S = 10.0

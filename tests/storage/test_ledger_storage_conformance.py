@@ -30,8 +30,8 @@ from storage import (
     StorageFullError,
 )
 from storage._metadata import META_KEY_BYTES_MAX
-from storage.simfs import SimFileSystem
 from storage.testing.memory import InMemoryLedgerStorage
+from storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import small_config
 
 WAIT_S = 10.0

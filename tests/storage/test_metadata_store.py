@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from storage import Storage
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import small_config
 
 PUMPED = small_config(background_threads=False)

@@ -34,7 +34,6 @@ from storage import (
     check_data_dir,
     inspect_data_dir,
 )
-from storage._checkpoint import flush_to_index
 from storage._fs import OsFileSystem
 from storage._index import Index, encode_mark
 from storage._journal import JournalMark
@@ -48,7 +47,7 @@ from storage._journal_format import (
 )
 from storage._recovery import ReplayStats
 from storage._write_cache import CacheHalf
-from storage.simfs import SimFileSystem
+from storage.testing.simfs import SimFileSystem
 
 ALIGNMENT_BYTES = 512
 ENTRY_BYTES = 200
@@ -908,8 +907,8 @@ def test_persisted_mark_never_regresses(tmp_path: Path, rng: random.Random, seed
             store.checkpoint()
         stale = seen[0]
         # A stale checkpoint completion (an older mark) must not move the mark back.
-        with store.checkpoint_lock:
-            flush_to_index(store, CacheHalf(), [], [], stale)
+        with store.checkpointer.lock:
+            store.checkpointer.flush(CacheHalf(), [], [], stale)
         after = store.inspect().mark
         assert after is not None
         assert after >= mark
@@ -944,7 +943,7 @@ def test_read_from_a_missing_entry_log_names_the_file(tmp_path: Path,
     store.checkpoint()
     log_file = next((tmp_path / "entrylogs").glob("*.log"))
     log_file.unlink()
-    store.reader.close()  # no cached handle may hide the loss
+    store.logs.reader.close()  # no cached handle may hide the loss
     with pytest.raises(CorruptionError) as caught:
         store.read_entries(ledger_id, 0, 4)
     assert caught.value.path == str(log_file)

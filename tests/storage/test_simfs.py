@@ -1,4 +1,4 @@
-"""The fault-injecting file system itself (`storage.simfs`): what a power loss may and may
+"""The fault-injecting file system itself (`storage.testing.simfs`): what a power loss may and may
 not do to the bytes, determinism by seed, crash triggers, and scripted disk errors.
 
 Every scenario runs over many seeds and checks an invariant for each, plus that each
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.simfs import SimFileSystem, SimulatedCrash
+from storage.testing.simfs import SimFileSystem, SimulatedCrash
 
 SEEDS = range(120)
 

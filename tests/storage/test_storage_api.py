@@ -309,7 +309,7 @@ def test_reads_from_the_cache_then_from_entry_logs(tmp_path: Path) -> None:
     location = store.index.location(ledger, 2)
     assert location is not None
     log_id, offset = split_location(location)
-    path = store.reader.path(log_id)
+    path = store.logs.path(log_id)
     with open(path, "r+b") as f:
         f.seek(offset + 30)
         byte = f.read(1)
@@ -340,8 +340,8 @@ def test_entry_log_rotation_at_entry_log_bytes_max(tmp_path: Path) -> None:
             store.checkpoint()
     paths = entry_log_files(tmp_path)
     assert len(paths) >= 120 * 1024 // limit
-    assert store.writer is not None
-    current = store.writer.path
+    assert store.logs.writer is not None
+    current = store.logs.writer.path
     for path in paths:
         handle = store.fs.open_read(path)
         try:

@@ -1,6 +1,6 @@
 """The kill-mode child of `magnetar crashtest`: run the real threaded engine until killed.
 
-    python -m storage._crashtest_child --data-dir DIR --seed S --iteration I
+    python -m storage.testing._crashtest_child --data-dir DIR --seed S --iteration I
 
 The child opens (recovering) the data directory with background threads on, writes `R` on
 stdout, and starts `WRITERS` threads that never stop on their own. Each thread owns some
@@ -11,7 +11,7 @@ update, an explicit checkpoint or GC. Ledgers that grow past a size limit are cl
 sealed ones are deleted oldest first, so the directory stays bounded over any number of
 iterations.
 
-Every acknowledgement goes to stdout as one line (`storage.crashtest` lists the format),
+Every acknowledgement goes to stdout as one line (`storage.testing.crashtest` lists the format),
 written by one `os.write` from the thread that saw the completion finish; a delete is
 announced before it is requested. The parent reads the pipe after the SIGKILL.
 
@@ -32,9 +32,9 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ._completion import Completion
-from ._ledger import OPEN, LedgerInfo
-from ._storage import Storage
+from .._completion import Completion
+from .._ledger import OPEN, LedgerInfo
+from .._storage import Storage
 from .crashtest import (
     entry_payload,
     kill_config,
@@ -199,7 +199,7 @@ class _AddCallback:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m storage._crashtest_child",
+    parser = argparse.ArgumentParser(prog="python -m storage.testing._crashtest_child",
                                      description="kill-mode child of magnetar crashtest")
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--seed", type=int, required=True)

@@ -6,7 +6,7 @@ The harness crashes the storage engine over and over on one data directory and, 
 every crash, reopens the directory and checks that nothing acknowledged was lost and
 nothing unacknowledged became half-visible. Two kinds of crash:
 
-* **kill** — a child process (`storage._crashtest_child`) runs the real threaded engine:
+* **kill** — a child process (`storage.testing._crashtest_child`) runs the real threaded engine:
   several writer threads with many adds in flight, fences, closes, deletes, explicit
   checkpoints and GC beside the background ones. Every acknowledgement is written at
   once to a pipe, one short line per event (`os.write`; what reached the pipe before the
@@ -78,27 +78,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Never
 
-from ._completion import Completion
-from ._config import StorageConfig
-from ._errors import (
+from .._completion import Completion
+from .._config import StorageConfig
+from .._errors import (
     CorruptionError,
     DataDirLockedError,
     JournalCorruptionError,
     NoSuchEntryError,
     StorageError,
 )
-from ._fs import LockHandle, OsFileSystem
-from ._index import Index
-from ._journal import JournalMark, parse_segment_name
-from ._journal_format import (
+from .._fs import LockHandle, OsFileSystem
+from .._index import Index
+from .._journal import JournalMark, parse_segment_name
+from .._journal_format import (
     RecordType,
     ScanResult,
     SegmentHeader,
     pad_synced_lsn,
     scan_segment,
 )
-from ._ledger import CLOSED, FENCED, OPEN, LedgerInfo
-from ._storage import Storage
+from .._ledger import CLOSED, FENCED, OPEN, LedgerInfo
+from .._storage import Storage
 from .simfs import CRASH_POINTS, SimFileSystem
 
 if TYPE_CHECKING:
@@ -888,7 +888,7 @@ def _verify(run: _Run, mode: _ModeState, context: str) -> None:
 # -- kill mode --------------------------------------------------------------------------
 
 def _child_command(run: _Run, mode: _ModeState) -> list[str]:
-    return [sys.executable, "-m", "storage._crashtest_child", "--data-dir", mode.directory,
+    return [sys.executable, "-m", "storage.testing._crashtest_child", "--data-dir", mode.directory,
             "--seed", str(run.seed), "--iteration", str(mode.iterations)]
 
 

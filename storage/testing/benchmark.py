@@ -40,6 +40,7 @@ Python, machine and its load, results, targets) and, optionally, to `plot_path` 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -58,11 +59,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ._completion import Completion
-from ._config import StorageConfig
-from ._errors import StorageError
-from ._recovery import ReplayStats
-from ._storage import Storage
+from .._completion import Completion
+from .._config import StorageConfig
+from .._errors import StorageError
+from .._recovery import ReplayStats
+from .._storage import Storage
 
 __all__ = [
     "FULL_SCALE",
@@ -238,7 +239,12 @@ def run_storage_benchmark(options: BenchOptions) -> dict[str, Any]:
         OSError: the directory is not writable, or the disk failed; the temporary
             directory is removed all the same.
         StorageError: the engine failed during a step (the same).
+        ModuleNotFoundError: a PNG was asked for and matplotlib (the `bench` extra) is not
+            installed; raised before anything is measured or created.
     """
+    if options.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ModuleNotFoundError("the chart (plot_path) needs matplotlib: pip install "
+                                  "'magnetar[bench]'; nothing was measured", name="matplotlib")
     scale = options.chosen_scale()
     os.makedirs(options.directory, exist_ok=True)
     load_before = os.getloadavg()

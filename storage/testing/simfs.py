@@ -32,7 +32,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from ._fs import OsFile, OsFileSystem, OsLock
+from .._fs import OsFile, OsFileSystem, OsLock
 
 __all__ = ["CRASH_POINTS", "SimFileSystem", "SimulatedCrash"]
 

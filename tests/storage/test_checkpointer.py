@@ -1,0 +1,141 @@
+"""The checkpointer and the garbage collector stand on their own (issue 11, section 3): built
+from the parts they work on (a real LMDB index, real entry-log files, the ledger table and a
+write cache), with no `Storage` around them, they flush, account and collect as the engine
+relies on, and report a fatal I/O error through their failure callback.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from storage import StorageConfig, StorageFailedError, StorageFullError
+from storage._checkpoint import Checkpointer
+from storage._entry_logs import EntryLogs
+from storage._errors import StorageError
+from storage._fs import FileSystem, OsFileSystem
+from storage._gc import GarbageCollector
+from storage._index import Index
+from storage._journal import Journal, JournalMark
+from storage._ledger import DELETED, LedgerState, LedgerTable
+from storage._write_cache import WriteCache
+from storage.testing.simfs import SimFileSystem
+
+LMDB_MAP_BYTES = 64 * 1024 * 1024
+
+
+class Parts:
+    """The parts a checkpointer and a collector are built from, on one directory."""
+
+    def __init__(self, root: Path, fs: FileSystem | None = None):
+        self.fs = fs or OsFileSystem()
+        self.config = StorageConfig(background_threads=False)
+        for sub in ("entrylogs", "index", "journal"):
+            os.makedirs(root / sub, exist_ok=True)
+        self.index = Index(str(root / "index"), LMDB_MAP_BYTES)
+        self.lock = threading.Condition()
+        self.cache = WriteCache(self.config.write_cache_bytes_max // 2)
+        self.ledgers = LedgerTable()
+        self.logs = EntryLogs(self.fs, str(root / "entrylogs"), self.config)
+        self.failures: list[StorageFailedError] = []
+        self.checkpointer = Checkpointer(
+            fs=self.fs, config=self.config, lock=self.lock, cache=self.cache,
+            ledgers=self.ledgers, logs=self.logs, index=self.index, failure=self.failure,
+            on_failure=self.failures.append)
+        self.journal = Journal(self.fs, str(root / "journal"), self.config, segment_id=1,
+                               last_lsn=0, on_durable=lambda requests: None,
+                               on_failed=lambda requests, error: None)
+        self.checkpointer.attach(self.journal)
+        self.collector = GarbageCollector(
+            fs=self.fs, config=self.config, logs=self.logs, index=self.index,
+            checkpoint_lock=self.checkpointer.lock, failure=self.failure,
+            on_failure=self.failures.append)
+
+    def failure(self) -> StorageError | None:
+        return self.failures[-1] if self.failures else None
+
+    def flush(self, mark: JournalMark) -> None:
+        half = self.cache.swap()
+        records, purge = self.ledgers.take_changes()
+        with self.checkpointer.lock:
+            self.checkpointer.flush(half, records, purge, mark)
+        self.cache.clear_flushing()
+
+    def close(self) -> None:
+        self.journal.abandon()
+        self.logs.close()
+        self.index.close()
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[Parts]:
+    built = Parts(tmp_path)
+    yield built
+    built.close()
+
+
+def test_flush_indexes_entries_and_ledgers_and_gc_drops_a_dead_log(parts: Parts) -> None:
+    parts.ledgers.add(LedgerState(1, {"name": "a"}))
+    for entry_id in range(3):
+        parts.cache.put(1, entry_id, f"entry {entry_id}".encode())
+    parts.flush(JournalMark(1, 4096, 4))
+
+    assert parts.index.persisted_mark == JournalMark(1, 4096, 4)
+    assert parts.index.load_ledgers()[1].metadata == {"name": "a"}
+    location = parts.index.location(1, 2)
+    assert location is not None
+    assert parts.logs.reader.read(location, 1, 2) == b"entry 2"
+    (log_id,) = parts.logs.records
+    assert parts.index.load_entry_logs()[log_id].ledgers == parts.logs.records[log_id].ledgers
+    assert not parts.ledgers.has_changes()
+
+    # The ledger is deleted; the next flush purges it, and a new current log leaves the
+    # old one to the collector.
+    ledger = parts.ledgers.get(1)
+    assert ledger is not None
+    ledger.state = DELETED
+    parts.ledgers.changed(1, deleted=True)
+    parts.flush(JournalMark(1, 8192, 5))
+    assert parts.index.location(1, 2) is None
+    assert parts.logs.records[log_id].live_bytes() == 0
+    parts.logs.close_current()
+    assert parts.collector.collect() == {"logs_deleted": 1, "logs_compacted": 0,
+                                         "entries_moved": 0}
+    assert parts.logs.records == {}
+    assert not os.path.exists(parts.logs.path(log_id))
+    assert parts.failures == []
+
+
+def test_checkpoint_persists_the_journal_mark(parts: Parts) -> None:
+    parts.ledgers.add(LedgerState(1, {}))
+    parts.cache.put(1, 0, b"x")
+    parts.checkpointer.checkpoint()
+    assert parts.index.persisted_mark == parts.journal.synced_mark
+    assert parts.index.location(1, 0) is not None
+    assert parts.cache.flushing is None, "the flushed half left the cache"
+
+
+def test_a_full_disk_during_a_checkpoint_reaches_the_failure_callback(tmp_path: Path) -> None:
+    fs = SimFileSystem(seed=1)
+    parts = Parts(tmp_path, fs)
+    try:
+        parts.ledgers.add(LedgerState(1, {}))
+        parts.cache.put(1, 0, b"x")
+        fs.fail_syncs(errno.ENOSPC)
+        with pytest.raises(StorageFullError):
+            parts.checkpointer.checkpoint()
+        assert [type(error) for error in parts.failures] == [StorageFullError]
+        assert parts.cache.flushing is not None, "the half stays for the journal's replay"
+        # The engine has failed: another checkpoint raises that error, GC does nothing.
+        with pytest.raises(StorageFullError):
+            parts.checkpointer.checkpoint()
+        assert parts.collector.collect() == {"logs_deleted": 0, "logs_compacted": 0,
+                                             "entries_moved": 0}
+    finally:
+        fs.heal()
+        parts.close()
