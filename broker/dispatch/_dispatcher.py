@@ -28,7 +28,8 @@ Read failures: a round that cannot read its entries never dies silently inside t
 Stored data that fails its checks or is missing below the last confirmed entry
 (`CorruptionError`, `NoSuchEntryError`) cannot be read by any later round either: the
 subscription reports it to its topic (`Subscription.read_failed`), which logs it with the
-file and offset, marks itself failed and closes its consumers. Any other storage error is
+file and offset, marks itself failed and closes its consumers. Any other storage error, and
+an OS error from the disk (EIO: it may pass, and the storage layer names no corruption), is
 logged and the round is retried after `DISPATCH_RETRY_DELAY_S`; anything else (but a
 broken assertion, which is never caught) is a bug, logged with its traceback, and fails the
 topic the same way.
@@ -102,7 +103,7 @@ class Dispatcher:
         except (CorruptionError, NoSuchEntryError) as exc:
             self.sub.read_failed(exc)
             return
-        except StorageError as exc:
+        except (StorageError, OSError) as exc:
             log.warning("dispatch on %s/%s failed, retrying in %.1f s: %s",
                         self.sub.topic_name, self.sub.name, DISPATCH_RETRY_DELAY_S, exc)
             self.kick_later(DISPATCH_RETRY_DELAY_S)

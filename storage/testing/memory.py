@@ -198,7 +198,7 @@ class InMemoryLedgerStorage:
         self._fail_write: StorageFailedError | None = None
         self._disk_full = False
         self._corrupt: set[tuple[int, int]] = set()
-        self._refuse_reads: list[StorageError] = []
+        self._refuse_reads: list[StorageError | OSError] = []
         self.metadata = InMemoryMetadata(self)
         self.failed: StorageError | None = None
         self.closed = False
@@ -252,7 +252,7 @@ class InMemoryLedgerStorage:
                 self._fail_write = StorageFullError("disk full (scripted)",
                                                     path="memory:journal", errno=errno.ENOSPC)
 
-    def fail_next_reads(self, count: int, error: StorageError) -> None:
+    def fail_next_reads(self, count: int, error: StorageError | OSError) -> None:
         """The next `count` reads (`read_entry`, `read_entries`) raise `error`."""
         assert count >= 0
         with self._lock:

@@ -6,6 +6,7 @@ disk fills, a corrupt entry."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -70,14 +71,19 @@ def test_publish_and_consume() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("error", [StorageError("read timed out (scripted)"),
+                                   OSError(errno.EIO, "read timed out (scripted EIO)")],
+                         ids=["storage-error", "os-error"])
 def test_a_read_error_that_may_pass_is_retried_and_delivery_completes(
-        caplog: pytest.LogCaptureFixture) -> None:
+        error: StorageError | OSError, caplog: pytest.LogCaptureFixture) -> None:
+    """Neither a storage error that may pass nor a disk's EIO fails the topic (the seeded
+    simulation's crashes mid-read raise OSError): the round is retried."""
     async def scenario() -> None:
         async with memory_service() as (service, store):
             topic, producer = await producer_on(service, TOPIC)
             for i in range(5):
                 await publish(topic, producer, i)
-            store.fail_next_reads(1, StorageError("read timed out (scripted)"))
+            store.fail_next_reads(1, error)
             sink = RecordingSink()
             with caplog.at_level(logging.WARNING):
                 await subscribe(service, TOPIC, sink)
