@@ -57,6 +57,19 @@ def new_client(url: str) -> pulsar.Client:
                          logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
 
 
+def read_everything(url: str, topic: str, receive_ms: int = 5000) -> list[bytes]:
+    """Every stored message of `topic`, oldest first, through a reader from the earliest."""
+    client = new_client(url)
+    try:
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        out = []
+        while reader.has_message_available():
+            out.append(reader.read_next(receive_ms).data())
+        return out
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def client(broker: BrokerProcess) -> Iterator[pulsar.Client]:
     """An official client of the shared broker, closed after the test."""

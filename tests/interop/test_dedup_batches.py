@@ -11,14 +11,13 @@ import uuid
 import pulsar
 import pytest
 
-from .conftest import BrokerFactory, new_client
+from .conftest import BrokerFactory, new_client, read_everything
 
 pytestmark = pytest.mark.interop
 
 PRODUCER_NAME = "batching-p"
 BATCH_MESSAGES = 100
 BATCH_DELAY_MS = 50  # long enough for all the send_async calls to land in one batch
-RECEIVE_MS = 5000
 
 
 def _send_one_batch(url: str, topic: str, first: int) -> None:
@@ -55,18 +54,6 @@ def _resume(url: str, topic: str, expected_last: int) -> None:
         client.close()
 
 
-def _stored(url: str, topic: str) -> list[bytes]:
-    client = new_client(url)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        out = []
-        while reader.has_message_available():
-            out.append(reader.read_next(RECEIVE_MS).data())
-        return out
-    finally:
-        client.close()
-
-
 def test_batch_last_id_survives_running_restart_and_kill(broker_factory: BrokerFactory) -> None:
     process = broker_factory("broker_deduplication_enabled=true")
     topic = f"persistent://public/default/dedup-batches-{uuid.uuid4().hex[:8]}"
@@ -83,4 +70,4 @@ def test_batch_last_id_survives_running_restart_and_kill(broker_factory: BrokerF
     _resume(process.url, topic, 2 * BATCH_MESSAGES - 1)  # kill -9: the tail replayed
 
     expected = [f"b-{i}".encode() for i in range(2 * BATCH_MESSAGES)]
-    assert _stored(process.url, topic) == expected
+    assert read_everything(process.url, topic) == expected

@@ -13,7 +13,7 @@ import pulsar
 import pytest
 
 from . import BrokerProcess, wait_for
-from .conftest import BrokerFactory, new_client
+from .conftest import BrokerFactory, new_client, read_everything
 
 pytestmark = pytest.mark.interop
 
@@ -30,18 +30,6 @@ DRAIN_DEADLINE_S = 30.0
 
 def _topic() -> str:
     return f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
-
-
-def _read_everything(url: str, topic: str) -> list[bytes]:
-    client = new_client(url)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        out = []
-        while reader.has_message_available():
-            out.append(reader.read_next(RECEIVE_MS).data())
-        return out
-    finally:
-        client.close()
 
 
 def test_startup_time_on_an_empty_data_directory(broker_factory: BrokerFactory) -> None:
@@ -72,7 +60,7 @@ def test_sigterm_exits_zero_quickly_and_keeps_the_data(broker_factory: BrokerFac
     assert elapsed < SIGTERM_EXIT_S_MAX
     assert "stopped cleanly" in process.log_path.read_text()
     process.start()
-    assert _read_everything(process.url, topic) == [f"t-{i}".encode() for i in range(50)]
+    assert read_everything(process.url, topic) == [f"t-{i}".encode() for i in range(50)]
     again = new_client(process.url)
     try:
         resumed = again.subscribe(topic, "kept")
@@ -104,7 +92,7 @@ def test_dedup_survives_a_restart(broker_factory: BrokerFactory, how: str) -> No
         assert producer.last_sequence_id() == 5
     finally:
         second.close()
-    assert _read_everything(process.url, topic) == [f"d-{i}".encode() for i in range(6)]
+    assert read_everything(process.url, topic) == [f"d-{i}".encode() for i in range(6)]
 
 
 class _Stream:
