@@ -76,6 +76,7 @@ from .._tasks import log_task_failure
 from ..security._auth import AuthSession
 from ._connection_view import (
     REQUEST_ID_NONE,
+    TRANSACTIONS_DISABLED,
     CloseConnection,
     ServerContext,
     server_error,
@@ -422,4 +423,4 @@ class ConnectionHandler:
 
     def _on_transaction(self, frame: Frame) -> None:
         body: Any = frame.body
-        self.error_code(body.request_id, pb.NotAllowedError, "Transactions are not enabled.")
+        self.error_code(body.request_id, pb.NotAllowedError, TRANSACTIONS_DISABLED)

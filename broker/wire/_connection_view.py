@@ -53,6 +53,8 @@ __all__ = [
     "KEEPALIVE_INTERVAL_S_DEFAULT",
     "PENDING_SENDS_MAX_DEFAULT",
     "REQUEST_ID_NONE",
+    "SHUTTING_DOWN",
+    "TRANSACTIONS_DISABLED",
     "CloseConnection",
     "ConnectionView",
     "ServerContext",
@@ -69,6 +71,9 @@ REQUEST_ID_NONE: Final = UINT64_MASK  # broker-initiated CLOSE_PRODUCER / CLOSE_
 PENDING_SENDS_MAX_DEFAULT: Final = 1000  # per connection (Pulsar's maxPendingPublishRequests)
 KEEPALIVE_INTERVAL_S_DEFAULT: Final = 30.0
 SCHEMA_TYPE_NONE: Final = 0  # Schema.Type "None": what bytes producers may send; no schema
+# NotAllowedError's text for anything transactional, as Pulsar answers with its coordinator off
+TRANSACTIONS_DISABLED: Final = "Transactions are not enabled."
+SHUTTING_DOWN: Final = "The broker is shutting down"  # ServiceNotReady for a new producer/consumer
 
 assert REQUEST_ID_NONE == 2**64 - 1
 assert pb.Schema.Type.Value("None") == SCHEMA_TYPE_NONE

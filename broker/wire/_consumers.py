@@ -47,6 +47,8 @@ from ..topics._service import Topic
 from ..topics._topic import PersistentTopic
 from ._connection_view import (
     REQUEST_ID_NONE,
+    SHUTTING_DOWN,
+    TRANSACTIONS_DISABLED,
     ConnectionView,
     carries_schema,
     id_data,
@@ -225,7 +227,7 @@ class ConsumerCommands:
                                 "Consumer is already present on the connection")
             return
         if not view.ctx.accepting:
-            view.error_code(request_id, pb.ServiceNotReady, "The broker is shutting down")
+            view.error_code(request_id, pb.ServiceNotReady, SHUTTING_DOWN)
             return
         sink = WireConsumerSink(self, consumer_id, request.HasField("consumer_epoch"))
         state = _ConsumerState(consumer_id, asyncio.get_running_loop().create_future(), sink)
@@ -314,7 +316,7 @@ class ConsumerCommands:
         if state is None:
             error = (pb.ConsumerNotFound, f"Consumer {request.consumer_id} not found")
         elif request.txnid_least_bits or request.txnid_most_bits:
-            error = (pb.NotAllowedError, "Transactions are not enabled.")
+            error = (pb.NotAllowedError, TRANSACTIONS_DISABLED)
         else:
             acks = [(signed(m.ledgerId), signed(m.entryId), list(m.ack_set) or None)
                     for m in request.message_id]

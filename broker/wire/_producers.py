@@ -53,6 +53,8 @@ from ..topics._service import Topic
 from ..topics._topic import Producer, ProducerSpec, PublishResult
 from ._connection_view import (
     REQUEST_ID_NONE,
+    SHUTTING_DOWN,
+    TRANSACTIONS_DISABLED,
     CloseConnection,
     ConnectionView,
     carries_schema,
@@ -156,7 +158,7 @@ class ProducerCommands:
                                 "Producer is already present on the connection")
             return
         if not view.ctx.accepting:
-            view.error_code(request_id, pb.ServiceNotReady, "The broker is shutting down")
+            view.error_code(request_id, pb.ServiceNotReady, SHUTTING_DOWN)
             return
         state = _ProducerState(producer_id, asyncio.get_running_loop().create_future())
         self._producers[producer_id] = state
@@ -286,8 +288,7 @@ class ProducerCommands:
         state.pending.append(pending)
         self.pending_sends += 1
         if send.txnid_least_bits or send.txnid_most_bits:
-            self._finish_send(state, pending, error=(pb.NotAllowedError,
-                                                      "Transactions are not enabled."))
+            self._finish_send(state, pending, error=(pb.NotAllowedError, TRANSACTIONS_DISABLED))
             return
         assert frame.metadata is not None  # the codec gives every SEND its metadata
         problem = batch_count_error(frame.metadata, len(frame.payload))
