@@ -60,7 +60,7 @@ from ..http._admin import start_admin
 from ..security._auth import AuthenticationService
 from ..security._tls import TlsOptions, server_ssl_context
 from ..topics._service import BrokerService, check_entry_fits_storage
-from ..wire._connection_handler import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
+from ..wire._connection_view import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
 from ..wire._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 
 __all__ = [

@@ -5,7 +5,8 @@ Theory of operation
 `serve()` starts an asyncio server for a `BrokerService` and returns a `BrokerServer`. For each
 accepted connection one task runs `_serve_connection`: it reads whatever bytes arrive and hands
 them to that connection's `ConnectionHandler` (`_connection_handler.py`), which decodes frames,
-calls the service and writes replies and deliveries through the stream writer. The task is the
+hands each to its command handler (producers, consumers, lookup and discovery), which call the
+service, and writes replies and deliveries through the stream writer. The task is the
 only reader of its socket; everything else the connection does happens in handler tasks or in
 dispatcher callbacks on the same event loop.
 
@@ -54,11 +55,11 @@ from codec import base_command, encode_frame, pb
 from .._names import advertised_url_for
 from ..security._auth import AuthenticationService
 from ..topics._service import BrokerService
-from ._connection_handler import (
+from ._connection_handler import ConnectionHandler
+from ._connection_view import (
     KEEPALIVE_INTERVAL_S_DEFAULT,
     PENDING_SENDS_MAX_DEFAULT,
     REQUEST_ID_NONE,
-    ConnectionHandler,
     ServerContext,
 )
 

@@ -16,7 +16,8 @@ from broker._errors import ServiceNotReadyError
 from broker._names import advertised_url_for
 from broker.cli import build_parser
 from broker.cli._standalone import config_with_overrides, stop_http
-from broker.wire._connection_handler import _lookup_error, server_error
+from broker.wire._connection_view import server_error
+from broker.wire._discovery import lookup_error
 from broker.wire._server import BrokerServer, serve
 from codec import (
     NEED_DATA,
@@ -149,8 +150,8 @@ def test_server_error_codes() -> None:
     assert server_error(KeyError("bug"))[0] == pb.UnknownError
     assert server_error(BrokerError())[1] == "BrokerError"
     # Lookup replies never carry ServiceNotReady: the C++ client would drop the connection.
-    assert _lookup_error(ServiceNotReadyError("later"))[0] == pb.MetadataError
-    assert _lookup_error(TopicNotFoundError("gone"))[0] == pb.TopicNotFound
+    assert lookup_error(ServiceNotReadyError("later"))[0] == pb.MetadataError
+    assert lookup_error(TopicNotFoundError("gone"))[0] == pb.TopicNotFound
 
 
 def test_advertised_url() -> None:

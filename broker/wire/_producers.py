@@ -1,0 +1,368 @@
+"""The producers of one connection: PRODUCER, SEND and its receipts, CLOSE_PRODUCER.
+
+Theory of operation
+-------------------
+`ProducerCommands` serves the producer commands of one connection through its
+`ConnectionView` (`_connection_view.py`) and owns the connection's producers, keyed by the
+client's producer ids.
+
+Receipts. Every SEND starts its publish at once (the managed ledger assigns positions in call
+order; no await comes before `topic.publish`), and receipts leave in the order the SENDs
+arrived, per producer: each producer keeps a queue of pending sends, and a completed publish
+flushes the queue's completed head. The connection counts unanswered SENDs; at
+`ServerContext.pending_sends_max` the server stops reading (`wait_send_room`) until half of
+them are answered.
+
+Creation. A CLOSE_PRODUCER that arrives while the creation is still running waits for it,
+then undoes it; the receipts of earlier SENDs leave before its SUCCESS (wire reference §6.5).
+A WaitForExclusive producer that has to wait gets PRODUCER_SUCCESS with producer_ready=false
+at once, and a second one (same request id, ready, with its topic epoch) from a callback on its
+waiter when the topic promotes it — or ERROR ProducerFenced when an ExclusiveWithFencing
+producer clears the queue. No task waits meanwhile, so a shutdown does not wait for waiting
+producers. Each producer's schema (or its lack of one) is admitted by the schema registry.
+
+The broker's own closes of producers (fencing, termination, unload, forced delete, backlog
+quota) arrive through `Producer.closer` and become CLOSE_PRODUCER with request id 2**64-1;
+later SENDs of that producer id (the last `CLOSED_PRODUCER_IDS_MAX` closed ones) are dropped
+quietly. A SEND for any other unknown producer closes the connection (`CloseConnection`).
+
+Claims are checked before work in proportion to them: a SEND whose num_messages_in_batch its
+payload cannot hold (`_entry.batch_count_error`) gets SEND_ERROR NotAllowedError, which fails
+that message only. A SEND with a bad checksum gets SEND_ERROR ChecksumError (logged once per
+connection at WARNING). A transactional SEND gets NotAllowedError, as Pulsar answers with its
+coordinator off. A full disk answers no receipt: the topic closes the producer instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from google.protobuf.message import Message
+
+from codec import ChecksumMismatch, Frame, pb
+
+from .._errors import DiskFullError
+from .._names import TopicName, check_producer_name, check_subscription_name
+from ..dispatch._entry import batch_count_error
+from ..schemas._schemas import StoredSchema, encode_schema_version
+from ..topics._service import Topic
+from ..topics._topic import Producer, ProducerSpec, PublishResult
+from ._connection_view import (
+    REQUEST_ID_NONE,
+    SHUTTING_DOWN,
+    TRANSACTIONS_DISABLED,
+    CloseConnection,
+    ConnectionView,
+    carries_schema,
+    id_data,
+    key_values,
+    server_error,
+)
+
+__all__ = ["CLOSED_PRODUCER_IDS_MAX", "ProducerCommands"]
+
+log = logging.getLogger(__name__)
+
+CLOSED_PRODUCER_IDS_MAX: Final = 1024  # closed ids remembered, to drop their late SENDs quietly
+
+_ACCESS_MODES: Final = {
+    pb.Shared: "Shared",
+    pb.Exclusive: "Exclusive",
+    pb.WaitForExclusive: "WaitForExclusive",
+    pb.ExclusiveWithFencing: "ExclusiveWithFencing",
+}
+
+
+@dataclass
+class _PendingSend:
+    sequence_id: int
+    highest_sequence_id: int
+    done: bool = False
+    result: PublishResult | None = None
+    error: tuple[int, str] | None = None
+    dropped: bool = False  # answered by closing the producer instead (a full disk)
+
+
+@dataclass
+class _ProducerState:
+    producer_id: int
+    ready: asyncio.Future[None]
+    topic: Topic | None = None
+    producer: Producer | None = None
+    schema_version: bytes | None = None
+    pending: deque[_PendingSend] = field(default_factory=deque)
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ProducerCommands:
+    """The producers of one connection (see the module comment).
+
+    Args:
+        view: the connection.
+    """
+
+    def __init__(self, view: ConnectionView):
+        self.view = view
+        self._producers: dict[int, _ProducerState] = {}
+        self._closed_producers: OrderedDict[int, None] = OrderedDict()
+        self.pending_sends = 0
+        self._send_room = asyncio.Event()
+        self._send_room.set()
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    async def wait_send_room(self) -> None:
+        """Until fewer than `pending_sends_max` SENDs wait for their receipts (or the
+        connection is closed)."""
+        while self.pending_sends >= self.view.ctx.pending_sends_max and not self.view.closed:
+            self._send_room.clear()
+            await self._send_room.wait()
+
+    def release_all(self) -> None:
+        """The connection closed: every producer leaves its topic; `wait_send_room` ends."""
+        for state in list(self._producers.values()):
+            self._release_producer(state)
+        self._producers.clear()
+        self._send_room.set()
+
+    # -- creation and close ----------------------------------------------------------------
+
+    def on_producer(self, frame: Frame) -> None:
+        self.view.spawn(self._create_producer(frame.command.producer))
+
+    def _producer_spec(self, request: pb.CommandProducer) -> ProducerSpec:
+        return ProducerSpec(
+            producer_name=request.producer_name if request.HasField("producer_name") else "",
+            access_mode=_ACCESS_MODES.get(request.producer_access_mode, "Shared"),
+            epoch=request.epoch,
+            topic_epoch=request.topic_epoch if request.HasField("topic_epoch") else None,
+            metadata=key_values(request.metadata),
+            initial_subscription_name=request.initial_subscription_name,
+            address=self.view.peer,
+            client_version=self.view.client_version,
+        )
+
+    async def _create_producer(self, request: pb.CommandProducer) -> None:
+        view = self.view
+        producer_id, request_id = request.producer_id, request.request_id
+        existing = self._producers.get(producer_id)
+        if existing is not None:
+            if existing.ready.done() and existing.producer is not None:
+                self._producer_success(request_id, existing)
+            else:
+                view.error_code(request_id, pb.ServiceNotReady,
+                                "Producer is already present on the connection")
+            return
+        if not view.ctx.accepting:
+            view.error_code(request_id, pb.ServiceNotReady, SHUTTING_DOWN)
+            return
+        state = _ProducerState(producer_id, asyncio.get_running_loop().create_future())
+        self._producers[producer_id] = state
+        try:
+            await self._open_producer(state, request)
+        except Exception as exc:
+            if self._producers.get(producer_id) is state:
+                del self._producers[producer_id]
+            view.error(request_id, exc)
+            return
+        finally:
+            state.ready.set_result(None)
+        if view.closed or self._producers.get(producer_id) is not state:
+            self._release_producer(state)  # the connection or a CLOSE_PRODUCER beat us
+            return
+        self._producer_success(request_id, state)
+        waiter = state.producer.waiter if state.producer is not None else None
+        if waiter is not None:  # WaitForExclusive: a second reply once it is promoted
+            waiter.admitted.add_done_callback(
+                lambda granted: self._exclusive_granted(request_id, state, granted))
+
+    def _exclusive_granted(self, request_id: int, state: _ProducerState,
+                           granted: asyncio.Future[int]) -> None:
+        """A waiting producer was promoted (ready now) or fenced out (ERROR); nothing when
+        it left first (its wait was cancelled)."""
+        if granted.cancelled() or self.view.closed or self._producers.get(state.producer_id) \
+                is not state:
+            return
+        error = granted.exception()
+        if error is None:
+            self._producer_success(request_id, state)
+            return
+        del self._producers[state.producer_id]
+        self._remember_closed_producer(state.producer_id)
+        self.view.error(request_id, error)
+
+    async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
+        schemas = self.view.ctx.schemas
+        name = TopicName.parse(request.topic)
+        check_producer_name(request.producer_name)  # before anything is created
+        check_subscription_name(request.initial_subscription_name)
+        topic, producer = await self.view.service.create_producer(
+            name, self._producer_spec(request))
+        try:
+            if carries_schema(request):
+                version = schemas.add(name, StoredSchema.from_proto(request.schema))
+                state.schema_version = encode_schema_version(version)
+            else:
+                schemas.admit_schemaless_producer(name)
+        except BaseException:
+            topic.remove_producer(producer)
+            raise
+        producer.closer = lambda reason: self._broker_closed_producer(state, reason)
+        state.topic, state.producer = topic, producer
+
+    def _producer_success(self, request_id: int, state: _ProducerState) -> None:
+        assert state.topic is not None
+        assert state.producer is not None
+        producer = state.producer
+        reply = pb.CommandProducerSuccess(
+            request_id=request_id, producer_name=producer.name,
+            last_sequence_id=state.topic.last_sequence_id(producer),
+            producer_ready=producer.waiter is None)
+        if producer.topic_epoch is not None:
+            reply.topic_epoch = producer.topic_epoch
+        if state.schema_version is not None:
+            reply.schema_version = state.schema_version
+        self.view.send(reply)
+
+    @staticmethod
+    def _release_producer(state: _ProducerState) -> None:
+        if state.topic is not None and state.producer is not None:
+            state.topic.remove_producer(state.producer)
+
+    def _broker_closed_producer(self, state: _ProducerState, reason: str) -> None:
+        """The service dropped the producer (e.g. backlog quota): the client reconnects."""
+        if self._producers.get(state.producer_id) is state:
+            del self._producers[state.producer_id]
+            self._remember_closed_producer(state.producer_id)
+        log.info("closing producer %s of %s: %s", state.producer_id, self.view.peer, reason)
+        self.view.send(pb.CommandCloseProducer(producer_id=state.producer_id,
+                                               request_id=REQUEST_ID_NONE))
+
+    def _remember_closed_producer(self, producer_id: int) -> None:
+        self._closed_producers[producer_id] = None
+        while len(self._closed_producers) > CLOSED_PRODUCER_IDS_MAX:
+            self._closed_producers.popitem(last=False)
+
+    def on_close_producer(self, frame: Frame) -> None:
+        self.view.spawn(self._close_producer(frame.command.close_producer))
+
+    async def _close_producer(self, request: pb.CommandCloseProducer) -> None:
+        state = self._producers.pop(request.producer_id, None)
+        if state is not None:
+            self._remember_closed_producer(request.producer_id)
+            await asyncio.wait([state.ready])
+            if state.pending:  # receipts of earlier SENDs go first (wire reference §6.5)
+                state.drained.clear()
+                await state.drained.wait()
+            self._release_producer(state)
+        self.view.success(request.request_id)
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def _sender(self, producer_id: int) -> _ProducerState | None:
+        """The ready producer a SEND names; None for a closed one (the SEND is dropped).
+
+        Raises:
+            CloseConnection: no such producer, or not ready yet.
+        """
+        state = self._producers.get(producer_id)
+        if state is None or state.producer is None:
+            if producer_id in self._closed_producers:
+                return None  # a SEND that crossed our CLOSE_PRODUCER: dropped, as Pulsar does
+            raise CloseConnection(f"SEND for producer {producer_id}, which is not ready")
+        return state
+
+    def on_send(self, frame: Frame) -> None:
+        send = frame.command.send
+        state = self._sender(send.producer_id)
+        if state is None:
+            return
+        highest = send.highest_sequence_id
+        if not send.HasField("highest_sequence_id") or highest < send.sequence_id:
+            highest = -1  # none stated: the topic's dedup derives it from the entry
+        pending = _PendingSend(send.sequence_id, highest)
+        state.pending.append(pending)
+        self.pending_sends += 1
+        if send.txnid_least_bits or send.txnid_most_bits:
+            self._finish_send(state, pending, error=(pb.NotAllowedError, TRANSACTIONS_DISABLED))
+            return
+        assert frame.metadata is not None  # the codec gives every SEND its metadata
+        problem = batch_count_error(frame.metadata, len(frame.payload))
+        if problem is not None:
+            # NotAllowed fails this message only (Java), where other codes make clients
+            # reconnect and send the same batch again.
+            log.debug("refusing a SEND from %s: %s", self.view.peer, problem)
+            self._finish_send(state, pending, error=(pb.NotAllowedError, problem))
+            return
+        self.view.spawn(self._publish(state, pending, frame))
+
+    async def _publish(self, state: _ProducerState, pending: _PendingSend, frame: Frame) -> None:
+        # No await before topic.publish: publishes must start in the order SENDs arrived.
+        assert state.topic is not None
+        assert state.producer is not None
+        try:
+            result = await state.topic.publish(state.producer, frame.entry, pending.sequence_id,
+                                               pending.highest_sequence_id, frame.metadata)
+        except DiskFullError as exc:
+            # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client fails
+            # the send itself once its reconnection is refused (see _topic.py).
+            log.debug("SEND of %s dropped: %s", self.view.peer, exc)
+            pending.dropped = True
+            self._finish_send(state, pending, error=server_error(exc))
+        except Exception as exc:
+            self.view.log_failure(exc)
+            self._finish_send(state, pending, error=server_error(exc))
+        else:
+            self._finish_send(state, pending, result=result)
+
+    def on_corrupt_send(self, event: ChecksumMismatch) -> None:
+        send = event.command.send
+        self.view.warn_once("checksum", "SEND from %s failed its checksum (%#010x != %#010x)",
+                            self.view.peer, event.expected, event.actual)
+        state = self._sender(send.producer_id)
+        if state is None:
+            return
+        pending = _PendingSend(send.sequence_id, send.sequence_id)
+        state.pending.append(pending)
+        self.pending_sends += 1
+        self._finish_send(state, pending, error=(pb.ChecksumError, "Checksum failed on the broker"))
+
+    def _finish_send(self, state: _ProducerState, pending: _PendingSend, *,
+                     result: PublishResult | None = None,
+                     error: tuple[int, str] | None = None) -> None:
+        assert (result is None) != (error is None)
+        pending.done, pending.result, pending.error = True, result, error
+        out = bytearray()
+        while state.pending and state.pending[0].done:
+            head = state.pending.popleft()
+            self.pending_sends -= 1
+            out += self._receipt_bytes(state.producer_id, head)
+        assert self.pending_sends >= 0
+        if out and not self.view.closed:
+            self.view.write(bytes(out))
+        if not state.pending:
+            state.drained.set()
+        if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
+            self._send_room.set()
+
+    def _receipt_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
+        body: Message
+        if pending.dropped:
+            return b""
+        if pending.result is not None:
+            body = pb.CommandSendReceipt(
+                producer_id=producer_id, sequence_id=pending.sequence_id,
+                message_id=id_data(pending.result.ledger_id, pending.result.entry_id),
+                highest_sequence_id=max(pending.highest_sequence_id, pending.sequence_id))
+        else:
+            assert pending.error is not None
+            code, message = pending.error
+            body = pb.CommandSendError(producer_id=producer_id, sequence_id=pending.sequence_id,
+                                       error=code, message=message)  # type: ignore[arg-type]
+        if self.view.closed:
+            return b""
+        return self.view.encode(body)
