@@ -32,7 +32,10 @@ messages it holds: delivered, not acknowledged, not given back. Invariants:
 2. a message whose ack returned is never delivered again, and a delivery's ack set skips
    only acknowledged messages;
 3. Shared and Key_Shared: a message is held by one consumer at most and is not delivered to
-   it twice without a redelivery; Exclusive and Failover: only the active consumer receives;
+   it twice without a redelivery, and an entry's redelivery count is its negative acks (a
+   consumer leaving does not count; the last one leaving clears the counts; a crash may lose
+   count changes not yet durable, a clearing included); Exclusive and Failover: only the
+   active consumer receives;
 4. Key_Shared: a key is never unacknowledged in two consumers at once;
 5. per-key order (Key_Shared, Exclusive, Failover): within a window, which every restart
    and drain starts afresh, a message is delivered for the first time only after every
@@ -401,9 +404,11 @@ class _SubModel:
     frontier: dict[str, int] = field(default_factory=dict)
     tainted: set[str] = field(default_factory=set)
     # Shared and Key_Shared: negative acks per entry (the redelivery count the broker must
-    # send), and the entries whose count a race made unknown.
+    # send), the entries whose count a race made unknown, and those whose count the broker
+    # cleared when the last consumer left (a background write that a crash may undo).
     redeliveries: Counter[tuple[int, int]] = field(default_factory=Counter)
     redeliveries_unknown: set[tuple[int, int]] = field(default_factory=set)
+    redeliveries_cleared: set[tuple[int, int]] = field(default_factory=set)
 
     def is_acked(self, message: _Message) -> bool:
         if message.uid in self.acked:
@@ -427,9 +432,20 @@ class _SubModel:
 
     def reset_redeliveries(self) -> None:
         """The broker forgets redelivery counts when the last consumer leaves (not when it
-        restarts: the cursor persists them)."""
+        restarts: the cursor persists them). It writes the cleared counts in the background
+        like any count change, so until a clean restart a crash may bring them back."""
+        self.redeliveries_cleared.update(self.redeliveries)
+        self.redeliveries_cleared.update(self.redeliveries_unknown)
         self.redeliveries.clear()
         self.redeliveries_unknown.clear()
+
+    def after_restart(self, clean: bool) -> None:
+        """A clean stop writes every count; a crash may lose the count changes not yet
+        durable: increments, and the clearing of counts (which then come back)."""
+        if not clean:
+            self.redeliveries_unknown.update(self.redeliveries)
+            self.redeliveries_unknown.update(self.redeliveries_cleared)
+        self.redeliveries_cleared.clear()
 
 
 @dataclass(eq=False)
@@ -1368,8 +1384,9 @@ class _Simulation:
             for model in list(sub.consumers.values()):
                 self._forget_consumer(model)
             sub.reset_window()
-            if kind != "clean":  # a crash may lose increments not yet written
-                sub.redeliveries_unknown.update(sub.redeliveries)
+            if kind != "clean" and sub.redeliveries_cleared:
+                self.counts["redelivery_clears_in_doubt"] += 1
+            sub.after_restart(kind == "clean")
         await self._open()
         lost: list[_Entry] = []
         for topic in self.topics:
@@ -1638,7 +1655,8 @@ class _Simulation:
                 self._report_undelivered()
                 return
             await asyncio.sleep(DRAIN_POLL_S)
-        self._after_drain()
+        if self.report.ok:  # a violation stopped the drain: its backlog says nothing more
+            self._after_drain()
 
     async def _ack_everything_held(self) -> None:
         for model in self._holding_consumers():
