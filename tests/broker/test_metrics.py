@@ -3,7 +3,6 @@ and the values match a known sequence of publishes, dispatches, acks and expirie
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -100,131 +99,113 @@ async def known_traffic(service: BrokerService) -> dict[str, Any]:
             "entry_bytes": entry_bytes}
 
 
-def test_metrics_text_parses_and_matches_the_traffic(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            traffic = await known_traffic(env.service)
-            topic = traffic["topic"]
-            samples, types = parse(render_metrics(env.service))
-            t = {"topic": TOPIC}
-            assert samples[("pulsar_topics_count", labels())] == 2
-            assert samples[("pulsar_in_messages_total", labels(**t))] == 5
-            assert samples[("pulsar_in_bytes_total", labels(**t))] == topic.bytes_in_counter
-            assert samples[("pulsar_producers_count", labels(**t))] == 1
-            assert samples[("pulsar_consumers_count", labels(**t))] == 1
-            assert samples[("pulsar_subscriptions_count", labels(**t))] == 2
-            assert samples[("pulsar_storage_size", labels(**t))] == \
-                topic.managed_ledger.total_size_bytes > 0
-            assert samples[("pulsar_msg_backlog", labels(**t))] == 3 + 5
-            assert samples[("pulsar_storage_backlog_quota_limit", labels(**t))] == -1
-            s1, s2 = labels(**t, subscription="s1"), labels(**t, subscription="s2")
-            assert samples[("pulsar_subscription_back_log", s1)] == 3
-            assert samples[("pulsar_subscription_back_log", s2)] == 5
-            assert samples[("pulsar_subscription_back_log_no_delayed", s1)] == 3
-            assert samples[("pulsar_subscription_unacked_messages", s1)] == 3
-            assert samples[("pulsar_subscription_consumers_count", s1)] == 1
-            assert samples[("pulsar_subscription_consumers_count", s2)] == 0
-            assert samples[("pulsar_subscription_blocked_on_unacked_messages", s1)] == 0
-            assert samples[("pulsar_out_messages_total", s1)] == 5
-            assert samples[("pulsar_out_messages_total", s2)] == 0
-            assert samples[("pulsar_out_bytes_total", s1)] == traffic["entry_bytes"] > 0
-            assert samples[("pulsar_in_bytes_total", labels(**t))] == traffic["entry_bytes"]
-            np = {"topic": NP_TOPIC}
-            assert samples[("pulsar_in_messages_total", labels(**np))] == 3
-            assert samples[("pulsar_in_bytes_total", labels(**np))] == traffic["np_bytes"]
-            assert samples[("pulsar_out_messages_total", labels(**np, subscription="live"))] \
-                == 3
-            assert ("pulsar_msg_backlog", labels(**np)) not in samples
-            # Counters are the *_total families; per-consumer series only when asked for.
-            assert {n for n, kind in types.items() if kind == "counter"} == {
-                "pulsar_in_messages_total", "pulsar_in_bytes_total",
-                "pulsar_out_messages_total", "pulsar_out_bytes_total"}
-            assert not any(n.startswith("pulsar_consumer_") for n, _ in samples)
-
-    asyncio.run(scenario())
+async def test_metrics_text_parses_and_matches_the_traffic(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        traffic = await known_traffic(env.service)
+        topic = traffic["topic"]
+        samples, types = parse(render_metrics(env.service))
+        t = {"topic": TOPIC}
+        assert samples[("pulsar_topics_count", labels())] == 2
+        assert samples[("pulsar_in_messages_total", labels(**t))] == 5
+        assert samples[("pulsar_in_bytes_total", labels(**t))] == topic.bytes_in_counter
+        assert samples[("pulsar_producers_count", labels(**t))] == 1
+        assert samples[("pulsar_consumers_count", labels(**t))] == 1
+        assert samples[("pulsar_subscriptions_count", labels(**t))] == 2
+        assert samples[("pulsar_storage_size", labels(**t))] == \
+            topic.managed_ledger.total_size_bytes > 0
+        assert samples[("pulsar_msg_backlog", labels(**t))] == 3 + 5
+        assert samples[("pulsar_storage_backlog_quota_limit", labels(**t))] == -1
+        s1, s2 = labels(**t, subscription="s1"), labels(**t, subscription="s2")
+        assert samples[("pulsar_subscription_back_log", s1)] == 3
+        assert samples[("pulsar_subscription_back_log", s2)] == 5
+        assert samples[("pulsar_subscription_back_log_no_delayed", s1)] == 3
+        assert samples[("pulsar_subscription_unacked_messages", s1)] == 3
+        assert samples[("pulsar_subscription_consumers_count", s1)] == 1
+        assert samples[("pulsar_subscription_consumers_count", s2)] == 0
+        assert samples[("pulsar_subscription_blocked_on_unacked_messages", s1)] == 0
+        assert samples[("pulsar_out_messages_total", s1)] == 5
+        assert samples[("pulsar_out_messages_total", s2)] == 0
+        assert samples[("pulsar_out_bytes_total", s1)] == traffic["entry_bytes"] > 0
+        assert samples[("pulsar_in_bytes_total", labels(**t))] == traffic["entry_bytes"]
+        np = {"topic": NP_TOPIC}
+        assert samples[("pulsar_in_messages_total", labels(**np))] == 3
+        assert samples[("pulsar_in_bytes_total", labels(**np))] == traffic["np_bytes"]
+        assert samples[("pulsar_out_messages_total", labels(**np, subscription="live"))] \
+            == 3
+        assert ("pulsar_msg_backlog", labels(**np)) not in samples
+        # Counters are the *_total families; per-consumer series only when asked for.
+        assert {n for n, kind in types.items() if kind == "counter"} == {
+            "pulsar_in_messages_total", "pulsar_in_bytes_total",
+            "pulsar_out_messages_total", "pulsar_out_bytes_total"}
+        assert not any(n.startswith("pulsar_consumer_") for n, _ in samples)
 
 
-def test_metrics_agree_with_topic_stats_after_acks_and_expiry(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            topic, producer = await persistent_producer(env.service, TOPIC)
-            await topic.create_subscription("old", "earliest")
-            for i in range(4):
-                metadata, entry = make_entry(b"m%d" % i, sequence_id=i, producer_name="p1",
-                                             publish_time_ms=now_ms() - 600_000)
-                await topic.publish(producer, entry, i, i, metadata)
-            expired = await topic.subscriptions["old"].expire_messages(60)
-            assert expired == 4
-            samples, _ = parse(render_metrics(env.service))
-            stats = topic_stats(topic)["subscriptions"]["old"]
-            key = labels(topic=TOPIC, subscription="old")
-            assert samples[("pulsar_subscription_total_msg_expired", key)] == \
-                stats["totalMsgExpired"] == 4
-            assert samples[("pulsar_subscription_last_expire_timestamp", key)] == \
-                stats["lastExpireTimestamp"] > 0
-            assert samples[("pulsar_subscription_back_log", key)] == stats["msgBacklog"] == 0
-
-    asyncio.run(scenario())
+async def test_metrics_agree_with_topic_stats_after_acks_and_expiry(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        topic, producer = await persistent_producer(env.service, TOPIC)
+        await topic.create_subscription("old", "earliest")
+        for i in range(4):
+            metadata, entry = make_entry(b"m%d" % i, sequence_id=i, producer_name="p1",
+                                         publish_time_ms=now_ms() - 600_000)
+            await topic.publish(producer, entry, i, i, metadata)
+        expired = await topic.subscriptions["old"].expire_messages(60)
+        assert expired == 4
+        samples, _ = parse(render_metrics(env.service))
+        stats = topic_stats(topic)["subscriptions"]["old"]
+        key = labels(topic=TOPIC, subscription="old")
+        assert samples[("pulsar_subscription_total_msg_expired", key)] == \
+            stats["totalMsgExpired"] == 4
+        assert samples[("pulsar_subscription_last_expire_timestamp", key)] == \
+            stats["lastExpireTimestamp"] > 0
+        assert samples[("pulsar_subscription_back_log", key)] == stats["msgBacklog"] == 0
 
 
-def test_consumer_level_metrics(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            traffic = await known_traffic(env.service)
-            consumer = traffic["consumer"]
-            samples, _ = parse(render_metrics(env.service, consumer_level=True))
-            key = labels(topic=TOPIC, subscription="s1", consumer_name="reader-1",
-                         consumer_id=str(consumer.consumer_serial))
-            assert samples[("pulsar_consumer_unacked_messages", key)] == 3
-            assert samples[("pulsar_consumer_available_permits", key)] == 95
-            assert samples[("pulsar_consumer_blocked_on_unacked_messages", key)] == 0
-            assert samples[("pulsar_out_messages_total", key)] == 5
-            # The subscription-level series stay beside the consumer's.
-            assert samples[("pulsar_out_messages_total",
-                            labels(topic=TOPIC, subscription="s1"))] == 5
-
-    asyncio.run(scenario())
+async def test_consumer_level_metrics(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        traffic = await known_traffic(env.service)
+        consumer = traffic["consumer"]
+        samples, _ = parse(render_metrics(env.service, consumer_level=True))
+        key = labels(topic=TOPIC, subscription="s1", consumer_name="reader-1",
+                     consumer_id=str(consumer.consumer_serial))
+        assert samples[("pulsar_consumer_unacked_messages", key)] == 3
+        assert samples[("pulsar_consumer_available_permits", key)] == 95
+        assert samples[("pulsar_consumer_blocked_on_unacked_messages", key)] == 0
+        assert samples[("pulsar_out_messages_total", key)] == 5
+        # The subscription-level series stay beside the consumer's.
+        assert samples[("pulsar_out_messages_total",
+                        labels(topic=TOPIC, subscription="s1"))] == 5
 
 
-def test_label_values_are_escaped(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            odd = 'persistent://public/default/q"uote\\back'
-            topic, _ = await persistent_producer(env.service, odd)
-            await topic.create_subscription('line\nbreak', "earliest")
-            text = render_metrics(env.service)
-            assert '\\"' in text
-            assert "\\\\" in text
-            assert "\\n" in text
-            samples, _ = parse(text)
-            assert samples[("pulsar_producers_count", labels(topic=odd))] == 1
-            assert ("pulsar_subscription_back_log",
-                    labels(topic=odd, subscription="line\nbreak")) in samples
-
-    asyncio.run(scenario())
+async def test_label_values_are_escaped(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        odd = 'persistent://public/default/q"uote\\back'
+        topic, _ = await persistent_producer(env.service, odd)
+        await topic.create_subscription('line\nbreak', "earliest")
+        text = render_metrics(env.service)
+        assert '\\"' in text
+        assert "\\\\" in text
+        assert "\\n" in text
+        samples, _ = parse(text)
+        assert samples[("pulsar_producers_count", labels(topic=odd))] == 1
+        assert ("pulsar_subscription_back_log",
+                labels(topic=odd, subscription="line\nbreak")) in samples
 
 
-def test_no_topics_no_samples(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            assert render_metrics(env.service) == ""
-
-    asyncio.run(scenario())
+async def test_no_topics_no_samples(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        assert render_metrics(env.service) == ""
 
 
-def test_metrics_endpoint_serves_the_same_text(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with admin_env(tmp_path) as (env, _, client):
-            await known_traffic(env.service)
-            for path in ("/metrics", "/metrics/"):
-                answer = await client.call("GET", path)
-                assert answer.status == 200
-                assert answer.content_type == "text/plain"
-                assert answer.body == render_metrics(env.service)
-            raw = await client.session.get(client.base_url + "/metrics")
-            assert raw.headers["Content-Type"] == CONTENT_TYPE
-            raw.release()
-            samples, _ = parse(answer.body)
-            assert samples[("pulsar_in_messages_total", labels(topic=TOPIC))] == 5
-
-    asyncio.run(scenario())
+async def test_metrics_endpoint_serves_the_same_text(tmp_path: Path) -> None:
+    async with admin_env(tmp_path) as (env, _, client):
+        await known_traffic(env.service)
+        for path in ("/metrics", "/metrics/"):
+            answer = await client.call("GET", path)
+            assert answer.status == 200
+            assert answer.content_type == "text/plain"
+            assert answer.body == render_metrics(env.service)
+        raw = await client.session.get(client.base_url + "/metrics")
+        assert raw.headers["Content-Type"] == CONTENT_TYPE
+        raw.release()
+        samples, _ = parse(answer.body)
+        assert samples[("pulsar_in_messages_total", labels(topic=TOPIC))] == 5

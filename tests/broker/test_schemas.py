@@ -202,12 +202,10 @@ def test_deleting_a_topic_deletes_its_schemas(tmp_path: Path) -> None:
     with_service(tmp_path, check)
 
 
-def test_schemas_survive_a_restart(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            env.service.schemas.add(TOPIC, V1)
-            env.service.schemas.delete(TOPIC)
-            env.service.schemas.add(TOPIC, V2)
-            service = await env.restart()
-            assert [(e.version, e.schema) for e in service.schemas.history(TOPIC)] == [(2, V2)]
-    asyncio.run(scenario())
+async def test_schemas_survive_a_restart(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        env.service.schemas.add(TOPIC, V1)
+        env.service.schemas.delete(TOPIC)
+        env.service.schemas.add(TOPIC, V2)
+        service = await env.restart()
+        assert [(e.version, e.schema) for e in service.schemas.history(TOPIC)] == [(2, V2)]

@@ -139,16 +139,13 @@ def test_await_while_another_thread_completes() -> None:
     assert asyncio.run(main()) == list(range(50))
 
 
-def test_await_raises_the_error() -> None:
-    async def main() -> None:
-        pending: Completion[int] = Completion()
-        loop = asyncio.get_running_loop()
-        loop.call_soon(lambda: threading.Thread(
-            target=pending.set_exception, args=(StorageFailedError("sync failed"),)).start())
-        with pytest.raises(StorageFailedError, match="sync failed"):
-            await asyncio.wait_for(_await(pending), timeout=10)
-
-    asyncio.run(main())
+async def test_await_raises_the_error() -> None:
+    pending: Completion[int] = Completion()
+    loop = asyncio.get_running_loop()
+    loop.call_soon(lambda: threading.Thread(
+        target=pending.set_exception, args=(StorageFailedError("sync failed"),)).start())
+    with pytest.raises(StorageFailedError, match="sync failed"):
+        await asyncio.wait_for(_await(pending), timeout=10)
 
 
 def test_await_of_a_done_completion_does_not_suspend() -> None:
