@@ -73,21 +73,18 @@ async def test_admin_and_http_lookup_refuse_over_long_names(tmp_path: Path) -> N
         assert answer.status == 204, answer.body
 
 
-def test_an_out_of_range_number_in_a_path_is_a_400(tmp_path: Path,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
-    async def scenario() -> None:
-        async with admin_env(tmp_path) as (_, _, client):
-            await client.call("PUT", f"{PT}/t/subscription/s")
-            for digits in ("9" * 20, "9" * 5000):
-                answer = await client.call("POST", f"{PT}/t/subscription/s/skip/{digits}")
-                assert answer.status == 400, answer.body
-
-    with caplog.at_level(logging.DEBUG):
-        asyncio.run(scenario())
+async def test_an_out_of_range_number_in_a_path_is_a_400(tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with admin_env(tmp_path) as (_, _, client):
+        await client.call("PUT", f"{PT}/t/subscription/s")
+        for digits in ("9" * 20, "9" * 5000):
+            answer = await client.call("POST", f"{PT}/t/subscription/s/skip/{digits}")
+            assert answer.status == 400, answer.body
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_malformed_http_requests_are_one_warning_each_without_traceback(
+async def test_malformed_http_requests_are_one_warning_each_without_traceback(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     requests = [
         b"GET /admin/v2/persistent/public/default/" + b"a" * 9000 + b"/stats HTTP/1.1\r\n\r\n",
@@ -95,19 +92,16 @@ def test_malformed_http_requests_are_one_warning_each_without_traceback(
         b"GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n",
     ]
 
-    async def scenario() -> None:
-        async with admin_env(tmp_path) as (_, server, _):
-            for request in requests * 2:
-                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-                writer.write(request)
-                answer = await reader.read()  # the server answers and closes
-                assert answer.startswith(b"HTTP/1."), answer[:60]
-                assert b" 400 " in answer[:20], answer[:60]
-                writer.close()
-                await writer.wait_closed()
-
-    with caplog.at_level(logging.DEBUG):
-        asyncio.run(scenario())
+    caplog.set_level(logging.DEBUG)
+    async with admin_env(tmp_path) as (_, server, _):
+        for request in requests * 2:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(request)
+            answer = await reader.read()  # the server answers and closes
+            assert answer.startswith(b"HTTP/1."), answer[:60]
+            assert b" 400 " in answer[:20], answer[:60]
+            writer.close()
+            await writer.wait_closed()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not [r for r in caplog.records if r.exc_info]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
