@@ -10,8 +10,9 @@ nothing twice. The SENDs here are built the way that client builds them and are 
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
+
+import pytest
 
 from broker import PersistentTopic, Position, ProducerSpec
 from broker._config import BrokerConfig
@@ -153,49 +154,47 @@ async def test_snapshot_holds_highest_ids_and_recovery_replays_after_it(tmp_path
                                                   5 * BATCH_MESSAGES - 1, 5)
 
 
-def test_power_loss_keeps_the_highest_id_of_acknowledged_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("power_seed", range(3))  # each on its own event loop
+async def test_power_loss_keeps_the_highest_id_of_acknowledged_batches(tmp_path: Path,
+                                                                    power_seed: int) -> None:
     """On the simulated file system: batches acknowledged (durable), one snapshot among
     them, then the power fails and unsynced writes are dropped, torn or corrupted."""
 
-    async def scenario(seed: int) -> None:
-        directory = tmp_path / f"power-{seed}"
-        config = BrokerConfig(broker_deduplication_enabled=True,
-                              broker_deduplication_entries_interval=3)
-        fs = SimFileSystem(seed)
-        storage = Storage.open(directory, fs=fs)
-        service = BrokerService(storage, config)
-        await service.start(maintenance=False)
+    directory = tmp_path / f"power-{power_seed}"
+    config = BrokerConfig(broker_deduplication_enabled=True,
+                          broker_deduplication_entries_interval=3)
+    fs = SimFileSystem(power_seed)
+    storage = Storage.open(directory, fs=fs)
+    service = BrokerService(storage, config)
+    await service.start(maintenance=False)
+    topic, producer = await _producer(service)
+    await _keep(topic)
+    for i in range(4):
+        await _send_batch(topic, producer, i * BATCH_MESSAGES)
+    await settle(service)
+    # The power fails: no more I/O from the broker, then the disk loses what it may.
+    service.closed = True
+    for loaded in service.topics.values():
+        assert isinstance(loaded, PersistentTopic)
+        loaded.fenced = True
+        for subscription in loaded.all_subscriptions():
+            subscription.close()
+        for task in list(loaded._background):
+            task.cancel()
+    storage.abandon()
+    fs.crash("simulated power loss")
+    fs.power_loss()
+
+    storage = Storage.open(directory)
+    service = BrokerService(storage, config)
+    await service.start(maintenance=False)
+    try:
         topic, producer = await _producer(service)
-        await _keep(topic)
-        for i in range(4):
-            await _send_batch(topic, producer, i * BATCH_MESSAGES)
-        await settle(service)
-        # The power fails: no more I/O from the broker, then the disk loses what it may.
-        service.closed = True
-        for loaded in service.topics.values():
-            assert isinstance(loaded, PersistentTopic)
-            loaded.fenced = True
-            for subscription in loaded.all_subscriptions():
-                subscription.close()
-            for task in list(loaded._background):
-                task.cancel()
-        storage.abandon()
-        fs.crash("simulated power loss")
-        fs.power_loss()
-
-        storage = Storage.open(directory)
-        service = BrokerService(storage, config)
-        await service.start(maintenance=False)
-        try:
-            topic, producer = await _producer(service)
-            await _assert_resume_stores_nothing_twice(topic, producer,
-                                                      4 * BATCH_MESSAGES - 1, 4)
-        finally:
-            await service.close()
-            storage.close()
-
-    for seed in range(3):
-        asyncio.run(scenario(seed))
+        await _assert_resume_stores_nothing_twice(topic, producer,
+                                                  4 * BATCH_MESSAGES - 1, 4)
+    finally:
+        await service.close()
+        storage.close()
 
 
 # -- the derivation itself (`highest_sequence_id_of`) ---------------------------------------
