@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
+from magnetar.broker import (
     BrokerService,
     Consumer,
     NotAllowedError,
@@ -19,7 +19,7 @@ from broker import (
     SubscribeSpec,
     TopicNotFoundError,
 )
-from broker._errors import MetadataError, ProducerBusyError, SubscriptionNotFoundError
+from magnetar.broker._errors import MetadataError, ProducerBusyError, SubscriptionNotFoundError
 from tests.broker.helpers import (
     RecordingSink,
     broker_env,

@@ -20,12 +20,12 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from broker import BrokerConfig, BrokerService
-from broker._names import SUBSCRIPTION_NAME_BYTES_MAX, TopicName
-from broker.http._metrics import render_metrics
-from broker.wire._connection_handler import ConnectionHandler
-from broker.wire._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
-from codec import (
+from magnetar.broker import BrokerConfig, BrokerService
+from magnetar.broker._names import SUBSCRIPTION_NAME_BYTES_MAX, TopicName
+from magnetar.broker.http._metrics import render_metrics
+from magnetar.broker.wire._connection_handler import ConnectionHandler
+from magnetar.broker.wire._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
+from magnetar.codec import (
     ConnectionClosed,
     Frame,
     SingleMessage,
@@ -34,7 +34,7 @@ from codec import (
     decode_frame,
     pb,
 )
-from storage import Storage
+from magnetar.storage import Storage
 
 from . import BrokerProcess
 from .test_server import _AsyncClient
@@ -214,7 +214,7 @@ def _partial_frame(claimed_bytes: int, sent_bytes: int) -> bytes:
 
 async def test_incomplete_frames_are_bounded_over_all_connections(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="broker")
+    caplog.set_level(logging.DEBUG, logger="magnetar.broker")
     async with _serving(tmp_path, max_incomplete_frames_bytes=4 * MIB) as (server, service):
         clients = [await _AsyncClient.connect(server.port) for _ in range(4)]
         first, second, third, fourth = clients
@@ -285,7 +285,7 @@ async def test_a_repeated_client_mistake_is_one_warning_per_connection(
         client.send(pb.CommandPing())
         await client.expect(T.PONG)
 
-    caplog.set_level(logging.DEBUG, logger="broker")
+    caplog.set_level(logging.DEBUG, logger="magnetar.broker")
     async with _serving(tmp_path) as (server, service):
         for _ in range(2):
             client = await _AsyncClient.connect(server.port)
@@ -308,7 +308,7 @@ def test_the_connection_limit_leaves_descriptors_for_the_storage(
         lowered = hard
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
     try:
-        with caplog.at_level(logging.WARNING, logger="broker"):
+        with caplog.at_level(logging.WARNING, logger="magnetar.broker"):
             assert _connections_max(2048) == lowered - DESCRIPTORS_RESERVED
             assert _connections_max(0) == lowered - DESCRIPTORS_RESERVED
         assert _connections_max(lowered - DESCRIPTORS_RESERVED) == lowered - DESCRIPTORS_RESERVED

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.wire._topic_watchers import WATCHERS_PER_CONNECTION_MAX
-from codec import Frame, pb
+from magnetar.broker.wire._topic_watchers import WATCHERS_PER_CONNECTION_MAX
+from magnetar.codec import Frame, pb
 
 from .test_server import DEADLINE_S, _AsyncClient, _serving
 
