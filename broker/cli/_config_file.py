@@ -239,14 +239,15 @@ def render(values: Values) -> str:
 
 
 def _describe(setting: Setting, value: Value) -> list[str]:
-    default = setting.show(setting.default)
-    parts = [setting.meaning[0].upper() + setting.meaning[1:] + "."]
-    if setting.unit:
-        parts.append(f"Unit: {setting.unit}.")
-    parts += [f"Allowed: {setting.allowed()}.", f"Default: {default or '(empty)'}."]
+    """Comment lines: the meaning (wrapped), then one line of unit, allowed values, default,
+    source and whose key it is."""
+    meaning = setting.meaning[0].upper() + setting.meaning[1:] + "."
+    facts = [f"Unit: {setting.unit}."] if setting.unit else []
+    facts += [f"Allowed: {setting.allowed()}.",
+              f"Default: {setting.show(setting.default) or '(empty)'}."]
     if value.source != DEFAULT:
-        parts.append(f"Set by {value.source}.")
+        facts.append(f"Set by {value.source}.")
     if not setting.pulsar:
-        parts.append("(Magnetar's own key.)")
-    return textwrap.wrap(" ".join(parts), width=96, initial_indent="# ",
-                         subsequent_indent="# ", break_on_hyphens=False)
+        facts.append("(Magnetar's own key.)")
+    return [*textwrap.wrap(meaning, width=96, initial_indent="# ", subsequent_indent="# ",
+                           break_on_hyphens=False), "# " + " ".join(facts)]
