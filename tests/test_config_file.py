@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from broker._config import BrokerConfig
-from broker.cli._config_file import build, from_file, merge
-from broker.cli._settings import SETTINGS, STORAGE, TLS
-from broker.cli._standalone import StandaloneOptions
-from broker.security._tls import TlsOptions
-from codec import pb
-from storage import StorageConfig
+from magnetar.broker._config import BrokerConfig
+from magnetar.broker.cli._config_file import build, from_file, merge
+from magnetar.broker.cli._settings import SETTINGS, STORAGE, TLS
+from magnetar.broker.cli._standalone import StandaloneOptions
+from magnetar.broker.security._tls import TlsOptions
+from magnetar.codec import pb
+from magnetar.storage import StorageConfig
 from tests.interop import HOST, REPO_ROOT, STARTUP_DEADLINE_S, RawClient, free_port, wait_for
 
 CLI_DEADLINE_S = 60.0
@@ -38,7 +38,7 @@ def _magnetar(*argv: str, env: dict[str, str] | None = None
               ) -> subprocess.CompletedProcess[str]:
     clean = {name: value for name, value in os.environ.items()
              if not name.startswith("MAGNETAR_")}
-    return subprocess.run([sys.executable, "-m", "broker.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "magnetar.broker.cli", *argv], capture_output=True,
                           text=True, check=False, timeout=CLI_DEADLINE_S, cwd=REPO_ROOT,
                           env=clean | (env or {}))
 
@@ -68,7 +68,7 @@ def test_a_broker_takes_ports_and_limits_from_the_file_and_the_environment(
              if not name.startswith("MAGNETAR_")}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "standalone", "--config-file", str(conf)],
+            [sys.executable, "-m", "magnetar.broker.cli", "standalone", "--config-file", str(conf)],
             cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
             env=clean | {"MAGNETAR_maxMessageSize": "2048", "PYTHONUNBUFFERED": "1"})
     try:

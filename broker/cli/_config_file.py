@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from storage import StorageConfig
+from magnetar.storage import StorageConfig
 
 from .._config import REMOVED_SETTINGS, BrokerConfig
 from .._errors import ConfigurationError

@@ -73,7 +73,7 @@ def _url(scheme: str) -> Callable[[str], str]:
     """An argparse type for `SCHEME://HOST:PORT` URLs."""
 
     def parse(text: str) -> str:
-        from broker._names import is_service_url
+        from magnetar.broker._names import is_service_url
 
         if not is_service_url(text, scheme):
             raise argparse.ArgumentTypeError(
@@ -95,7 +95,7 @@ def _positive_int(text: str) -> int:
 
 
 def _cmd_storage_check(args: argparse.Namespace) -> int:
-    from storage import check_data_dir
+    from magnetar.storage import check_data_dir
 
     report = _read_data_dir("check", check_data_dir, args.data_dir)
     if report is None:
@@ -107,7 +107,7 @@ def _cmd_storage_check(args: argparse.Namespace) -> int:
 def _cmd_storage_inspect(args: argparse.Namespace) -> int:
     import lmdb
 
-    from storage import inspect_data_dir
+    from magnetar.storage import inspect_data_dir
 
     try:
         report = _read_data_dir("inspect", inspect_data_dir, args.data_dir)
@@ -124,7 +124,7 @@ def _cmd_storage_inspect(args: argparse.Namespace) -> int:
 def _read_data_dir(what: str, read: Callable[[str], T], data_dir: str) -> T | None:
     """Run a read-only storage tool; None (after one line on stderr) when the directory
     is held by a live process or cannot be read."""
-    from storage import DataDirLockedError
+    from magnetar.storage import DataDirLockedError
 
     try:
         return read(data_dir)
@@ -154,7 +154,7 @@ def _missing_extra(command: str, modules: Sequence[str], extra: str) -> bool:
 def _cmd_crashtest(args: argparse.Namespace) -> int:
     if _missing_extra("magnetar crashtest", ["tqdm"], EXTRA_CRASHTEST):
         return EXIT_USAGE
-    from storage.testing.crashtest import CrashTestOptions, run_crashtest
+    from magnetar.storage.testing.crashtest import CrashTestOptions, run_crashtest
 
     options = CrashTestOptions(
         data_dir=args.data_dir,
@@ -171,7 +171,7 @@ def _cmd_bench_storage(args: argparse.Namespace) -> int:
     needs = ["tqdm", "matplotlib"] if args.plot else ["tqdm"]
     if _missing_extra("magnetar bench storage", needs, EXTRA_BENCH):
         return EXIT_USAGE
-    from storage.testing.benchmark import BenchOptions, run_storage_benchmark
+    from magnetar.storage.testing.benchmark import BenchOptions, run_storage_benchmark
 
     options = BenchOptions(
         directory=args.dir,
@@ -186,7 +186,7 @@ def _cmd_bench_storage(args: argparse.Namespace) -> int:
 def _cmd_standalone(args: argparse.Namespace) -> int:
     import os
 
-    from broker.cli._config_file import (
+    from magnetar.broker.cli._config_file import (
         build,
         from_environment,
         from_file,
@@ -195,7 +195,7 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
         merge,
         render,
     )
-    from broker.cli._standalone import run_standalone
+    from magnetar.broker.cli._standalone import run_standalone
 
     # ConfigurationError from any of these: main's one line, exit status 2.
     values = merge(from_file(args.config_file) if args.config_file else {},
@@ -455,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _error_status(error: Exception) -> int | None:
     """The exit status for an error that reached `main` (None: a bug, let it through)."""
-    from storage import StorageError
+    from magnetar.storage import StorageError
 
     from .._errors import BrokerError, ConfigurationError, InvalidTopicNameError
     from ._admin_cli import AdminHttpError

@@ -21,7 +21,7 @@ from fractions import Fraction
 from functools import cache
 from typing import Any, Final
 
-from storage import StorageConfig
+from magnetar.storage import StorageConfig
 
 from .._config import SETTING_CHOICES, SETTING_RANGES, BrokerConfig, parse_value
 from .._errors import ConfigurationError

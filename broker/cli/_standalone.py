@@ -50,7 +50,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
+from magnetar.storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 
 from .._config import REMOVED_SETTINGS, BrokerConfig, parse_value
 from .._errors import ConfigurationError

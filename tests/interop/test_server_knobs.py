@@ -8,9 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.cli import build_parser
-from broker.wire._connection_view import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
-from codec import Frame, pb
+from magnetar.broker.cli import build_parser
+from magnetar.broker.wire._connection_view import (
+    KEEPALIVE_INTERVAL_S_DEFAULT,
+    PENDING_SENDS_MAX_DEFAULT,
+)
+from magnetar.codec import Frame, pb
 
 from . import BrokerProcess, RawClient
 
@@ -69,7 +72,7 @@ def test_standalone_help_explains_the_server_options(capsys: pytest.CaptureFixtu
     assert "--shutdown-grace-s" in text
     args = build_parser().parse_args(["standalone", "--data-dir", "d"])
     assert (args.keepalive_interval_s, args.max_pending_sends) == (None, None)  # not given
-    from broker.cli._config_file import build, merge
+    from magnetar.broker.cli._config_file import build, merge
 
     options = build(merge(), data_dir_needed=False)  # the settings' defaults
     assert options.keepalive_interval_s == KEEPALIVE_INTERVAL_S_DEFAULT
