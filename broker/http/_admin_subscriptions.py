@@ -15,7 +15,8 @@ from .._names import check_subscription_name
 from ..dispatch._entry import EntryInfo
 from ..ledger._position import Position, int_to_ack_set
 from ..topics._dedup import DEDUP_CURSOR_NAME
-from ..topics._topic import NonPersistentTopic, PersistentTopic
+from ..topics._nonpersistent_topic import NonPersistentTopic
+from ..topics._topic import PersistentTopic
 from ._rest import (
     LONG_MAX,
     SUBSCRIPTION_PATH,

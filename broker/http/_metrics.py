@@ -36,8 +36,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..topics._nonpersistent_topic import NonPersistentTopic
 from ..topics._service import ConnectionCounters
-from ..topics._topic import NonPersistentTopic, PersistentTopic
+from ..topics._topic import PersistentTopic
 from ._stats import topic_stats
 
 if TYPE_CHECKING:

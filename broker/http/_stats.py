@@ -17,7 +17,9 @@ from ..dispatch._dispatch_key_shared import KeySharedDispatcher
 from ..dispatch._dispatch_shared import SharedDispatcher
 from ..dispatch._dispatcher import SingleActiveConsumerDispatcher
 from ..dispatch._subscription import Subscription
-from ..topics._topic import NonPersistentTopic, PersistentTopic, Producer
+from ..topics._nonpersistent_topic import NonPersistentTopic
+from ..topics._producer import Producer
+from ..topics._topic import PersistentTopic
 
 __all__ = ["internal_stats", "topic_stats"]
 

@@ -58,7 +58,9 @@ from .._tasks import log_task_failure
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ..ledger._managed_ledger import ml_key
 from ..schemas._schemas import SchemaRegistry
-from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
+from ._nonpersistent_topic import NonPersistentTopic
+from ._producer import Producer, ProducerSpec
+from ._topic import PersistentTopic
 
 __all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "ConnectionCounters", "Topic", "TopicListener",
            "check_entry_fits_storage"]

@@ -15,7 +15,8 @@ from broker._errors import ConsumerBusyError
 from broker.dispatch._dispatcher import failover_ring_choice
 from broker.dispatch._nonpersistent import NonPersistentSubscription
 from broker.http._stats import topic_stats
-from broker.topics._topic import NonPersistentTopic, Producer
+from broker.topics._nonpersistent_topic import NonPersistentTopic
+from broker.topics._producer import Producer
 from tests.broker.helpers import RecordingSink, broker_env, publish, publish_batch
 
 TOPIC = "non-persistent://public/default/live"
