@@ -119,7 +119,7 @@ def test_importing_a_lower_layer_loads_no_broker(package: str) -> None:
     assert not [m for m in loaded if m.startswith(f"{other}._")]
 
 
-# The base (broker/_config, _errors, _names, _namespaces, _listeners, _tasks) is "", the
+# The base (broker/_config, _errors, _names, _namespaces, _policies, _listeners, _tasks) is "", the
 # wings are broker's sub-packages. Imports run from a higher rank to a lower one.
 WING_RANK: dict[str, int] = {
     "": 0,
