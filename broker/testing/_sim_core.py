@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from codec import (
+from magnetar.codec import (
     BROKER_ENTRY_METADATA_BYTES_MAX,
     FRAME_PADDING_BYTES,
     SingleMessage,
@@ -24,7 +24,7 @@ from codec import (
     build_message,
     encode_entry,
 )
-from storage import (
+from magnetar.storage import (
     FileSystem,
     OsFileSystem,
     Storage,
@@ -33,7 +33,7 @@ from storage import (
     StorageError,
     StorageFailedError,
 )
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage.testing.simfs import SimFileSystem
 
 from .._config import BrokerConfig
 from .._errors import ConsumerBusyError, PersistenceError

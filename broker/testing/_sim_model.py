@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from codec import parse_entry, pb, unpack_messages
-from storage import StorageError
+from magnetar.codec import parse_entry, pb, unpack_messages
+from magnetar.storage import StorageError
 
 from .._errors import BrokerError
 from ..dispatch._consumer import Consumer

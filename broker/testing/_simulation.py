@@ -84,7 +84,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage.testing.simfs import SimFileSystem
 
 from ..dispatch._subscription import ACK_INDIVIDUAL
 from ..ledger._position import Position

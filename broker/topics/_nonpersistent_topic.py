@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from codec import pb
+from magnetar.codec import pb
 
 from .._errors import (
     NotAllowedError,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from codec import parse_entry, pb
+from magnetar.codec import parse_entry, pb
 
 from .._names import TopicName
 from ..dispatch._entry import messages_in_entry

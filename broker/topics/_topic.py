@@ -57,7 +57,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from codec import FRAME_PADDING_BYTES, pb
+from magnetar.codec import FRAME_PADDING_BYTES, pb
 
 from .._errors import (
     BrokerError,
@@ -333,7 +333,7 @@ class PersistentTopic(_ProducerHost):
         except Exception as exc:
             if dedup is not None:
                 dedup.reset_pushed_to_persisted()
-            from storage import StorageError, StorageFullError
+            from magnetar.storage import StorageError, StorageFullError
 
             if isinstance(exc, StorageFullError):
                 raise self._refuse_for_full_disk(producer, exc) from exc

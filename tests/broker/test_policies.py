@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from broker import BrokerConfig, NotAllowedError
-from broker._errors import InvalidPolicyError, MalformedPolicyError, PartitionCountError
-from broker._namespaces import NamespaceRegistry
-from broker._policies import check_partition_count, check_policy
-from storage import Storage
+from magnetar.broker import BrokerConfig, NotAllowedError
+from magnetar.broker._errors import InvalidPolicyError, MalformedPolicyError, PartitionCountError
+from magnetar.broker._namespaces import NamespaceRegistry
+from magnetar.broker._policies import check_partition_count, check_policy
+from magnetar.storage import Storage
 
 NS = "public/default"
 MB = 1024 * 1024
