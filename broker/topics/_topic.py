@@ -78,6 +78,7 @@ from .._errors import (
 )
 from .._names import TopicName
 from .._namespaces import EffectivePolicies
+from .._rates import BucketsWindow, RateMeter
 from .._tasks import spawn
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ..dispatch._entry import EntryInfo, messages_in_entry
@@ -133,6 +134,7 @@ class Producer:
         self.user_provided_name = user_provided_name
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
+        self.rate_in = RateMeter(time.monotonic())  # msgRateIn, msgThroughputIn
         self.closed = False
         self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.topic_epoch: int | None = None  # granted with exclusive access
@@ -272,6 +274,11 @@ class PersistentTopic(_ProducerHost):
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
+        self.rate_in = RateMeter(time.monotonic())
+        self.rate_out = RateMeter(time.monotonic())
+        # The managed ledger's add latency and entry sizes over the last stats interval.
+        self.add_latency_window = BucketsWindow(ml.add_latency_us)
+        self.entry_size_window = BucketsWindow(ml.entry_size_bytes)
         self._publish_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         ml.on_entries_added.append(self._entries_added)
@@ -794,6 +801,8 @@ class NonPersistentTopic(_ProducerHost):
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
+        self.rate_in = RateMeter(time.monotonic())
+        self.rate_out = RateMeter(time.monotonic())
         self.msg_drop_counter = 0
         self.fenced = False
         self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
