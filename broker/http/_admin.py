@@ -29,7 +29,7 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
   the path and are decoded by the router;
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
-* `/metrics`: `render_metrics`;
+* `/metrics`: `encode_metrics` (the format the Accept header asks for);
 * `/admin/v2/brokers/health`: "ok", or 503 with the reason while the disk is full or the
   storage failed;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
@@ -104,7 +104,7 @@ from ..topics._service import BrokerService, Topic
 from ..topics._topic import NonPersistentTopic, PersistentTopic
 from ._admin_auth import Middleware, auth_middleware
 from ._lookup_http import LookupUrls, lookup_routes, partitions_for_client
-from ._metrics import CONTENT_TYPE, render_metrics
+from ._metrics import encode_metrics
 from ._stats import internal_stats, topic_stats
 
 __all__ = ["AdminServer", "RestError", "admin_app", "start_admin"]
@@ -1162,8 +1162,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = render_metrics(_service(request), consumer_level=request.app[CONSUMER_METRICS])
-    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+    body, content_type = encode_metrics(_service(request), request.headers.get("Accept", ""),
+                                        consumer_level=request.app[CONSUMER_METRICS])
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 # -- the application ------------------------------------------------------------------------
