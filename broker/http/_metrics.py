@@ -187,18 +187,22 @@ class _Families:
 
 
 class BrokerCollector(Collector):
-    """The broker's and its storage's families, built at each scrape (module comment)."""
+    """The broker's and its storage's families, built at each scrape (module comment).
+    It holds the broker weakly (`_REGISTRIES` is keyed by it), and yields nothing once the
+    broker is gone."""
 
     def __init__(self, service: BrokerService, *, consumer_level: bool):
-        self._service = service
+        self._service = weakref.ref(service)
         self._consumer_level = consumer_level
 
     def collect(self) -> Iterator[Metric]:
+        service = self._service()
+        if service is None:
+            return
         families = _Families()
-        _broker_metrics(families, self._service, self._consumer_level)
-        if isinstance(self._service.storage, Storage):
-            families.extend(_storage_metrics(self._service.storage,
-                                             self._service.config.cluster_name))
+        _broker_metrics(families, service, self._consumer_level)
+        if isinstance(service.storage, Storage):
+            families.extend(_storage_metrics(service.storage, service.config.cluster_name))
         yield from families.metrics()
 
 

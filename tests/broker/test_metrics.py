@@ -5,6 +5,7 @@ known sequence of publishes, dispatches, acks and expiries."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -291,7 +292,8 @@ def test_rates_and_histograms_cover_the_last_stats_interval(tmp_path: Path) -> N
             sink = RecordingSink()
             _, consumer = await service.subscribe(TOPIC, SubscribeSpec(
                 "s1", "Shared", "c1", initial_position="earliest"), sink)
-            service.update_stats(1000.0)
+            start = time.monotonic()  # the meters' clock; the intervals below are made up
+            service.update_stats(start)
             entry_sizes = []
             for i, size in enumerate([100, 600, 3000, 5000]):  # entries in four buckets
                 metadata, entry = make_entry(b"x" * size, sequence_id=i, producer_name="p1")
@@ -299,7 +301,7 @@ def test_rates_and_histograms_cover_the_last_stats_interval(tmp_path: Path) -> N
                 await topic.publish(producer, entry, i, i, metadata)
             topic.subscriptions["s1"].flow(consumer, 100)
             await wait_for(lambda: len(sink.received) == 4)
-            service.update_stats(1002.0)  # a 2 s interval
+            service.update_stats(start + 2.0)  # a 2 s interval
             stats = topic_stats(topic)
             assert stats["msgRateIn"] == stats["publishers"][0]["msgRateIn"] == 2.0
             assert stats["msgThroughputIn"] == sum(entry_sizes) / 2
@@ -330,7 +332,7 @@ def test_rates_and_histograms_cover_the_last_stats_interval(tmp_path: Path) -> N
             assert sum(samples[(name, t)] for name, _ in LATENCY_BUCKETS) == 4
             assert samples[("pulsar_storage_write_latency_count", t)] == 4
             assert samples[("pulsar_storage_write_latency_sum", t)] > 0
-            service.update_stats(1003.0)  # an idle interval
+            service.update_stats(start + 3.0)  # an idle interval
             samples, _ = parse(render_metrics(service))
             assert samples[("pulsar_rate_in", t)] == samples[("pulsar_throughput_out", t)] == 0
             assert samples[("pulsar_entry_size_count", t)] == 0
@@ -369,3 +371,23 @@ def test_storage_metrics_follow_the_engine(tmp_path: Path) -> None:
                 before[("magnetar_gc_runs_total", cluster)] + 1
 
     asyncio.run(scenario())
+
+
+def test_a_closed_broker_leaves_no_registry_behind(tmp_path: Path) -> None:
+    """The per-broker registries are held weakly: a broker gone is a registry gone (many
+    brokers come and go in one process, e.g. in tests and restarts)."""
+    import gc
+    import weakref
+
+    from broker.http._metrics import _REGISTRIES
+
+    async def scenario() -> weakref.ref[BrokerService]:
+        async with broker_env(tmp_path) as env:
+            render_metrics(env.service)
+            render_metrics(env.service, consumer_level=True)
+            assert env.service in _REGISTRIES
+            return weakref.ref(env.service)
+
+    gone = asyncio.run(scenario())
+    gc.collect()
+    assert gone() is None
