@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from storage import Buckets, BucketsSnapshot
+from magnetar.storage import Buckets, BucketsSnapshot
 
 __all__ = ["ENTRY_LATENCY_BUCKETS_US", "ENTRY_SIZE_BUCKETS_BYTES", "BucketsWindow", "RateMeter"]
 

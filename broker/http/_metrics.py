@@ -76,7 +76,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from storage import Buckets, BucketsSnapshot, Storage
+from magnetar.storage import Buckets, BucketsSnapshot, Storage
 
 from ..topics._service import ConnectionCounters
 from ..topics._topic import NonPersistentTopic, PersistentTopic

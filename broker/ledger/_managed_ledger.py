@@ -78,7 +78,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storage import (
+from magnetar.storage import (
     Buckets,
     Completion,
     LedgerNotFoundError,

@@ -14,10 +14,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import BrokerService, ProducerSpec, SubscribeSpec
-from broker.http._metrics import CONTENT_TYPE, render_metrics
-from broker.http._stats import topic_stats
-from broker.ledger._position import Position
+from magnetar.broker import BrokerService, ProducerSpec, SubscribeSpec
+from magnetar.broker.http._metrics import CONTENT_TYPE, render_metrics
+from magnetar.broker.http._stats import topic_stats
+from magnetar.broker.ledger._position import Position
 
 from .helpers import (
     RecordingSink,
@@ -272,8 +272,8 @@ SIZE_BUCKETS = [("pulsar_entry_size_le_128", 128), ("pulsar_entry_size_le_512", 
 
 
 def test_bucket_bounds_are_pulsars() -> None:
-    from broker._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
-    from broker.http._metrics import ENTRY_SIZE_BUCKET_NAMES, WRITE_LATENCY_BUCKET_NAMES
+    from magnetar.broker._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
+    from magnetar.broker.http._metrics import ENTRY_SIZE_BUCKET_NAMES, WRITE_LATENCY_BUCKET_NAMES
 
     assert list(zip(WRITE_LATENCY_BUCKET_NAMES, [*ENTRY_LATENCY_BUCKETS_US, None],
                     strict=True)) == LATENCY_BUCKETS
@@ -379,7 +379,7 @@ def test_a_closed_broker_leaves_no_registry_behind(tmp_path: Path) -> None:
     import gc
     import weakref
 
-    from broker.http._metrics import _REGISTRIES
+    from magnetar.broker.http._metrics import _REGISTRIES
 
     async def scenario() -> weakref.ref[BrokerService]:
         async with broker_env(tmp_path) as env:

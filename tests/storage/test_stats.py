@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage import Buckets, Storage
+from magnetar.storage import Buckets, Storage
 from tests.storage.helpers import small_config
 from tests.storage.test_journal import JournalHarness, payload
 
