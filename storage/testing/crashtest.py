@@ -888,8 +888,9 @@ def _verify(run: _Run, mode: _ModeState, context: str) -> None:
 # -- kill mode --------------------------------------------------------------------------
 
 def _child_command(run: _Run, mode: _ModeState) -> list[str]:
-    return [sys.executable, "-m", "magnetar.storage.testing._crashtest_child", "--data-dir", mode.directory,
-            "--seed", str(run.seed), "--iteration", str(mode.iterations)]
+    return [sys.executable, "-m", "magnetar.storage.testing._crashtest_child",
+            "--data-dir", mode.directory, "--seed", str(run.seed),
+            "--iteration", str(mode.iterations)]
 
 
 def _child_env() -> dict[str, str]:
