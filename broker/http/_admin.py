@@ -29,7 +29,7 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
   the path and are decoded by the router;
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
-* `/metrics`: `render_metrics`;
+* `/metrics`: `encode_metrics` (the format the Accept header asks for);
 * `/admin/v2/brokers/health`: "ok", or 503 with the reason while the disk is full or the
   storage failed;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
@@ -84,7 +84,7 @@ from ._admin_schemas import add_schema_routes
 from ._admin_subscriptions import add_subscription_routes
 from ._admin_topics import add_topic_routes, aggregate_partitioned_stats
 from ._lookup_http import LookupUrls, lookup_routes
-from ._metrics import CONTENT_TYPE, render_metrics
+from ._metrics import encode_metrics
 from ._rest import CONSUMER_METRICS, LOOKUP_URLS, SERVICE, RestError, _errors, _service
 
 __all__ = ["AdminServer", "RestError", "admin_app", "aggregate_partitioned_stats",
@@ -128,8 +128,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = render_metrics(_service(request), consumer_level=request.app[CONSUMER_METRICS])
-    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+    body, content_type = encode_metrics(_service(request), request.headers.get("Accept", ""),
+                                        consumer_level=request.app[CONSUMER_METRICS])
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 # -- the application ------------------------------------------------------------------------

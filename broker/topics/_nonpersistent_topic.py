@@ -6,6 +6,7 @@ a `dispatch._nonpersistent.NonPersistentSubscription`.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from magnetar.codec import pb
@@ -18,6 +19,7 @@ from .._errors import (
     TopicTerminatedError,
 )
 from .._names import TopicName
+from .._rates import RateMeter
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ._access_modes import ExclusiveAccess
 from ._producer import (
@@ -53,6 +55,8 @@ class NonPersistentTopic(_ProducerHost):
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
+        self.rate_in = RateMeter(time.monotonic())
+        self.rate_out = RateMeter(time.monotonic())
         self.msg_drop_counter = 0
         self.fenced = False
         self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)

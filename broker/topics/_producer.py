@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from magnetar.codec import parse_entry, pb
 
 from .._names import TopicName
+from .._rates import RateMeter
 from ..dispatch._entry import messages_in_entry
 from ._access_modes import ExclusiveAccess, Waiter
 
@@ -65,6 +66,7 @@ class Producer:
         self.user_provided_name = user_provided_name
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
+        self.rate_in = RateMeter(time.monotonic())  # msgRateIn, msgThroughputIn
         self.closed = False
         self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.topic_epoch: int | None = None  # granted with exclusive access

@@ -73,6 +73,7 @@ from .._errors import (
 )
 from .._names import TopicName
 from .._namespaces import EffectivePolicies
+from .._rates import BucketsWindow, RateMeter
 from .._tasks import spawn
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ..dispatch._subscription import Subscription
@@ -149,6 +150,11 @@ class PersistentTopic(_ProducerHost):
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
+        self.rate_in = RateMeter(time.monotonic())
+        self.rate_out = RateMeter(time.monotonic())
+        # The managed ledger's add latency and entry sizes over the last stats interval.
+        self.add_latency_window = BucketsWindow(ml.add_latency_us)
+        self.entry_size_window = BucketsWindow(ml.entry_size_bytes)
         self._publish_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         ml.on_entries_added.append(self._entries_added)

@@ -259,8 +259,9 @@ def _quiet_storage_logs() -> Iterator[None]:
 # -- kill mode --------------------------------------------------------------------------
 
 def _child_command(run: _Run, mode: _ModeState) -> list[str]:
-    return [sys.executable, "-m", "magnetar.storage.testing._crashtest_child", "--data-dir", mode.directory,
-            "--seed", str(run.seed), "--iteration", str(mode.iterations)]
+    return [sys.executable, "-m", "magnetar.storage.testing._crashtest_child",
+            "--data-dir", mode.directory, "--seed", str(run.seed),
+            "--iteration", str(mode.iterations)]
 
 
 def _child_env() -> dict[str, str]:
