@@ -12,6 +12,7 @@ service's maintenance (`BrokerService`), which moves the slowest cursors forward
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from .._errors import ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException
@@ -21,8 +22,36 @@ from ..dispatch._entry import EntryInfo
 from ..dispatch._subscription import Subscription
 from ..ledger._managed_ledger import ManagedLedger
 
-__all__ = ["estimated_backlog_bytes", "exceeded_backlog_quota", "oldest_unacked_publish_time",
-           "refuse_producer_over_quota"]
+__all__ = ["BacklogQuotas", "estimated_backlog_bytes", "exceeded_backlog_quota",
+           "oldest_unacked_publish_time", "refuse_producer_over_quota"]
+
+
+class BacklogQuotas:
+    """A persistent topic's backlog figures and quota checks, as methods of the topic."""
+
+    name: TopicName
+    policies: EffectivePolicies
+    managed_ledger: ManagedLedger
+    subscriptions: dict[str, Subscription]
+
+    def exceeded_backlog_quota(self) -> str | None:
+        """The policy of the first backlog quota exceeded, or None."""
+        return exceeded_backlog_quota(self.policies, self.managed_ledger,
+                                      list(self.subscriptions.values()), time.time() * 1000)
+
+    def backlog_quota_exceeded(self) -> bool:
+        return self.exceeded_backlog_quota() is not None
+
+    def oldest_unacked_publish_time(self) -> int | None:
+        """Time (ms) of the oldest unacknowledged entry over durable subscriptions, or None."""
+        return oldest_unacked_publish_time(self.managed_ledger,
+                                           list(self.subscriptions.values()))
+
+    def _check_backlog_quota(self) -> None:
+        refuse_producer_over_quota(self.exceeded_backlog_quota(), self.name)
+
+    def estimated_backlog_bytes(self) -> int:
+        return estimated_backlog_bytes(self.managed_ledger, list(self.subscriptions.values()))
 
 
 def exceeded_backlog_quota(policies: EffectivePolicies, ml: ManagedLedger,

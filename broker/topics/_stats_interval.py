@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ._topic import NonPersistentTopic, PersistentTopic
+from ._nonpersistent_topic import NonPersistentTopic
+from ._topic import PersistentTopic
 
 __all__ = ["update_rates"]
 

@@ -81,12 +81,7 @@ from ..ledger._cursor import ManagedCursor
 from ..ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ..ledger._position import Position
 from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
-from ._backlog import (
-    estimated_backlog_bytes,
-    exceeded_backlog_quota,
-    oldest_unacked_publish_time,
-    refuse_producer_over_quota,
-)
+from ._backlog import BacklogQuotas
 from ._dedup import (
     DEDUP_CURSOR_NAME,
     DEDUP_UNKNOWN_MESSAGE,
@@ -124,7 +119,7 @@ def _now_ms() -> float:
     return time.time() * 1000
 
 
-class PersistentTopic(_ProducerHost):
+class PersistentTopic(BacklogQuotas, _ProducerHost):
     """A persistent topic (or one partition of a partitioned topic)."""
 
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
@@ -267,26 +262,6 @@ class PersistentTopic(_ProducerHost):
 
     def last_sequence_id(self, producer: Producer) -> int:
         return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
-
-    def exceeded_backlog_quota(self) -> str | None:
-        """The policy of the first backlog quota exceeded, or None (`_backlog`)."""
-        return exceeded_backlog_quota(self.policies, self.managed_ledger,
-                                      list(self.subscriptions.values()), _now_ms())
-
-    def backlog_quota_exceeded(self) -> bool:
-        return self.exceeded_backlog_quota() is not None
-
-    def oldest_unacked_publish_time(self) -> int | None:
-        """Time (ms) of the oldest unacknowledged entry over durable subscriptions, or None
-        (`_backlog`)."""
-        return oldest_unacked_publish_time(self.managed_ledger,
-                                           list(self.subscriptions.values()))
-
-    def _check_backlog_quota(self) -> None:
-        refuse_producer_over_quota(self.exceeded_backlog_quota(), self.name)
-
-    def estimated_backlog_bytes(self) -> int:
-        return estimated_backlog_bytes(self.managed_ledger, list(self.subscriptions.values()))
 
     # -- publishing ------------------------------------------------------------------------
 
