@@ -67,6 +67,7 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "token_allowed_clock_skew_s": (0, None),
     "auth_refresh_check_interval_s": (0, None),
     "storage_full_check_interval_s": (0, None),
+    "stats_update_frequency_s": (1, None),
 }
 # Settings an earlier build accepted but nothing read: `--config NAME=...` names them as gone
 # (name -> why), instead of guessing at a similar name.
@@ -174,6 +175,9 @@ class BrokerConfig:
     superuser_roles: tuple[str, ...] = ()
     auth_refresh_check_interval_s: float = 60.0  # Pulsar's authenticationRefreshCheckSeconds
     authenticate_metrics_endpoint: bool = False  # Pulsar's broker default
+    # Pulsar's statsUpdateFrequencyInSecs: how often the msgRate*/msgThroughput* figures of
+    # the stats and /metrics (and the per-interval histograms) are recomputed.
+    stats_update_frequency_s: int = 60
     # Broker entry metadata (Pulsar's brokerEntryMetadataInterceptors): "timestamp" and/or
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
