@@ -58,7 +58,6 @@ from __future__ import annotations
 import functools
 import re
 import socket
-import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -85,7 +84,6 @@ __all__ = [
     "advertised_url_for",
     "check_producer_name",
     "check_subscription_name",
-    "is_service_url",
     "matches_topics_pattern",
     "strip_domain_scheme",
     "topic_stored_bytes",
@@ -598,12 +596,3 @@ def advertised_url_for(host: str, port: int, scheme: str = "pulsar") -> str:
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"  # an IPv6 literal
     return f"{scheme}://{shown}:{port}"
-
-
-def is_service_url(text: str, scheme: str) -> bool:
-    """Whether `text` is `SCHEME://HOST:PORT` (a URL LOOKUP may answer with)."""
-    try:
-        parts = urllib.parse.urlsplit(text)
-        return parts.scheme == scheme and bool(parts.hostname) and parts.port is not None
-    except ValueError:  # a port out of range or not a number, a bad IPv6 literal
-        return False

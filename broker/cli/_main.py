@@ -73,7 +73,7 @@ def _url(scheme: str) -> Callable[[str], str]:
     """An argparse type for `SCHEME://HOST:PORT` URLs."""
 
     def parse(text: str) -> str:
-        from magnetar.broker._names import is_service_url
+        from magnetar.broker._listeners import is_service_url
 
         if not is_service_url(text, scheme):
             raise argparse.ArgumentTypeError(

@@ -25,7 +25,7 @@ from magnetar.storage import StorageConfig
 
 from .._config import SETTING_CHOICES, SETTING_RANGES, BrokerConfig, parse_value
 from .._errors import ConfigurationError
-from .._names import is_service_url
+from .._listeners import is_service_url
 from ..security._tls import TlsOptions
 from ._standalone import StandaloneOptions
 
@@ -335,6 +335,8 @@ _LEDGERS: Final = (
     _b("managedLedgerMaxRedeliveryCountsToPersist",
        "managed_ledger_max_redelivery_counts_to_persist", "messages", "redelivery counts "
        "persisted per cursor", pulsar=False),
+    _b("statsUpdateFrequencyInSecs", "stats_update_frequency_s", "s", "interval of the "
+       "msgRateIn/Out and throughput rates in stats and metrics"),
     _b("brokerDeduplicationEnabled", "broker_deduplication_enabled", "", "deduplicate "
        "producers' sequence ids by default"),
     _b("brokerDeduplicationEntriesInterval", "broker_deduplication_entries_interval",
