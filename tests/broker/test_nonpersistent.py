@@ -14,7 +14,8 @@ from magnetar.broker._errors import ConsumerBusyError
 from magnetar.broker.dispatch._dispatcher import failover_ring_choice
 from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
 from magnetar.broker.http._stats import topic_stats
-from magnetar.broker.topics._topic import NonPersistentTopic, Producer
+from magnetar.broker.topics._nonpersistent_topic import NonPersistentTopic
+from magnetar.broker.topics._producer import Producer
 from tests.broker.helpers import RecordingSink, broker_env, publish, publish_batch
 
 TOPIC = "non-persistent://public/default/live"
