@@ -82,6 +82,7 @@ from ._admin_auth import Middleware, auth_middleware
 from ._admin_namespaces import add_namespace_routes
 from ._admin_schemas import add_schema_routes
 from ._admin_subscriptions import add_subscription_routes
+from ._admin_topic_policies import add_topic_policy_routes
 from ._admin_topics import add_topic_routes, aggregate_partitioned_stats
 from ._lookup_http import LookupUrls, lookup_routes
 from ._metrics import encode_metrics
@@ -165,6 +166,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     r.add_get("/admin/v2/brokers/health", health)
     add_namespace_routes(r)
     add_topic_routes(r)
+    add_topic_policy_routes(r)
     add_subscription_routes(r)
     add_schema_routes(r)
     r.add_routes(lookup_routes(service, urls))
