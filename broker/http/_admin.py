@@ -79,6 +79,7 @@ from .._names import advertised_url_for
 from ..security._auth import AuthenticationService
 from ..topics._service import BrokerService
 from ._admin_auth import Middleware, auth_middleware
+from ._admin_messages import add_message_routes
 from ._admin_namespaces import add_namespace_routes
 from ._admin_schemas import add_schema_routes
 from ._admin_subscriptions import add_subscription_routes
@@ -167,6 +168,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     add_namespace_routes(r)
     add_topic_routes(r)
     add_topic_policy_routes(r)
+    add_message_routes(r)
     add_subscription_routes(r)
     add_schema_routes(r)
     r.add_routes(lookup_routes(service, urls))
