@@ -30,8 +30,12 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
 * `/metrics`: `encode_metrics` (the format the Accept header asks for);
-* `/admin/v2/brokers/health`: "ok", or 503 with the reason while the disk is full or the
-  storage failed;
+* `/admin/v2/brokers/health` (a publish and read-back round trip; 503 with the reason while
+  the disk is full or the storage failed), `…/brokers/ready`, `/status.html` and the
+  (empty) dynamic configuration: `_admin_brokers`;
+* topic-level policies under `…/{topic}/` (`retention`, `messageTTL`, `maxProducers`, ...):
+  `_admin_topic_policies`; message inspection (`…/subscription/{sub}/position/{n}`,
+  `examinemessage`, `ledger/{l}/entry/{e}`, `lastMessageId`): `_admin_messages`;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
   and `…/partitions?checkAllowAutoCreation=true`.
 
@@ -79,6 +83,7 @@ from .._names import advertised_url_for
 from ..security._auth import AuthenticationService
 from ..topics._service import BrokerService
 from ._admin_auth import Middleware, auth_middleware
+from ._admin_brokers import add_broker_routes
 from ._admin_messages import add_message_routes
 from ._admin_namespaces import add_namespace_routes
 from ._admin_schemas import add_schema_routes
@@ -116,19 +121,6 @@ class _HttpServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 # -- metrics --------------------------------------------------------------------------------
 
 
-async def health(request: web.Request) -> web.Response:
-    """Pulsar's broker health check: "ok", or 503 with the reason while the storage refuses
-    writes (a full disk, a failed disk)."""
-    service = _service(request)
-    failed = service.storage.failed
-    if service.storage_full:
-        raise RestError(503, f"The broker's disk is full; publishing is refused until there "
-                             f"is room again: {failed}")
-    if failed is not None and not service.storage.closed:
-        raise RestError(503, f"The broker's storage accepts no writes: {failed}")
-    return web.Response(text="ok")
-
-
 async def metrics(request: web.Request) -> web.Response:
     body, content_type = encode_metrics(_service(request), request.headers.get("Accept", ""),
                                         consumer_level=request.app[CONSUMER_METRICS])
@@ -164,7 +156,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     r = app.router
     r.add_get("/metrics", metrics)
     r.add_get("/metrics/", metrics)
-    r.add_get("/admin/v2/brokers/health", health)
+    add_broker_routes(r)
     add_namespace_routes(r)
     add_topic_routes(r)
     add_topic_policy_routes(r)
