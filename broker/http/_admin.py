@@ -55,8 +55,10 @@ mistake: aiohttp answers 400 and closes the connection, and `_HttpServerLog` mak
 traceback one WARNING line. An unexpected exception in a handler stays an ERROR with its
 traceback (a bug), answered 500.
 
-With authentication enabled (`auth`), `_admin_auth.auth_middleware` runs first and answers
-401 to requests without a valid `Authorization: Bearer` token. `start_admin` can serve HTTPS
+The guards run before the error middleware (`_authz.security_middlewares`): size limits
+(413/431), authentication when enabled (`_admin_auth.py`: 401 without valid credentials),
+odd names in the path (412), and authorization by Pulsar's rules when enabled. The permission
+endpoints are `_permissions.py`'s. `start_admin` can serve HTTPS
 too, on `https_port` with the broker's TLS context.
 """
 
@@ -102,9 +104,11 @@ from ..security._auth import AuthenticationService
 from ..topics._dedup import DEDUP_CURSOR_NAME
 from ..topics._service import BrokerService, Topic
 from ..topics._topic import NonPersistentTopic, PersistentTopic
-from ._admin_auth import Middleware, auth_middleware
+from ._admin_auth import Middleware
+from ._authz import BODY_BYTES_MAX, PARSER_FIELD_BYTES_MAX, security_middlewares
 from ._lookup_http import LookupUrls, lookup_routes, partitions_for_client
 from ._metrics import CONTENT_TYPE, render_metrics
+from ._permissions import add_permission_routes
 from ._stats import internal_stats, topic_stats
 
 __all__ = ["AdminServer", "RestError", "admin_app", "start_admin"]
@@ -1188,11 +1192,8 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     Returns:
         The application, routes registered.
     """
-    middlewares: list[Middleware] = [_errors]
-    if auth is not None:
-        middlewares.insert(0, auth_middleware(
-            auth, service.config.authenticate_metrics_endpoint))
-    app = web.Application(middlewares=middlewares)
+    middlewares: list[Middleware] = [*security_middlewares(service, auth), _errors]
+    app = web.Application(middlewares=middlewares, client_max_size=BODY_BYTES_MAX)
     app[SERVICE] = service
     app[CONSUMER_METRICS] = consumer_metrics
     urls = lookup_urls or LookupUrls()
@@ -1252,6 +1253,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     from ._admin_schemas import add_schema_routes  # it imports this module's helpers
 
     add_schema_routes(r)
+    add_permission_routes(r, service)
     r.add_routes(lookup_routes(service, urls))
     return app
 
@@ -1304,7 +1306,9 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
     runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics, auth=auth,
                                      lookup_urls=urls),
                            access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
-                           logger=_HttpServerLog(logging.getLogger("aiohttp.server")))
+                           logger=_HttpServerLog(logging.getLogger("aiohttp.server")),
+                           max_field_size=PARSER_FIELD_BYTES_MAX,
+                           max_line_size=PARSER_FIELD_BYTES_MAX)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
