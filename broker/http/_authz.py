@@ -49,6 +49,7 @@ from ._admin_auth import auth_middleware, request_role
 
 __all__ = [
     "BODY_BYTES_MAX",
+    "DEFAULT",
     "HEADER_BYTES_MAX",
     "PARSER_FIELD_BYTES_MAX",
     "PATH_NAME_CHARS_MAX",
@@ -75,6 +76,7 @@ AUTHENTICATED: Final = "authenticated"
 NAMESPACE: Final = "namespace"  # a namespace operation: tenant admin, or GET_TOPICS by grant
 POLICY: Final = "policy"  # a namespace policy operation: tenant admin
 TOPIC: Final = "topic"  # a topic operation, by `need`
+DEFAULT: Final = "DEFAULT"  # the operation of a route no rule names
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Rule:
 
 
 _NS = r"^/admin/v2/namespaces/\{tenant\}/\{namespace\}"
-_DOMAIN = r"^/admin/v2/\{domain:persistent\|non-persistent\}/\{tenant\}/\{namespace\}"
+_DOMAIN = r"^/admin/v2/\{domain\}/\{tenant\}/\{namespace\}"  # canonical: no {name:regex}
 _TOPIC = _DOMAIN + r"/\{topic\}"
 _SUB = _TOPIC + r"/subscription/\{subscription\}"
 _SCHEMAS = r"^/admin/v2/schemas/\{tenant\}/\{namespace\}/\{topic\}"
@@ -135,6 +137,9 @@ RULES: Final[tuple[tuple[str, str, Rule], ...]] = (
     ("POST", _SUB + r"/expireMessages/", Rule(TOPIC, "EXPIRE_MESSAGES", "consume")),
     ("POST", _SUB + r"/resetcursor", Rule(TOPIC, "RESET_CURSOR", "consume")),
     ("GET", _SCHEMAS + r"/", Rule(TOPIC, "GET_SCHEMA", "lookup")),
+    ("POST", _SCHEMAS + r"/schema$", Rule(TOPIC, "UPLOAD_SCHEMA")),
+    ("DELETE", _SCHEMAS + r"/schema$", Rule(TOPIC, "DELETE_SCHEMA")),
+    ("POST", _SCHEMAS + r"/compatibility$", Rule(TOPIC, "TEST_SCHEMA_COMPATIBILITY")),
     ("GET", r"^/lookup/v2/topic/", Rule(TOPIC, "LOOKUP", "lookup")),
 )
 _COMPILED: Final = tuple((method, re.compile(pattern), rule) for method, pattern, rule in RULES)
@@ -142,10 +147,12 @@ _COMPILED: Final = tuple((method, re.compile(pattern), rule) for method, pattern
 
 def rule_for(method: str, pattern: str, path_names: dict[str, str]) -> Rule:
     """The rule of the route `method pattern` (see the module comment for the default)."""
+    if method == "HEAD":
+        method = "GET"  # aiohttp answers HEAD with the GET route
     for methods, regex, rule in _COMPILED:
         if (not methods or method == methods) and regex.search(pattern):
             return rule
-    return Rule(TENANT_ADMIN) if "tenant" in path_names else Rule(SUPERUSER)
+    return Rule(TENANT_ADMIN, DEFAULT) if "tenant" in path_names else Rule(SUPERUSER, DEFAULT)
 
 
 def _reason(status: int, reason: str) -> web.Response:
