@@ -181,6 +181,10 @@ class DiscoveryCommands:
                                  "feature flags")
             return
         try:
+            namespace = request.namespace
+            authorize(self.view, "watch the topics of", f"namespace {namespace[:200]}",
+                      lambda authz, role: authz.can_list_topics(namespace, role),
+                      GET_TOPICS_REFUSED)
             reply = self.watchers.watch(request)
         except Exception as exc:
             self.view.error(request.request_id, exc)

@@ -180,7 +180,7 @@ def _refusal(client: RawClient, body: Any, reply_type: int) -> Any:
 
 def test_refusals_on_the_raw_protocol(broker: tuple[SecureBrokerProcess, int]) -> None:
     process, _ = broker
-    client, reply = raw_connect(process.port, token("mallory"))
+    client, reply = raw_connect(process.port, token("mallory"), watchers=True)
     topic = _topic("raw")
     try:
         assert reply.type == T.CONNECTED
@@ -211,6 +211,9 @@ def test_refusals_on_the_raw_protocol(broker: tuple[SecureBrokerProcess, int]) -
                           T.GET_SCHEMA_RESPONSE)
         assert (schema.error_code, schema.error_message) == (
             pb.AuthorizationError, "Client is not authorized to Get Schema")
+        error = _refusal(client, pb.CommandWatchTopicList(
+            request_id=7, watcher_id=1, namespace=NS, topics_pattern=".*"), T.ERROR)
+        assert (error.request_id, error.error) == (7, pb.AuthorizationError)
         # the connection stays usable after refusals
         client.send(pb.CommandPing())
         assert client.expect(T.PONG) is not None
