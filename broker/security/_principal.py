@@ -24,7 +24,8 @@ class Principal:
     """An authenticated client.
 
     Attributes:
-        role: the role (Pulsar's principal), from the token's role claim.
+        role: the role (Pulsar's principal): a token's role claim, a basic user, a
+            certificate's common name, or the anonymous role.
         method: the authentication method that vouched for it.
         expires_at_s: when the credentials expire (seconds since the epoch; None: never).
     """

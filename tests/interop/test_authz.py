@@ -6,6 +6,7 @@ grant commands, and grants that survive a restart."""
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 import uuid
@@ -37,6 +38,7 @@ T = pb.BaseCommand
 NS = "public/default"
 REFUSED_TIMEOUT_S = 3  # the client's operation timeout where a refusal is expected
 ADMIN_UP_S = 20  # how long the admin API may take to listen after the broker port
+HTTPS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,7 @@ def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory
     tls_port = free_port()
     process = start_secure(
         base, "--auth-token-secret-key", str(key), "--tls-port", str(tls_port),
+        "--https-port", str(HTTPS_PORT),
         "--tls-cert-file", str(pki.server_cert), "--tls-key-file", str(pki.server_key),
         "--tls-trust-certs-file", str(pki.ca),
         config=("authentication_providers=token,basic,tls", f"basic_auth_conf={users}",
@@ -265,3 +268,24 @@ def test_tls_without_a_certificate_is_anonymous(broker: tuple[SecureBrokerProces
         assert _can_subscribe(client, topic)
     finally:
         client.close()
+
+
+def test_the_admin_api_over_https_takes_the_client_certificate(
+        broker: tuple[SecureBrokerProcess, int], pki: Pki) -> None:
+    process, _ = broker
+    topic = _topic("https")
+    admin = _client(process.url, pulsar.AuthenticationToken(token("admin")))
+    try:
+        admin.create_producer(topic).close()
+    finally:
+        admin.close()
+    path = f"/admin/v2/persistent/{NS}/{topic.rsplit('/', 1)[1]}/stats"
+    base = f"https://{HOST}:{HTTPS_PORT}"
+    with_cert = ssl.create_default_context(cafile=str(pki.ca))
+    with_cert.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    status, _ = process.http(path, base=base, context=with_cert)
+    assert status == 200  # role "client" (the certificate's CN) holds consume on the namespace
+    status, body = process.http(path, base=base,
+                                context=ssl.create_default_context(cafile=str(pki.ca)))
+    assert (status, body["reason"]) == (401, "Unauthorized to validateTopicOperation for "
+                                             f"operation [GET_STATS] on topic [{topic}]")
