@@ -3,14 +3,17 @@ implements (broker reference §10), each limit named with its unit."""
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from ._errors import ConfigurationError
 
 __all__ = ["INTERCEPTOR_INDEX", "INTERCEPTOR_TIMESTAMP", "REMOVED_SETTINGS", "SETTING_CHOICES",
-           "SETTING_RANGES", "BrokerConfig", "check_settings", "interceptors_of"]
+           "SETTING_RANGES", "BrokerConfig", "check_settings", "interceptors_of", "parse_value"]
 
 # Pulsar's SchemaCompatibilityStrategy names a broker default may take (not UNDEFINED).
 SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
@@ -65,6 +68,7 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "auth_refresh_check_interval_s": (0, None),
     "http_auth_failures_per_connection_max": (1, None),
     "storage_full_check_interval_s": (0, None),
+    "stats_update_frequency_s": (1, None),
 }
 # Settings an earlier build accepted but nothing read: `--config NAME=...` names them as gone
 # (name -> why), instead of guessing at a similar name.
@@ -180,6 +184,9 @@ class BrokerConfig:
     superuser_roles: tuple[str, ...] = ()
     auth_refresh_check_interval_s: float = 60.0  # Pulsar's authenticationRefreshCheckSeconds
     authenticate_metrics_endpoint: bool = False  # Pulsar's broker default
+    # Pulsar's statsUpdateFrequencyInSecs: how often the msgRate*/msgThroughput* figures of
+    # the stats and /metrics (and the per-interval histograms) are recomputed.
+    stats_update_frequency_s: int = 60
     # Broker entry metadata (Pulsar's brokerEntryMetadataInterceptors): "timestamp" and/or
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
@@ -272,3 +279,33 @@ def interceptors_of(names: Iterable[str]) -> frozenset[str]:
                              f"{', '.join(sorted(_NAMES))})")
         found.add(short)
     return frozenset(found)
+
+
+def parse_value(kind: Any, text: str, name: str) -> Any:
+    """`text` as a value of the type `kind` of the setting `name`: integers, finite floats,
+    booleans (true/false/1/0/yes/no), comma-separated tuples of strings, strings; `X | None`
+    parses as X.
+
+    Raises:
+        ConfigurationError: the text is not a value of that type (the message names `name`).
+    """
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(each for each in typing.get_args(kind) if each is not type(None))
+    if kind is bool:
+        lowered = text.lower()
+        if lowered not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigurationError(f"{name} takes true or false, not {text!r}")
+        return lowered in ("true", "1", "yes")
+    if kind is int or kind is float:
+        try:
+            number = kind(text)
+        except ValueError:
+            raise ConfigurationError(f"{name} takes a number, not {text!r}") from None
+        if not math.isfinite(number):
+            raise ConfigurationError(f"{name} takes a finite number, not {text!r}")
+        return number
+    if typing.get_origin(kind) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    if kind is str:
+        return text
+    raise ConfigurationError(f"{name} cannot be set from text")

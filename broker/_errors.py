@@ -21,10 +21,13 @@ __all__ = [
     "ConsumerNotFoundError",
     "DiskFullError",
     "IncompatibleSchemaError",
+    "InvalidPolicyError",
     "InvalidSchemaError",
     "InvalidTopicNameError",
+    "MalformedPolicyError",
     "MetadataError",
     "NotAllowedError",
+    "PartitionCountError",
     "PersistenceError",
     "ProducerBlockedQuotaExceededError",
     "ProducerBlockedQuotaExceededException",
@@ -160,6 +163,21 @@ class ConsumerAssignError(BrokerError):
 
 class NotAllowedError(BrokerError):
     code = 22
+
+
+class InvalidPolicyError(NotAllowedError):
+    """A namespace or topic policy value out of its range or in conflict with another policy
+    (retention below the backlog quota); nothing was stored. The admin API answers 412."""
+
+
+class MalformedPolicyError(InvalidPolicyError):
+    """A policy value that is not of the JSON shape the policy takes (a string for a number,
+    a list for an object); nothing was stored. The admin API answers 400."""
+
+
+class PartitionCountError(InvalidPolicyError):
+    """A partition count below 1 or above `max_num_partitions_per_partitioned_topic`;
+    nothing was created or stored. The admin API answers 406."""
 
 
 class ProducerFencedError(BrokerError):

@@ -21,7 +21,8 @@ The schema policies (`schema_compatibility_strategy`, `is_allow_auto_update_sche
 
 Policy resolution follows Pulsar: a topic-level value beats the namespace's, which beats the
 broker configuration. `Policies` keeps the fields users script against through the admin
-API; the effective values are computed by `effective_policies`.
+API; the effective values are computed by `effective_policies`. Every value set is first
+checked by `_policies.check_policy` (the rules the admin API enforces too).
 """
 
 from __future__ import annotations
@@ -36,32 +37,13 @@ from magnetar.storage import LedgerMetadata
 
 from ._config import BrokerConfig
 from ._errors import MetadataError, NotAllowedError
+from ._policies import POLICY_FIELDS, check_backlog_quota_type, check_policy
 
 __all__ = ["AUTH_POLICIES", "AUTH_POLICY_MAPS", "EffectivePolicies", "NamespaceRegistry",
            "SchemaPolicy"]
 
 _NAME = re.compile(r"^[-=:.\w]+$")
 
-# Namespace policy fields (Pulsar's JSON names) that Magnetar honours.
-POLICY_FIELDS = (
-    "retention_policies",  # {"retentionTimeInMinutes": int, "retentionSizeInMB": int}
-    "message_ttl_in_seconds",  # int
-    "deduplicationEnabled",  # bool
-    "backlog_quota_map",  # {"destination_storage": {"limitSize", "policy"},
-    #                        "message_age": {"limitTime", "policy"}}
-    "delayed_delivery_policies",  # {"active": bool, "tickTime": int, "maxDeliveryDelayInMillis"}
-    "max_unacked_messages_per_consumer",  # int
-    "max_unacked_messages_per_subscription",  # int
-    "max_producers_per_topic",  # int
-    "max_consumers_per_topic",  # int
-    "max_consumers_per_subscription",  # int
-    "subscription_types_enabled",  # [str]
-    "autoTopicCreationOverride",  # {"allowAutoTopicCreation", "topicType", "defaultNumPartitions"}
-    "schema_compatibility_strategy",  # str, a SchemaCompatibilityStrategy name
-    "is_allow_auto_update_schema",  # bool
-    "schema_validation_enforced",  # bool
-    "subscription_auth_mode",  # "None" or "Prefix" (security/_authz.py)
-)
 AUTH_POLICIES = "auth_policies"  # the permissions' field of a namespace's Policies
 AUTH_POLICY_MAPS = ("namespace_auth", "destination_auth", "subscription_auth_roles")
 
@@ -193,7 +175,15 @@ class NamespaceRegistry:
         return policies
 
     def set_policy(self, namespace: str, field: str, value: Any) -> None:
-        """Set (or with value None remove) one namespace policy field."""
+        """Set (or with value None remove) one namespace policy field, the value checked and
+        normalised by `check_policy` against the namespace's other policies.
+
+        Raises:
+            MetadataError: the namespace does not exist.
+            NotAllowedError: an unknown field, or (its subclasses `InvalidPolicyError`,
+                `MalformedPolicyError`, `PartitionCountError`) a value that breaks a policy
+                rule. Nothing is stored then.
+        """
         policies = self.policies(namespace)
         self._set(policies, field, value)
         self._meta.put(b"ns/" + namespace.encode(), json.dumps(policies).encode())
@@ -228,6 +218,21 @@ class NamespaceRegistry:
             policies[AUTH_POLICIES] = current
             txn.put(key, json.dumps(policies).encode())
 
+    def set_backlog_quota(self, namespace: str, kind: str, quota: Any) -> None:
+        """Set the namespace's backlog quota of one type (`destination_storage` or
+        `message_age`); raises as `set_policy` does."""
+        check_backlog_quota_type(kind)
+        quotas = dict(self.policies(namespace).get("backlog_quota_map") or {})
+        quotas[kind] = quota
+        self.set_policy(namespace, "backlog_quota_map", quotas)
+
+    def remove_backlog_quota(self, namespace: str, kind: str) -> None:
+        """Remove the namespace's backlog quota of one type (none set: nothing changes)."""
+        check_backlog_quota_type(kind)
+        quotas = dict(self.policies(namespace).get("backlog_quota_map") or {})
+        quotas.pop(kind, None)
+        self.set_policy(namespace, "backlog_quota_map", quotas or None)
+
     # -- topics ----------------------------------------------------------------------------
 
     def topic_policies(self, topic: str) -> dict[str, Any]:
@@ -235,6 +240,7 @@ class NamespaceRegistry:
         return {} if raw is None else dict(json.loads(raw))
 
     def set_topic_policy(self, topic: str, field: str, value: Any) -> None:
+        """Set (or with None remove) one topic-level policy; checked as `set_policy`."""
         policies = self.topic_policies(topic)
         self._set(policies, field, value)
         self._meta.put(b"topicpolicy/" + topic.encode(), json.dumps(policies).encode())
@@ -340,10 +346,8 @@ class NamespaceRegistry:
                 str(override.get("topicType", c.allow_auto_topic_creation_type)),
                 int(override.get("defaultNumPartitions", c.default_num_partitions)))
 
-    @staticmethod
-    def _set(policies: dict[str, Any], field: str, value: Any) -> None:
-        if field not in POLICY_FIELDS:
-            raise NotAllowedError(f"Unknown policy {field}; known: {', '.join(POLICY_FIELDS)}")
+    def _set(self, policies: dict[str, Any], field: str, value: Any) -> None:
+        value = check_policy(field, value, policies, self._config)
         if value is None:
             policies.pop(field, None)
         else:

@@ -490,7 +490,9 @@ class ConsumerCommands:
             self.view.send(reply)
             return
         consumer = state.consumer
-        reply.msgRateOut = reply.msgThroughputOut = reply.msgRateRedeliver = 0.0
+        reply.msgRateOut = consumer.rate_out.rate
+        reply.msgThroughputOut = consumer.rate_out.value_rate
+        reply.msgRateRedeliver = 0.0
         reply.msgRateExpired = reply.messageAckRate = 0.0
         reply.consumerName = consumer.consumer_name
         reply.availablePermits = max(0, consumer.permits)
