@@ -23,10 +23,10 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..security._authz import ACTIONS
-from ._admin_cli import _call, _command, _namespace_path, _quote, _topic_path
+from ._admin_http import _call, _command, _namespace_path, _quote, _topic_path
 
 if TYPE_CHECKING:
-    from ._admin_cli import SubParsers
+    from ._admin_http import SubParsers
 
 __all__ = ["add_permission_commands"]
 
