@@ -10,6 +10,12 @@ durable transaction (these change rarely):
 | `partitioned/<full topic name>`    | `{"partitions": n}`                                  |
 | `topicpolicy/<full topic name>`    | topic-level policies (the same field names)          |
 
+A namespace's permissions live in its Policies record too, under Pulsar's names:
+`auth_policies` = `{"namespace_auth": {role: [action]}, "destination_auth": {topic: {role:
+[action]}}, "subscription_auth_roles": {subscription: [role]}}` and `subscription_auth_mode`
+("None" or "Prefix"); `update_auth_policies` changes them in one durable transaction, and they
+go when the namespace goes. `security/_authz.py` reads and interprets them.
+
 The schema policies (`schema_compatibility_strategy`, `is_allow_auto_update_schema`,
 `schema_validation_enforced`) resolve the same way, into a `SchemaPolicy` (`schema_policy`).
 
@@ -34,9 +40,14 @@ from ._errors import MetadataError, NotAllowedError
 from ._names import TopicName
 from ._policies import BACKLOG_QUOTA_TYPES, POLICY_FIELDS, check_backlog_quota_type, check_policy
 
-__all__ = ["EffectivePolicies", "NamespaceRegistry", "SchemaPolicy"]
+__all__ = ["AUTH_POLICIES", "AUTH_POLICY_MAPS", "EffectivePolicies", "NamespaceRegistry",
+           "SchemaPolicy"]
 
 _NAME = re.compile(r"^[-=:.\w]+$")
+
+AUTH_POLICIES = "auth_policies"  # the permissions' field of a namespace's Policies
+AUTH_POLICY_MAPS = ("namespace_auth", "destination_auth", "subscription_auth_roles")
+
 
 @dataclass(frozen=True)
 class SchemaPolicy:
@@ -177,6 +188,36 @@ class NamespaceRegistry:
         policies = self.policies(namespace)
         self._set(policies, field, value)
         self._meta.put(b"ns/" + namespace.encode(), json.dumps(policies).encode())
+
+    def auth_policies(self, namespace: str) -> dict[str, Any]:
+        """The namespace's permissions (`AUTH_POLICY_MAPS`, each present, maybe empty).
+
+        Raises:
+            MetadataError: the namespace does not exist.
+        """
+        stored = self.policies(namespace).get(AUTH_POLICIES) or {}
+        return {name: dict(stored.get(name) or {}) for name in AUTH_POLICY_MAPS}
+
+    def update_auth_policies(self, namespace: str,
+                             change: Callable[[dict[str, Any]], None]) -> None:
+        """Apply `change` to the namespace's permissions (as `auth_policies` gives them) and
+        store the result durably, in one transaction.
+
+        Raises:
+            MetadataError: the namespace does not exist; nothing changed.
+            Whatever `change` raises: nothing changed.
+        """
+        key = b"ns/" + namespace.encode()
+        with self._meta.transaction() as txn:
+            raw = txn.get(key)
+            if raw is None:
+                raise MetadataError(f"Namespace {namespace} does not exist")
+            policies: dict[str, Any] = json.loads(raw)
+            stored = policies.get(AUTH_POLICIES) or {}
+            current = {name: dict(stored.get(name) or {}) for name in AUTH_POLICY_MAPS}
+            change(current)
+            policies[AUTH_POLICIES] = current
+            txn.put(key, json.dumps(policies).encode())
 
     def set_backlog_quota(self, namespace: str, kind: str, quota: Any) -> None:
         """Set the namespace's backlog quota of one type (`destination_storage` or

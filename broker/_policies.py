@@ -46,6 +46,7 @@ POLICY_FIELDS = (
     "is_allow_auto_update_schema",  # bool
     "schema_validation_enforced",  # bool
     "compaction_threshold",  # int, backlog bytes that trigger compaction (0: never)
+    "subscription_auth_mode",  # "None" or "Prefix" (security/_authz.py)
 )
 
 SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
