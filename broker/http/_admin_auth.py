@@ -38,6 +38,7 @@ __all__ = ["FAILING_CONNECTIONS_MAX", "METRICS_PATHS", "Middleware", "auth_middl
 log = logging.getLogger(__name__)
 
 METRICS_PATHS: Final = frozenset({"/metrics", "/metrics/"})
+OPEN_PATHS: Final = frozenset({"/status.html"})  # a load balancer's probe: never authenticated
 FAILING_CONNECTIONS_MAX: Final = 4096  # connections whose failures are counted at once
 # The request's accepted role (absent: no authentication).
 ROLE_KEY: Final = web.RequestKey("role", str)
@@ -71,7 +72,8 @@ def auth_middleware(auth: AuthenticationService, authenticate_metrics: bool,
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in METRICS_PATHS and not authenticate_metrics:
+        if request.path in OPEN_PATHS or (request.path in METRICS_PATHS
+                                          and not authenticate_metrics):
             return await handler(request)
         transport = request.transport
         common_name = peer_common_name(

@@ -104,6 +104,7 @@ _SCHEMAS = r"^/admin/v2/schemas/\{tenant\}/\{namespace\}/\{topic\}"
 # (methods, "" = any; the route's canonical path pattern; the rule), first match wins.
 RULES: Final[tuple[tuple[str, str, Rule], ...]] = (
     ("", r"^/metrics/?$", Rule(AUTHENTICATED)),
+    ("GET", r"^/status\.html$", Rule(AUTHENTICATED)),  # open, as Pulsar's VipStatus
     ("GET", r"^/admin/v2/clusters$", Rule(AUTHENTICATED)),
     ("", r"^/admin/v2/clusters", Rule(SUPERUSER)),
     ("", r"^/admin/v2/brokers", Rule(SUPERUSER)),
@@ -124,6 +125,15 @@ RULES: Final[tuple[tuple[str, str, Rule], ...]] = (
     ("GET", _TOPIC + r"/partitions$", Rule(TOPIC, "GET_METADATA", "lookup")),
     ("POST", _TOPIC + r"/partitions$", Rule(TOPIC, "UPDATE_METADATA")),
     ("", _TOPIC + r"/permissions", Rule(TENANT_ADMIN)),
+    # Topic-level policies: Pulsar's validateTopicPolicyOperation, a tenant admin's business.
+    ("", _TOPIC + r"/(backlogQuotaMap|backlogQuota|retention|messageTTL|deduplicationEnabled|"
+         r"delayedDelivery|maxProducers|maxConsumers|maxUnackedMessagesOnConsumer|"
+         r"maxUnackedMessagesOnSubscription|maxConsumersPerSubscription|"
+         r"subscriptionTypesEnabled|compactionThreshold)$", Rule(TENANT_ADMIN)),
+    # Message inspection: TopicOperation.PEEK_MESSAGES, which a consume grant allows.
+    ("GET", _SUB + r"/position/", Rule(TOPIC, "PEEK_MESSAGES", "consume")),
+    ("GET", _TOPIC + r"/(examinemessage|ledger/\{ledger\}/entry/\{entry\}|lastMessageId)$",
+     Rule(TOPIC, "PEEK_MESSAGES", "consume")),
     ("", _TOPIC + r"/terminate", Rule(TOPIC, "TERMINATE")),
     ("", _TOPIC + r"/unload$", Rule(TOPIC, "UNLOAD")),
     ("GET", _TOPIC + r"/(stats|internalStats|partitioned-stats|partitioned-internalStats)$",
