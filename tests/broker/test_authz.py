@@ -87,48 +87,42 @@ def test_rule(answers: dict[tuple[str | None, str], bool], role: str | None, que
     assert answers[(role, question)] is expected
 
 
-def test_grants_survive_a_restart_and_prefix_mode(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            authz = AuthorizationService(env.service.namespaces, ["root"])
-            _grant_everything(authz)
-            service = await env.restart()
-            authz = AuthorizationService(service.namespaces, ["root"])
-            assert authz.namespace_permissions("acme/ns") == {
-                "fn": ["functions"], "ns-consumer": ["consume"], "ns-producer": ["produce"]}
-            assert authz.topic_permissions(T_PARTITION)["t-producer"] == ["produce"]
-            assert authz.subscription_permissions("acme/ns") == {"locked": ["t-consumer"]}
-            assert authz.can_produce(T, "t-producer")
-            service.namespaces.set_policy("acme/ns", "subscription_auth_mode", "Prefix")
-            assert authz.can_consume(T, "ns-consumer", "ns-consumer-sub")
-            with pytest.raises(AuthorizationError, match="prefixed by the authentication role"):
-                authz.can_consume(T, "ns-consumer", "other-sub")
-            assert authz.can_consume(T, "acme-admin", "other-sub")  # admins are not checked
-            assert authz.can_lookup(T, "ns-consumer")  # lookups name no subscription
-
-    asyncio.run(scenario())
+async def test_grants_survive_a_restart_and_prefix_mode(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        authz = AuthorizationService(env.service.namespaces, ["root"])
+        _grant_everything(authz)
+        service = await env.restart()
+        authz = AuthorizationService(service.namespaces, ["root"])
+        assert authz.namespace_permissions("acme/ns") == {
+            "fn": ["functions"], "ns-consumer": ["consume"], "ns-producer": ["produce"]}
+        assert authz.topic_permissions(T_PARTITION)["t-producer"] == ["produce"]
+        assert authz.subscription_permissions("acme/ns") == {"locked": ["t-consumer"]}
+        assert authz.can_produce(T, "t-producer")
+        service.namespaces.set_policy("acme/ns", "subscription_auth_mode", "Prefix")
+        assert authz.can_consume(T, "ns-consumer", "ns-consumer-sub")
+        with pytest.raises(AuthorizationError, match="prefixed by the authentication role"):
+            authz.can_consume(T, "ns-consumer", "other-sub")
+        assert authz.can_consume(T, "acme-admin", "other-sub")  # admins are not checked
+        assert authz.can_lookup(T, "ns-consumer")  # lookups name no subscription
 
 
-def test_grant_and_revoke_edges(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            authz = AuthorizationService(env.service.namespaces)
-            _grant_everything(authz)
-            with pytest.raises(NotAllowedError, match="Unknown action 'publish'"):
-                authz.grant_namespace("acme/ns", "x", ["publish"])
-            with pytest.raises(MetadataError, match="does not exist"):
-                authz.grant_namespace("acme/missing", "x", ["produce"])
-            with pytest.raises(NotAllowedError, match="not set at the topic level"):
-                authz.revoke_topic(T, "ns-producer")  # its grant is the namespace's
-            authz.grant_namespace("acme/ns", "ns-producer", ["consume", "consume"])
-            assert authz.namespace_permissions("acme/ns")["ns-producer"] == ["consume"]
-            authz.revoke_namespace("acme/ns", "ns-producer")
-            assert not authz.can_lookup(T, "ns-producer")
-            authz.revoke_topic(T, "t-producer")
-            assert not authz.can_produce(T, "t-producer")
-            authz.revoke_subscription("acme/ns", "locked", "t-consumer")
-            assert authz.can_consume(T, "ns-consumer", "locked")  # an empty list: open again
-            with pytest.raises(NotAllowedError, match="couldn't find subscription"):
-                authz.revoke_subscription("acme/ns", "never-listed", "x")
-
-    asyncio.run(scenario())
+async def test_grant_and_revoke_edges(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        authz = AuthorizationService(env.service.namespaces)
+        _grant_everything(authz)
+        with pytest.raises(NotAllowedError, match="Unknown action 'publish'"):
+            authz.grant_namespace("acme/ns", "x", ["publish"])
+        with pytest.raises(MetadataError, match="does not exist"):
+            authz.grant_namespace("acme/missing", "x", ["produce"])
+        with pytest.raises(NotAllowedError, match="not set at the topic level"):
+            authz.revoke_topic(T, "ns-producer")  # its grant is the namespace's
+        authz.grant_namespace("acme/ns", "ns-producer", ["consume", "consume"])
+        assert authz.namespace_permissions("acme/ns")["ns-producer"] == ["consume"]
+        authz.revoke_namespace("acme/ns", "ns-producer")
+        assert not authz.can_lookup(T, "ns-producer")
+        authz.revoke_topic(T, "t-producer")
+        assert not authz.can_produce(T, "t-producer")
+        authz.revoke_subscription("acme/ns", "locked", "t-consumer")
+        assert authz.can_consume(T, "ns-consumer", "locked")  # an empty list: open again
+        with pytest.raises(NotAllowedError, match="couldn't find subscription"):
+            authz.revoke_subscription("acme/ns", "never-listed", "x")
