@@ -1,0 +1,292 @@
+"""The synchronous API: `Client`, `Producer`, `Consumer`, `Reader`, shaped like the official
+`pulsar` client's.
+
+Each object is a thin handle: every call checks its arguments here (`_options.py`), then runs
+the matching coroutine of the core on the client's loop thread (`LoopThread.run`) and waits for
+it. `send_async`'s callback and nothing else runs on the loop thread, so it must not block.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from codec import MessageId
+
+from ._core import ClientCore, ClientSettings, parse_service_url
+from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
+from ._group import ConsumerGroup
+from ._loop import LoopThread, register_for_exit, unregister_for_exit
+from ._message import Message
+from ._options import consumer_options, out_message, producer_options, reader_options
+from ._producer import OutMessage
+from ._routing import ProducerSet
+from ._tcp import TlsSettings
+
+if TYPE_CHECKING:
+    from broker import BrokerConfig
+
+__all__ = ["Client", "Consumer", "Producer", "Reader", "SendCallback"]
+
+T = TypeVar("T")
+SendCallback = Callable[[PulsarException | None, MessageId | None], None]
+_IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
+                                  "concurrent_lookup_requests", "log_conf_file_path",
+                                  "stats_interval_in_seconds", "use_tls", "logger",
+                                  "listener_name"})
+
+
+def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
+    """The client's keyword arguments, checked (shared with `magnetar.asyncio.Client`)."""
+    if kwargs.pop("authentication", None) is not None:
+        raise InvalidConfiguration("authentication is not supported by the magnetar client yet")
+    unknown = set(kwargs) - _IGNORED_CLIENT_ARGS - {
+        "operation_timeout_seconds", "connection_timeout_ms", "tls_trust_certs_file_path",
+        "tls_allow_insecure_connection", "tls_validate_hostname", "broker_config"}
+    if unknown:
+        raise TypeError(f"Client() got unexpected keyword argument(s): {sorted(unknown)}")
+    return ClientSettings(
+        operation_timeout_s=float(kwargs.get("operation_timeout_seconds", 30)),
+        connection_timeout_s=kwargs.get("connection_timeout_ms", 10000) / 1000,
+        tls=TlsSettings(kwargs.get("tls_trust_certs_file_path"),
+                        bool(kwargs.get("tls_allow_insecure_connection", False)),
+                        bool(kwargs.get("tls_validate_hostname", False))),
+        broker_config=kwargs.get("broker_config"))
+
+
+class Client:
+    """A client: `Client("pulsar://host:6650")` over TCP, or `Client("./data")` /
+    `Client("file:///abs/data")` with the broker in this process on that data directory.
+
+    Raises:
+        InvalidUrl: the service URL is not usable. ConnectError: the broker cannot be
+            reached, or the data directory is locked by another process.
+        InvalidConfiguration: a bad argument, or a data directory that is not one.
+    """
+
+    def __init__(self, service_url: str, *, broker_config: BrokerConfig | None = None,
+                 **kwargs: Any):
+        target = parse_service_url(service_url)
+        self.service_url = service_url
+        self._settings = client_settings(dict(kwargs, broker_config=broker_config))
+        self._thread = LoopThread("magnetar-client")
+        try:
+            self._core = self._thread.run(ClientCore.open(target, self._settings))
+        except BaseException:
+            self._thread.stop()
+            raise
+        register_for_exit(self)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._core.closed:
+            coro.close()
+            raise AlreadyClosed(f"the client of {self.service_url} is closed")
+        return self._thread.run(coro)
+
+    def create_producer(self, topic: str, **kwargs: Any) -> Producer:
+        """A producer; arguments as the official client's `create_producer`."""
+        options = producer_options(topic, **kwargs)
+        return Producer(self, self._run(self._core.create_producer(options)))
+
+    def subscribe(self, topic: str | list[str] | re.Pattern[str], subscription_name: str,
+                  **kwargs: Any) -> Consumer:
+        """A consumer; arguments as the official client's `subscribe`."""
+        options = consumer_options(topic, subscription_name, **kwargs)
+        return Consumer(self, self._run(self._core.subscribe(options)))
+
+    def create_reader(self, topic: str, start_message_id: MessageId, **kwargs: Any) -> Reader:
+        """A reader from `start_message_id` (exclusive unless start_message_id_inclusive)."""
+        options = reader_options(topic, start_message_id, **kwargs)
+        return Reader(self, self._run(self._core.subscribe(options)))
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        from ._group import complete_topic_name
+
+        return self._run(self._core.partitions(complete_topic_name(topic)))
+
+    def close(self) -> None:
+        """Close everything this client opened; for a data directory, the broker too."""
+        self._close(None)
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def close_for_exit(self, timeout_s: float) -> None:
+        self._close(timeout_s)
+
+    def _close(self, timeout_s: float | None) -> None:
+        unregister_for_exit(self)
+        if not self._thread.alive:
+            return
+        try:
+            if not self._core.closed:
+                self._thread.run(self._core.close(), timeout_s)
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Producer:
+    """A producer (see `Client.create_producer`)."""
+
+    def __init__(self, client: Client, core: ProducerSet):
+        self._client = client
+        self._core = core
+
+    def topic(self) -> str:
+        return self._core.topic
+
+    def producer_name(self) -> str:
+        return self._core.producer_name
+
+    def last_sequence_id(self) -> int:
+        return self._core.last_sequence_id
+
+    def is_connected(self) -> bool:
+        return not self._core.closed and not self._client._core.closed
+
+    def send(self, content: bytes | None, **kwargs: Any) -> MessageId:
+        """Send and wait until the broker stored it; arguments as the official `send`."""
+        return self._client._run(_send_and_wait(self._core, out_message(content, **kwargs)))
+
+    def send_async(self, content: bytes | None, callback: SendCallback | None,
+                   **kwargs: Any) -> None:
+        """Queue a message; `callback(error, message_id)` runs on the client's thread once
+        the broker answered (error None on success). Blocks only while the queue is full and
+        `block_if_queue_full` is set."""
+        self._client._run(_send_with_callback(self._core, out_message(content, **kwargs),
+                                              callback))
+
+    def flush(self) -> None:
+        self._client._run(self._core.flush())
+
+    def close(self) -> None:
+        self._client._run(self._core.close())
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _send_and_wait(core: ProducerSet, message: OutMessage) -> MessageId:
+    return await (await core.send(message))
+
+
+async def _send_with_callback(core: ProducerSet, message: OutMessage,
+                              callback: SendCallback | None) -> None:
+    future = await core.send(message)
+    if callback is None:
+        future.add_done_callback(lambda done: done.exception())  # retrieved: no warning
+        return
+
+    def done(result: Any) -> None:
+        error = result.exception()
+        callback(error, None if error is not None else result.result())
+
+    future.add_done_callback(done)
+
+
+class Consumer:
+    """A consumer (see `Client.subscribe`)."""
+
+    def __init__(self, client: Client, group: ConsumerGroup):
+        self._client = client
+        self._group = group
+
+    def topic(self) -> str:
+        return self._group.topic
+
+    def subscription_name(self) -> str:
+        return self._group.config.subscription
+
+    def consumer_name(self) -> str:
+        return self._group.config.consumer_name
+
+    def is_connected(self) -> bool:
+        return not self._group.closed and not self._client._core.closed
+
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        """The next message; raises `Timeout` after `timeout_millis`."""
+        return self._client._run(self._group.receive(timeout_millis))
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        self._client._run(_call(self._group.acknowledge, message))
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        self._client._run(_call(self._group.acknowledge_cumulative, message))
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        self._client._run(_call(self._group.negative_acknowledge, message))
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._client._run(self._group.redeliver_unacknowledged_messages())
+
+    def seek(self, target: MessageId | int) -> None:
+        """Move the subscription to a message id or a publish time (ms since the epoch)."""
+        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
+        timeout = self._client._settings.operation_timeout_s
+        self._client._run(self._group.seek(target, timeout))
+
+    def get_last_message_id(self) -> MessageId:
+        child = self._group.only_child("get_last_message_id")
+        return self._client._run(child.transport.last_message_id(child.consumer_id))[0]
+
+    def unsubscribe(self) -> None:
+        self._client._run(self._group.unsubscribe())
+
+    def close(self) -> None:
+        self._client._run(self._group.close())
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Reader:
+    """A reader (see `Client.create_reader`)."""
+
+    def __init__(self, client: Client, group: ConsumerGroup):
+        self._client = client
+        self._group = group
+
+    def topic(self) -> str:
+        return self._group.topic
+
+    def is_connected(self) -> bool:
+        return not self._group.closed and not self._client._core.closed
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        return self._client._run(self._group.receive(timeout_millis))
+
+    def has_message_available(self) -> bool:
+        return self._client._run(self._group.has_message_available())
+
+    def seek(self, target: MessageId | int) -> None:
+        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
+        self._client._run(self._group.seek(target, self._client._settings.operation_timeout_s))
+
+    def close(self) -> None:
+        self._client._run(self._group.close())
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _call(function: Callable[[T], None], argument: T) -> None:
+    """Run a plain core method on the loop (the core's state is only touched there)."""
+    function(argument)
