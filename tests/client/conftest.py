@@ -91,3 +91,12 @@ def topic(request: pytest.FixtureRequest) -> str:
     """A topic name no other test uses."""
     local = re.sub(r"[^a-zA-Z0-9-]", "-", request.node.name)[:60]
     return f"persistent://public/default/{local}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(params=TRANSPORTS)
+def service_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A service URL of the parametrized transport: a data directory, or the TCP broker's."""
+    if request.param == "embedded":
+        return str(tmp_path / "data")
+    broker: BrokerProcess = request.getfixturevalue("tcp_broker")
+    return broker.url
