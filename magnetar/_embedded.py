@@ -24,14 +24,25 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 
-from broker import BrokerConfig, BrokerService, Delivery, SubscribeSpec
-from broker._errors import BrokerError, ConsumerNotFoundError, from_storage_error
-from broker._names import TopicName, check_producer_name, check_subscription_name
-from broker.dispatch._consumer import Consumer
+from broker import (
+    BrokerConfig,
+    BrokerError,
+    BrokerService,
+    Consumer,
+    Delivery,
+    PersistentTopic,
+    Position,
+    ProducerSpec,
+    SubscribeSpec,
+    TopicName,
+)
+
+# Not in broker's __all__: what the TCP server's command handlers use besides the service.
+from broker._errors import ConsumerNotFoundError, from_storage_error
+from broker._names import check_producer_name, check_subscription_name
 from broker.dispatch._entry import EntryInfo
 from broker.dispatch._subscription import Subscription
-from broker.ledger._position import Position
-from broker.topics._topic import PersistentTopic, Producer, ProducerSpec
+from broker.topics._topic import Producer
 from codec import MessageId, RemoteProtocolError, encode_entry, parse_entry, pb
 from storage import DataDirLockedError, Storage, StorageConfig, StorageError
 

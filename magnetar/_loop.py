@@ -22,7 +22,6 @@ import atexit
 import concurrent.futures
 import os
 import threading
-import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol, TypeVar
 
@@ -115,7 +114,7 @@ class _Closable(Protocol):
     def close_for_exit(self, timeout_s: float) -> None: ...
 
 
-_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+_OPEN: set[Any] = set()  # strong references: an open client is closed at exit
 _HOOKED = False
 _HOOK_LOCK = threading.Lock()
 

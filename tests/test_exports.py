@@ -87,6 +87,19 @@ def test_lower_layers_never_import_broker(package: str) -> None:
     assert violations(package, "broker", internals_only=False) == []
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_nothing_below_the_client_imports_magnetar(package: str) -> None:
+    """`magnetar` (the client) may import broker, storage and codec; never the reverse."""
+    assert violations(package, "magnetar", internals_only=False) == []
+
+
+def test_magnetar_exports_what_it_lists() -> None:
+    import magnetar
+
+    assert len(magnetar.__all__) == len(set(magnetar.__all__))
+    assert [name for name in magnetar.__all__ if not hasattr(magnetar, name)] == []
+
+
 @pytest.mark.parametrize(("package", "other"), [("storage", "codec"), ("codec", "storage")])
 def test_no_imports_of_each_others_internals(package: str, other: str) -> None:
     assert violations(package, other, internals_only=True) == []

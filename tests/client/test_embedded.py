@@ -105,3 +105,30 @@ def test_interpreter_exit_with_an_open_client_closes_it(tmp_path: Path) -> None:
     assert out.strip() == "done"
     assert "Traceback" not in err
     assert read_all(data, topic) == [b"sent", b"pending at exit"]
+
+
+def test_a_forked_child_cannot_use_the_parents_client(tmp_path: Path) -> None:
+    """After fork the child has no loop thread: its calls raise AlreadyClosed at once (no
+    hang), its exit touches nothing of the parent's, and the parent carries on."""
+    data, topic = tmp_path / "data", "persistent://public/default/fork"
+    script = _python(f"""
+        import os, sys, magnetar
+        client = magnetar.Client({str(data)!r})
+        producer = client.create_producer({topic!r})
+        producer.send(b"before")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                producer.send(b"child")
+            except magnetar.AlreadyClosed:
+                sys.exit(7)
+            sys.exit(1)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+        producer.send(b"after")
+        client.close()
+    """)
+    out, err = script.communicate(timeout=SUBPROCESS_DEADLINE_S)
+    assert script.returncode == 0, err
+    assert out.strip() == "7"
+    assert read_all(data, topic) == [b"before", b"after"]
