@@ -29,14 +29,20 @@ with a `PulsarException`). In between:
    them; deduplication makes a resend safe).
 
 `flush` closes the open batch and waits for every op pending at the call. `close` flushes,
-waits, then closes the producer on the broker; later sends raise `AlreadyClosed`. When the
-broker drops the producer (fencing, topic deleted) later sends fail with `AlreadyClosed`
-naming the reason (reconnection is not implemented yet).
+waits, then closes the producer on the broker; later sends raise `AlreadyClosed`.
+
+Reconnection. When the broker drops the producer (its connection broke, the topic was
+unloaded), ops keep their entries; those that fail while the producer is disconnected stay
+queued, and new ones wait. `_reconnect` re-creates the producer under the name the broker gave
+it, with backoff while the error may pass, then sends every unanswered op again in order
+(the broker's deduplication, when on, drops those it had stored). A lasting refusal --
+fenced, terminated, deleted -- closes the producer and fails its pending sends with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,10 +64,16 @@ from codec import (
 from ._enums import BatchingType, CompressionType
 from ._errors import (
     AlreadyClosed,
+    BrokerMetadataError,
+    BrokerPersistenceError,
+    ConnectError,
     InvalidConfiguration,
     MessageTooBig,
+    NotConnected,
+    ProducerBusy,
     ProducerQueueIsFull,
     PulsarException,
+    ServiceUnitNotReady,
     Timeout,
 )
 from ._transport import ProducerOpened, ProducerRequest, Transport
@@ -69,6 +81,14 @@ from ._transport import ProducerOpened, ProducerRequest, Transport
 __all__ = ["OutMessage", "ProducerConfig", "ProducerCore"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
+RECONNECT_BACKOFF_S_MIN: Final = 0.05
+RECONNECT_BACKOFF_S_MAX: Final = 2.0
+# Errors after which re-creating the producer may succeed later (the broker is restarting,
+# the topic is moving, the old producer is still registered).
+_PASSING_ERRORS: Final = (ConnectError, NotConnected, Timeout, ServiceUnitNotReady,
+                          ProducerBusy, BrokerMetadataError, BrokerPersistenceError)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,6 +150,10 @@ class _Op:
     created_s: float
     batch_size: int = 0  # > 0 for batches: message i gets batch index i
     done: bool = False
+    metadata: pb.MessageMetadata | None = None  # kept for a resend after a reconnection
+    payload: bytes = b""
+    num_messages: int = 1
+    in_flight: bool = False  # handed to the transport and not answered yet
 
 
 def _now_ms() -> int:
@@ -159,6 +183,8 @@ class ProducerCore:
         self._batch_timer: asyncio.TimerHandle | None = None
         self._timeout_timer: asyncio.TimerHandle | None = None
         self._closed_reason: str | None = None
+        self._connected = False
+        self._reconnecting: asyncio.Task[None] | None = None
         if config.batching_enabled:
             kind = KeyBasedBatchContainer if config.batching_type is BatchingType.KeyBased \
                 else BatchContainer
@@ -169,14 +195,19 @@ class ProducerCore:
 
     # -- lifetime --------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Create the producer on the broker and pick the first sequence id."""
-        opened: ProducerOpened = await self.transport.create_producer(
+    async def _create(self, name: str) -> ProducerOpened:
+        opened = await self.transport.create_producer(
             self.producer_id,
-            ProducerRequest(topic=self.topic, producer_name=self.config.producer_name,
+            ProducerRequest(topic=self.topic, producer_name=name,
                             access_mode=self.config.access_mode,
                             properties=dict(self.config.properties)),
             self)
+        self._connected = True
+        return opened
+
+    async def start(self) -> None:
+        """Create the producer on the broker and pick the first sequence id."""
+        opened = await self._create(self.config.producer_name)
         self.producer_name = opened.producer_name
         initial = self.config.initial_sequence_id
         if initial is not None:
@@ -187,9 +218,36 @@ class ProducerCore:
         self._last_pushed = self.last_sequence_id
 
     def on_closed(self, reason: str) -> None:
-        """The broker dropped this producer (ProducerEvents)."""
-        if self._closed_reason is None:
-            self._closed_reason = f"closed by the broker ({reason})"
+        """The broker dropped this producer (ProducerEvents): re-create it in the background;
+        sends failing meanwhile are sent again once it is back."""
+        self._connected = False
+        if self._closed_reason is None and self._reconnecting is None:
+            log.info("producer %s on %s closed by the broker (%s); reconnecting",
+                     self.producer_name, self.topic, reason)
+            self._reconnecting = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """Re-create the producer under the same name (with backoff while the error may pass),
+        then resend what was not answered, in order. A lasting refusal (fenced, topic
+        terminated or deleted) closes the producer and fails its pending sends."""
+        delay_s = RECONNECT_BACKOFF_S_MIN
+        try:
+            while self._closed_reason is None:
+                try:
+                    await self._create(self.producer_name)
+                    break
+                except PulsarException as exc:
+                    if not isinstance(exc, _PASSING_ERRORS):
+                        self._closed_reason = f"closed by the broker ({exc})"
+                        self._fail_all(exc)
+                        return
+                await asyncio.sleep(delay_s)  # backoff between attempts
+                delay_s = min(delay_s * 2, RECONNECT_BACKOFF_S_MAX)
+            for op in list(self._ops):
+                if not op.in_flight and not op.done:
+                    self._send_op(op)
+        finally:
+            self._reconnecting = None
 
     @property
     def closed(self) -> bool:
@@ -215,6 +273,8 @@ class ProducerCore:
             finally:
                 self._closed_reason = "closed"
                 self._cancel_timers()
+                if self._reconnecting is not None:
+                    self._reconnecting.cancel()
                 await self.transport.close_producer(self.producer_id)
         self._fail_all(AlreadyClosed(f"producer on {self.topic} is closed"))
 
@@ -348,19 +408,29 @@ class ProducerCore:
 
     def _dispatch(self, op: _Op, metadata: pb.MessageMetadata, payload: bytes,
                   num_messages: int) -> None:
+        op.metadata, op.payload, op.num_messages = metadata, payload, num_messages
         self._ops[op] = None
-        future = self.transport.send(self.producer_id, op.sequence_id, op.highest_sequence_id,
-                                     num_messages, metadata, payload)
-        future.add_done_callback(lambda done: self._receipt(op, done))
+        if self._connected:
+            self._send_op(op)
         self._arm_timeout_timer()
 
+    def _send_op(self, op: _Op) -> None:
+        assert op.metadata is not None
+        op.in_flight = True
+        future = self.transport.send(self.producer_id, op.sequence_id, op.highest_sequence_id,
+                                     op.num_messages, op.metadata, op.payload)
+        future.add_done_callback(lambda done: self._receipt(op, done))
+
     def _receipt(self, op: _Op, done: asyncio.Future[tuple[int, int]]) -> None:
+        op.in_flight = False
         if op.done:
             return  # failed by the send timeout already
         if done.cancelled():
             self._finish(op, AlreadyClosed(f"send on {self.topic} was cancelled"))
             return
         error = done.exception()
+        if error is not None and not self._connected and self._closed_reason is None:
+            return  # lost with the producer: sent again once it is re-created
         if error is not None:
             self._finish(op, error if isinstance(error, PulsarException) else
                          PulsarException(f"send on {self.topic}: {error}"))

@@ -297,6 +297,14 @@ class _Connection:
         if self.closed and not self._requests and not self.consumers and not self.producers:
             return
         self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        self.owner.forget(self)
+        producers, consumers = list(self.producers.values()), list(self.consumers.values())
+        self.producers.clear()
+        self.consumers.clear()
+        for producer in producers:  # first: their sends failing now are sent again later
+            producer.on_closed("connection lost")
         error = ConnectError(f"the connection to {self.url} was lost")
         for future in self._requests.values():
             if not future.done():
@@ -306,12 +314,6 @@ class _Connection:
                 if not send.done():
                     send.set_exception(NotConnected(f"the connection to {self.url} was lost"))
         self.sends.clear()
-        producers, consumers = list(self.producers.values()), list(self.consumers.values())
-        self.producers.clear()
-        self.consumers.clear()
-        self.owner.forget(self)
-        for producer in producers:
-            producer.on_closed("connection lost")
         for consumer in consumers:
             consumer.on_closed("connection lost")
 
