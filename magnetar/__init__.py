@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from codec import MessageId
 
     from ._client import Client, Consumer, Producer, Reader
+    from ._dead_letter import ConsumerDeadLetterPolicy
     from ._message import Message
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Client",
     "CompressionType",
     "Consumer",
+    "ConsumerDeadLetterPolicy",
     "ConsumerType",
     "InitialPosition",
     "Message",
@@ -66,6 +68,7 @@ __all__ = [
 
 _LAZY: dict[str, str] = {
     "Client": "._client",
+    "ConsumerDeadLetterPolicy": "._dead_letter",
     "Consumer": "._client",
     "Producer": "._client",
     "Reader": "._client",

@@ -52,6 +52,7 @@ from codec import (
     unpack_messages,
 )
 
+from ._dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from ._errors import PulsarException
 from ._message import Message
 from ._transport import Incoming, SubscribeRequest, Transport
@@ -90,6 +91,7 @@ class ConsumerConfig:
     properties: dict[str, str] = field(default_factory=dict)
     max_pending_chunked_message: int = 10
     auto_ack_oldest_chunked_message_on_queue_full: bool = False
+    dead_letter_policy: ConsumerDeadLetterPolicy | None = None
 
     @property
     def redelivers_by_id(self) -> bool:
@@ -140,6 +142,8 @@ class TopicConsumer:
             pending_chunked_messages_max=config.max_pending_chunked_message,
             auto_ack_oldest_on_full=config.auto_ack_oldest_chunked_message_on_queue_full)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.dead_letters = None if config.dead_letter_policy is None else DeadLetters(
+            config.dead_letter_policy, transport, topic, config.subscription, group.new_id)
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -191,6 +195,8 @@ class TopicConsumer:
         self._cancel_timers()
         for task in list(self._tasks):
             task.cancel()
+        if self.dead_letters is not None:
+            await self.dead_letters.close()
         await self.transport.close_consumer(self.consumer_id)
 
     async def unsubscribe(self) -> None:
@@ -262,9 +268,13 @@ class TopicConsumer:
                 ordering_key=single.ordering_key, publish_time=metadata.publish_time,
                 event_time=single.event_time, redelivery_count=incoming.redelivery_count,
                 producer_name=metadata.producer_name, owner=self, chunk_ids=chunk_ids))
+        key = (entry_id.ledger_id, entry_id.entry_id)
         if batched:
-            self._batches[(entry_id.ledger_id, entry_id.entry_id)] = (
-                set(range(size)) - acked, size)
+            self._batches[key] = (set(range(size)) - acked, size)
+        if self.dead_letters is not None and \
+                self.dead_letters.screen(key, out, incoming.redelivery_count):
+            skipped, out = skipped + len(out), []  # over the maximum: to the dead letters
+            self._spawn(self._redeliver([key]))
         if skipped:
             self.give_permits(skipped)
         return out
@@ -314,6 +324,8 @@ class TopicConsumer:
         key = (message_id.ledger_id, message_id.entry_id)
         self._unacked.pop(key, None)
         self._nacks.pop(key, None)
+        if self.dead_letters is not None:
+            self.dead_letters.forget(key)
         batch = self._batches.get(key)
         if batch is None or message_id.batch_index < 0:
             self._batches.pop(key, None)
@@ -326,6 +338,11 @@ class TopicConsumer:
             self._queue_ack(*key, None)
         elif self.config.batch_index_ack:
             self._queue_ack(*key, _ack_set(unacked, size))
+
+    def _ack_entry(self, key: EntryKey) -> None:
+        """Acknowledge a whole entry (dead-lettered)."""
+        self._batches.pop(key, None)
+        self._queue_ack(*key, None)
 
     def acknowledge_cumulative(self, message_id: MessageId) -> None:
         key = (message_id.ledger_id, message_id.entry_id)
@@ -413,6 +430,10 @@ class TopicConsumer:
         self._arm_tracker()
 
     async def _redeliver(self, keys: list[EntryKey]) -> None:
+        if self.dead_letters is not None:
+            keys = await self.dead_letters.divert(keys, self._ack_entry)
+            if not keys:
+                return
         if not self.config.redelivers_by_id:
             await self.redeliver_all()
             return

@@ -91,6 +91,10 @@ class ConsumerGroup:
         self._discovery: asyncio.TimerHandle | None = None
         self._partitioned = False  # one partitioned topic: bare ids route by partition
 
+    def new_id(self) -> int:
+        """A producer or consumer id, unique in the client."""
+        return next(self._ids)
+
     @property
     def topic(self) -> str:
         if self.pattern is not None:

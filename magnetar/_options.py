@@ -18,6 +18,7 @@ from typing import Any
 from codec import MessageId
 
 from ._consumer import ConsumerConfig
+from ._dead_letter import ConsumerDeadLetterPolicy
 from ._enums import (
     BatchingType,
     CompressionType,
@@ -198,11 +199,12 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
     unsupported = {"schema": schema, "message_listener": message_listener,
                    "crypto_key_reader": crypto_key_reader,
                    "batch_receive_policy": batch_receive_policy,
-                   "key_shared_policy": key_shared_policy,
-                   "dead_letter_policy": dead_letter_policy}
+                   "key_shared_policy": key_shared_policy}
     for name, value in unsupported.items():
         if value is not None:
             raise InvalidConfiguration(f"{name} is not supported by the magnetar client yet")
+    if dead_letter_policy is not None:
+        _check(dead_letter_policy, ConsumerDeadLetterPolicy, "dead_letter_policy")
     _check(subscription_name, str, "subscription_name")
     if not subscription_name:
         raise InvalidConfiguration("subscription_name must not be empty")
@@ -238,7 +240,8 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
         properties=_properties(properties, "properties"),
         max_pending_chunked_message=max_pending_chunked_message,
         auto_ack_oldest_chunked_message_on_queue_full=(
-            auto_ack_oldest_chunked_message_on_queue_full))
+            auto_ack_oldest_chunked_message_on_queue_full),
+        dead_letter_policy=dead_letter_policy)
     return ConsumerOptions([complete_topic_name(t) for t in topics], pattern, config,
                            regex_subscription_mode.value, float(pattern_auto_discovery_period))
 

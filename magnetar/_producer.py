@@ -109,6 +109,7 @@ class ProducerConfig:
     chunking_enabled: bool = False
     access_mode: str = "Shared"
     properties: Mapping[str, str] = field(default_factory=dict)
+    initial_subscription_name: str = ""  # created with the topic (dead-letter producers)
 
     def __post_init__(self) -> None:
         if self.batching_enabled and self.chunking_enabled:
@@ -200,7 +201,8 @@ class ProducerCore:
             self.producer_id,
             ProducerRequest(topic=self.topic, producer_name=name,
                             access_mode=self.config.access_mode,
-                            properties=dict(self.config.properties)),
+                            properties=dict(self.config.properties),
+                            initial_subscription_name=self.config.initial_subscription_name),
             self)
         self._connected = True
         return opened

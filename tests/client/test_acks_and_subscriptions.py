@@ -298,3 +298,55 @@ def test_ack_timeout_redelivers_what_was_not_acked(client: magnetar.Client,
     consumer.acknowledge(again)
     with pytest.raises(magnetar.Timeout):
         consumer.receive(QUIET_MS * 2)
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+def test_dead_letter_after_max_redeliveries(client: magnetar.Client, topic: str,
+                                            batching: bool) -> None:
+    policy = magnetar.ConsumerDeadLetterPolicy(max_redeliver_count=2,
+                                               initial_subscription_name="dlq-sub")
+    consumer = client.subscribe(topic, "sub", consumer_type=ConsumerType.Shared,
+                                negative_ack_redelivery_delay_ms=100, dead_letter_policy=policy)
+    producer = client.create_producer(topic, batching_enabled=batching)
+    sent = producer.send(b"poison", properties={"p": "1"}, partition_key="k")
+    for count in range(3):  # counts 0..max, then no more
+        message = consumer.receive(RECEIVE_MS)
+        assert message.redelivery_count() == count
+        consumer.negative_acknowledge(message)
+    dead = client.subscribe(f"{topic}-sub-DLQ", "dlq-sub")  # created with the DLQ topic
+    message = dead.receive(RECEIVE_MS)
+    assert message.data() == b"poison"
+    assert message.partition_key() == "k"
+    assert message.properties() == {"p": "1", "REAL_TOPIC": topic,
+                                    "ORIGIN_MESSAGE_ID": str(sent)}
+    with pytest.raises(magnetar.Timeout):
+        consumer.receive(QUIET_MS)
+    consumer.close()  # the original was acknowledged: nothing comes back
+    again = client.subscribe(topic, "sub", consumer_type=ConsumerType.Shared)
+    with pytest.raises(magnetar.Timeout):
+        again.receive(QUIET_MS)
+
+
+def test_dead_letter_policy_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="max_redeliver_count"):
+        magnetar.ConsumerDeadLetterPolicy(0)
+    policy = magnetar.ConsumerDeadLetterPolicy(3)
+    assert (policy.max_redeliver_count, policy.dead_letter_topic,
+            policy.initial_subscription_name) == (3, "", "")
+
+
+def test_over_the_maximum_never_reaches_the_application(client: magnetar.Client,
+                                                        topic: str) -> None:
+    """Redelivering everything skips dead-letter processing; the delivery after the maximum
+    is then withheld and dead-lettered (count max + 1, as the reference says)."""
+    policy = magnetar.ConsumerDeadLetterPolicy(max_redeliver_count=1)
+    consumer = client.subscribe(topic, "sub", consumer_type=ConsumerType.Shared,
+                                dead_letter_policy=policy)
+    dead = client.subscribe(f"{topic}-sub-DLQ", "watch")
+    client.create_producer(topic).send(b"poison")
+    for count in range(2):
+        assert consumer.receive(RECEIVE_MS).redelivery_count() == count
+        consumer.redeliver_unacknowledged_messages()
+    assert dead.receive(RECEIVE_MS).data() == b"poison"
+    with pytest.raises(magnetar.Timeout):
+        consumer.receive(QUIET_MS)
