@@ -44,7 +44,7 @@ from ._errors import __all__ as _ERRORS
 if TYPE_CHECKING:
     from codec import MessageId
 
-    from ._client import Client, Consumer, Producer, Reader
+    from ._client import Client, Consumer, ConsumerBatchReceivePolicy, Producer, Reader
     from ._dead_letter import ConsumerDeadLetterPolicy
     from ._message import Message
 
@@ -53,6 +53,7 @@ __all__ = [
     "Client",
     "CompressionType",
     "Consumer",
+    "ConsumerBatchReceivePolicy",
     "ConsumerDeadLetterPolicy",
     "ConsumerType",
     "InitialPosition",
@@ -68,6 +69,7 @@ __all__ = [
 
 _LAZY: dict[str, str] = {
     "Client": "._client",
+    "ConsumerBatchReceivePolicy": "._client",
     "ConsumerDeadLetterPolicy": "._dead_letter",
     "Consumer": "._client",
     "Producer": "._client",

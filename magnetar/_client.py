@@ -8,6 +8,9 @@ it. `send_async`'s callback and nothing else runs on the loop thread, so it must
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import logging
 import re
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,7 +30,10 @@ from ._tcp import TlsSettings
 if TYPE_CHECKING:
     from broker import BrokerConfig
 
-__all__ = ["Client", "Consumer", "Producer", "Reader", "SendCallback"]
+__all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Reader",
+           "SendCallback"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 SendCallback = Callable[[PulsarException | None, MessageId | None], None]
@@ -70,6 +76,7 @@ class Client:
         target = parse_service_url(service_url)
         self.service_url = service_url
         self._settings = client_settings(dict(kwargs, broker_config=broker_config))
+        self._listeners: concurrent.futures.ThreadPoolExecutor | None = None
         self._thread = LoopThread("magnetar-client")
         try:
             self._core = self._thread.run(ClientCore.open(target, self._settings))
@@ -91,9 +98,28 @@ class Client:
 
     def subscribe(self, topic: str | list[str] | re.Pattern[str], subscription_name: str,
                   **kwargs: Any) -> Consumer:
-        """A consumer; arguments as the official client's `subscribe`."""
+        """A consumer; arguments as the official client's `subscribe`. With a
+        `message_listener(consumer, message)`, messages go to it on the client's listener
+        thread, one at a time, and `receive` is not to be used."""
+        listener = kwargs.pop("message_listener", None)
+        if listener is not None and not callable(listener):
+            raise InvalidConfiguration("message_listener must be callable(consumer, message)")
+        batch_policy = kwargs.pop("batch_receive_policy", None)
+        if batch_policy is not None and not isinstance(batch_policy, ConsumerBatchReceivePolicy):
+            raise InvalidConfiguration("batch_receive_policy must be a "
+                                       "ConsumerBatchReceivePolicy")
         options = consumer_options(topic, subscription_name, **kwargs)
-        return Consumer(self, self._run(self._core.subscribe(options)))
+        consumer = Consumer(self, self._run(self._core.subscribe(options)), batch_policy)
+        if listener is not None:
+            consumer._listening = self._thread.submit(
+                _listen(consumer, listener, self._listener_pool()))
+        return consumer
+
+    def _listener_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._listeners is None:
+            self._listeners = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="magnetar-listener")
+        return self._listeners
 
     def create_reader(self, topic: str, start_message_id: MessageId, **kwargs: Any) -> Reader:
         """A reader from `start_message_id` (exclusive unless start_message_id_inclusive)."""
@@ -124,6 +150,8 @@ class Client:
                 self._thread.run(self._core.close(), timeout_s)
         finally:
             self._thread.stop()
+            if self._listeners is not None:
+                self._listeners.shutdown(wait=False)
 
     def __enter__(self) -> Client:
         return self
@@ -197,9 +225,12 @@ async def _send_with_callback(core: ProducerSet, message: OutMessage,
 class Consumer:
     """A consumer (see `Client.subscribe`)."""
 
-    def __init__(self, client: Client, group: ConsumerGroup):
+    def __init__(self, client: Client, group: ConsumerGroup,
+                 batch_policy: ConsumerBatchReceivePolicy | None = None):
         self._client = client
         self._group = group
+        self._batch_policy = batch_policy or ConsumerBatchReceivePolicy()
+        self._listening: concurrent.futures.Future[None] | None = None
 
     def topic(self) -> str:
         return self._group.topic
@@ -216,6 +247,12 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises `Timeout` after `timeout_millis`."""
         return self._client._run(self._group.receive(timeout_millis))
+
+    def batch_receive(self) -> list[Message]:
+        """Messages up to the batch receive policy's limits (what arrived by its timeout)."""
+        policy = self._batch_policy
+        return self._client._run(self._group.batch_receive(
+            policy.max_num_message, policy.max_num_bytes, policy.timeout_ms))
 
     def acknowledge(self, message: Message | MessageId) -> None:
         self._client._run(_call(self._group.acknowledge, message))
@@ -285,6 +322,42 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ConsumerBatchReceivePolicy:
+    """The official client's batch receive policy: `batch_receive` returns at
+    `max_num_message` messages, `max_num_bytes` bytes, or after `timeout_ms`, whichever comes
+    first (non-positive limits are off; one must be on)."""
+
+    def __init__(self, max_num_message: int = -1, max_num_bytes: int = 10 * 1024 * 1024,
+                 timeout_ms: int = 100):
+        if max_num_message <= 0 and max_num_bytes <= 0 and timeout_ms <= 0:
+            raise InvalidConfiguration("at least one of max_num_message, max_num_bytes and "
+                                       "timeout_ms must be positive")
+        self.max_num_message = max_num_message
+        self.max_num_bytes = max_num_bytes
+        self.timeout_ms = timeout_ms
+
+
+async def _listen(consumer: Consumer, listener: Callable[[Consumer, Message], None],
+                  pool: concurrent.futures.Executor) -> None:
+    """Hand each message to `listener` on the listener thread, one at a time, until the
+    consumer closes. A listener's exception is logged, and the next message follows."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            message = await consumer._group.receive()
+        except AlreadyClosed:
+            return
+        await loop.run_in_executor(pool, _call_listener, listener, consumer, message)
+
+
+def _call_listener(listener: Callable[[Consumer, Message], None], consumer: Consumer,
+                   message: Message) -> None:
+    try:
+        listener(consumer, message)
+    except Exception:
+        log.exception("the message listener of %s failed on %s", consumer.topic(), message)
 
 
 async def _call(function: Callable[[T], None], argument: T) -> None:

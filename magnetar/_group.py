@@ -212,6 +212,27 @@ class ConsumerGroup:
             if timer is not None:
                 timer.cancel()
 
+    async def batch_receive(self, max_messages: int, max_bytes: int,
+                            timeout_ms: int) -> list[Message]:
+        """Messages until `max_messages` (<= 0: no limit) or `max_bytes` (<= 0: no limit) is
+        reached, or `timeout_ms` passed (then what arrived, possibly nothing)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0, timeout_ms) / 1000
+        batch: list[Message] = []
+        size = 0
+        while (max_messages <= 0 or len(batch) < max_messages) and \
+                (max_bytes <= 0 or size < max_bytes):
+            remaining_ms = int((deadline - loop.time()) * 1000)
+            if remaining_ms <= 0 and not self._queue:
+                break
+            try:
+                message = await self.receive(max(0, remaining_ms))
+            except Timeout:
+                break
+            batch.append(message)
+            size += len(message.data())
+        return batch
+
     def _time_out(self, waiter: asyncio.Future[Message], timeout_ms: int) -> None:
         if not waiter.done():
             waiter.set_exception(Timeout(f"no message on {self.topic} within {timeout_ms} ms"))

@@ -212,3 +212,48 @@ def test_partitioned_round_robin_and_ack_by_id(partitioned_client: magnetar.Clie
     again = client.subscribe(topic, "sub")
     with pytest.raises(magnetar.Timeout):
         again.receive(QUIET_MS)
+
+
+def test_message_listener(client: magnetar.Client, topic: str) -> None:
+    import threading
+
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def listener(consumer: magnetar.Consumer, message: magnetar.Message) -> None:
+        consumer.acknowledge(message)
+        got.append(message.data())
+        if message.data() == b"m1":
+            raise RuntimeError("a failing listener does not stop the next message")
+        if len(got) == 3:
+            done.set()
+
+    consumer = client.subscribe(topic, "sub", message_listener=listener)
+    producer = client.create_producer(topic)
+    for i in range(3):
+        producer.send(f"m{i}".encode())
+    assert done.wait(RECEIVE_MS / 1000)
+    assert got == [b"m0", b"m1", b"m2"]  # Python test_message_listener: in order
+    consumer.close()
+    again = client.subscribe(topic, "sub")
+    with pytest.raises(magnetar.Timeout):
+        again.receive(QUIET_MS)  # the listener's acks went through
+
+
+def test_batch_receive(client: magnetar.Client, topic: str) -> None:
+    consumer = client.subscribe(topic, "sub", batch_receive_policy=(
+        magnetar.ConsumerBatchReceivePolicy(max_num_message=10, timeout_ms=QUIET_MS)))
+    producer = client.create_producer(topic, batching_enabled=True)
+    for i in range(25):
+        producer.send_async(f"m{i}".encode(), None)
+    producer.flush()
+    sizes = []
+    while True:
+        batch = consumer.batch_receive()
+        if not batch:
+            break
+        sizes.append(len(batch))
+        for message in batch:
+            consumer.acknowledge(message)
+    assert sum(sizes) == 25
+    assert max(sizes) == 10
