@@ -27,7 +27,7 @@ from storage.testing.benchmark import TINY_SCALE, BenchOptions, run_storage_benc
 from tests.interop import BrokerProcess
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "storage", "broker", "codec")
+SOURCES = ("pyproject.toml", "README.md", "storage", "broker", "codec", "magnetar")
 HARNESS_MODULES = ("storage.testing", "tqdm", "matplotlib")
 PIP_INSTALL_TIMEOUT_S = 240  # generous: the wheel's runtime dependencies from the index
 
@@ -81,7 +81,8 @@ def test_wheel_ships_the_harnesses_and_the_command(wheel: Path) -> None:
         assert "magnetar = broker.cli:main" in archive.read(entry_points).decode()
     assert {"storage/testing/__init__.py", "storage/testing/simfs.py",
             "storage/testing/crashtest.py", "storage/testing/_crashtest_child.py",
-            "storage/testing/benchmark.py"} <= names
+            "storage/testing/benchmark.py", "magnetar/__init__.py", "magnetar/asyncio.py",
+            "magnetar/py.typed"} <= names
 
 
 def test_import_storage_loads_no_harness() -> None:
@@ -173,6 +174,16 @@ def test_a_plain_install_runs_the_documented_commands(wheel: Path, tmp_path: Pat
         assert consumed.stdout.endswith("1 messages successfully consumed\n")
     finally:
         broker.cleanup()
+
+    script = ("import magnetar\n"
+              "with magnetar.Client('client-data') as client:\n"
+              "    reader = client.create_reader('t', magnetar.MessageId.earliest)\n"
+              "    client.create_producer('t').send(b'embedded')\n"
+              "    print(reader.read_next(10000).data())\n")
+    embedded = subprocess.run([str(python), "-c", script], cwd=tmp_path, env=clean,
+                              capture_output=True, text=True, timeout=120)
+    assert (embedded.returncode, embedded.stderr) == (0, "")
+    assert embedded.stdout == "b'embedded'\n"
 
     done = run("bench", "storage", "--plot", "x.png", "--quick")
     assert done.returncode == 2
