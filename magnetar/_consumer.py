@@ -215,7 +215,7 @@ class TopicConsumer:
 
     def on_message(self, incoming: Incoming) -> None:
         """A delivered entry (ConsumerEvents): see the module comment."""
-        if incoming.epoch < self.epoch or self.closed:
+        if (incoming.epoch is not None and incoming.epoch < self.epoch) or self.closed:
             self.give_permits(max(1, incoming.metadata.num_messages_in_batch))
             return
         metadata, payload = incoming.metadata, incoming.payload

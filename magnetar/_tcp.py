@@ -290,7 +290,8 @@ class _Connection:
         message_id = message.message_id
         events.on_message(Incoming(
             _signed(message_id.ledgerId), _signed(message_id.entryId), message_id.partition,
-            message.redelivery_count, list(message.ack_set) or None, message.consumer_epoch,
+            message.redelivery_count, list(message.ack_set) or None,
+            message.consumer_epoch if message.HasField("consumer_epoch") else None,
             frame.metadata, frame.payload))
 
     def _lost(self) -> None:

@@ -67,7 +67,7 @@ class Incoming:
     partition: int
     redelivery_count: int
     ack_set: list[int] | None
-    epoch: int
+    epoch: int | None  # None: the broker stamps no epochs (older brokers)
     metadata: pb.MessageMetadata
     payload: bytes
 
