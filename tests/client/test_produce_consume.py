@@ -257,3 +257,32 @@ def test_batch_receive(client: magnetar.Client, topic: str) -> None:
             consumer.acknowledge(message)
     assert sum(sizes) == 25
     assert max(sizes) == 10
+
+
+def test_producer_access_modes(client: magnetar.Client, topic: str) -> None:
+    exclusive = magnetar.ProducerAccessMode.Exclusive
+    first = client.create_producer(topic, access_mode=exclusive)
+    with pytest.raises(magnetar.ProducerFenced, match=topic):
+        client.create_producer(topic, access_mode=exclusive)
+    first.send(b"still the owner")
+    fencing = client.create_producer(
+        topic, access_mode=magnetar.ProducerAccessMode.ExclusiveWithFencing)
+    with pytest.raises((magnetar.ProducerFenced, magnetar.AlreadyClosed)):
+        first.send(b"fenced")
+    fencing.send(b"new owner")
+    consumer = client.subscribe(topic, "sub", initial_position=EARLIEST)
+    assert [m.data() for m in drain(consumer, 2)] == [b"still the owner", b"new owner"]
+
+
+def test_pattern_consumer_picks_up_new_topics(client: magnetar.Client, topic: str) -> None:
+    import re
+
+    first = f"{topic}-new-0"
+    client.create_producer(first).send(b"first")
+    consumer = client.subscribe(re.compile(re.escape(topic) + "-new-.*"), "sub",
+                                initial_position=EARLIEST, pattern_auto_discovery_period=1)
+    assert consumer.receive(RECEIVE_MS).data() == b"first"
+    client.create_producer(f"{topic}-new-1").send(b"later")  # found by the next discovery
+    message = consumer.receive(RECEIVE_MS)
+    assert message.data() == b"later"
+    assert message.topic_name() == f"{topic}-new-1"
