@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 import logging
 import re
 from collections.abc import Callable, Coroutine
@@ -22,7 +23,14 @@ from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
 from ._group import ConsumerGroup
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
-from ._options import consumer_options, out_message, producer_options, reader_options
+from ._options import (
+    check_properties,
+    consumer_options,
+    delay_ms,
+    out_message,
+    producer_options,
+    reader_options,
+)
 from ._producer import OutMessage
 from ._routing import ProducerSet
 from ._tcp import TlsSettings
@@ -265,6 +273,13 @@ class Consumer:
 
     def redeliver_unacknowledged_messages(self) -> None:
         self._client._run(self._group.redeliver_unacknowledged_messages())
+
+    def reconsume_later(self, message: Message, delay: int | datetime.timedelta,
+                        properties: dict[str, str] | None = None) -> None:
+        """Deliver `message` again after `delay` (ms or a timedelta) through the retry topic;
+        past the maximum it goes to the dead-letter topic. Needs `retry_enable=True`."""
+        self._client._run(self._group.reconsume_later(
+            message, delay_ms(delay), check_properties(properties)))
 
     def seek(self, target: MessageId | int) -> None:
         """Move the subscription to a message id or a publish time (ms since the epoch)."""

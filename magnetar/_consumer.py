@@ -92,6 +92,7 @@ class ConsumerConfig:
     max_pending_chunked_message: int = 10
     auto_ack_oldest_chunked_message_on_queue_full: bool = False
     dead_letter_policy: ConsumerDeadLetterPolicy | None = None
+    retry_enable: bool = False
 
     @property
     def redelivers_by_id(self) -> bool:
@@ -382,8 +383,8 @@ class TopicConsumer:
             self._ack_timer = asyncio.get_running_loop().call_later(
                 ACK_GROUP_MS / 1000, lambda: self._spawn(self.flush_acks()))
 
-    async def flush_acks(self) -> None:
-        """Send every grouped ack now."""
+    async def flush_acks(self, wait: bool = False) -> None:
+        """Send every grouped ack now; with `wait`, until the broker stored them."""
         if self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None
@@ -395,10 +396,10 @@ class TopicConsumer:
         if not self.connected.is_set():
             return  # the broker redelivers them; acking again then is harmless
         if acks:
-            await self.transport.ack(self.consumer_id, acks, False)
+            await self.transport.ack(self.consumer_id, acks, False, wait)
         if cumulative is not None:
             (ledger, entry), ack_set = cumulative
-            await self.transport.ack(self.consumer_id, [(ledger, entry, ack_set)], True)
+            await self.transport.ack(self.consumer_id, [(ledger, entry, ack_set)], True, wait)
 
     # -- negative acks, ack timeout, redelivery --------------------------------------------
 

@@ -46,17 +46,20 @@ class ConsumerDeadLetterPolicy:
     """
 
     def __init__(self, max_redeliver_count: int, dead_letter_topic: str | None = None,
-                 initial_subscription_name: str | None = None):
+                 initial_subscription_name: str | None = None,
+                 retry_letter_topic: str | None = None):
         if not isinstance(max_redeliver_count, int) or max_redeliver_count < 1:
             raise InvalidConfiguration(f"max_redeliver_count must be an int of at least 1, "
                                        f"not {max_redeliver_count!r}")
         for name, value in (("dead_letter_topic", dead_letter_topic),
-                            ("initial_subscription_name", initial_subscription_name)):
+                            ("initial_subscription_name", initial_subscription_name),
+                            ("retry_letter_topic", retry_letter_topic)):
             if value is not None and not isinstance(value, str):
                 raise InvalidConfiguration(f"{name} must be a str, not {value!r}")
         self._max = max_redeliver_count
         self._topic = dead_letter_topic or ""
         self._initial = initial_subscription_name or ""
+        self._retry = retry_letter_topic or ""  # Java's retryLetterTopic (reconsume_later)
 
     @property
     def max_redeliver_count(self) -> int:
@@ -69,6 +72,10 @@ class ConsumerDeadLetterPolicy:
     @property
     def initial_subscription_name(self) -> str:
         return self._initial
+
+    @property
+    def retry_letter_topic(self) -> str:
+        return self._retry
 
 
 class DeadLetters:

@@ -269,7 +269,8 @@ class EmbeddedTransport:
             state.subscription.flow(state.consumer, permits)
 
     async def ack(self, consumer_id: int, acks: list[tuple[int, int, list[int] | None]],
-                  cumulative: bool) -> None:
+                  cumulative: bool, wait: bool = False) -> None:
+        """(In-process every ack returns once stored, `wait` or not.)"""
         state = self._consumers.get(consumer_id)
         if state is None or not state.sink.live:
             return  # gone: the broker redelivers what was not acknowledged, as over TCP

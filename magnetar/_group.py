@@ -20,6 +20,7 @@ with `OperationNotSupported`, as in the official client.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections import deque
@@ -37,6 +38,7 @@ from ._errors import (
     Timeout,
 )
 from ._message import Message
+from ._retry import RetryLetters
 from ._transport import Transport
 
 __all__ = ["RECEIVER_QUEUE_ACROSS_PARTITIONS_MAX", "ConsumerGroup", "complete_topic_name"]
@@ -81,6 +83,15 @@ class ConsumerGroup:
         self._ids = ids
         self.config = config
         self.names = [complete_topic_name(t) for t in topics or []]
+        self.retry: RetryLetters | None = None
+        if config.retry_enable:
+            if not self.names:
+                raise InvalidConfiguration("retry_enable needs topic names, not a pattern")
+            self.retry = RetryLetters(transport, self.names[0], config.subscription,
+                                      config.dead_letter_policy, self.new_id)
+            self.config = config = dataclasses.replace(
+                config, dead_letter_policy=self.retry.dead_letter_policy())
+            self.names.append(self.retry.retry_topic)
         self.pattern = pattern
         self.regex_mode = regex_mode
         self.discovery_period_s = pattern_auto_discovery_period_s
@@ -306,6 +317,23 @@ class ConsumerGroup:
         answers = await asyncio.gather(*(_has_more(c) for c in self.children.values()))
         return any(answers)
 
+    async def reconsume_later(self, message: Message, delay_ms: int,
+                              properties: dict[str, str]) -> None:
+        """Copy `message` to the retry topic (or, past the maximum, the dead-letter topic),
+        then acknowledge it and send that ack (see `_retry.py`).
+
+        Raises:
+            OperationNotSupported: the consumer was not subscribed with retry_enable.
+            PulsarException: the copy failed; the original stays unacknowledged.
+        """
+        owner, message_id, chunks = self._owner(message)
+        if self.retry is None:
+            raise OperationNotSupported(f"reconsume_later needs retry_enable=True when "
+                                        f"subscribing to {self.topic}")
+        await self.retry.publish(message, delay_ms, properties)
+        owner.acknowledge(message_id, chunks)
+        await owner.flush_acks(wait=True)
+
     async def unsubscribe(self) -> None:
         self._check_open()
         await asyncio.gather(*(c.unsubscribe() for c in self.children.values()))
@@ -319,6 +347,8 @@ class ConsumerGroup:
         if not already:
             for child in list(self.children.values()):
                 await child.close()
+            if self.retry is not None:
+                await self.retry.close()
         error = AlreadyClosed(f"consumer on {self.topic} was closed")
         while self._waiters:
             waiter = self._waiters.popleft()

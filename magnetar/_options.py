@@ -33,8 +33,8 @@ from ._group import complete_topic_name
 from ._producer import OutMessage, ProducerConfig
 from ._routing import MessageRouter
 
-__all__ = ["ConsumerOptions", "ProducerOptions", "consumer_options", "out_message",
-           "producer_options", "reader_options"]
+__all__ = ["ConsumerOptions", "ProducerOptions", "check_properties", "consumer_options",
+           "delay_ms", "out_message", "producer_options", "reader_options"]
 
 ACK_TIMEOUT_MS_MIN = 10_000  # the official Python client's minimum (0/None: off)
 
@@ -53,6 +53,19 @@ def _properties(value: Mapping[str, str] | None, name: str) -> dict[str, str]:
         if not isinstance(key, str) or not isinstance(item, str):
             raise InvalidConfiguration(f"{name} must map str to str; {key!r}: {item!r} does not")
     return dict(value)
+
+
+def check_properties(value: Mapping[str, str] | None) -> dict[str, str]:
+    """Message properties as a dict, checked (str to str)."""
+    return _properties(value, "properties")
+
+
+def delay_ms(delay: int | datetime.timedelta) -> int:
+    """A delay given in ms or as a timedelta, in ms (negative counts as 0)."""
+    if isinstance(delay, datetime.timedelta):
+        return max(0, int(delay.total_seconds() * 1000))
+    _check(delay, int, "delay")
+    return max(0, delay)
 
 
 @dataclass(frozen=True)
@@ -185,7 +198,8 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
                      batch_index_ack_enabled: bool = False,
                      regex_subscription_mode: RegexSubscriptionMode =
                      RegexSubscriptionMode.PersistentOnly,
-                     is_pattern_topic: bool = False, schema: Any = None,
+                     is_pattern_topic: bool = False, retry_enable: bool = False,
+                     schema: Any = None,
                      message_listener: Any = None, crypto_key_reader: Any = None,
                      batch_receive_policy: Any = None, key_shared_policy: Any = None,
                      dead_letter_policy: Any = None,
@@ -241,7 +255,7 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
         max_pending_chunked_message=max_pending_chunked_message,
         auto_ack_oldest_chunked_message_on_queue_full=(
             auto_ack_oldest_chunked_message_on_queue_full),
-        dead_letter_policy=dead_letter_policy)
+        dead_letter_policy=dead_letter_policy, retry_enable=bool(retry_enable))
     return ConsumerOptions([complete_topic_name(t) for t in topics], pattern, config,
                            regex_subscription_mode.value, float(pattern_auto_discovery_period))
 

@@ -530,9 +530,11 @@ class TcpTransport:
             connection.write(pb.CommandFlow(consumer_id=consumer_id, messagePermits=permits))
 
     async def ack(self, consumer_id: int, acks: list[tuple[int, int, list[int] | None]],
-                  cumulative: bool) -> None:
+                  cumulative: bool, wait: bool = False) -> None:
         connection = self._consumers.get(consumer_id)
         if connection is None or connection.closed:
+            if wait:
+                raise NotConnected(f"consumer {consumer_id} is not connected: ack not sent")
             return
         body = pb.CommandAck(consumer_id=consumer_id, ack_type=pb.CommandAck.Cumulative
                              if cumulative else pb.CommandAck.Individual)
@@ -540,7 +542,13 @@ class TcpTransport:
             data = body.message_id.add(ledgerId=ledger & _UINT64, entryId=entry & _UINT64)
             if ack_set:
                 data.ack_set.extend(ack_set)
-        connection.write(body)
+        if not wait:
+            connection.write(body)
+            return
+        body.request_id = self._rid()  # an ack receipt: ACK_RESPONSE once it is stored
+        answer = (await connection.request(body, "ack")).command.ackResponse
+        if answer.HasField("error"):
+            raise error_for_code(answer.error, answer.message, f"ack on {connection.url}")
 
     async def redeliver(self, consumer_id: int, ids: list[tuple[int, int]] | None,
                         epoch: int) -> None:

@@ -110,7 +110,9 @@ class Transport(Protocol):
     def flow(self, consumer_id: int, permits: int) -> None: ...
 
     async def ack(self, consumer_id: int, acks: list[tuple[int, int, list[int] | None]],
-                  cumulative: bool) -> None: ...
+                  cumulative: bool, wait: bool = False) -> None:
+        """Acknowledge; with `wait`, return once the broker confirmed it stored the acks
+        (over TCP an ack receipt), else as soon as they are sent."""
 
     async def redeliver(self, consumer_id: int, ids: list[tuple[int, int]] | None,
                         epoch: int) -> None: ...

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,7 +29,14 @@ from ._errors import AlreadyClosed, InvalidConfiguration
 from ._group import ConsumerGroup, complete_topic_name
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
-from ._options import consumer_options, out_message, producer_options, reader_options
+from ._options import (
+    check_properties,
+    consumer_options,
+    delay_ms,
+    out_message,
+    producer_options,
+    reader_options,
+)
 from ._routing import ProducerSet
 
 if TYPE_CHECKING:
@@ -184,6 +192,12 @@ class Consumer:
 
     async def redeliver_unacknowledged_messages(self) -> None:
         await self._client._run(self._group.redeliver_unacknowledged_messages())
+
+    async def reconsume_later(self, message: Message, delay: int | datetime.timedelta,
+                              properties: dict[str, str] | None = None) -> None:
+        """See `magnetar.Consumer.reconsume_later`."""
+        await self._client._run(self._group.reconsume_later(
+            message, delay_ms(delay), check_properties(properties)))
 
     async def seek(self, target: MessageId | int) -> None:
         if not isinstance(target, MessageId | int) or isinstance(target, bool):
