@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
+import functools
 import logging
 import re
 from collections.abc import Callable, Coroutine
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from codec import MessageId
 
 from ._core import ClientCore, ClientSettings, parse_service_url
-from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
+from ._errors import AlreadyClosed, InvalidConfiguration
 from ._group import ConsumerGroup
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
@@ -33,6 +34,7 @@ from ._options import (
 )
 from ._producer import OutMessage
 from ._routing import ProducerSet
+from ._sender import AsyncSender, SendCallback
 from ._tcp import TlsSettings
 
 if TYPE_CHECKING:
@@ -44,7 +46,6 @@ __all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Read
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-SendCallback = Callable[[PulsarException | None, MessageId | None], None]
 _IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
                                   "concurrent_lookup_requests", "log_conf_file_path",
                                   "stats_interval_in_seconds", "use_tls", "logger",
@@ -102,7 +103,11 @@ class Client:
     def create_producer(self, topic: str, **kwargs: Any) -> Producer:
         """A producer; arguments as the official client's `create_producer`."""
         options = producer_options(topic, **kwargs)
-        return Producer(self, self._run(self._core.create_producer(options)))
+        core = self._run(self._core.create_producer(options))
+        config = options.config
+        slots = min(config.max_pending_messages * len(core.cores),
+                    max(config.max_pending_messages, options.pending_across_partitions))
+        return Producer(self, core, slots, config.block_if_queue_full)
 
     def subscribe(self, topic: str | list[str] | re.Pattern[str], subscription_name: str,
                   **kwargs: Any) -> Consumer:
@@ -171,9 +176,10 @@ class Client:
 class Producer:
     """A producer (see `Client.create_producer`)."""
 
-    def __init__(self, client: Client, core: ProducerSet):
+    def __init__(self, client: Client, core: ProducerSet, slots: int, block: bool):
         self._client = client
         self._core = core
+        self._sender = AsyncSender(client._thread, core, slots, block)
 
     def topic(self) -> str:
         return self._core.topic
@@ -193,17 +199,23 @@ class Producer:
 
     def send_async(self, content: bytes | None, callback: SendCallback | None,
                    **kwargs: Any) -> None:
-        """Queue a message; `callback(error, message_id)` runs on the client's thread once
-        the broker answered (error None on success). Blocks only while the queue is full and
-        `block_if_queue_full` is set."""
-        self._client._run(_send_with_callback(self._core, out_message(content, **kwargs),
-                                              callback))
+        """Queue a message and return; `callback(error, message_id)` runs on the client's
+        thread once the broker answered (error None on success) or the message was refused.
+        Blocks only while the queue is full and `block_if_queue_full` is set.
+
+        Raises:
+            ProducerQueueIsFull: the queue is full and blocking is off.
+            AlreadyClosed: the client is closed."""
+        message = out_message(content, **kwargs)
+        if self._client._core.closed:
+            raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
+        self._sender.send_async(message, callback)
 
     def flush(self) -> None:
-        self._client._run(self._core.flush())
+        self._client._run(_after(self._sender.idle(), self._core.flush()))
 
     def close(self) -> None:
-        self._client._run(self._core.close())
+        self._client._run(_after(self._sender.idle(), self._core.close()))
 
     def __enter__(self) -> Producer:
         return self
@@ -216,18 +228,9 @@ async def _send_and_wait(core: ProducerSet, message: OutMessage) -> MessageId:
     return await (await core.send(message))
 
 
-async def _send_with_callback(core: ProducerSet, message: OutMessage,
-                              callback: SendCallback | None) -> None:
-    future = await core.send(message)
-    if callback is None:
-        future.add_done_callback(lambda done: done.exception())  # retrieved: no warning
-        return
-
-    def done(result: Any) -> None:
-        error = result.exception()
-        callback(error, None if error is not None else result.result())
-
-    future.add_done_callback(done)
+async def _after(first: Coroutine[Any, Any, None], then: Coroutine[Any, Any, None]) -> None:
+    await first
+    await then
 
 
 class Consumer:
@@ -263,6 +266,14 @@ class Consumer:
             policy.max_num_message, policy.max_num_bytes, policy.timeout_ms))
 
     def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge a message (or a message id). A Message's ack is queued to the loop
+        without waiting for it (acks are grouped there anyway); an id is resolved first."""
+        if isinstance(message, Message) and message.owner is not None and \
+                getattr(message.owner, "group", None) is self._group:
+            if self._group.closed or self._client._core.closed:
+                raise AlreadyClosed(f"consumer on {self._group.topic} is closed")
+            self._client._thread.call(functools.partial(self._group.acknowledge, message))
+            return
         self._client._run(_call(self._group.acknowledge, message))
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:

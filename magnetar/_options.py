@@ -74,6 +74,7 @@ class ProducerOptions:
     config: ProducerConfig
     routing: PartitionsRoutingMode
     router: MessageRouter | None
+    pending_across_partitions: int = 50_000
 
 
 def producer_options(topic: str, *, producer_name: str | None = None,
@@ -129,8 +130,9 @@ def producer_options(topic: str, *, producer_name: str | None = None,
         batching_max_publish_delay_ms=batching_max_publish_delay_ms,
         batching_type=batching_type, chunking_enabled=chunking_enabled,
         access_mode=access_mode.value, properties=_properties(properties, "properties"))
+    _check(max_pending_messages_across_partitions, int, "max_pending_messages_across_partitions")
     return ProducerOptions(complete_topic_name(topic), config, message_routing_mode,
-                           message_router)
+                           message_router, max_pending_messages_across_partitions)
 
 
 def out_message(content: bytes | None, *, properties: Mapping[str, str] | None = None,

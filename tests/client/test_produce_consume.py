@@ -286,3 +286,30 @@ def test_pattern_consumer_picks_up_new_topics(client: magnetar.Client, topic: st
     message = consumer.receive(RECEIVE_MS)
     assert message.data() == b"later"
     assert message.topic_name() == f"{topic}-new-1"
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+def test_send_async_from_threads_blocks_and_keeps_order(client: magnetar.Client, topic: str,
+                                                        batching: bool) -> None:
+    import threading
+
+    consumer = client.subscribe(topic, "sub")
+    producer = client.create_producer(topic, max_pending_messages=10, block_if_queue_full=True,
+                                      batching_enabled=batching)
+    errors: list[object] = []
+
+    def send(thread: int) -> None:
+        for i in range(100):
+            producer.send_async(f"{thread}:{i}".encode(),
+                                lambda error, _mid: errors.append(error) if error else None)
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    producer.flush()
+    assert errors == []
+    received = [m.data().decode().split(":") for m in drain(consumer, 400)]
+    for thread in range(4):
+        assert [int(i) for t, i in received if t == str(thread)] == list(range(100))
