@@ -35,7 +35,7 @@ from ._options import (
 from ._producer import OutMessage
 from ._routing import ProducerSet
 from ._sender import AsyncSender, SendCallback
-from ._tcp import TlsSettings
+from ._tcp_connection import TlsSettings
 
 if TYPE_CHECKING:
     from broker import BrokerConfig

@@ -1,7 +1,8 @@
 """`ClientCore`: one client's transport and everything it opened, on the client's loop.
 
 The service URL picks the transport: `pulsar://` and `pulsar+ssl://` speak TCP
-(`TcpTransport`); `file:///abs/path` or a plain path runs the broker in this process on that
+(`TcpTransport`), as do `http://` and `https://` after looking topics up over HTTP;
+`file:///abs/path` or a plain path runs the broker in this process on that
 data directory (`EmbeddedTransport`). `close` closes the producers (flushing them), the
 consumers, then the transport -- for the embedded one, the broker and its storage.
 """
@@ -19,7 +20,8 @@ from ._errors import AlreadyClosed, InvalidUrl
 from ._group import ConsumerGroup
 from ._options import ConsumerOptions, ProducerOptions
 from ._routing import ProducerSet
-from ._tcp import TcpTransport, TlsSettings, parse_address
+from ._tcp import TcpTransport
+from ._tcp_connection import TlsSettings, parse_address
 from ._transport import Transport
 
 if TYPE_CHECKING:
@@ -53,8 +55,9 @@ def parse_service_url(service_url: str) -> Target:
             raise InvalidUrl(f"file URL {service_url!r} must be file:///absolute/path")
         return Target(data_dir=unquote(parts.path))
     if parts.scheme in ("http", "https"):
-        raise InvalidUrl(f"HTTP lookup ({service_url!r}) is not supported by the magnetar "
-                         f"client yet: use the broker's pulsar:// URL")
+        if not parts.hostname:
+            raise InvalidUrl(f"no host in service URL {service_url!r}")
+        return Target(url=service_url)
     if "://" in service_url:
         raise InvalidUrl(f"unsupported service URL {service_url!r}: use pulsar://host:port, "
                          f"pulsar+ssl://host:port, file:///data/dir, or a directory path")
