@@ -34,6 +34,7 @@ from ._enums import (
     CompressionType,
     ConsumerType,
     InitialPosition,
+    KeySharedMode,
     PartitionsRoutingMode,
     ProducerAccessMode,
     RegexSubscriptionMode,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from ._client import Client, Consumer, ConsumerBatchReceivePolicy, Producer, Reader
     from ._dead_letter import ConsumerDeadLetterPolicy
     from ._message import Message
+    from ._options import ConsumerKeySharedPolicy
 
 __all__ = [
     "BatchingType",
@@ -55,8 +57,10 @@ __all__ = [
     "Consumer",
     "ConsumerBatchReceivePolicy",
     "ConsumerDeadLetterPolicy",
+    "ConsumerKeySharedPolicy",
     "ConsumerType",
     "InitialPosition",
+    "KeySharedMode",
     "Message",
     "MessageId",
     "PartitionsRoutingMode",
@@ -71,6 +75,7 @@ _LAZY: dict[str, str] = {
     "Client": "._client",
     "ConsumerBatchReceivePolicy": "._client",
     "ConsumerDeadLetterPolicy": "._dead_letter",
+    "ConsumerKeySharedPolicy": "._options",
     "Consumer": "._client",
     "Producer": "._client",
     "Reader": "._client",

@@ -55,7 +55,7 @@ from codec import (
 from ._dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from ._errors import PulsarException
 from ._message import Message
-from ._transport import Incoming, SubscribeRequest, Transport
+from ._transport import Incoming, KeySharedPolicy, SubscribeRequest, Transport
 
 if TYPE_CHECKING:
     from ._group import ConsumerGroup
@@ -93,6 +93,7 @@ class ConsumerConfig:
     auto_ack_oldest_chunked_message_on_queue_full: bool = False
     dead_letter_policy: ConsumerDeadLetterPolicy | None = None
     retry_enable: bool = False
+    key_shared: KeySharedPolicy | None = None
 
     @property
     def redelivers_by_id(self) -> bool:
@@ -154,7 +155,8 @@ class TopicConsumer:
             topic=self.topic, subscription=config.subscription, sub_type=config.sub_type,
             consumer_name=config.consumer_name, initial_position=config.initial_position,
             durable=config.durable, start_message_id=self.start_id,
-            properties=dict(config.properties), epoch=self.epoch)
+            properties=dict(config.properties), epoch=self.epoch,
+            key_shared=config.key_shared if config.sub_type == "Key_Shared" else None)
 
     async def subscribe(self) -> None:
         """Subscribe on the broker and grant the receiver queue's permits."""

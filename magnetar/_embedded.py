@@ -236,6 +236,7 @@ class EmbeddedTransport:
     async def subscribe(self, consumer_id: int, request: SubscribeRequest,
                         events: ConsumerEvents) -> None:
         start = request.start_message_id
+        key_shared = request.key_shared
         spec = SubscribeSpec(
             subscription=request.subscription, sub_type=request.sub_type,
             consumer_name=request.consumer_name, initial_position=request.initial_position,
@@ -243,7 +244,12 @@ class EmbeddedTransport:
             start_message_id=None if start is None else
             (start.ledger_id, start.entry_id, start.batch_index),
             subscription_properties=dict(request.properties), consumer_epoch=request.epoch,
-            address="embedded", client_version="magnetar")
+            address="embedded", client_version="magnetar",
+            has_key_shared_meta=key_shared is not None,
+            key_shared_mode=key_shared.mode if key_shared else "AUTO_SPLIT",
+            key_shared_ranges=key_shared.ranges if key_shared else (),
+            allow_out_of_order_delivery=bool(key_shared and
+                                             key_shared.allow_out_of_order_delivery))
         sink = _Sink(events)
         where = f"subscribe {request.subscription!r} to {request.topic}"
         try:

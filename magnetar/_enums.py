@@ -13,6 +13,7 @@ __all__ = [
     "CompressionType",
     "ConsumerType",
     "InitialPosition",
+    "KeySharedMode",
     "PartitionsRoutingMode",
     "ProducerAccessMode",
     "RegexSubscriptionMode",
@@ -61,3 +62,8 @@ class RegexSubscriptionMode(enum.Enum):
     PersistentOnly = "PERSISTENT"  # values: the GET_TOPICS_OF_NAMESPACE modes
     NonPersistentOnly = "NON_PERSISTENT"
     AllTopics = "ALL"
+
+
+class KeySharedMode(enum.Enum):
+    AutoSplit = "AUTO_SPLIT"
+    Sticky = "STICKY"

@@ -8,6 +8,7 @@ accept the same arguments and refuse the same mistakes with the same `InvalidCon
 from __future__ import annotations
 
 import datetime
+import itertools
 import re
 import secrets
 import time
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from codec import MessageId
+from codec import KEY_HASH_RANGE_SIZE, MessageId
 
 from ._consumer import ConsumerConfig
 from ._dead_letter import ConsumerDeadLetterPolicy
@@ -24,6 +25,7 @@ from ._enums import (
     CompressionType,
     ConsumerType,
     InitialPosition,
+    KeySharedMode,
     PartitionsRoutingMode,
     ProducerAccessMode,
     RegexSubscriptionMode,
@@ -32,9 +34,10 @@ from ._errors import InvalidConfiguration
 from ._group import complete_topic_name
 from ._producer import OutMessage, ProducerConfig
 from ._routing import MessageRouter
+from ._transport import KeySharedPolicy
 
-__all__ = ["ConsumerOptions", "ProducerOptions", "check_properties", "consumer_options",
-           "delay_ms", "out_message", "producer_options", "reader_options"]
+__all__ = ["ConsumerKeySharedPolicy", "ConsumerOptions", "ProducerOptions", "check_properties",
+           "consumer_options", "delay_ms", "out_message", "producer_options", "reader_options"]
 
 ACK_TIMEOUT_MS_MIN = 10_000  # the official Python client's minimum (0/None: off)
 
@@ -66,6 +69,42 @@ def delay_ms(delay: int | datetime.timedelta) -> int:
         return max(0, int(delay.total_seconds() * 1000))
     _check(delay, int, "delay")
     return max(0, delay)
+
+
+class ConsumerKeySharedPolicy:
+    """The official client's Key_Shared policy. Sticky mode needs `sticky_ranges`: inclusive
+    `(start, end)` hash slots within 0..65535 that do not overlap.
+
+    Raises:
+        InvalidConfiguration: a range outside 0..65535, reversed, or overlapping another;
+            Sticky without ranges.
+    """
+
+    def __init__(self, key_shared_mode: KeySharedMode = KeySharedMode.AutoSplit,
+                 allow_out_of_order_delivery: bool = False,
+                 sticky_ranges: list[tuple[int, int]] | None = None):
+        _check(key_shared_mode, KeySharedMode, "key_shared_mode")
+        ranges = sorted((int(a), int(b)) for a, b in sticky_ranges or [])
+        for start, end in ranges:
+            if not 0 <= start <= end < KEY_HASH_RANGE_SIZE:
+                raise InvalidConfiguration(f"sticky range ({start}, {end}) is not within "
+                                           f"0..{KEY_HASH_RANGE_SIZE - 1}")
+        for (_, end), (start, _) in itertools.pairwise(ranges):
+            if start <= end:
+                raise InvalidConfiguration(f"sticky ranges overlap at {start}")
+        if key_shared_mode is KeySharedMode.Sticky and not ranges:
+            raise InvalidConfiguration("the Sticky key shared mode needs sticky_ranges")
+        self.policy = KeySharedPolicy(key_shared_mode.value, tuple(ranges),
+                                      bool(allow_out_of_order_delivery))
+
+    def key_shared_mode(self) -> KeySharedMode:
+        return KeySharedMode(self.policy.mode)
+
+    def allow_out_of_order_delivery(self) -> bool:
+        return self.policy.allow_out_of_order_delivery
+
+    def sticky_ranges(self) -> list[tuple[int, int]]:
+        return list(self.policy.ranges)
 
 
 @dataclass(frozen=True)
@@ -214,13 +253,14 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
     """
     unsupported = {"schema": schema, "message_listener": message_listener,
                    "crypto_key_reader": crypto_key_reader,
-                   "batch_receive_policy": batch_receive_policy,
-                   "key_shared_policy": key_shared_policy}
+                   "batch_receive_policy": batch_receive_policy}
     for name, value in unsupported.items():
         if value is not None:
             raise InvalidConfiguration(f"{name} is not supported by the magnetar client yet")
     if dead_letter_policy is not None:
         _check(dead_letter_policy, ConsumerDeadLetterPolicy, "dead_letter_policy")
+    if key_shared_policy is not None:
+        _check(key_shared_policy, ConsumerKeySharedPolicy, "key_shared_policy")
     _check(subscription_name, str, "subscription_name")
     if not subscription_name:
         raise InvalidConfiguration("subscription_name must not be empty")
@@ -257,7 +297,8 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
         max_pending_chunked_message=max_pending_chunked_message,
         auto_ack_oldest_chunked_message_on_queue_full=(
             auto_ack_oldest_chunked_message_on_queue_full),
-        dead_letter_policy=dead_letter_policy, retry_enable=bool(retry_enable))
+        dead_letter_policy=dead_letter_policy, retry_enable=bool(retry_enable),
+        key_shared=None if key_shared_policy is None else key_shared_policy.policy)
     return ConsumerOptions([complete_topic_name(t) for t in topics], pattern, config,
                            regex_subscription_mode.value, float(pattern_auto_discovery_period))
 

@@ -245,6 +245,13 @@ class TcpTransport:
             body.consumer_name = request.consumer_name
         if request.start_message_id is not None:
             body.start_message_id.CopyFrom(request.start_message_id.to_proto())
+        if request.key_shared is not None:
+            meta = body.keySharedMeta
+            meta.keySharedMode = pb.STICKY if request.key_shared.mode == "STICKY" \
+                else pb.AUTO_SPLIT
+            meta.allowOutOfOrderDelivery = request.key_shared.allow_out_of_order_delivery
+            for start, end in request.key_shared.ranges:
+                meta.hashRanges.add(start=start, end=end)
         for key, value in request.properties.items():
             body.subscription_properties.add(key=key, value=value)
         connection.consumers[consumer_id] = events

@@ -26,8 +26,8 @@ from typing import Protocol
 
 from codec import MessageId, pb
 
-__all__ = ["ConsumerEvents", "Incoming", "ProducerEvents", "ProducerOpened", "ProducerRequest",
-           "SubscribeRequest", "Transport"]
+__all__ = ["ConsumerEvents", "Incoming", "KeySharedPolicy", "ProducerEvents", "ProducerOpened",
+           "ProducerRequest", "SubscribeRequest", "Transport"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,17 @@ class SubscribeRequest:
     start_message_id: MessageId | None = None
     properties: dict[str, str] = field(default_factory=dict)
     epoch: int = 0
+    key_shared: KeySharedPolicy | None = None  # Key_Shared only
+
+
+@dataclass(frozen=True)
+class KeySharedPolicy:
+    """A Key_Shared consumer's mode, its hash ranges (Sticky) and whether out-of-order
+    delivery is allowed; hash ranges are inclusive slots of 0..65535."""
+
+    mode: str = "AUTO_SPLIT"  # or "STICKY"
+    ranges: tuple[tuple[int, int], ...] = ()
+    allow_out_of_order_delivery: bool = False
 
 
 @dataclass(frozen=True, slots=True)

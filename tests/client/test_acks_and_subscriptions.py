@@ -350,3 +350,34 @@ def test_over_the_maximum_never_reaches_the_application(client: magnetar.Client,
     assert dead.receive(RECEIVE_MS).data() == b"poison"
     with pytest.raises(magnetar.Timeout):
         consumer.receive(QUIET_MS)
+
+
+def test_key_shared_sticky_ranges(client: magnetar.Client, topic: str) -> None:
+    """Two Sticky consumers own half of the hash range each: every key reaches the consumer
+    whose range holds its slot (codec's hash_range_slot, as the broker computes it)."""
+    from codec import hash_range_slot
+
+    halves = [(0, 32767), (32768, 65535)]
+    consumers = [client.subscribe(topic, "sub", consumer_type=ConsumerType.KeyShared,
+                                  key_shared_policy=magnetar.ConsumerKeySharedPolicy(
+                                      magnetar.KeySharedMode.Sticky, sticky_ranges=[half]))
+                 for half in halves]
+    producer = client.create_producer(topic)
+    keys = [f"key-{i}" for i in range(20)]
+    for key in keys:
+        producer.send(key.encode(), partition_key=key)
+    for (start, end), consumer in zip(halves, consumers, strict=True):
+        mine = [k for k in keys if start <= hash_range_slot(k) <= end]
+        assert sorted(m.data().decode() for m in drain(consumer, len(mine))) == sorted(mine)
+
+
+def test_key_shared_policy_checks_its_ranges() -> None:
+    sticky = magnetar.KeySharedMode.Sticky
+    for ranges in ([(0, 65536)], [(10, 5)], [(0, 10), (5, 20)]):
+        with pytest.raises(ValueError, match="range"):
+            magnetar.ConsumerKeySharedPolicy(sticky, sticky_ranges=ranges)
+    with pytest.raises(ValueError, match="sticky_ranges"):
+        magnetar.ConsumerKeySharedPolicy(sticky)
+    policy = magnetar.ConsumerKeySharedPolicy(sticky, True, [(100, 200), (0, 50)])
+    assert policy.sticky_ranges() == [(0, 50), (100, 200)]
+    assert policy.allow_out_of_order_delivery()
