@@ -45,12 +45,14 @@ from ._errors import __all__ as _ERRORS
 if TYPE_CHECKING:
     from codec import MessageId
 
+    from ._auth import AuthenticationToken
     from ._client import Client, Consumer, ConsumerBatchReceivePolicy, Producer, Reader
     from ._dead_letter import ConsumerDeadLetterPolicy
     from ._message import Message
     from ._options import ConsumerKeySharedPolicy
 
 __all__ = [
+    "AuthenticationToken",
     "BatchingType",
     "Client",
     "CompressionType",
@@ -72,6 +74,7 @@ __all__ = [
 ]
 
 _LAZY: dict[str, str] = {
+    "AuthenticationToken": "._auth",
     "Client": "._client",
     "ConsumerBatchReceivePolicy": "._client",
     "ConsumerDeadLetterPolicy": "._dead_letter",

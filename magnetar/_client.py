@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from codec import MessageId
 
+from ._auth import AuthenticationToken
 from ._core import ClientCore, ClientSettings, parse_service_url
 from ._errors import AlreadyClosed, InvalidConfiguration
 from ._group import ConsumerGroup
@@ -54,8 +55,10 @@ _IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
 
 def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
     """The client's keyword arguments, checked (shared with `magnetar.asyncio.Client`)."""
-    if kwargs.pop("authentication", None) is not None:
-        raise InvalidConfiguration("authentication is not supported by the magnetar client yet")
+    authentication = kwargs.pop("authentication", None)
+    if authentication is not None and not isinstance(authentication, AuthenticationToken):
+        raise InvalidConfiguration("authentication must be a magnetar.AuthenticationToken "
+                                   "(token authentication is the one supported)")
     unknown = set(kwargs) - _IGNORED_CLIENT_ARGS - {
         "operation_timeout_seconds", "connection_timeout_ms", "tls_trust_certs_file_path",
         "tls_allow_insecure_connection", "tls_validate_hostname", "broker_config"}
@@ -67,7 +70,7 @@ def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
         tls=TlsSettings(kwargs.get("tls_trust_certs_file_path"),
                         bool(kwargs.get("tls_allow_insecure_connection", False)),
                         bool(kwargs.get("tls_validate_hostname", False))),
-        broker_config=kwargs.get("broker_config"))
+        broker_config=kwargs.get("broker_config"), authentication=authentication)
 
 
 class Client:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
+from ._auth import AuthenticationToken
 from ._errors import AlreadyClosed, InvalidUrl
 from ._group import ConsumerGroup
 from ._options import ConsumerOptions, ProducerOptions
@@ -70,6 +71,7 @@ class ClientSettings:
     connection_timeout_s: float = 10.0
     tls: TlsSettings = field(default_factory=TlsSettings)
     broker_config: BrokerConfig | None = None
+    authentication: AuthenticationToken | None = None  # TCP only
 
 
 class ClientCore:
@@ -89,7 +91,8 @@ class ClientCore:
         if target.url is not None:
             transport = await TcpTransport.open(target.url, settings.tls,
                                                 settings.operation_timeout_s,
-                                                settings.connection_timeout_s)
+                                                settings.connection_timeout_s,
+                                                settings.authentication)
         else:
             from ._embedded import EmbeddedTransport  # loads the broker only when needed
 

@@ -4,7 +4,8 @@ With an `http://` or `https://` service URL the client asks the broker's admin s
 topic lives (`GET /lookup/v2/topic/...`, Pulsar's LookupData: `brokerUrl`, `brokerUrlTls`), how
 many partitions it has (`GET /admin/v2/.../partitions?checkAllowAutoCreation=true`) and which
 topics a namespace holds (`GET /admin/v2/namespaces/.../topics?mode=...`), and then speaks the
-binary protocol to the broker URL it was given (`_tcp.py`). Non-2xx answers become the client's
+binary protocol to the broker URL it was given (`_tcp.py`). A token goes in `Authorization:
+Bearer`. Non-2xx answers become the client's
 exceptions: 404 `TopicNotFound`, 412 `InvalidTopicName`, others `LookupError`, each with the
 server's `reason`. aiohttp is imported only when such a client is created.
 """
@@ -15,6 +16,7 @@ import json
 import ssl
 from typing import Any
 
+from ._auth import AuthenticationToken
 from ._errors import ConnectError, InvalidTopicName, LookupError, PulsarException, TopicNotFound
 
 __all__ = ["HttpLookup"]
@@ -34,8 +36,10 @@ def _topic_path(topic: str) -> str:
 class HttpLookup:
     """Lookups against one admin server (see the module comment)."""
 
-    def __init__(self, url: str, ssl_context: ssl.SSLContext | None, timeout_s: float):
+    def __init__(self, url: str, ssl_context: ssl.SSLContext | None, timeout_s: float,
+                 authentication: AuthenticationToken | None = None):
         self.url = url.rstrip("/")
+        self._auth = authentication
         self.tls = url.startswith("https://")
         self._ssl = ssl_context if self.tls else None
         self._timeout_s = timeout_s
@@ -48,7 +52,10 @@ class HttpLookup:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s))
         try:
-            async with self._session.get(self.url + path, ssl=self._ssl) as answer:
+            headers = {} if self._auth is None else \
+                {"Authorization": f"Bearer {self._auth.token()}"}
+            async with self._session.get(self.url + path, ssl=self._ssl,
+                                         headers=headers) as answer:
                 body = await answer.text()
                 status = answer.status
         except (aiohttp.ClientError, TimeoutError) as exc:

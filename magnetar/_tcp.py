@@ -20,6 +20,7 @@ from typing import Final
 
 from codec import MessageId, pb
 
+from ._auth import AuthenticationToken
 from ._errors import LookupError, NotConnected, PulsarException, error_for_code
 from ._http_lookup import HttpLookup
 from ._tcp_connection import BrokerConnection, TlsSettings, parse_address
@@ -51,11 +52,13 @@ class TcpTransport:
     """The binary protocol over TCP (see the module comment). Build it with `open`."""
 
     def __init__(self, url: str, tls: TlsSettings, operation_timeout_s: float,
-                 connection_timeout_s: float):
+                 connection_timeout_s: float,
+                 authentication: AuthenticationToken | None = None):
+        self.authentication = authentication
         self.http: HttpLookup | None = None
         if url.startswith(("http://", "https://")):
             self.http = HttpLookup(url, tls.context() if url.startswith("https://") else None,
-                                   operation_timeout_s)
+                                   operation_timeout_s, authentication)
         else:
             parse_address(url)  # InvalidUrl before anything else
         self.url = url
@@ -70,8 +73,9 @@ class TcpTransport:
 
     @classmethod
     async def open(cls, url: str, tls: TlsSettings, operation_timeout_s: float = 30,
-                   connection_timeout_s: float = 10) -> TcpTransport:
-        transport = cls(url, tls, operation_timeout_s, connection_timeout_s)
+                   connection_timeout_s: float = 10,
+                   authentication: AuthenticationToken | None = None) -> TcpTransport:
+        transport = cls(url, tls, operation_timeout_s, connection_timeout_s, authentication)
         try:
             if transport.http is not None:
                 await transport.http.check()

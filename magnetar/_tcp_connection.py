@@ -38,6 +38,7 @@ from codec import (
     pb,
 )
 
+from ._auth import AuthenticationToken
 from ._errors import (
     ConnectError,
     InvalidUrl,
@@ -63,6 +64,7 @@ class ConnectionOwner(Protocol):
 
     tls: TlsSettings
     operation_timeout_s: float
+    authentication: AuthenticationToken | None
 
     def forget(self, connection: BrokerConnection) -> None: ...
 
@@ -135,8 +137,13 @@ class BrokerConnection:
         waiter: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._requests[-1] = waiter  # the handshake's answer
         self._reader_task = asyncio.ensure_future(self._read(reader))
-        self.write(pb.CommandConnect(client_version=CLIENT_VERSION,
-                                     protocol_version=PROTOCOL_VERSION))
+        connect = pb.CommandConnect(client_version=CLIENT_VERSION,
+                                    protocol_version=PROTOCOL_VERSION)
+        auth = self.owner.authentication
+        if auth is not None:
+            connect.auth_method_name = auth.method
+            connect.auth_data = auth.token().encode()
+        self.write(connect)
         try:
             frame = await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
@@ -213,6 +220,8 @@ class BrokerConnection:
                             error_for_code(error.error, error.message, f"send to {self.url}"))
         elif kind == _T.PING:
             self.write(pb.CommandPong())
+        elif kind == _T.AUTH_CHALLENGE:
+            self._answer_challenge()
         elif kind == _T.CONNECTED:
             self._resolve(-1, frame)
         elif kind == _T.CLOSE_PRODUCER:
@@ -233,6 +242,17 @@ class BrokerConnection:
                                                               self.url))
             elif request_id is not None:
                 self._resolve(request_id, frame)
+
+    def _answer_challenge(self) -> None:
+        """AUTH_CHALLENGE: present the (current) token again."""
+        auth = self.owner.authentication
+        if auth is None:
+            log.warning("%s asked for credentials, and the client has none", self.url)
+            return
+        self.write(pb.CommandAuthResponse(
+            client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION,
+            response=pb.AuthData(auth_method_name=auth.method,
+                                 auth_data=auth.token().encode())))
 
     def _resolve(self, request_id: int, frame: Frame) -> None:
         future = self._requests.get(request_id)
