@@ -30,6 +30,7 @@ from broker import (
     BrokerService,
     Consumer,
     Delivery,
+    NotAllowedError,
     PersistentTopic,
     Position,
     ProducerSpec,
@@ -41,8 +42,9 @@ from broker import (
 from broker._errors import ConsumerNotFoundError, from_storage_error
 from broker._names import check_producer_name, check_subscription_name
 from broker.dispatch._entry import EntryInfo
+from broker.dispatch._nonpersistent import NonPersistentSubscription
 from broker.dispatch._subscription import Subscription
-from broker.topics._topic import Producer
+from broker.topics._topic import NonPersistentTopic, Producer
 from codec import MessageId, RemoteProtocolError, encode_entry, parse_entry, pb
 from storage import DataDirLockedError, Storage, StorageConfig, StorageError
 
@@ -103,9 +105,9 @@ class _Sink:
 
 @dataclass
 class _ConsumerState:
-    topic: PersistentTopic
+    topic: PersistentTopic | NonPersistentTopic
     consumer: Consumer
-    subscription: Subscription
+    subscription: Subscription | NonPersistentSubscription
     sink: _Sink
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -117,7 +119,7 @@ class EmbeddedTransport:
         self.data_dir = data_dir
         self.storage = storage
         self.service = service
-        self._producers: dict[int, tuple[PersistentTopic, Producer]] = {}
+        self._producers: dict[int, tuple[PersistentTopic | NonPersistentTopic, Producer]] = {}
         self._consumers: dict[int, _ConsumerState] = {}
 
     @classmethod
@@ -198,7 +200,6 @@ class EmbeddedTransport:
                 raise
         except (BrokerError, StorageError) as exc:
             raise converted(exc, where) from None
-        assert isinstance(topic, PersistentTopic), "non-persistent topics are not supported yet"
         producer.closer = events.on_closed
         self._producers[producer_id] = (topic, producer)
         return ProducerOpened(producer.name, topic.last_sequence_id(producer))
@@ -258,9 +259,12 @@ class EmbeddedTransport:
             topic, consumer = await self.service.subscribe(name, spec, sink)
         except (BrokerError, StorageError) as exc:
             raise converted(exc, where) from None
-        assert isinstance(topic, PersistentTopic), "non-persistent topics are not supported yet"
-        table = topic.subscriptions if request.durable else topic.readers
-        subscription = table[request.subscription]
+        subscription: Subscription | NonPersistentSubscription
+        if isinstance(topic, PersistentTopic):
+            table = topic.subscriptions if request.durable else topic.readers
+            subscription = table[request.subscription]
+        else:
+            subscription = topic.subscriptions[request.subscription]
         self._consumers[consumer_id] = _ConsumerState(topic, consumer, subscription, sink)
 
     def _state(self, consumer_id: int, what: str) -> _ConsumerState:
@@ -280,10 +284,12 @@ class EmbeddedTransport:
         state = self._consumers.get(consumer_id)
         if state is None or not state.sink.live:
             return  # gone: the broker redelivers what was not acknowledged, as over TCP
+        subscription = state.subscription
+        if not isinstance(subscription, Subscription):
+            return  # non-persistent: acks are no-ops there, as over TCP
         async with state.lock:
             try:
-                await state.subscription.acknowledge(state.consumer, _ACK_TYPES[cumulative],
-                                                     acks)
+                await subscription.acknowledge(state.consumer, _ACK_TYPES[cumulative], acks)
             except (BrokerError, StorageError) as exc:
                 raise converted(exc, f"ack on {state.topic.name}") from None
 
@@ -292,26 +298,31 @@ class EmbeddedTransport:
         state = self._consumers.get(consumer_id)
         if state is None or not state.sink.live:
             return
+        subscription = state.subscription
+        if not isinstance(subscription, Subscription):
+            return  # non-persistent: nothing is kept to redeliver
         async with state.lock:
             if epoch > state.consumer.epoch:
                 state.consumer.epoch = epoch
-            state.subscription.redeliver(state.consumer, ids)
+            subscription.redeliver(state.consumer, ids)
 
     async def seek(self, consumer_id: int, target: MessageId | int) -> None:
         state = self._state(consumer_id, "seek")
+        subscription = _persistent(state, "seek")
         async with state.lock:
             try:
                 if isinstance(target, MessageId):
-                    await state.subscription.reset_cursor(
-                        Position(target.ledger_id, target.entry_id))
+                    await subscription.reset_cursor(Position(target.ledger_id, target.entry_id))
                 else:
-                    await state.subscription.reset_cursor_by_time(target)
+                    await subscription.reset_cursor_by_time(target)
             except (BrokerError, StorageError) as exc:
                 raise converted(exc, f"seek on {state.topic.name}") from None
 
     async def last_message_id(self, consumer_id: int) -> tuple[MessageId, MessageId | None]:
         state = self._state(consumer_id, "get last message id")
+        subscription = _persistent(state, "get last message id")
         topic = state.topic
+        assert isinstance(topic, PersistentTopic)
         ml = topic.managed_ledger
         last = ml.last_confirmed_position
         partition = topic.name.partition_index
@@ -323,7 +334,7 @@ class EmbeddedTransport:
                 if entry.metadata.HasField("num_messages_in_batch"):
                     batch_index = entry.batch_size - 1
             last_id = MessageId(last.ledger_id, last.entry_id, partition, batch_index)
-        mark = state.subscription.cursor.mark_delete_position
+        mark = subscription.cursor.mark_delete_position
         mark_id = MessageId(mark.ledger_id, mark.entry_id) if mark.ledger_id >= 0 else None
         return last_id, mark_id
 
@@ -331,11 +342,12 @@ class EmbeddedTransport:
         state = self._state(consumer_id, "unsubscribe")
         async with state.lock:
             try:
-                if state.subscription.durable:
-                    await state.topic.unsubscribe(state.subscription.name, state.consumer,
-                                                  False)
+                subscription = state.subscription
+                if isinstance(subscription, Subscription) and subscription.durable:
+                    assert isinstance(state.topic, PersistentTopic)
+                    await state.topic.unsubscribe(subscription.name, state.consumer, False)
                 else:
-                    state.topic.consumer_closed(state.subscription, state.consumer)
+                    state.topic.consumer_closed(subscription, state.consumer)  # type: ignore[arg-type]
             except (BrokerError, StorageError) as exc:
                 raise converted(exc, f"unsubscribe {state.subscription.name!r} from "
                                      f"{state.topic.name}") from None
@@ -349,5 +361,16 @@ class EmbeddedTransport:
         async with state.lock:
             if state.sink.live:
                 state.sink.live = False
-                state.topic.consumer_closed(state.subscription, state.consumer)
+                state.topic.consumer_closed(state.subscription, state.consumer)  # type: ignore[arg-type]
 
+
+def _persistent(state: _ConsumerState, what: str) -> Subscription:
+    """The consumer's subscription, which `what` needs persistent.
+
+    Raises:
+        NotAllowedError (as a client exception): a non-persistent topic.
+    """
+    if not isinstance(state.subscription, Subscription):
+        raise converted(NotAllowedError(f"{what} is not supported on non-persistent topics"),
+                        f"{what} on {state.topic.name}")
+    return state.subscription

@@ -313,3 +313,14 @@ def test_send_async_from_threads_blocks_and_keeps_order(client: magnetar.Client,
     received = [m.data().decode().split(":") for m in drain(consumer, 400)]
     for thread in range(4):
         assert [int(i) for t, i in received if t == str(thread)] == list(range(100))
+
+
+def test_non_persistent_topic(client: magnetar.Client, topic: str) -> None:
+    name = topic.replace("persistent://", "non-persistent://")
+    consumer = client.subscribe(name, "sub", consumer_type=ConsumerType.Shared)
+    producer = client.create_producer(name)
+    for i in range(3):
+        producer.send(f"m{i}".encode())
+    assert [m.data() for m in drain(consumer, 3)] == [b"m0", b"m1", b"m2"]
+    with pytest.raises(magnetar.NotAllowedError, match="non-persistent"):
+        consumer.seek(magnetar.MessageId.earliest)
