@@ -3,12 +3,16 @@
 
 Each object is a thin handle: every call checks its arguments here (`_options.py`), then runs
 the matching coroutine of the core on the client's loop thread (`LoopThread.run`) and waits for
-it. `send_async`'s callback and nothing else runs on the loop thread, so it must not block.
+it -- except on the hot paths, where a round trip per message would cost more than the work:
+`send_async` queues to the loop without waiting (`_sender.py`), `acknowledge(message)` is
+queued the same way, and `receive` reads ahead (one round trip brings up to `READ_AHEAD_MAX`
+queued messages). `send_async`'s callbacks run on the loop thread, so they must not block.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import datetime
 import functools
@@ -45,6 +49,8 @@ __all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Read
            "SendCallback"]
 
 log = logging.getLogger(__name__)
+
+READ_AHEAD_MAX = 100  # messages one receive() round trip may bring to the caller's thread
 
 T = TypeVar("T")
 _IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
@@ -245,6 +251,8 @@ class Consumer:
         self._group = group
         self._batch_policy = batch_policy or ConsumerBatchReceivePolicy()
         self._listening: concurrent.futures.Future[None] | None = None
+        self._local: collections.deque[tuple[Message, int]] = collections.deque()
+        self._read_ahead = max(1, min(READ_AHEAD_MAX, group.config.receiver_queue_size // 2))
 
     def topic(self) -> str:
         return self._group.topic
@@ -259,14 +267,50 @@ class Consumer:
         return not self._group.closed and not self._client._core.closed
 
     def receive(self, timeout_millis: int | None = None) -> Message:
-        """The next message; raises `Timeout` after `timeout_millis`."""
-        return self._client._run(self._group.receive(timeout_millis))
+        """The next message; raises `Timeout` after `timeout_millis`.
+
+        Read-ahead: one round trip to the loop brings the next message and up to
+        `READ_AHEAD_MAX - 1` more already queued; later calls take those without a round trip.
+        A message whose consumer was closed by the broker or redelivered everything since
+        (its generation moved) is dropped here: the broker sends it again."""
+        if self._group.closed:
+            raise AlreadyClosed(f"consumer {self.subscription_name()!r} on {self.topic()} is "
+                                f"closed")
+        message = self._next_read_ahead()
+        if message is not None:
+            return message
+        batch = self._client._run(self._group.receive_some(timeout_millis, self._read_ahead))
+        self._local.extend(batch[1:])
+        return batch[0][0]
+
+    def _next_read_ahead(self) -> Message | None:
+        while self._local:
+            try:
+                message, generation = self._local.popleft()
+            except IndexError:  # another thread took the last one
+                return None
+            if message.owner.generation == generation:
+                return message
+        return None
 
     def batch_receive(self) -> list[Message]:
         """Messages up to the batch receive policy's limits (what arrived by its timeout)."""
         policy = self._batch_policy
-        return self._client._run(self._group.batch_receive(
-            policy.max_num_message, policy.max_num_bytes, policy.timeout_ms))
+        taken: list[Message] = []
+        while policy.max_num_message <= 0 or len(taken) < policy.max_num_message:
+            message = self._next_read_ahead()
+            if message is None:
+                break
+            taken.append(message)
+        if policy.max_num_message > 0 and len(taken) >= policy.max_num_message:
+            return taken
+        rest = policy.max_num_message - len(taken) if policy.max_num_message > 0 else 0
+        size = policy.max_num_bytes - sum(len(m.data()) for m in taken) \
+            if policy.max_num_bytes > 0 else 0
+        if policy.max_num_bytes > 0 and size <= 0:
+            return taken
+        return taken + self._client._run(self._group.batch_receive(
+            rest, size, policy.timeout_ms))
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge a message (or a message id). A Message's ack is queued to the loop
@@ -286,6 +330,7 @@ class Consumer:
         self._client._run(_call(self._group.negative_acknowledge, message))
 
     def redeliver_unacknowledged_messages(self) -> None:
+        self._local.clear()
         self._client._run(self._group.redeliver_unacknowledged_messages())
 
     def reconsume_later(self, message: Message, delay: int | datetime.timedelta,
@@ -300,6 +345,7 @@ class Consumer:
         if not isinstance(target, MessageId | int) or isinstance(target, bool):
             raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
         timeout = self._client._settings.operation_timeout_s
+        self._local.clear()
         self._client._run(self._group.seek(target, timeout))
 
     def get_last_message_id(self) -> MessageId:

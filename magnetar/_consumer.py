@@ -128,6 +128,9 @@ class TopicConsumer:
         self.config = config
         self.queue_size = max(1, queue_size)
         self.epoch = 0
+        # Bumped whenever messages handed out but not yet read become stale (a broker close, a
+        # redeliver-all): the synchronous API's read-ahead drops those (`_client.Consumer`).
+        self.generation = 0
         self.connected = asyncio.Event()
         self.closed = False
         self.start_id = config.start_message_id
@@ -168,6 +171,7 @@ class TopicConsumer:
     def on_closed(self, reason: str) -> None:
         """The broker dropped this consumer (ConsumerEvents): resubscribe in the background."""
         self.connected.clear()
+        self.generation += 1
         self.group.drop_queued(self)
         self._batches.clear()
         if not self.closed:
@@ -450,6 +454,7 @@ class TopicConsumer:
         """Redeliver everything unacknowledged (queued messages are dropped first)."""
         await self.flush_acks()
         self.epoch += 1
+        self.generation += 1
         self._batches.clear()
         self._nacks.clear()
         self._unacked.clear()

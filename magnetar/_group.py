@@ -223,6 +223,19 @@ class ConsumerGroup:
             if timer is not None:
                 timer.cancel()
 
+    async def receive_some(self, timeout_ms: int | None,
+                           most: int) -> list[tuple[Message, int]]:
+        """The next message (waiting as `receive` does) and up to `most - 1` more already
+        queued, each with its consumer's generation at this moment (for a caller's read-ahead;
+        each counts as taken now)."""
+        first = await self.receive(timeout_ms)
+        out = [(first, first.owner.generation)]
+        while self._queue and len(out) < most:
+            message = self._queue.popleft()
+            message.owner.taken(message)
+            out.append((message, message.owner.generation))
+        return out
+
     async def batch_receive(self, max_messages: int, max_bytes: int,
                             timeout_ms: int) -> list[Message]:
         """Messages until `max_messages` (<= 0: no limit) or `max_bytes` (<= 0: no limit) is

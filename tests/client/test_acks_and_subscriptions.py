@@ -381,3 +381,18 @@ def test_key_shared_policy_checks_its_ranges() -> None:
     policy = magnetar.ConsumerKeySharedPolicy(sticky, True, [(100, 200), (0, 50)])
     assert policy.sticky_ranges() == [(0, 50), (100, 200)]
     assert policy.allow_out_of_order_delivery()
+
+
+@pytest.mark.parametrize("action", ["redeliver", "seek"])
+def test_read_ahead_is_dropped_when_it_goes_stale(client: magnetar.Client, topic: str,
+                                                  action: str) -> None:
+    """One receive brings several messages to the caller's thread; a redelivery or a seek
+    makes those stale, and the next receives see each message once, in order."""
+    fill(client, topic, 10)
+    consumer = client.subscribe(topic, "sub", initial_position=EARLIEST)
+    assert consumer.receive(RECEIVE_MS).data() == b"m0"
+    if action == "redeliver":
+        consumer.redeliver_unacknowledged_messages()
+    else:
+        consumer.seek(MessageId.earliest)
+    assert bodies(drain(consumer, 10)) == [f"m{i}".encode() for i in range(10)]
