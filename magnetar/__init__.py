@@ -43,7 +43,7 @@ from ._errors import *  # noqa: F403 -- the exception classes are public names
 from ._errors import __all__ as _ERRORS
 
 if TYPE_CHECKING:
-    from codec import MessageId
+    from magnetar.codec import MessageId
 
     from ._auth import AuthenticationToken
     from ._client import Client, Consumer, ConsumerBatchReceivePolicy, Producer, Reader

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from codec import MessageId
+from magnetar.codec import MessageId
 
 from ._auth import AuthenticationToken
 from ._core import ClientCore, ClientSettings, parse_service_url
@@ -43,7 +43,7 @@ from ._sender import AsyncSender, SendCallback
 from ._tcp_connection import TlsSettings
 
 if TYPE_CHECKING:
-    from broker import BrokerConfig
+    from magnetar.broker import BrokerConfig
 
 __all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Reader",
            "SendCallback"]

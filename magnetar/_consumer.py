@@ -41,7 +41,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from codec import (
+from magnetar.codec import (
     EARLIEST,
     LATEST,
     ChunkAssembler,

@@ -26,7 +26,7 @@ from ._tcp_connection import TlsSettings, parse_address
 from ._transport import Transport
 
 if TYPE_CHECKING:
-    from broker import BrokerConfig
+    from magnetar.broker import BrokerConfig
 
 __all__ = ["ClientCore", "ClientSettings", "Target", "parse_service_url"]
 

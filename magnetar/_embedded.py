@@ -24,7 +24,7 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 
-from broker import (
+from magnetar.broker import (
     BrokerConfig,
     BrokerError,
     BrokerService,
@@ -39,14 +39,14 @@ from broker import (
 )
 
 # Not in broker's __all__: what the TCP server's command handlers use besides the service.
-from broker._errors import ConsumerNotFoundError, from_storage_error
-from broker._names import check_producer_name, check_subscription_name
-from broker.dispatch._entry import EntryInfo
-from broker.dispatch._nonpersistent import NonPersistentSubscription
-from broker.dispatch._subscription import Subscription
-from broker.topics._topic import NonPersistentTopic, Producer
-from codec import MessageId, RemoteProtocolError, encode_entry, parse_entry, pb
-from storage import DataDirLockedError, Storage, StorageConfig, StorageError
+from magnetar.broker._errors import ConsumerNotFoundError, from_storage_error
+from magnetar.broker._names import check_producer_name, check_subscription_name
+from magnetar.broker.dispatch._entry import EntryInfo
+from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
+from magnetar.broker.dispatch._subscription import Subscription
+from magnetar.broker.topics._topic import NonPersistentTopic, Producer
+from magnetar.codec import MessageId, RemoteProtocolError, encode_entry, parse_entry, pb
+from magnetar.storage import DataDirLockedError, Storage, StorageConfig, StorageError
 
 from ._errors import ConnectError, InvalidConfiguration, PulsarException, error_for_code
 from ._transport import (

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Final
 
-from codec import MessageId
+from magnetar.codec import MessageId
 
 from ._consumer import ConsumerConfig, TopicConsumer
 from ._errors import (

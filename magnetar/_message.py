@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from codec import MessageId
+from magnetar.codec import MessageId
 
 __all__ = ["Message"]
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from codec import KEY_HASH_RANGE_SIZE, MessageId
+from magnetar.codec import KEY_HASH_RANGE_SIZE, MessageId
 
 from ._consumer import ConsumerConfig
 from ._dead_letter import ConsumerDeadLetterPolicy

@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from codec import (
+from magnetar.codec import (
     Batch,
     BatchContainer,
     KeyBasedBatchContainer,

@@ -26,7 +26,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 
-from codec import MessageId, boost_hash
+from magnetar.codec import MessageId, boost_hash
 
 from ._enums import PartitionsRoutingMode
 from ._errors import InvalidConfiguration

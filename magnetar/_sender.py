@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from codec import MessageId
+from magnetar.codec import MessageId
 
 from ._errors import ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread

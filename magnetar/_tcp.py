@@ -18,7 +18,7 @@ import asyncio
 from collections import deque
 from typing import Final
 
-from codec import MessageId, pb
+from magnetar.codec import MessageId, pb
 
 from ._auth import AuthenticationToken
 from ._errors import LookupError, NotConnected, PulsarException, error_for_code

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from google.protobuf.message import Message as ProtoMessage
 
-from codec import (
+from magnetar.codec import (
     NEED_DATA,
     ChecksumMismatch,
     Connection,

@@ -24,7 +24,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from codec import MessageId, pb
+from magnetar.codec import MessageId, pb
 
 __all__ = ["ConsumerEvents", "Incoming", "KeySharedPolicy", "ProducerEvents", "ProducerOpened",
            "ProducerRequest", "SubscribeRequest", "Transport"]

@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from codec import MessageId
+from magnetar.codec import MessageId
 
 from ._client import _send_and_wait, client_settings
 from ._core import ClientCore, parse_service_url
@@ -40,7 +40,7 @@ from ._options import (
 from ._routing import ProducerSet
 
 if TYPE_CHECKING:
-    from broker import BrokerConfig
+    from magnetar.broker import BrokerConfig
 
 __all__ = ["Client", "Consumer", "Producer", "Reader"]
 

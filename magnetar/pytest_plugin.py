@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from broker import BrokerConfig
+    from magnetar.broker import BrokerConfig
 
     from ._client import Client
 
@@ -66,7 +66,7 @@ class StandaloneBroker:
         self.admin_url: str = self._state["admin"].url
 
     async def _start(self, config: BrokerConfig | None) -> dict[str, Any]:
-        from broker import serve, start_admin
+        from magnetar.broker import serve, start_admin
 
         from ._embedded import EmbeddedTransport
 

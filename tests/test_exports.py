@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-import broker
+from magnetar import broker
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("storage", "codec", "broker")
@@ -43,7 +43,7 @@ def test_every_exported_name_exists(package: str) -> None:
 
 def test_storage_modules_export_what_they_define() -> None:
     for path in sorted((REPO / "storage").glob("*.py")):
-        name = "storage" if path.stem == "__init__" else f"storage.{path.stem}"
+        name = "storage" if path.stem == "__init__" else f"magnetar.storage.{path.stem}"
         module = importlib.import_module(name)
         for exported in getattr(module, "__all__", []):
             assert hasattr(module, exported), f"{name}.__all__ lists missing {exported}"
@@ -113,9 +113,9 @@ def test_the_import_scan_sees_imports(tmp_path: Path) -> None:
                       "from . import _sibling\n"
                       "def late() -> None:\n"
                       "    from codec import _frames\n")
-    assert sorted(imports_of(source)) == [(1, "broker.topics"), (2, "codec._wire"),
-                                          (2, "codec._wire.parse"), (5, "codec"),
-                                          (5, "codec._frames")]
+    assert sorted(imports_of(source)) == [(1, "magnetar.broker.topics"), (2, "magnetar.codec._wire"),
+                                          (2, "magnetar.codec._wire.parse"), (5, "codec"),
+                                          (5, "magnetar.codec._frames")]
 
 
 @pytest.mark.parametrize("package", LOWER)
@@ -275,10 +275,10 @@ def test_no_import_cycle_spans_two_wings() -> None:
 
 def test_the_checker_sees_an_upward_import() -> None:
     """The rule is not vacuous: the graph resolves relative imports to real modules."""
-    assert "broker.topics._topic" in BROKER_GRAPH["broker.topics._service"]
-    assert "broker.dispatch._subscription" in BROKER_GRAPH["broker.topics._topic"]
-    assert "broker.cli._admin_cli" in BROKER_GRAPH["broker.cli._main"]  # `from . import _admin_cli`
-    assert WING_RANK[_wing("broker.topics._topic")] > WING_RANK[_wing("broker._config")]
+    assert "magnetar.broker.topics._topic" in BROKER_GRAPH["magnetar.broker.topics._service"]
+    assert "magnetar.broker.dispatch._subscription" in BROKER_GRAPH["magnetar.broker.topics._topic"]
+    assert "magnetar.broker.cli._admin_cli" in BROKER_GRAPH["magnetar.broker.cli._main"]  # `from . import _admin_cli`
+    assert WING_RANK[_wing("magnetar.broker.topics._topic")] > WING_RANK[_wing("magnetar.broker._config")]
 
 
 def test_all_lists_what_users_need() -> None:
@@ -290,8 +290,8 @@ def test_all_lists_what_users_need() -> None:
     assert set(broker.__all__) <= set(dir(broker))
 
 
-@pytest.mark.parametrize("heavy", ["aiohttp", "broker.testing._simulation", "broker.cli",
-                                   "broker.http._admin"])
+@pytest.mark.parametrize("heavy", ["aiohttp", "magnetar.broker.testing._simulation", "magnetar.broker.cli",
+                                   "magnetar.broker.http._admin"])
 def test_import_broker_loads_no_harness_http_or_cli(heavy: str) -> None:
     code = f"import sys, broker; sys.exit({heavy!r} in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import magnetar
-from broker import BrokerConfig
+from magnetar.broker import BrokerConfig
 from tests.interop import BrokerProcess
 
 TRANSPORTS = ("embedded", "tcp")

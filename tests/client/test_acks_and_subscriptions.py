@@ -355,7 +355,7 @@ def test_over_the_maximum_never_reaches_the_application(client: magnetar.Client,
 def test_key_shared_sticky_ranges(client: magnetar.Client, topic: str) -> None:
     """Two Sticky consumers own half of the hash range each: every key reaches the consumer
     whose range holds its slot (codec's hash_range_slot, as the broker computes it)."""
-    from codec import hash_range_slot
+    from magnetar.codec import hash_range_slot
 
     halves = [(0, 32767), (32768, 65535)]
     consumers = [client.subscribe(topic, "sub", consumer_type=ConsumerType.KeyShared,

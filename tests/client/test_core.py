@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import magnetar
-from codec import SingleMessage, build_message
 from magnetar._consumer import TopicConsumer
 from magnetar._transport import Incoming
+from magnetar.codec import SingleMessage, build_message
 
 RECEIVE_MS = 5000
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import magnetar
-from broker import BrokerConfig
 from magnetar import InitialPosition, MessageId
+from magnetar.broker import BrokerConfig
 from tests.interop import REPO_ROOT
 
 from .test_produce_consume import RECEIVE_MS, drain
