@@ -22,6 +22,10 @@ implementations: in-process (`_embedded.py`, calling `broker.BrokerService` dire
 
 Names load on first use (PEP 562), so `import magnetar` imports neither the broker nor the
 storage engine; only an embedded client does.
+
+The rest of Magnetar installs under this name too: `magnetar.storage` (the storage engine),
+`magnetar.codec` (the Pulsar wire codec) and `magnetar.broker` (the broker); in the repository
+they are links to the top-level folders storage/, codec/ and broker/.
 """
 
 from __future__ import annotations
