@@ -44,7 +44,8 @@ from magnetar.broker._names import check_producer_name, check_subscription_name
 from magnetar.broker.dispatch._entry import EntryInfo
 from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
 from magnetar.broker.dispatch._subscription import Subscription
-from magnetar.broker.topics._topic import NonPersistentTopic, Producer
+from magnetar.broker.topics._nonpersistent_topic import NonPersistentTopic
+from magnetar.broker.topics._topic import Producer
 from magnetar.codec import MessageId, RemoteProtocolError, encode_entry, parse_entry, pb
 from magnetar.storage import DataDirLockedError, Storage, StorageConfig, StorageError
 
