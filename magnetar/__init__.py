@@ -87,7 +87,7 @@ _LAZY: dict[str, str] = {
     "Producer": "._client",
     "Reader": "._client",
     "Message": "._message",
-    "MessageId": "codec",
+    "MessageId": ".codec",
 }
 
 

@@ -113,6 +113,13 @@ def test_nothing_below_the_client_imports_magnetar(package: str) -> None:
     assert bad == []
 
 
+def test_the_client_exports_the_codecs_message_id() -> None:
+    import magnetar
+    from magnetar import codec
+
+    assert magnetar.MessageId is codec.MessageId  # one class, loaded once
+
+
 def test_the_client_import_check_sees_a_client_import(tmp_path: Path) -> None:
     source = tmp_path / "sample.py"
     source.write_text("from magnetar import codec\nfrom magnetar._client import Client\n")
