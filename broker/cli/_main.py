@@ -425,9 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sub)
     _add_crashtest(sub)
     _add_bench(sub)
-    from . import _admin_cli, _tokens_cli  # produce, consume, topics, ...; tokens
+    from . import _admin_cli, _perf_cli, _tokens_cli  # produce, consume, topics, ...; perf
 
     _admin_cli.add_commands(sub)
+    _perf_cli.add_perf_command(sub)
     _tokens_cli.add_tokens_command(sub)
     return parser
 
