@@ -208,7 +208,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
         with _sigterm_as_ctrl_c():
             result = run_produce(client, options, live=sys.stdout)
     except pulsar.PulsarException as error:
-        print(f"magnetar perf produce: {error} (at {args.url})", file=sys.stderr)
+        print(f"magnetar perf produce: failed against {args.url}: {error}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         client.close()
@@ -242,7 +242,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
         with _sigterm_as_ctrl_c():
             result = run_consume(client, options, live=sys.stdout, subscribed=subscribed)
     except pulsar.PulsarException as error:
-        print(f"magnetar perf consume: {error} (at {args.url})", file=sys.stderr)
+        print(f"magnetar perf consume: failed against {args.url}: {error}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         client.close()

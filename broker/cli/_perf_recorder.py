@@ -136,7 +136,8 @@ class LatencyHistogram:
     def percentiles_us(self, percentiles: Iterable[float]) -> dict[float, int]:
         """Each percentile (0 to 100) as the value at rank ceil(p/100 * count) among the
         recorded values in ascending order (rank 1 at least; p0 is the minimum), within
-        `relative_error` above; all 0 when nothing was recorded. One walk of the buckets."""
+        `relative_error` above (the exact maximum when that rank fell past `highest_us`);
+        all 0 when nothing was recorded. One walk of the buckets."""
         wanted = sorted(set(percentiles))
         for percentile in wanted:
             if not 0.0 <= percentile <= 100.0:
@@ -148,11 +149,14 @@ class LatencyHistogram:
                  for percentile in wanted]
         position = 0
         seen = 0
+        top = len(self._counts) - 1
         for index in range(self._low, self._high + 1):
             seen += self._counts[index]
             while position < len(ranks) and ranks[position][0] <= seen:
                 value = min(self._highest_equivalent(index), self.max_us)
-                found[ranks[position][1]] = max(value, self.min_us)
+                if index == top and self.clamped:
+                    value = self.max_us  # past highest_us: the exact maximum, never below
+                found[ranks[position][1]] = value
                 position += 1
             if position == len(ranks):
                 break
@@ -197,7 +201,7 @@ class LatencyRecorder:
         self._clock_s = clock_s
         self._lock = threading.Lock()
         self._interval = LatencyHistogram(highest_us, precision_bits)
-        self._spare = LatencyHistogram(highest_us, precision_bits)
+        self._spare: LatencyHistogram | None = LatencyHistogram(highest_us, precision_bits)
         self._total = LatencyHistogram(highest_us, precision_bits)
         self._messages = 0
         self._bytes = 0
@@ -216,17 +220,21 @@ class LatencyRecorder:
     def take_interval(self) -> RecorderInterval:
         """Swap in a fresh interval histogram, fold the finished one into the total and
         return it (valid until the next call)."""
-        fresh = self._spare
+        # A KeyboardInterrupt part way leaves no histogram in two roles: the spare is
+        # dropped while it is the interval (at worst one interval's counts miss the total).
+        fresh = self._spare or LatencyHistogram(self._total.highest_us,
+                                                self._total.precision_bits)
+        self._spare = None
         fresh.reset()
         with self._lock:
             finished, self._interval = self._interval, fresh
             messages, size, self._messages, self._bytes = self._messages, self._bytes, 0, 0
         now = self._clock_s()
         seconds, self._interval_started_s = now - self._interval_started_s, now
-        self._spare = finished
         self._total.add(finished)
         self.total_messages += messages
         self.total_bytes += size
+        self._spare = finished
         return RecorderInterval(seconds, messages, size, finished)
 
     @property
