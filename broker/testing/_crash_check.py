@@ -50,9 +50,10 @@ def _examples(keys: list[MessageKey] | set[MessageKey]) -> str:
     return ", ".join(f"{p}:{s}" for p, s in shown) + more
 
 
-def verify_after_restart(url: str, topic: str, seed: int, book: AckBook,
-                         rng: random.Random) -> Verification:
-    """Run every check against the restarted broker at `url` (see the module comment).
+def verify_after_restart(url: str, topic: str, seed: int, book: AckBook, rng: random.Random,
+                         drain_deadline_s: float = DRAIN_DEADLINE_S) -> Verification:
+    """Run every check against the restarted broker at `url` (see the module comment); a
+    subscription gets `drain_deadline_s` to deliver what it must.
 
     Raises pulsar's errors when the broker does not answer (the caller reports them)."""
     result = Verification()
@@ -62,7 +63,7 @@ def verify_after_restart(url: str, topic: str, seed: int, book: AckBook,
         stored = _read_topic(client, topic, seed, result)
         _check_stored(stored, book, resent, result)
         for name, kind in SUBSCRIPTIONS:
-            _drain(client, topic, name, kind, book, result)
+            _drain(client, topic, name, kind, book, result, drain_deadline_s)
     finally:
         client.close()
     return result
@@ -162,7 +163,7 @@ def _check_stored(stored: dict[MessageKey, int], book: AckBook, resent: set[Mess
 
 
 def _drain(client: pulsar.Client, topic: str, name: str, kind: str, book: AckBook,
-           result: Verification) -> None:
+           result: Verification, deadline_s: float) -> None:
     """Attach a consumer to subscription `name` (without acknowledging anything) and receive
     until every message it must deliver came and nothing more comes for `QUIET_MS`: each
     acknowledged publish not acknowledged on it; never a message acknowledged with a
@@ -177,7 +178,7 @@ def _drain(client: pulsar.Client, topic: str, name: str, kind: str, book: AckBoo
         pulsar.ConsumerType, kind.replace("_", "")), receiver_queue_size=1000)
     seen: set[MessageKey] = set()
     undone: set[MessageKey] = set()
-    deadline = time.monotonic() + DRAIN_DEADLINE_S
+    deadline = time.monotonic() + deadline_s
     try:
         while time.monotonic() < deadline:
             try:
