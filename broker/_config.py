@@ -66,6 +66,7 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "backlog_quota_default_limit_s": (-1, None),
     "token_allowed_clock_skew_s": (0, None),
     "auth_refresh_check_interval_s": (0, None),
+    "http_auth_failures_per_connection_max": (1, None),
     "storage_full_check_interval_s": (0, None),
     "stats_update_frequency_s": (1, None),
 }
@@ -166,8 +167,16 @@ class BrokerConfig:
     schema_compatibility_strategy: str = "FULL"
     is_allow_auto_update_schema_enabled: bool = True
     is_schema_validation_enforced: bool = False
-    # Authentication (security/_auth.py); no authorization: superuser roles are only logged.
+    # Authentication (security/_auth.py) and authorization (security/_authz.py).
     authentication_enabled: bool = False
+    # Pulsar's authenticationProviders, by method name: "token", "basic", "tls".
+    authentication_providers: tuple[str, ...] = ("token",)
+    basic_auth_conf: str = ""  # Pulsar's basicAuthConf: a path, file:, data: or base64 text
+    anonymous_user_role: str = ""  # Pulsar's anonymousUserRole ("": none; refused instead)
+    authorization_enabled: bool = False  # Pulsar's authorizationEnabled
+    # Failed authentications one admin HTTP connection may make before it is answered 429 and
+    # closed (a binary-protocol connection is closed at its first failure, as in Pulsar).
+    http_auth_failures_per_connection_max: int = 5
     token_secret_key: str = ""  # path, file:///path or data:;base64,... (HS tokens)
     token_public_key: str = ""  # same forms, DER or PEM (RS/ES tokens)
     token_auth_claim: str = "sub"  # the claim holding the role

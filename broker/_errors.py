@@ -13,6 +13,7 @@ from magnetar.storage import StorageError
 
 __all__ = [
     "AuthenticationError",
+    "AuthorizationError",
     "BrokerError",
     "ConfigurationError",
     "ConsumerAssignError",
@@ -65,9 +66,26 @@ class PersistenceError(BrokerError):
 
 
 class AuthenticationError(BrokerError):
-    """The client's credentials were missing, malformed, wrongly signed or expired."""
+    """The client's credentials were missing, malformed, wrongly signed or expired.
+
+    The message goes to the client; `detail` (never a credential) only to the broker's log.
+    """
 
     code = 3
+
+    def __init__(self, message: str = "", detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+    def logged(self) -> str:
+        """The message with its detail, for the broker's log."""
+        return f"{self}: {self.detail}" if self.detail else str(self)
+
+
+class AuthorizationError(BrokerError):
+    """An authenticated role may not do what it asked (security/_authz.py)."""
+
+    code = 4
 
 
 class ConsumerBusyError(BrokerError):
@@ -170,7 +188,8 @@ class ProducerFencedError(BrokerError):
 
 _BY_CODE: dict[int, type[BrokerError]] = {
     cls.code: cls for cls in (
-        BrokerError, MetadataError, PersistenceError, AuthenticationError, ConsumerBusyError,
+        BrokerError, MetadataError, PersistenceError, AuthenticationError, AuthorizationError,
+        ConsumerBusyError,
         ServiceNotReadyError,
         ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException,
         TopicNotFoundError, SubscriptionNotFoundError, ConsumerNotFoundError,

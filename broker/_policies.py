@@ -1,8 +1,9 @@
 """The rules a namespace or topic policy value must follow before it is stored.
 
 `NamespaceRegistry.set_policy` (and `set_topic_policy`) pass every value through
-`check_policy`, so an embedded caller of `BrokerService` and the admin REST API, which only
-parses the request and maps the errors to statuses, enforce the same rules. A value is
+`check_policy` (a topic's value against the policies in force for the topic: its own over
+its namespace's), so an embedded caller of `BrokerService` and the admin REST API, which
+only parses the request and maps the errors to statuses, enforce the same rules. A value is
 checked for its JSON shape (`MalformedPolicyError`, the API's 400), its range and its
 agreement with the policies already set (`InvalidPolicyError`, 412): the retention size must
 not fall below the `destination_storage` backlog quota, nor the quota exceed the retention.
@@ -44,6 +45,8 @@ POLICY_FIELDS = (
     "schema_compatibility_strategy",  # str, a SchemaCompatibilityStrategy name
     "is_allow_auto_update_schema",  # bool
     "schema_validation_enforced",  # bool
+    "compaction_threshold",  # int, backlog bytes that trigger compaction (0: never)
+    "subscription_auth_mode",  # "None" or "Prefix" (security/_authz.py)
 )
 
 SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
@@ -224,5 +227,6 @@ _CHECKS: dict[str, Check] = {
     "autoTopicCreationOverride": _check_auto_creation,
     "is_allow_auto_update_schema": _check_bool,
     "schema_validation_enforced": _check_bool,
+    "compaction_threshold": _non_negative("compactionThreshold"),
 }
 assert set(_CHECKS) <= set(POLICY_FIELDS)

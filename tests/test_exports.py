@@ -93,6 +93,48 @@ def test_lower_layers_never_import_broker(package: str) -> None:
     assert violations(package, "broker", internals_only=False) == []
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_nothing_below_the_client_imports_magnetar(package: str) -> None:
+    """`magnetar` (the client) may import broker, storage and codec; never the reverse. They
+    import each other as magnetar.storage, magnetar.codec, magnetar.broker: anything else
+    under the `magnetar` name is the client."""
+    bad = []
+    for path in sources(package):
+        imports = imports_of(path)
+        namespaced = {line for line, name in imports if name.split(".")[:2] in
+                      (["magnetar", p] for p in PACKAGES)}
+        for line, name in imports:
+            parts = name.split(".")
+            if parts[0] != "magnetar" or (len(parts) > 1 and parts[1] in PACKAGES):
+                continue
+            if len(parts) == 1 and line in namespaced:  # `from magnetar import codec`
+                continue
+            bad.append(f"{path.relative_to(REPO)}:{line}: imports {name}")
+    assert bad == []
+
+
+def test_the_client_exports_the_codecs_message_id() -> None:
+    import magnetar
+    from magnetar import codec
+
+    assert magnetar.MessageId is codec.MessageId  # one class, loaded once
+
+
+def test_the_client_import_check_sees_a_client_import(tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text("from magnetar import codec\nfrom magnetar._client import Client\n")
+    names = [name for _, name in imports_of(source)]
+    assert "magnetar._client" in names
+    assert "magnetar.codec" in names
+
+
+def test_magnetar_exports_what_it_lists() -> None:
+    import magnetar
+
+    assert len(magnetar.__all__) == len(set(magnetar.__all__))
+    assert [name for name in magnetar.__all__ if not hasattr(magnetar, name)] == []
+
+
 @pytest.mark.parametrize(("package", "other"), [("storage", "codec"), ("codec", "storage")])
 def test_no_imports_of_each_others_internals(package: str, other: str) -> None:
     assert violations(package, other, internals_only=True) == []

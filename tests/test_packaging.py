@@ -85,7 +85,8 @@ def test_wheel_ships_the_harnesses_and_the_command(wheel: Path) -> None:
             "magnetar/storage/testing/crashtest.py",
             "magnetar/storage/testing/_crashtest_child.py",
             "magnetar/storage/testing/benchmark.py", "magnetar/broker/cli/__init__.py",
-            "magnetar/codec/_proto/pulsar_api.proto", "magnetar/__init__.py"} <= names
+            "magnetar/codec/_proto/pulsar_api.proto", "magnetar/__init__.py",
+            "magnetar/asyncio.py", "magnetar/py.typed"} <= names
     top_level = {name.split("/")[0] for name in names if not name.startswith("magnetar-")}
     assert top_level == {"magnetar"}
 
@@ -194,6 +195,16 @@ def test_a_plain_install_runs_the_documented_commands(wheel: Path, tmp_path: Pat
         assert consumed.stdout.endswith("1 messages successfully consumed\n")
     finally:
         broker.cleanup()
+
+    script = ("import magnetar\n"
+              "with magnetar.Client('client-data') as client:\n"
+              "    reader = client.create_reader('t', magnetar.MessageId.earliest)\n"
+              "    client.create_producer('t').send(b'embedded')\n"
+              "    print(reader.read_next(10000).data())\n")
+    embedded = subprocess.run([str(python), "-c", script], cwd=tmp_path, env=clean,
+                              capture_output=True, text=True, timeout=120)
+    assert (embedded.returncode, embedded.stderr) == (0, "")
+    assert embedded.stdout == "b'embedded'\n"
 
     done = run("bench", "storage", "--plot", "x.png", "--quick")
     assert done.returncode == 2

@@ -58,6 +58,7 @@ from ._admin_http import (
     parse_size_bytes,
 )
 from ._client_cli import add_client_commands
+from ._topics_cli import add_topic_policy_commands
 
 # AdminHttpError and the parsers are `_admin_http`'s, listed here too: the commands' module.
 __all__ = ["AdminHttpError", "add_commands", "admin_request", "parse_duration_s",
@@ -259,6 +260,7 @@ def _add_topics(sub: SubParsers) -> None:
     stats.add_argument("--per-partition", action="store_true",
                        help="also show each partition's stats")
     _add_subscription_commands(commands, topic)
+    add_topic_policy_commands(commands)
 
 
 def _namespace_topics(suffix: str) -> Callable[[argparse.Namespace], str]:

@@ -16,9 +16,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from email.message import Message
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["AdminHttpError", "admin_request", "parse_duration_s", "parse_size_bytes"]
+__all__ = ["AdminHttpError", "admin_request", "admin_request_raw", "parse_duration_s",
+           "parse_size_bytes"]
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 HTTP_TIMEOUT_S = 30.0
@@ -149,6 +151,23 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
         AdminHttpError: an error status (with Pulsar's `reason`), or status 0 when the API
             cannot be reached, the URL is malformed or the answer is not JSON.
     """
+    raw = admin_request_raw(admin_url, method, path, body, query, token=token,
+                            trust_certs_file=trust_certs_file)[1]
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise AdminHttpError(0, f"{admin_url} is not the admin API: it answered "
+                                f"{admin_url.rstrip('/') + path} with something other than "
+                                "JSON") from None
+
+
+def admin_request_raw(admin_url: str, method: str, path: str, body: Any = None,
+                      query: dict[str, str] | None = None, *, token: str | None = None,
+                      trust_certs_file: str | None = None) -> tuple[Message, bytes]:
+    """One admin API call answered with bytes (a message's payload): `(headers, body)`.
+    Arguments and errors as `admin_request`'s (no JSON decoding)."""
     scheme = admin_url.partition("://")[0] if "://" in admin_url else ""
     if scheme.lower() not in ("http", "https"):
         raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: expected "
@@ -173,7 +192,7 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S,
                                     context=context) as answer:
-            raw = answer.read()
+            return answer.headers, answer.read()
     except urllib.error.HTTPError as error:
         raise AdminHttpError(error.code, _error_reason(error)) from None
     except urllib.error.URLError as error:
@@ -181,13 +200,6 @@ def admin_request(admin_url: str, method: str, path: str, body: Any = None,
                                 f"{error.reason}") from None
     except (OSError, ValueError) as error:
         raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: {error}") from None
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise AdminHttpError(0, f"{admin_url} is not the admin API: it answered {url} with "
-                                f"something other than JSON") from None
 
 
 def _error_reason(error: urllib.error.HTTPError) -> str:

@@ -468,9 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sub)
     _add_crashtest(sub)
     _add_bench(sub)
-    from . import _admin_cli, _tokens_cli  # produce, consume, topics, ...; tokens
+    from . import _admin_cli, _permissions_cli, _tokens_cli  # produce, topics, ...; tokens
 
     _admin_cli.add_commands(sub)
+    _permissions_cli.add_permission_commands(sub)
     _tokens_cli.add_tokens_command(sub)
     return parser
 

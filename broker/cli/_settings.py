@@ -228,8 +228,19 @@ _SECURITY: Final = (
        "certificates must chain to; --tls-trust-certs-file"),
     _o(TLS, "tlsRequireTrustedClientCertOnConnect", "require_trusted_client_cert", "",
        "refuse TLS clients without a trusted certificate; --tls-require-trusted-client-cert"),
-    _b("authenticationEnabled", "authentication_enabled", "", "require token authentication "
-       "(needs tokenSecretKey or tokenPublicKey)"),
+    _b("authenticationEnabled", "authentication_enabled", "", "require authentication by "
+       "one of authenticationProviders"),
+    _b("authenticationProviders", "authentication_providers", "list", "authentication "
+       "methods accepted, by name: token, basic, tls (Pulsar lists provider classes)"),
+    _b("basicAuthConf", "basic_auth_conf", "key", "htpasswd-style users for basic: path, "
+       "file:, data: or base64 text (bcrypt, $apr1$ or $1$ hashes)"),
+    _b("anonymousUserRole", "anonymous_user_role", "role", "role of a client without "
+       "credentials when authentication is on (empty: such clients are refused)"),
+    _b("authorizationEnabled", "authorization_enabled", "", "check every operation against "
+       "superuser roles, tenant admins and granted permissions"),
+    _b("httpAuthFailuresPerConnectionMax", "http_auth_failures_per_connection_max", "failures",
+       "failed authentications one admin HTTP connection may make before 429 and close",
+       pulsar=False),
     _b("tokenSecretKey", "token_secret_key", "key", "HS token key: path, file:///path or "
        "data:;base64,...; --auth-token-secret-key"),
     _b("tokenPublicKey", "token_public_key", "key", "RS/ES token public key, same forms; "
@@ -237,8 +248,8 @@ _SECURITY: Final = (
     _b("tokenAuthClaim", "token_auth_claim", "claim", "the token claim holding the role"),
     _b("tokenAllowedClockSkewSeconds", "token_allowed_clock_skew_s", "s", "clock skew "
        "tolerated on exp/nbf"),
-    _b("superUserRoles", "superuser_roles", "list", "super-user roles (logged only: no "
-       "authorization)"),
+    _b("superUserRoles", "superuser_roles", "list", "roles allowed every operation when "
+       "authorizationEnabled"),
     _b("authenticationRefreshCheckSeconds", "auth_refresh_check_interval_s", "s", "how often "
        "expiring credentials are checked"),
     _b("authenticateMetricsEndpoint", "authenticate_metrics_endpoint", "", "/metrics needs "

@@ -30,8 +30,12 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
 * `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` and the namespaces' schema policies:
   `_admin_schemas` (registered from here);
 * `/metrics`: `encode_metrics` (the format the Accept header asks for);
-* `/admin/v2/brokers/health`: "ok", or 503 with the reason while the disk is full or the
-  storage failed;
+* `/admin/v2/brokers/health` (a publish and read-back round trip; 503 with the reason while
+  the disk is full or the storage failed), `…/brokers/ready`, `/status.html` and the
+  (empty) dynamic configuration: `_admin_brokers`;
+* topic-level policies under `…/{topic}/` (`retention`, `messageTTL`, `maxProducers`, ...):
+  `_admin_topic_policies`; message inspection (`…/subscription/{sub}/position/{n}`,
+  `examinemessage`, `ledger/{l}/entry/{e}`, `lastMessageId`): `_admin_messages`;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
   and `…/partitions?checkAllowAutoCreation=true`.
 
@@ -61,8 +65,10 @@ rules are `broker/_policies.py`'s, applied by the `NamespaceRegistry`), `_admin_
 `_admin_subscriptions` and `_admin_schemas`, over the shared plumbing of `_rest` (`RestError`,
 the error middleware, the request and name helpers).
 
-With authentication enabled (`auth`), `_admin_auth.auth_middleware` runs first and answers
-401 to requests without a valid `Authorization: Bearer` token. `start_admin` can serve HTTPS
+The guards run before the error middleware (`_authz.security_middlewares`): size limits
+(413/431), authentication when enabled (`_admin_auth.py`: 401 without valid credentials),
+odd names in the path (412), and authorization by Pulsar's rules when enabled. The permission
+endpoints are `_permissions.py`'s. `start_admin` can serve HTTPS
 too, on `https_port` with the broker's TLS context.
 """
 
@@ -78,13 +84,18 @@ from aiohttp.http_exceptions import HttpProcessingError
 from .._names import advertised_url_for
 from ..security._auth import AuthenticationService
 from ..topics._service import BrokerService
-from ._admin_auth import Middleware, auth_middleware
+from ._admin_auth import Middleware
+from ._admin_brokers import add_broker_routes
+from ._admin_messages import add_message_routes
 from ._admin_namespaces import add_namespace_routes
 from ._admin_schemas import add_schema_routes
 from ._admin_subscriptions import add_subscription_routes
+from ._admin_topic_policies import add_topic_policy_routes
 from ._admin_topics import add_topic_routes, aggregate_partitioned_stats
+from ._authz import BODY_BYTES_MAX, PARSER_FIELD_BYTES_MAX, security_middlewares
 from ._lookup_http import LookupUrls, lookup_routes
 from ._metrics import encode_metrics
+from ._permissions import add_permission_routes
 from ._rest import CONSUMER_METRICS, LOOKUP_URLS, SERVICE, RestError, _errors, _service
 
 __all__ = ["AdminServer", "RestError", "admin_app", "aggregate_partitioned_stats",
@@ -114,19 +125,6 @@ class _HttpServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 # -- metrics --------------------------------------------------------------------------------
 
 
-async def health(request: web.Request) -> web.Response:
-    """Pulsar's broker health check: "ok", or 503 with the reason while the storage refuses
-    writes (a full disk, a failed disk)."""
-    service = _service(request)
-    failed = service.storage.failed
-    if service.storage_full:
-        raise RestError(503, f"The broker's disk is full; publishing is refused until there "
-                             f"is room again: {failed}")
-    if failed is not None and not service.storage.closed:
-        raise RestError(503, f"The broker's storage accepts no writes: {failed}")
-    return web.Response(text="ok")
-
-
 async def metrics(request: web.Request) -> web.Response:
     body, content_type = encode_metrics(_service(request), request.headers.get("Accept", ""),
                                         consumer_level=request.app[CONSUMER_METRICS])
@@ -150,11 +148,8 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     Returns:
         The application, routes registered.
     """
-    middlewares: list[Middleware] = [_errors]
-    if auth is not None:
-        middlewares.insert(0, auth_middleware(
-            auth, service.config.authenticate_metrics_endpoint))
-    app = web.Application(middlewares=middlewares)
+    middlewares: list[Middleware] = [*security_middlewares(service, auth), _errors]
+    app = web.Application(middlewares=middlewares, client_max_size=BODY_BYTES_MAX)
     app[SERVICE] = service
     app[CONSUMER_METRICS] = consumer_metrics
     urls = lookup_urls or LookupUrls()
@@ -162,11 +157,14 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     r = app.router
     r.add_get("/metrics", metrics)
     r.add_get("/metrics/", metrics)
-    r.add_get("/admin/v2/brokers/health", health)
+    add_broker_routes(r)
     add_namespace_routes(r)
     add_topic_routes(r)
+    add_topic_policy_routes(r)
+    add_message_routes(r)
     add_subscription_routes(r)
     add_schema_routes(r)
+    add_permission_routes(r, service)
     r.add_routes(lookup_routes(service, urls))
     return app
 
@@ -219,7 +217,9 @@ async def start_admin(service: BrokerService, host: str, port: int, *,
     runner = web.AppRunner(admin_app(service, consumer_metrics=consumer_metrics, auth=auth,
                                      lookup_urls=urls),
                            access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
-                           logger=_HttpServerLog(logging.getLogger("aiohttp.server")))
+                           logger=_HttpServerLog(logging.getLogger("aiohttp.server")),
+                           max_field_size=PARSER_FIELD_BYTES_MAX,
+                           max_line_size=PARSER_FIELD_BYTES_MAX)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -330,6 +330,7 @@ def add_namespace_routes(router: web.UrlDispatcher) -> None:
     r.add_post("/admin/v2/tenants/{tenant}", update_tenant)
     r.add_delete("/admin/v2/tenants/{tenant}", delete_tenant)
     r.add_get("/admin/v2/namespaces/{tenant}", list_namespaces)
+    r.add_get("/admin/v2/tenants/{tenant}/namespaces", list_namespaces)
     r.add_get(NS_PATH, get_namespace)
     r.add_put(NS_PATH, create_namespace)
     r.add_delete(NS_PATH, delete_namespace)

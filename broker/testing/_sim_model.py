@@ -258,9 +258,11 @@ class _SubModel:
     frontier: dict[str, int] = field(default_factory=dict)
     tainted: set[str] = field(default_factory=set)
     # Shared and Key_Shared: negative acks per entry (the redelivery count the broker must
-    # send), and the entries whose count a race made unknown.
+    # send), the entries whose count a race made unknown, and those whose count the broker
+    # cleared when the last consumer left (a background write that a crash may undo).
     redeliveries: Counter[tuple[int, int]] = field(default_factory=Counter)
     redeliveries_unknown: set[tuple[int, int]] = field(default_factory=set)
+    redeliveries_cleared: set[tuple[int, int]] = field(default_factory=set)
 
     def is_acked(self, message: _Message) -> bool:
         if message.uid in self.acked:
@@ -284,9 +286,20 @@ class _SubModel:
 
     def reset_redeliveries(self) -> None:
         """The broker forgets redelivery counts when the last consumer leaves (not when it
-        restarts: the cursor persists them)."""
+        restarts: the cursor persists them). It writes the cleared counts in the background
+        like any count change, so until a clean restart a crash may bring them back."""
+        self.redeliveries_cleared.update(self.redeliveries)
+        self.redeliveries_cleared.update(self.redeliveries_unknown)
         self.redeliveries.clear()
         self.redeliveries_unknown.clear()
+
+    def after_restart(self, clean: bool) -> None:
+        """A clean stop writes every count; a crash may lose the count changes not yet
+        durable: increments, and the clearing of counts (which then come back)."""
+        if not clean:
+            self.redeliveries_unknown.update(self.redeliveries)
+            self.redeliveries_unknown.update(self.redeliveries_cleared)
+        self.redeliveries_cleared.clear()
 
 
 @dataclass(eq=False)

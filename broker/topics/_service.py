@@ -345,6 +345,7 @@ class BrokerService:
         self.topics.pop(str(topic_name), None)
         if not topic_name.is_partitioned:  # a partition's schemas are its base's
             self.schemas.delete_all(topic_name)
+        self.namespaces.delete_topic_policies(str(topic_name))
         if topic_name.is_persistent:
             self._topic_event(topic_name, False)
 
@@ -394,6 +395,7 @@ class BrokerService:
                 await self.delete_topic(partition, force=force)
         self.namespaces.set_partitions(str(topic_name), 0, create=False)
         self.schemas.delete_all(topic_name)
+        self.namespaces.delete_topic_policies(str(topic_name))
 
     def list_topics(self, namespace: str, mode: str = "PERSISTENT",
                     include_system: bool = False) -> list[str]:

@@ -54,6 +54,8 @@ from magnetar.codec import base_command, encode_frame, pb
 
 from .._names import advertised_url_for
 from ..security._auth import AuthenticationService
+from ..security._authz import AuthorizationService
+from ..security._basic import peer_common_name
 from ..topics._service import BrokerService
 from ._connection_handler import ConnectionHandler
 from ._connection_view import (
@@ -105,9 +107,12 @@ class BrokerServer:
         self._advertised_url = advertised_url
         self._advertised_url_tls = advertised_url_tls
         self._advertised_host = advertised_host or host
+        authz = (AuthorizationService(service.namespaces, service.config.superuser_roles)
+                 if service.config.authorization_enabled else None)
         self.context = ServerContext(service, advertised_url or "",
                                      service.schemas,
-                                     keepalive_interval_s, pending_sends_max, auth=auth)
+                                     keepalive_interval_s, pending_sends_max, auth=auth,
+                                     authz=authz)
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
         # handler -> (its reading task, its writer)
@@ -198,7 +203,9 @@ class BrokerServer:
             return
         handler = ConnectionHandler(self.context, writer.write, writer.close, peer,
                                     write_buffer_bytes=writer.transport.get_write_buffer_size,
-                                    drain=writer.drain)
+                                    drain=writer.drain,
+                                    tls_common_name=peer_common_name(
+                                        writer.get_extra_info("peercert")))
         task = asyncio.current_task()
         assert task is not None
         self._connections[handler] = (task, writer)

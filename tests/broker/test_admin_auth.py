@@ -47,5 +47,7 @@ async def test_admin_requests_need_a_bearer_token(tmp_path: Path,
                 status, _ = await _get(session, metrics)
                 assert status == (401 if authenticate_metrics else 200)
                 assert (await _get(session, metrics, good))[0] == 200
+                # a load balancer's probe needs no credentials, as Pulsar's VipStatus
+                assert await _get(session, f"{server.url}/status.html") == (200, "OK")
         finally:
             await server.close()

@@ -138,8 +138,10 @@ def test_http_authentication_takes_a_bearer_header() -> None:
     assert service.authenticate_http("bearer " + _token().decode()).role == "alice"
     with pytest.raises(AuthenticationError, match="authentication required"):
         service.authenticate_http(None)
-    with pytest.raises(AuthenticationError, match="Bearer scheme"):
+    with pytest.raises(AuthenticationError, match="method 'basic' is not enabled"):
         service.authenticate_http("Basic dXNlcjpwYXNz")
+    with pytest.raises(AuthenticationError, match="Bearer or the Basic scheme"):
+        service.authenticate_http("Digest x")
     with pytest.raises(AuthenticationError, match="signature"):
         service.authenticate_http("Bearer " + encode_token({"sub": "a"}, b"x" * 32))
 

@@ -72,7 +72,7 @@ def _run(argv: list[str], cwd: Path, what: str) -> subprocess.CompletedProcess[s
 
 
 def test_the_readme_has_the_examples_this_file_runs() -> None:
-    assert len(_blocks("python")) == 2
+    assert len(_blocks("python")) == 4
     assert len(_blocks("sh")) == 4
     assert {lang for lang, _ in _BLOCK.findall(README.read_text())} == {"python", "sh"}
 
