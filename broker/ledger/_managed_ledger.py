@@ -24,9 +24,12 @@ write the record; only then delete the dropped ledgers and the orphans. Then rec
 durable cursor stored under `b"cursor/" + N + b"\\x00"`.
 
 Adds. `add_entry` takes the ML's submit lock (an `asyncio.Lock`, FIFO), rolls over first when
-the current ledger is full, hands the entry to `storage.add_entry` (which assigns the entry id at
-once), releases the lock and waits for durability. So concurrent adds get positions in call
-order. The storage completes adds in order; each completion is bounced onto the event loop,
+the current ledger is full, hands the entry to `storage.try_add_entry` (which assigns the entry
+id at once), releases the lock and waits for durability. The event loop never waits on the
+storage: while its write cache is full, `try_add_entry` refuses and the add awaits the storage's
+`cache_space` signal on the loop, holding the submit lock, so this ML's later adds queue behind
+it (back-pressure reaches its producers) while the loop serves everything else. So
+concurrent adds get positions in call order. The storage completes adds in order; each completion is bounced onto the event loop,
 where it advances the ledger's entry count and size and `last_confirmed_position`, resolves the
 add, and calls the `on_entries_added` hooks. After its add is durable, an add that filled the
 ledger rolls over at once (Pulsar closes a full ledger right away, so it can be trimmed).
@@ -468,7 +471,7 @@ class ManagedLedger:
             self._check_writable()
             if self._add_failed or self._current_is_full():
                 await self._rollover()
-            done = self._submit(bytes(data))
+            done = await self._submit(bytes(data))
             self._last_add = done
             ledger = self._ledgers[-1]
             filled = self._current_is_full()
@@ -490,10 +493,15 @@ class ManagedLedger:
                 f"managed ledger {self.name} is fenced after a failed rollover: "
                 f"{self._fenced}") from self._fenced
 
-    def _submit(self, data: bytes) -> asyncio.Future[Position]:
+    async def _submit(self, data: bytes) -> asyncio.Future[Position]:
+        """Hand the entry to the storage; returns the future of its durable position.
+        Submit lock held. While the storage's write cache is full, waits for space on the
+        loop (so only the adds of this ML wait; see `_add_when_cache_has_space`)."""
         loop = asyncio.get_running_loop()
         ledger = self._ledgers[-1]
-        completion = self.storage.add_entry(ledger.ledger_id, data)
+        completion = self.storage.try_add_entry(ledger.ledger_id, data)
+        if completion is None:
+            completion = await self._add_when_cache_has_space(ledger.ledger_id, data)
         self._submitted_entries += 1
         self._submitted_bytes += len(data)
         done: asyncio.Future[Position] = loop.create_future()
@@ -504,6 +512,29 @@ class ManagedLedger:
 
         completion.add_done_callback(bounce)
         return done
+
+    async def _add_when_cache_has_space(self, ledger_id: int, data: bytes) -> Completion[int]:
+        """Back-pressure without blocking the loop: await the storage's `cache_space` and try
+        again, for at most the storage's `write_cache_wait_ms_max` (as a blocking add would
+        wait).
+
+        Raises:
+            StorageError: the cache stayed full that long; nothing was written.
+            The storage's refusals (`try_add_entry`): nothing was written.
+        """
+        wait_ms = self.storage.config.write_cache_wait_ms_max
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000.0
+        while True:
+            space = _on_loop(loop, self.storage.cache_space())
+            try:
+                await asyncio.wait_for(space, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise StorageError(f"write cache full for {wait_ms} ms; the add of ml "
+                                   f"{self.name} was refused") from None
+            completion = self.storage.try_add_entry(ledger_id, data)
+            if completion is not None:
+                return completion
 
     def _on_add_done(self, ledger: _Ledger, size: int, finished: Completion[int],
                      done: asyncio.Future[Position]) -> None:
@@ -903,6 +934,14 @@ async def _after_earlier_callbacks(completion: Completion[int]) -> int:
     completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
     await waiter
     return completion.result()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, completion: Completion[Any]) -> asyncio.Future[None]:
+    """A loop future finished (with None) once a storage completion is, whatever its
+    outcome."""
+    waiter: asyncio.Future[None] = loop.create_future()
+    completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
+    return waiter
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
