@@ -29,8 +29,8 @@ id at once), releases the lock and waits for durability. The event loop never wa
 storage: while its write cache is full, `try_add_entry` refuses and the add awaits the storage's
 `cache_space` signal on the loop, holding the submit lock, so this ML's later adds queue behind
 it (back-pressure reaches its producers) while the loop serves everything else. So
-concurrent adds get positions in call order. The storage completes adds in order; each completion is bounced onto the event loop,
-where it advances the ledger's entry count and size and `last_confirmed_position`, resolves the
+concurrent adds get positions in call order. The storage completes adds in order; each
+completion is bounced onto the event loop, where it advances the ledger's entry count and size and `last_confirmed_position`, resolves the
 add, and calls the `on_entries_added` hooks. After its add is durable, an add that filled the
 ledger rolls over at once (Pulsar closes a full ledger right away, so it can be trimmed).
 
