@@ -32,7 +32,8 @@ it (back-pressure reaches its producers) while the loop serves everything else. 
 concurrent adds get positions in call order. The storage completes adds in order; each
 completion is bounced onto the event loop, where it advances the ledger's entry count and
 size and `last_confirmed_position`, resolves the add, and calls the `on_entries_added` hooks.
-After its add is durable, an add that filled the ledger rolls over at once (Pulsar closes a full ledger right away, so it can be trimmed).
+After its add is durable, an add that filled the ledger rolls over at once (Pulsar closes a
+full ledger right away, so it can be trimmed).
 
 A failed add (the storage refused or failed it: a full disk) leaves the current ledger in
 doubt, as in Pulsar, where a failed add closes the ledger: the next add first rolls over, and
