@@ -44,6 +44,7 @@ from ._dispatch_key_shared import KeySharedDispatcher
 from ._dispatch_shared import SharedDispatcher
 from ._dispatcher import Dispatcher, SingleActiveConsumerDispatcher
 from ._entry import EntryInfo
+from ._reads import SubscriptionReads
 
 if TYPE_CHECKING:
     from .._config import BrokerConfig
@@ -65,6 +66,7 @@ class Subscription:
         self.name = name
         self.cursor = cursor
         self.dispatcher: Dispatcher | None = None
+        self.reads = SubscriptionReads(cursor, self.kick)
         self.delayed: InMemoryDelayedDeliveryTracker | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._reset_done: asyncio.Event | None = None  # set while a reset runs
@@ -166,22 +168,29 @@ class Subscription:
 
     def read_new(self, max_entries: int, *, honour_delay: bool) -> tuple[list[EntryInfo], bool]:
         """Read entries past the cursor's read position; returns (entries to dispatch,
-        whether anything was read at all)."""
+        whether anything was read at all).
+
+        Raises:
+            ReadPending: the read went to the loader (see `_reads.py`); nothing changed.
+        """
         if self.delayed is not None and self.delayed.should_pause_all_deliveries():
             return [], False
-        raw = self.cursor.read_entries(max_entries, self.config.dispatcher_max_read_size_bytes)
+        raw = self.reads.read_new(max_entries, self.config.dispatcher_max_read_size_bytes)
         entries = [EntryInfo(Position(*p), data) for p, data in raw]
         return self._filter(entries, honour_delay), bool(raw)
 
-    def read_positions(self, positions: list[Position]) -> list[EntryInfo]:
-        """Read specific entries (replay), skipping acknowledged ones."""
-        entries = []
-        ml = self.topic.managed_ledger
-        for position in positions:
-            if self.cursor.is_acked(position) or position > ml.last_confirmed_position:
-                continue
-            entries.append(EntryInfo(position, ml.read_entry(position)))
-        return self._filter(entries, honour_delay=False)
+    def read_positions(self, positions: list[Position]) -> tuple[list[EntryInfo],
+                                                                 list[Position]]:
+        """Read specific entries (replay), skipping acknowledged ones: (entries to dispatch,
+        the positions dealt with, which leave the replay queue; the others stay).
+
+        Raises:
+            ReadPending: the read went to the loader (see `_reads.py`); nothing changed.
+        """
+        raw, done = self.reads.read_positions(positions,
+                                              self.config.dispatcher_max_read_size_bytes)
+        entries = [EntryInfo(position, data) for position, data in raw]
+        return self._filter(entries, honour_delay=False), done
 
     def _filter(self, entries: list[EntryInfo], honour_delay: bool) -> list[EntryInfo]:
         tags = self.tags
@@ -429,7 +438,8 @@ class Subscription:
         """
         ml = self.topic.managed_ledger
         if ack_set and ml.is_valid_position(position):  # no more words than the batch needs
-            size = EntryInfo(position, ml.read_entry(position)).batch_size
+            loaded = await ml.read_entries_async(position, 1, 1)
+            size = EntryInfo(position, loaded[0][1]).batch_size
             ack_set = ack_set[:ack_set_words_max(size)]
         async with self._resetting():
             self.disconnect_for_reset()
@@ -516,6 +526,7 @@ class Subscription:
         return int(self.cursor.backlog())
 
     def close(self) -> None:
+        self.reads.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
         for task in list(self._background):

@@ -50,7 +50,11 @@ the confirmations of those adds have been applied first), create the next one, r
 (metadata first), then trim. A crash between the steps leaves an orphan ledger that the next
 open deletes.
 
-Reads are synchronous (storage reads are local) and stop at `last_confirmed_position`.
+Reads stop at `last_confirmed_position` and never touch the disk on the event loop: a read is
+planned as runs of entries (`plan_runs`), served from the storage's memory when it can
+(`read_cached`) and otherwise loaded by the bounded `EntryLoader` in worker threads (`load`;
+see `_loader.py`). `read_entries`/`read_entry` read synchronously: for threads, and for rare
+single-entry reads on the loop (admin lookups, seek by time, TTL's search, a backlog check).
 
 Trimming (broker semantics §7.1, storage §9.3). Candidates are the closed ledgers strictly below
 the ledger of the slowest durable cursor's *persisted* mark-delete position (the next ledger when
@@ -86,6 +90,7 @@ from storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError
 
 from .._config import BrokerConfig
 from ._cursor import ManagedCursor, cursor_prefix
+from ._loader import EntryLoader, Run, collect, default_loader
 from ._position import (
     InvalidPositionError,
     ManagedLedgerClosedError,
@@ -103,7 +108,6 @@ __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerCon
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-READ_CHUNK_ENTRIES_MAX = 64  # entries fetched from storage per call when reading
 RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
 
 InitialPosition = Literal["latest", "earliest"]
@@ -191,8 +195,10 @@ class ManagedLedger:
 
     def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
-                 properties: dict[str, str], terminated: Position | None = None):
+                 properties: dict[str, str], terminated: Position | None = None,
+                 loader: EntryLoader | None = None):
         """Internal: use `ManagedLedger.open`."""
+        self.loader = loader or default_loader()
         assert ledgers, "an open managed ledger always has a current ledger"
         self.storage = storage
         self.name = name
@@ -220,7 +226,8 @@ class ManagedLedger:
     @classmethod
     async def open(cls, storage: LedgerStorage, name: str,
                    config: ManagedLedgerConfig | None = None,
-                   clock: Callable[[], float] = time.time) -> ManagedLedger:
+                   clock: Callable[[], float] = time.time,
+                   loader: EntryLoader | None = None) -> ManagedLedger:
         """Open (creating if needed) and recover the managed ledger `name`.
 
         Args:
@@ -228,6 +235,7 @@ class ManagedLedger:
             name: the ML name (the topic's persistence name).
             config: settings; the defaults when None.
             clock: wall-clock seconds (ledger ages and timestamps).
+            loader: the worker for reads that need the disk (default: the process's).
 
         Raises:
             StorageError: the storage failed; nothing was changed in the record.
@@ -247,7 +255,7 @@ class ManagedLedger:
         terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
                  dict(record.get("properties", {})),
-                 Position(*terminated) if terminated else None)
+                 Position(*terminated) if terminated else None, loader)
         ml._write_record()
         for ledger_id in dropped + orphans:
             await _delete_storage_ledger(storage, ledger_id)
@@ -628,32 +636,58 @@ class ManagedLedger:
 
     # -- reads ---------------------------------------------------------------------------
 
+    def plan_runs(self, start: Position, max_entries: int) -> list[Run]:
+        """The runs (`_loader.py`) of the first `max_entries` confirmed entries at or after
+        `start`, crossing ledgers. Memory only."""
+        runs: list[Run] = []
+        wanted = max_entries
+        at = self.first_entry_at_or_after(start)
+        while wanted > 0 and at <= self._last_confirmed:
+            count = min(wanted, self.ledger_entries(at.ledger_id) - at.entry_id)
+            assert count > 0
+            runs.append((at.ledger_id, at.entry_id, at.entry_id + count - 1))
+            wanted -= count
+            at = self.next_position(Position(at.ledger_id, at.entry_id + count - 1))
+        return runs
+
     def read_entries(self, start: Position, max_entries: int,
                      max_bytes: int) -> list[tuple[Position, bytes]]:
         """Confirmed entries from the first one at or after `start`, crossing ledgers.
 
         Returns at most `max_entries` entries, stopping before the one that would take the
-        total above `max_bytes` — but always at least one when any is available.
+        total above `max_bytes` — but always at least one when any is available. May read
+        the disk: for threads (tests, checks); the event loop uses `read_cached`/`load`.
 
         Raises:
             CorruptionError, NoSuchEntryError: from the storage read.
         """
         assert max_entries >= 0
-        found: list[tuple[Position, bytes]] = []
-        total = 0
-        at = self.first_entry_at_or_after(start)
-        while len(found) < max_entries and at <= self._last_confirmed:
-            available = self.ledger_entries(at.ledger_id) - at.entry_id
-            count = min(max_entries - len(found), available, READ_CHUNK_ENTRIES_MAX)
-            assert count > 0
-            datas = self.storage.read_entries(at.ledger_id, at.entry_id, at.entry_id + count - 1)
-            for offset, data in enumerate(datas):
-                if found and total + len(data) > max_bytes:
-                    return found
-                found.append((Position(at.ledger_id, at.entry_id + offset), data))
-                total += len(data)
-            at = self.next_position(found[-1][0])
-        return found
+        return collect(self.storage.read_entries, self.plan_runs(start, max_entries),
+                       max_bytes)
+
+    def read_cached(self, runs: list[Run], max_bytes: int) -> list[tuple[Position, bytes]]:
+        """The longest prefix of `runs` (within `max_bytes`) the storage serves from memory;
+        never touches the disk, so the loop may call it.
+
+        Raises:
+            LedgerNotFoundError, NoSuchEntryError: the runs are not (or no longer) entries.
+        """
+        return collect(self.storage.try_read_entries, runs, max_bytes)
+
+    def load(self, runs: list[Run], max_bytes: int) -> asyncio.Future[list[tuple[Position, bytes]]]:
+        """Read `runs` (within `max_bytes`) in the loader's worker threads; the future gives
+        the entries or the storage's error (CorruptionError, NoSuchEntryError, ...)."""
+        return self.loader.load(self.storage, runs, max_bytes)
+
+    async def read_entries_async(self, start: Position, max_entries: int,
+                                 max_bytes: int) -> list[tuple[Position, bytes]]:
+        """`read_entries` for the event loop: from memory when it can, else loaded off the
+        loop."""
+        runs = self.plan_runs(start, max_entries)
+        found = self.read_cached(runs, max_bytes)
+        if len(found) == sum(last - first + 1 for _, first, last in runs):
+            return found
+        return await self.load(runs, max_bytes)
 
     def read_entry(self, position: Position) -> bytes:
         """One confirmed entry.

@@ -56,6 +56,7 @@ from .._names import TopicName, matches_topics_pattern
 from .._namespaces import NamespaceRegistry
 from .._tasks import log_task_failure
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
+from ..ledger._loader import EntryLoader
 from ..ledger._managed_ledger import ml_key
 from ..schemas._schemas import SchemaRegistry
 from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
@@ -136,6 +137,8 @@ class BrokerService:
         check_entry_fits_storage(self.config, storage.config.entry_size_bytes_max)
         self.storage = storage
         self.clock = clock
+        self.loader = EntryLoader(self.config.managed_ledger_read_loads_in_flight_max,
+                                  self.config.managed_ledger_read_loaded_bytes_max)
         self.namespaces = NamespaceRegistry(storage.metadata, self.config)
         self.schemas = SchemaRegistry(storage.metadata, self.namespaces, clock)
         self.topics: dict[str, Topic] = {}
@@ -172,6 +175,7 @@ class BrokerService:
             except Exception as exc:  # keep closing the others
                 log.error("closing %s failed: %s", topic.name, exc)
         self.topics.clear()
+        self.loader.close()
 
     @property
     def storage_full(self) -> bool:

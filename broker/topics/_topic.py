@@ -283,7 +283,8 @@ class PersistentTopic(_ProducerHost):
     @classmethod
     async def load(cls, service: BrokerService, name: TopicName) -> PersistentTopic:
         ml_config = ManagedLedgerConfig.from_broker_config(service.config)
-        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config)
+        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config,
+                                      loader=service.loader)
         topic = cls(service, name, ml)
         topic.apply_policies()
         for cursor_name, cursor in ml.cursors.items():
@@ -321,7 +322,7 @@ class PersistentTopic(_ProducerHost):
         last = ml.last_confirmed_position
         replayed = 0
         while position <= last:
-            batch = ml.read_entries(position, 1000, 32 * 1024 * 1024)
+            batch = await ml.read_entries_async(position, 1000, 32 * 1024 * 1024)
             if not batch:
                 break
             for entry_position, data in batch:

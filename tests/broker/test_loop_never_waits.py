@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from broker import BrokerConfig, BrokerService, PersistentTopic, SubscribeSpec
@@ -20,7 +22,7 @@ from storage.testing.memory import InMemoryLedgerStorage
 from storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import KiB, small_config
 
-from .helpers import RecordingSink, persistent_producer, publish, wait_for
+from .helpers import RecordingSink, persistent_producer, publish, settle, wait_for
 
 ANSWER_WAIT_S = 10.0  # generous: the loop is idle, only a loaded machine is slow
 HELD_WAIT_S = 20.0
@@ -82,8 +84,11 @@ def test_a_full_write_cache_holds_one_topics_publishes_not_the_loop(tmp_path: Pa
             topic_a, producer_a = await persistent_producer(service, A_TOPIC)
             fs.hold("sync", "entrylogs")
             body = b"a" * (100 * KiB)
+            for i in range(3):  # fill one half of 256 KiB: the checkpoint flushes it...
+                await publish(topic_a, producer_a, body, sequence_id=i)
+            await wait_for(lambda: fs.held("sync") > 0, timeout_s=HELD_WAIT_S)  # ...held
             sends = [asyncio.ensure_future(publish(topic_a, producer_a, body, sequence_id=i))
-                     for i in range(12)]
+                     for i in range(3, 8)]  # fill the other half, and wait
             await wait_for(lambda: len(storage._space_waiters) > 0 and fs.held("sync") > 0,
                            timeout_s=HELD_WAIT_S)
             assert await loop_answers(), "the loop froze while the write cache was full"
@@ -100,10 +105,188 @@ def test_a_full_write_cache_holds_one_topics_publishes_not_the_loop(tmp_path: Pa
             fs.release("sync")
             receipts = [await send for send in sends]
             assert receipts == sorted(receipts)
-            assert len(set(receipts)) == 12
+            assert len(set(receipts)) == 5
         finally:
             fs.release("sync")
             await service.close()
             storage.close()
+
+    asyncio.run(scenario())
+
+
+# -- reads that need the disk ------------------------------------------------------------
+
+
+def test_a_cold_catch_up_read_does_not_stall_another_topics_publishes(
+        tmp_path: Path) -> None:
+    """Topic A's backlog is only in the entry logs and every entry-log read is held: A's
+    consumer waits for its read while topic B's publishes are acknowledged and the loop
+    answers; released, A's consumer gets its backlog in order. Before the fix the dispatcher
+    read A's entries on the loop thread, which then stopped until the read was released."""
+    async def scenario() -> None:
+        fs = SimFileSystem(seed=4)
+        storage = Storage.open(tmp_path, small_config(), fs=fs)
+        service = BrokerService(storage, BrokerConfig(max_message_size_bytes=128 * KiB,
+                                                      active_consumer_failover_delay_ms=0))
+        await service.start(maintenance=False)
+        watchdog = _ReleaseAfterPing(asyncio.get_running_loop(),
+                                     lambda: fs.held("read") > 0, lambda: fs.release("read"))
+        try:
+            topic_a, producer_a = await persistent_producer(service, A_TOPIC)
+            for i in range(20):
+                await publish(topic_a, producer_a, b"a%d" % i)
+            topic_b, producer_b = await persistent_producer(service, B_TOPIC)
+            await asyncio.to_thread(storage.checkpoint)  # A's entries now need the disk
+            fs.hold("read", "entrylogs")
+            watchdog.start()
+            sink = RecordingSink()
+            topic, consumer = await service.subscribe(
+                A_TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"),
+                sink)
+            assert isinstance(topic, PersistentTopic)
+            topic.subscriptions["sub"].flow(consumer, 100)
+            await wait_for(lambda: fs.held("read") > 0, timeout_s=HELD_WAIT_S)
+            receipt = await publish(topic_b, producer_b, b"b0")
+            assert fs.held("read") > 0, "B's publish waited for A's read"
+            assert receipt[1] == 0
+            assert sink.received == []
+            watchdog.checked.set()
+            watchdog.join()
+            assert watchdog.answered, "the loop froze while A's read was held"
+            await wait_for(lambda: len(sink.received) == 20, timeout_s=HELD_WAIT_S)
+            assert [r.body for r in sink.received] == [b"a%d" % i for i in range(20)]
+        finally:
+            watchdog.checked.set()
+            fs.release("read")
+            watchdog.join()
+            await service.close()
+            storage.close()
+
+    asyncio.run(scenario())
+
+
+class _ReleaseAfterPing(threading.Thread):
+    """Once `held()` holds: ping the loop and wait for the answer (`answered`), then for
+    the test to set `checked`, then `release()` -- whether or not they came, so that a
+    frozen loop fails the test instead of hanging it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, held: Callable[[], bool],
+                 release: Callable[[], None]):
+        super().__init__(daemon=True)
+        self.loop = loop
+        self.held = held
+        self.release = release
+        self.answered = False
+        self.checked = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + HELD_WAIT_S
+        while not self.held() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        try:
+            self.answered = self.held() and _loop_answers(self.loop)
+            self.checked.wait(HELD_WAIT_S)
+        finally:
+            self.release()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.is_alive() or self.ident is not None:
+            super().join(HELD_WAIT_S + ANSWER_WAIT_S if timeout is None else timeout)
+
+
+# -- order across a read in flight (in-memory storage: cold reads scripted) --------------
+
+
+async def _cold_exclusive(store: InMemoryLedgerStorage, count: int,
+                          ) -> tuple[BrokerService, PersistentTopic, RecordingSink]:
+    service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0))
+    await service.start(maintenance=False)
+    topic, producer = await persistent_producer(service, A_TOPIC)
+    for i in range(count):
+        await publish(topic, producer, b"m%d" % i)
+    store.cold_reads(True)
+    store.hold_reads()
+    sink = RecordingSink()
+    await service.subscribe(
+        A_TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
+    return service, topic, sink
+
+
+def test_a_rewind_while_a_read_is_in_flight_discards_its_result() -> None:
+    async def scenario() -> None:
+        store = InMemoryLedgerStorage()
+        service, topic, sink = await _cold_exclusive(store, 10)
+        subscription = topic.subscriptions["sub"]
+        consumer = subscription.consumers[0]
+        subscription.flow(consumer, 3)
+        await wait_for(lambda: store.reads_held == 1)
+        epoch = subscription.cursor.read_epoch
+        subscription.redeliver(consumer, None)  # rewinds the cursor
+        assert subscription.cursor.read_epoch != epoch
+        store.release_reads()
+        await wait_for(lambda: len(sink.received) == 3)
+        subscription.flow(consumer, 100)
+        await wait_for(lambda: len(sink.received) == 10)
+        assert [r.body for r in sink.received] == [b"m%d" % i for i in range(10)]
+        await service.close()
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_seek_while_a_read_is_in_flight_restarts_delivery_at_the_target() -> None:
+    async def scenario() -> None:
+        store = InMemoryLedgerStorage()
+        service, topic, sink = await _cold_exclusive(store, 10)
+        subscription = topic.subscriptions["sub"]
+        subscription.flow(subscription.consumers[0], 100)
+        await wait_for(lambda: store.reads_held == 1)
+        target = topic.managed_ledger.position_after_n(
+            topic.managed_ledger.first_position(), 6)  # the 6th entry: m5
+        await subscription.reset_cursor(target)  # closes the consumer, as a seek does
+        store.release_reads()
+        again = RecordingSink()
+        _, consumer = await service.subscribe(
+            A_TOPIC, SubscribeSpec("sub", "Exclusive", "c2"), again)
+        subscription.flow(consumer, 100)
+        await wait_for(lambda: len(again.received) == 5)
+        assert [r.body for r in again.received] == [b"m%d" % i for i in range(5, 10)]
+        assert sink.received == []
+        await service.close()
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_replay_waits_for_the_read_in_flight_and_shared_delivery_keeps_every_entry() -> None:
+    """Shared: a redelivery arrives while a read of new entries is loading; nothing is
+    delivered until the load is taken, and every entry arrives exactly once more."""
+    async def scenario() -> None:
+        store = InMemoryLedgerStorage()
+        service = BrokerService(store, BrokerConfig(dispatcher_max_read_batch_size=4))
+        await service.start(maintenance=False)
+        topic, producer = await persistent_producer(service, A_TOPIC)
+        for i in range(8):
+            await publish(topic, producer, b"m%d" % i)
+        sink = RecordingSink()
+        _, consumer = await service.subscribe(
+            A_TOPIC, SubscribeSpec("sub", "Shared", "c1", initial_position="earliest"), sink)
+        subscription = topic.subscriptions["sub"]
+        subscription.flow(consumer, 4)
+        await wait_for(lambda: len(sink.received) == 4)  # m0..m3, from memory
+        store.cold_reads(True)
+        store.hold_reads()
+        subscription.flow(consumer, 4)
+        await wait_for(lambda: store.reads_held == 1)  # m4..m7 loading
+        subscription.redeliver(consumer, [(r.ledger_id, r.entry_id) for r in sink.received])
+        subscription.flow(consumer, 100)
+        await settle()
+        assert len(sink.received) == 4  # the replay does not overtake the load
+        store.release_reads()
+        await wait_for(lambda: len(sink.received) == 12)
+        bodies = [r.body for r in sink.received[4:]]
+        assert sorted(bodies) == sorted(b"m%d" % i for i in range(8))
+        await service.close()
+        store.close()
 
     asyncio.run(scenario())
