@@ -96,7 +96,10 @@ class EntryLoader:
     """The bounded worker for reads that may touch the disk (see the module comment)."""
 
     def __init__(self, loads_in_flight_max: int = LOADS_IN_FLIGHT_MAX_DEFAULT,
-                 loaded_bytes_max: int = LOADED_BYTES_MAX_DEFAULT):
+                 loaded_bytes_max: int = LOADED_BYTES_MAX_DEFAULT, *, on_loop: bool = False):
+        """`on_loop`: for the seeded simulation only, which must replay exactly: each load
+        runs in a later callback of the loop that asked for it (so the callers' paths for
+        a read in flight run, deterministically), not in a thread."""
         assert loads_in_flight_max >= 1
         assert loaded_bytes_max >= 1
         self.loads_in_flight_max = loads_in_flight_max
@@ -105,6 +108,7 @@ class EntryLoader:
         self._waiting: deque[_Load] = deque()
         self.running = 0
         self.running_bytes = 0
+        self.on_loop = on_loop
         self._executor = ThreadPoolExecutor(max_workers=loads_in_flight_max,
                                             thread_name_prefix="entry-loader")
 
@@ -114,6 +118,9 @@ class EntryLoader:
         future, on the calling loop, gives the entries or the storage's error."""
         loop = asyncio.get_running_loop()
         load = _Load(storage, runs, max_bytes, loop, loop.create_future())
+        if self.on_loop:
+            loop.call_soon(self._run_on_loop, load)
+            return load.future
         with self._lock:
             self._waiting.append(load)
         self._start_what_fits()
@@ -160,6 +167,15 @@ class EntryLoader:
             outcome = (None, error)
         self._done(load, *outcome)
         self._start_what_fits()
+
+    @staticmethod
+    def _run_on_loop(load: _Load) -> None:
+        try:
+            found = collect(load.storage.read_entries, load.runs, load.max_bytes)
+        except Exception as error:
+            _finish(load.future, None, error)
+            return
+        _finish(load.future, found, None)
 
     def close(self) -> None:
         """Stop taking loads; running ones finish, waiting ones are dropped."""

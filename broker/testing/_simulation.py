@@ -109,6 +109,7 @@ from .._config import BrokerConfig
 from .._errors import BrokerError, ConsumerBusyError, PersistenceError
 from ..dispatch._consumer import Consumer, Delivery, SubscribeSpec
 from ..dispatch._subscription import ACK_CUMULATIVE, ACK_INDIVIDUAL, Subscription
+from ..ledger._loader import EntryLoader
 from ..ledger._position import Position, int_to_ack_set
 from ..topics._dedup import DEDUP_UNKNOWN_MESSAGE
 from ..topics._service import BrokerService
@@ -506,7 +507,9 @@ class _Node:
                  broker_config: BrokerConfig, clock: Callable[[], float]):
         self.fs = fs
         self.storage = Storage.open(directory, storage_config, fs=fs)
-        self.service = BrokerService(self.storage, broker_config, clock=clock)
+        # Pumped (replayable) runs load cold reads in later loop callbacks, not in threads.
+        loader = None if storage_config.background_threads else EntryLoader(on_loop=True)
+        self.service = BrokerService(self.storage, broker_config, clock=clock, loader=loader)
         self.pump_error: BaseException | None = None
         self._pumping = not storage_config.background_threads
         self._pump_task: asyncio.Task[None] | None = None

@@ -132,13 +132,16 @@ class BrokerService:
     """
 
     def __init__(self, storage: LedgerStorage, config: BrokerConfig | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, loader: EntryLoader | None = None):
+        """`loader`: the worker for reads that need the disk (default: one built from the
+        config's `managed_ledger_read_*_max` limits)."""
         self.config = config or BrokerConfig()
         check_entry_fits_storage(self.config, storage.config.entry_size_bytes_max)
         self.storage = storage
         self.clock = clock
-        self.loader = EntryLoader(self.config.managed_ledger_read_loads_in_flight_max,
-                                  self.config.managed_ledger_read_loaded_bytes_max)
+        self.loader = loader or EntryLoader(
+            self.config.managed_ledger_read_loads_in_flight_max,
+            self.config.managed_ledger_read_loaded_bytes_max)
         self.namespaces = NamespaceRegistry(storage.metadata, self.config)
         self.schemas = SchemaRegistry(storage.metadata, self.namespaces, clock)
         self.topics: dict[str, Topic] = {}
