@@ -331,9 +331,9 @@ class Subscription:
                     whole.append(position)
                     if self.cursor.get_ack_set(position) is not None:
                         remaining[(ledger_id, entry_id)] = self._unacked_in_batch(
-                            position, self._batch_size(consumer, position))
+                            position, await self._batch_size(consumer, position))
                 continue
-            size = self._checked_batch_size(consumer, position, ack_set)
+            size = await self._checked_batch_size(consumer, position, ack_set)
             before = self._unacked_in_batch(position, size)
             await self.cursor.delete_batch_index(position, ack_set, size)
             if self.cursor.is_acked(position):
@@ -368,7 +368,7 @@ class Subscription:
             log.debug("ignoring a cumulative ack of %s at or below the mark-delete %s on %s",
                       position, mark_delete, self.name)
             return
-        size = self._checked_batch_size(consumer, position, ack_set) if ack_set else None
+        size = await self._checked_batch_size(consumer, position, ack_set) if ack_set else None
         await self.cursor.mark_delete(position, ack_set=ack_set, batch_size=size)
         self._after_ack(consumer, [], 0, moved=True)
 
@@ -382,14 +382,15 @@ class Subscription:
                 self.dispatcher.mark_delete_moved()
         self.topic.acks_changed()
 
-    def _batch_size(self, consumer: Consumer | None, position: Position) -> int:
+    async def _batch_size(self, consumer: Consumer | None, position: Position) -> int:
         if consumer is not None and consumer.pending_acks is not None:
             found = consumer.pending_acks.get(position.ledger_id, position.entry_id)
             if found is not None:
                 return int(found.batch_size)
-        return EntryInfo(position, self.topic.managed_ledger.read_entry(position)).batch_size
+        data = await self.topic.managed_ledger.read_entry_async(position)
+        return EntryInfo(position, data).batch_size
 
-    def _checked_batch_size(self, consumer: Consumer | None, position: Position,
+    async def _checked_batch_size(self, consumer: Consumer | None, position: Position,
                             ack_set: list[int]) -> int:
         """The batch size of the entry an ack set refers to, once the ack set is found to fit
         it -- before any work in proportion to the ack set's length.
@@ -399,7 +400,7 @@ class Subscription:
             NotAllowedError: the ack set has more words than the batch has messages.
             (Nothing changed.)
         """
-        size = self._batch_size(consumer, position)
+        size = await self._batch_size(consumer, position)
         if len(ack_set) > ack_set_words_max(size):
             raise NotAllowedError(
                 f"Ack set of {len(ack_set)} words for {position}, a batch of {size} messages "
@@ -438,8 +439,7 @@ class Subscription:
         """
         ml = self.topic.managed_ledger
         if ack_set and ml.is_valid_position(position):  # no more words than the batch needs
-            loaded = await ml.read_entries_async(position, 1, 1)
-            size = EntryInfo(position, loaded[0][1]).batch_size
+            size = EntryInfo(position, await ml.read_entry_async(position)).batch_size
             ack_set = ack_set[:ack_set_words_max(size)]
         async with self._resetting():
             self.disconnect_for_reset()
@@ -494,7 +494,7 @@ class Subscription:
         cutoff = self.now_ms() - ttl_s * 1000  # expired: now > publish time + ttl (§7.2)
         newest = self._expired_closed_ledgers_end(cutoff)
         start = self.cursor.mark_delete_position if newest is None else newest
-        found = ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
+        found = await ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
                                         start=ml.next_valid_position(start))
         newest = found or newest
         if newest is None or newest <= self.cursor.mark_delete_position:

@@ -490,7 +490,7 @@ class ManagedCursor:
     async def reset_by_time(self, timestamp_ms: int,
                             entry_timestamp: Callable[[bytes], int]) -> None:
         """Reset to the first entry whose timestamp is >= `timestamp_ms` (§4.7)."""
-        await self.reset(self.ml.find_position_by_time(timestamp_ms, entry_timestamp))
+        await self.reset(await self.ml.find_position_by_time(timestamp_ms, entry_timestamp))
 
     # -- properties ----------------------------------------------------------------------
 

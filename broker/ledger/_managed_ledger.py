@@ -54,7 +54,8 @@ Reads stop at `last_confirmed_position` and never touch the disk on the event lo
 planned as runs of entries (`plan_runs`), served from the storage's memory when it can
 (`read_cached`) and otherwise loaded by the bounded `EntryLoader` in worker threads (`load`;
 see `_loader.py`). `read_entries`/`read_entry` read synchronously: for threads, and for rare
-single-entry reads on the loop (admin lookups, seek by time, TTL's search, a backlog check).
+single-entry reads on the loop (an admin lookup, a message-age backlog-quota check, the
+newest entry's index when a topic with the index interceptor loads).
 
 Trimming (broker semantics §7.1, storage §9.3). Candidates are the closed ledgers strictly below
 the ledger of the slowest durable cursor's *persisted* mark-delete position (the next ledger when
@@ -699,19 +700,30 @@ class ManagedLedger:
             raise InvalidPositionError(f"{position} is not an entry of {self.name}")
         return self.storage.read_entry(position.ledger_id, position.entry_id)
 
-    def find_newest_matching(self, predicate: Callable[[bytes], bool],
-                             start: Position | None = None) -> Position | None:
+    async def read_entry_async(self, position: Position) -> bytes:
+        """One confirmed entry, from memory or loaded off the loop.
+
+        Raises:
+            InvalidPositionError: not a confirmed entry of this ML.
+        """
+        if not self.is_valid_position(position):
+            raise InvalidPositionError(f"{position} is not an entry of {self.name}")
+        found = await self.read_entries_async(position, 1, 1)
+        return found[0][1]
+
+    async def find_newest_matching(self, predicate: Callable[[bytes], bool],
+                                   start: Position | None = None) -> Position | None:
         """The newest entry (from `start`, default the first) for which `predicate` holds,
-        assuming it holds for a prefix of the entries (binary search, ~log2(n) reads).
-        None when it does not hold for the first one."""
+        assuming it holds for a prefix of the entries (binary search, ~log2(n) reads, each
+        from memory or loaded off the loop). None when it does not hold for the first one."""
         first = self.first_entry_at_or_after(start or self.first_position())
         count = self.entries_between(first, self._last_confirmed)
-        if count == 0 or not predicate(self.read_entry(first)):
+        if count == 0 or not predicate(await self.read_entry_async(first)):
             return None
         low, high = 0, count - 1  # predicate holds at `low`
         while low < high:
             middle = (low + high + 1) // 2
-            if predicate(self.read_entry(self._nth_from(first, middle))):
+            if predicate(await self.read_entry_async(self._nth_from(first, middle))):
                 low = middle
             else:
                 high = middle - 1
@@ -720,12 +732,13 @@ class ManagedLedger:
     def _nth_from(self, first: Position, offset: int) -> Position:
         return first if offset == 0 else self.position_after_n(first, offset)
 
-    def find_position_by_time(self, timestamp_ms: int, entry_timestamp: Callable[[bytes], int],
-                              start: Position | None = None) -> Position:
+    async def find_position_by_time(self, timestamp_ms: int,
+                                    entry_timestamp: Callable[[bytes], int],
+                                    start: Position | None = None) -> Position:
         """Where a seek by time lands (§4.7): right after the newest entry whose timestamp is
         below `timestamp_ms`, or the first entry when none is. Timestamps must rise."""
-        newest = self.find_newest_matching(lambda data: entry_timestamp(data) < timestamp_ms,
-                                           start)
+        newest = await self.find_newest_matching(
+            lambda data: entry_timestamp(data) < timestamp_ms, start)
         if newest is None:
             return self.first_entry_at_or_after(start or self.first_position())
         return self.next_valid_position(newest)
