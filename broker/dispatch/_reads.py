@@ -124,15 +124,19 @@ class SubscriptionReads:
         return raw, skipped + [p for p, _ in raw]
 
     def _take(self, kind: Literal["new", "replay"]) -> _Loaded | None:
-        """The finished load of `kind` (dropping one of the other kind), or None.
+        """The finished load of `kind`, or None (one of the other kind stays, for a later
+        round: a replay may come between a load of new entries and its use).
 
         Raises:
             ReadPending: a load is in flight.
         """
         if self.in_flight is not None:
             raise ReadPending()
-        loaded, self._loaded = self._loaded, None
-        return loaded if loaded is not None and loaded.kind == kind else None
+        loaded = self._loaded
+        if loaded is None or loaded.kind != kind:
+            return None
+        self._loaded = None
+        return loaded
 
     def _start(self, kind: Literal["new", "replay"], epoch: int, runs: list[Run],
                max_bytes: int, asked: frozenset[Position] = frozenset()) -> None:
