@@ -74,6 +74,7 @@ class SubscriptionReads:
         if loaded is not None and loaded.epoch == cursor.read_epoch:
             if loaded.error is not None:
                 raise loaded.error
+            assert loaded.entries, "a load of planned runs returns at least one entry"
             raw, rest = loaded.entries[:max_entries], loaded.entries[max_entries:]
             if raw:
                 cursor.advance_past(raw[-1][0])
