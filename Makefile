@@ -35,7 +35,7 @@ lint: $(VENV)/.installed-test
 # Regenerates codec/_proto/pulsar_api_pb2.py and .pyi from codec/_proto/pulsar_api.proto, with the
 # protoc of grpcio-tools; tests/codec/test_proto.py fails when the committed files are stale.
 proto: $(VENV)/.installed-test
-	$(BIN)/python -m codec._proto.generate
+	$(BIN)/python -m magnetar.codec._proto.generate
 
 bench: $(VENV)/.installed-run
 	$(BIN)/magnetar bench storage --json bench-storage.json --plot bench-storage.png

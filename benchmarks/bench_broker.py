@@ -53,7 +53,7 @@ from typing import Any
 # Runnable from a checkout without installing: the repository root holds the packages.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from broker import (
+from magnetar.broker import (
     BrokerConfig,
     BrokerService,
     Consumer,
@@ -62,10 +62,10 @@ from broker import (
     ProducerSpec,
     SubscribeSpec,
 )
-from broker.topics._topic import Producer
-from codec import SingleMessage, build_batch, build_message, encode_entry
-from storage import Storage, StorageConfig
-from storage.testing.benchmark import (
+from magnetar.broker.topics._topic import Producer
+from magnetar.codec import SingleMessage, build_batch, build_message, encode_entry
+from magnetar.storage import Storage, StorageConfig
+from magnetar.storage.testing.benchmark import (
     FULL_SCALE,
     QUICK_SCALE,
     TINY_SCALE,

@@ -112,7 +112,7 @@ def measure(name: str, unit: str, rounds: int, work: Callable[[], float]) -> Res
 
 
 def batch_benchmarks(opts: Options, rng: random.Random) -> list[Result]:
-    from codec import SingleMessage, build_batch, unpack_messages
+    from magnetar.codec import SingleMessage, build_batch, unpack_messages
 
     results = []
     bodies = records(max(BATCH_SIZES), rng)
@@ -140,7 +140,13 @@ def batch_benchmarks(opts: Options, rng: random.Random) -> list[Result]:
 
 
 def compression_benchmarks(opts: Options, rng: random.Random) -> list[Result]:
-    from codec import CompressionType, SingleMessage, compress, decompress, encode_batch_payload
+    from magnetar.codec import (
+        CompressionType,
+        SingleMessage,
+        compress,
+        decompress,
+        encode_batch_payload,
+    )
 
     data = encode_batch_payload([SingleMessage(body) for body in records(1000, rng)])
     repeats = max(1, opts.compression_bytes_per_round // len(data))
@@ -165,7 +171,7 @@ def compression_benchmarks(opts: Options, rng: random.Random) -> list[Result]:
 
 
 def frame_benchmarks(opts: Options, rng: random.Random) -> list[Result]:
-    from codec import (
+    from magnetar.codec import (
         NEED_DATA,
         Connection,
         Role,
@@ -262,7 +268,7 @@ def git_commit() -> str | None:
 
 
 def profile(which: str, opts: Options) -> None:
-    from codec import SingleMessage, build_batch, unpack_messages
+    from magnetar.codec import SingleMessage, build_batch, unpack_messages
 
     rng = random.Random(opts.seed)
     messages = [SingleMessage(b, sequence_id=100_000 + i) for i, b in enumerate(records(1000, rng))]

@@ -3,7 +3,7 @@ subprocess, durable, set against the disk's limits measured in the same run.
 
 What is measured
 ----------------
-A broker is started as a subprocess (`python -m broker.cli standalone`) on a free loopback
+A broker is started as a subprocess (`python -m magnetar.broker.cli standalone`) on a free loopback
 port, with its data directory in a temporary directory under `--dir` (the disk being
 measured); it is stopped by PID (SIGTERM, then a wait) and the directory removed at the end.
 Every publish is durable: the broker receipts a SEND only once its entry is journaled.
@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pulsar  # type: ignore[import-untyped]
 from tqdm import tqdm
 
-from storage.testing.benchmark import (
+from magnetar.storage.testing.benchmark import (
     FULL_SCALE,
     QUICK_SCALE,
     TINY_SCALE,
@@ -182,7 +182,7 @@ class BrokerProcess:
         Raises:
             RuntimeError: it exited or did not listen within `STARTUP_DEADLINE_S`.
         """
-        command = [sys.executable, "-m", "broker.cli", "standalone", "--data-dir",
+        command = [sys.executable, "-m", "magnetar.broker.cli", "standalone", "--data-dir",
                    os.path.join(self.directory, "data"), "--host", HOST,
                    "--port", str(self.port), "--http-port", "0"]
         env = dict(os.environ, PYTHONUNBUFFERED="1")

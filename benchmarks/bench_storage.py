@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Runnable from a checkout without installing: the repository root holds `storage`.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from storage.testing.benchmark import BenchOptions, run_storage_benchmark
+    from magnetar.storage.testing.benchmark import BenchOptions, run_storage_benchmark
 
     run_storage_benchmark(BenchOptions(directory=args.dir, quick=args.quick,
                                        json_path=args.json, plot_path=args.plot))

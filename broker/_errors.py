@@ -9,7 +9,7 @@ its boundary with `from_storage_error`.
 
 from __future__ import annotations
 
-from storage import StorageError
+from magnetar.storage import StorageError
 
 __all__ = [
     "AuthenticationError",

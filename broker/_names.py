@@ -66,7 +66,7 @@ from urllib.parse import quote
 import crc32c
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
-from storage import META_KEY_BYTES_MAX
+from magnetar.storage import META_KEY_BYTES_MAX
 
 from ._errors import InvalidTopicNameError, ProducerBusyError
 

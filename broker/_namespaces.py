@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from storage import LedgerMetadata
+from magnetar.storage import LedgerMetadata
 
 from ._config import BrokerConfig
 from ._errors import MetadataError, NotAllowedError

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import PersistentTopic
-from broker.cli import build_parser, main
-from broker.cli._admin_cli import parse_duration_s, parse_size_bytes
+from magnetar.broker import PersistentTopic
+from magnetar.broker.cli import build_parser, main
+from magnetar.broker.cli._admin_cli import parse_duration_s, parse_size_bytes
 from tests.broker.helpers import admin_env, make_entry, now_ms, persistent_producer, wait_for
 
 ADMIN_GROUPS = ("topics", "namespaces", "tenants", "clusters")
@@ -302,7 +302,7 @@ def test_produce_needs_messages(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.interop
 def test_produce_and_consume_through_the_broker(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from broker.wire._server import serve
+    from magnetar.broker.wire._server import serve
 
     async def scenario() -> None:
         async with admin_env(tmp_path) as (env, admin, _):

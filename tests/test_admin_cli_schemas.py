@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import TopicName
-from broker.cli import main
+from magnetar.broker import TopicName
+from magnetar.broker.cli import main
 from tests.broker.helpers import admin_env
 from tests.test_admin_cli import Cli
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from broker._errors import ConfigurationError
-from broker.cli import build_parser, main
-from broker.cli._standalone import config_with_overrides
-from storage import Storage
+from magnetar.broker._errors import ConfigurationError
+from magnetar.broker.cli import build_parser, main
+from magnetar.broker.cli._standalone import config_with_overrides
+from magnetar.storage import Storage
 
 
 def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,7 +89,7 @@ def test_storage_inspect_lists_ledgers_and_segments(tmp_path: Path,
 
 
 def test_console_script_runs() -> None:
-    done = subprocess.run([sys.executable, "-m", "broker.cli", "--help"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "magnetar.broker.cli", "--help"], capture_output=True,
                           text=True, check=False, timeout=60)
     assert done.returncode == 0
     assert "crashtest" in done.stdout
@@ -106,7 +106,7 @@ SHORT_NAME_RULE = ("it should be in the format of <tenant>/<namespace>/<topic> o
 
 def _magnetar(*argv: str) -> subprocess.CompletedProcess[str]:
     """`magnetar ARGV` in a subprocess (this checkout's code), its output captured."""
-    return subprocess.run([sys.executable, "-m", "broker.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "magnetar.broker.cli", *argv], capture_output=True,
                           text=True, check=False, timeout=CLI_DEADLINE_S, cwd=REPO_ROOT)
 
 
@@ -297,7 +297,7 @@ def test_standalone_refuses_a_port_in_use(tmp_path: Path) -> None:
 
 def _ranged_settings() -> list[tuple[str, float]]:
     try:
-        from broker._config import SETTING_RANGES
+        from magnetar.broker._config import SETTING_RANGES
     except ImportError:  # before the settings had ranges: every setting failed the same way
         return [("max_message_size_bytes", 1)]
     return sorted((name, low) for name, (low, _) in SETTING_RANGES.items())
@@ -306,7 +306,7 @@ def _ranged_settings() -> list[tuple[str, float]]:
 def test_standalone_names_a_host_that_does_not_resolve(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    from broker.cli._standalone import StandaloneOptions, run_standalone
+    from magnetar.broker.cli._standalone import StandaloneOptions, run_standalone
 
     def unknown(host: object, *args: object, **kwargs: object) -> object:
         # What the resolver answers for an unknown name (no DNS query made by the test).
@@ -330,8 +330,8 @@ def _corrupt_journal_mid_segment(data_dir: Path, entries: int = 30, victim: int 
     """Acknowledged entries that live only in the journal (a crash before any checkpoint),
     then one byte flipped inside the payload of entry `victim`'s record. Returns the
     damaged record's offset."""
-    from storage import StorageConfig
-    from storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
+    from magnetar.storage import StorageConfig
+    from magnetar.storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
 
     store = Storage.open(data_dir, StorageConfig(background_threads=False))
     ledger = store.wait(store.create_ledger({"topic": "persistent://public/default/t"}))
@@ -364,7 +364,7 @@ def _corrupt_journal_mid_segment(data_dir: Path, entries: int = 30, victim: int 
 
 def _standalone(data_dir: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "standalone", "--data-dir", str(data_dir),
+        [sys.executable, "-m", "magnetar.broker.cli", "standalone", "--data-dir", str(data_dir),
          "--port", "0", "--http-port", "0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -412,7 +412,7 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
 
 def _journal_only_entries(data_dir: Path) -> None:
     """A clean run, then entries that only the journal holds (a crash)."""
-    from storage import StorageConfig
+    from magnetar.storage import StorageConfig
 
     ledger = _populate(data_dir)
     store = Storage.open(data_dir, StorageConfig(background_threads=False))
@@ -505,7 +505,7 @@ def test_every_number_setting_has_a_range() -> None:
     `--config NAME=-5` is refused with one line instead of misbehaving."""
     import typing
 
-    from broker._config import SETTING_RANGES, BrokerConfig
+    from magnetar.broker._config import SETTING_RANGES, BrokerConfig
 
     numbers = {name for name, kind in typing.get_type_hints(BrokerConfig).items()
                if kind in (int, float)}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-import broker
+from magnetar import broker
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("storage", "codec", "broker")
@@ -264,7 +264,7 @@ def test_the_checker_sees_an_upward_import() -> None:
     """The rule is not vacuous: the graph resolves relative imports to real modules."""
     assert "broker.topics._topic" in BROKER_GRAPH["broker.topics._service"]
     assert "broker.dispatch._subscription" in BROKER_GRAPH["broker.topics._topic"]
-    assert "broker.cli._admin_cli" in BROKER_GRAPH["broker.cli._main"]  # `from . import _admin_cli`
+    assert "magnetar.broker.cli._admin_cli" in BROKER_GRAPH["magnetar.broker.cli._main"]  # `from . import _admin_cli`
     assert WING_RANK[_wing("broker.topics._topic")] > WING_RANK[_wing("broker._config")]
 
 
@@ -277,7 +277,7 @@ def test_all_lists_what_users_need() -> None:
     assert set(broker.__all__) <= set(dir(broker))
 
 
-@pytest.mark.parametrize("heavy", ["aiohttp", "broker.testing._simulation", "broker.cli",
+@pytest.mark.parametrize("heavy", ["aiohttp", "magnetar.broker.testing._simulation", "magnetar.broker.cli",
                                    "broker.http._admin"])
 def test_import_broker_loads_no_harness_http_or_cli(heavy: str) -> None:
     code = f"import sys, broker; sys.exit({heavy!r} in sys.modules)"

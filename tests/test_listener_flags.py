@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
+from magnetar.broker.cli import main
 
 GOOD = "internal:pulsar://127.0.0.1:6650,external:pulsar://example.com:6650"
 

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from broker.cli import main
-from storage.testing.benchmark import TINY_SCALE, BenchOptions, run_storage_benchmark
+from magnetar.broker.cli import main
+from magnetar.storage.testing.benchmark import TINY_SCALE, BenchOptions, run_storage_benchmark
 from tests.interop import BrokerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "storage", "broker", "codec")
-HARNESS_MODULES = ("storage.testing", "tqdm", "matplotlib")
+HARNESS_MODULES = ("magnetar.storage.testing", "tqdm", "matplotlib")
 PIP_INSTALL_TIMEOUT_S = 240  # generous: the wheel's runtime dependencies from the index
 
 
@@ -87,7 +87,7 @@ def test_wheel_ships_the_harnesses_and_the_command(wheel: Path) -> None:
 def test_import_storage_loads_no_harness() -> None:
     code = ("import sys, storage; "
             f"print([m for m in sys.modules if m.split('.')[0] in {HARNESS_MODULES[1:]!r} "
-            "or m.startswith('storage.testing')])")
+            "or m.startswith('magnetar.storage.testing')])")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, check=True, timeout=60)
     assert done.stdout.strip() == "[]"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
+from magnetar.broker.cli import main
 
 
 @pytest.mark.parametrize(("flags", "reason"), [

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
-from broker.cli._tokens_cli import parse_expiry_s
+from magnetar.broker.cli import main
+from magnetar.broker.cli._tokens_cli import parse_expiry_s
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--topics must be at least 2, --steps at least 0, --drain-every at least 1")
     # Runnable from a checkout without installing: the repository root holds `broker`.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from broker.testing._simulation import SimulationConfig, run_simulation
+    from magnetar.broker.testing._simulation import SimulationConfig, run_simulation
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     print(f"sim: seed {seed}", flush=True)
@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.CRITICAL
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(message)s")
     if args.trace:
-        for noisy in ("storage", "broker.ledger._managed_ledger", "broker.topics._service",
-                      "broker.topics._topic", "broker.ledger._cursor", "asyncio"):
+        for noisy in ("storage", "magnetar.broker.ledger._managed_ledger", "magnetar.broker.topics._service",
+                      "magnetar.broker.topics._topic", "magnetar.broker.ledger._cursor", "asyncio"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     config = SimulationConfig(
         seed=seed, steps=args.steps, topics=args.topics, data_dir=args.dir,

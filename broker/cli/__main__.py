@@ -1,4 +1,4 @@
-"""`python -m broker.cli`: the `magnetar` command line."""
+"""`python -m magnetar.broker.cli`: the `magnetar` command line."""
 
 from ._main import main
 

@@ -99,7 +99,7 @@ def _positive_int(text: str) -> int:
 
 
 def _cmd_storage_check(args: argparse.Namespace) -> int:
-    from storage import check_data_dir
+    from magnetar.storage import check_data_dir
 
     report = _read_data_dir("check", check_data_dir, args.data_dir)
     if report is None:
@@ -111,7 +111,7 @@ def _cmd_storage_check(args: argparse.Namespace) -> int:
 def _cmd_storage_inspect(args: argparse.Namespace) -> int:
     import lmdb
 
-    from storage import inspect_data_dir
+    from magnetar.storage import inspect_data_dir
 
     try:
         report = _read_data_dir("inspect", inspect_data_dir, args.data_dir)
@@ -128,7 +128,7 @@ def _cmd_storage_inspect(args: argparse.Namespace) -> int:
 def _read_data_dir(what: str, read: Callable[[str], T], data_dir: str) -> T | None:
     """Run a read-only storage tool; None (after one line on stderr) when the directory
     is held by a live process or cannot be read."""
-    from storage import DataDirLockedError
+    from magnetar.storage import DataDirLockedError
 
     try:
         return read(data_dir)
@@ -158,7 +158,7 @@ def _missing_extra(command: str, modules: Sequence[str], extra: str) -> bool:
 def _cmd_crashtest(args: argparse.Namespace) -> int:
     if _missing_extra("magnetar crashtest", ["tqdm"], EXTRA_CRASHTEST):
         return EXIT_USAGE
-    from storage.testing.crashtest import CrashTestOptions, run_crashtest
+    from magnetar.storage.testing.crashtest import CrashTestOptions, run_crashtest
 
     options = CrashTestOptions(
         data_dir=args.data_dir,
@@ -175,7 +175,7 @@ def _cmd_bench_storage(args: argparse.Namespace) -> int:
     needs = ["tqdm", "matplotlib"] if args.plot else ["tqdm"]
     if _missing_extra("magnetar bench storage", needs, EXTRA_BENCH):
         return EXIT_USAGE
-    from storage.testing.benchmark import BenchOptions, run_storage_benchmark
+    from magnetar.storage.testing.benchmark import BenchOptions, run_storage_benchmark
 
     options = BenchOptions(
         directory=args.dir,
@@ -190,8 +190,12 @@ def _cmd_bench_storage(args: argparse.Namespace) -> int:
 def _cmd_standalone(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from broker.cli._standalone import StandaloneOptions, config_with_overrides, run_standalone
-    from broker.security._tls import TlsOptions
+    from magnetar.broker.cli._standalone import (
+        StandaloneOptions,
+        config_with_overrides,
+        run_standalone,
+    )
+    from magnetar.broker.security._tls import TlsOptions
 
     overrides = list(args.config)
     if args.advertised_listeners is not None:
@@ -429,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _error_status(error: Exception) -> int | None:
     """The exit status for an error that reached `main` (None: a bug, let it through)."""
-    from storage import StorageError
+    from magnetar.storage import StorageError
 
     from .._errors import BrokerError, ConfigurationError, InvalidTopicNameError
     from ._admin_cli import AdminHttpError

@@ -51,7 +51,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
+from magnetar.storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 
 from .._config import REMOVED_SETTINGS, BrokerConfig
 from .._errors import ConfigurationError

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from codec import sticky_key
+from magnetar.codec import sticky_key
 
 from ..ledger._position import Position
 from ._consumer import Consumer

@@ -47,8 +47,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from codec import murmur3_32, sticky_key
-from storage import CorruptionError, NoSuchEntryError, StorageError
+from magnetar.codec import murmur3_32, sticky_key
+from magnetar.storage import CorruptionError, NoSuchEntryError, StorageError
 
 from ..ledger._position import unacked_in_ack_set
 from ._consumer import Consumer, Delivery
@@ -301,7 +301,7 @@ class SingleActiveConsumerDispatcher(Dispatcher):
 
 
 def _in_ranges(entry: EntryInfo, ranges: tuple[tuple[int, int], ...]) -> bool:
-    from codec import hash_range_slot
+    from magnetar.codec import hash_range_slot
 
     slot = hash_range_slot(sticky_key(entry.metadata))
     return any(start <= slot <= end for start, end in ranges)

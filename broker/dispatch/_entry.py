@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from codec import RemoteProtocolError, entry_payload_bytes, parse_entry, pb
+from magnetar.codec import RemoteProtocolError, entry_payload_bytes, parse_entry, pb
 
 from ..ledger._position import Position
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from codec import pb, sticky_key
+from magnetar.codec import pb, sticky_key
 
 from .._errors import ConsumerBusyError
 from ._consumer import Consumer, Delivery

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Final, Generic, NamedTuple, Protocol, TypeVar
 
-from codec import KEY_HASH_RANGE_SIZE, key_hash_slot
+from magnetar.codec import KEY_HASH_RANGE_SIZE, key_hash_slot
 
 from .._config import BrokerConfig
 from .._errors import ConsumerAssignError

@@ -51,7 +51,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
-from storage import Completion
+from magnetar.storage import Completion
 
 from ._loader import Run, collect
 from ._position import (

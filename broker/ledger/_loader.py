@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from storage import LedgerStorage
+from magnetar.storage import LedgerStorage
 
 from ._position import Position
 

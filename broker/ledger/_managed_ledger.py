@@ -87,7 +87,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError, StorageFullError
+from magnetar.storage import (
+    Completion,
+    LedgerNotFoundError,
+    LedgerStorage,
+    StorageError,
+    StorageFullError,
+)
 
 from .._config import BrokerConfig
 from ._cursor import ManagedCursor, cursor_prefix

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, Protocol
 
-from codec import pb
+from magnetar.codec import pb
 
 from .._config import SCHEMA_STRATEGIES
 from .._errors import IncompatibleSchemaError, InvalidSchemaError

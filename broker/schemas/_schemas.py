@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
 
-from codec import pb
-from storage import LedgerMetadata
+from magnetar.codec import pb
+from magnetar.storage import LedgerMetadata
 
 from .._errors import IncompatibleSchemaError
 from .._names import TopicName

@@ -51,7 +51,7 @@ from typing import Final
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from codec import pb
+from magnetar.codec import pb
 
 from .._config import BrokerConfig
 from .._errors import AuthenticationError, ConfigurationError

@@ -83,7 +83,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from codec import (
+from magnetar.codec import (
     BROKER_ENTRY_METADATA_BYTES_MAX,
     FRAME_PADDING_BYTES,
     SingleMessage,
@@ -94,7 +94,7 @@ from codec import (
     pb,
     unpack_messages,
 )
-from storage import (
+from magnetar.storage import (
     FileSystem,
     OsFileSystem,
     Storage,
@@ -103,7 +103,7 @@ from storage import (
     StorageError,
     StorageFailedError,
 )
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage.testing.simfs import SimFileSystem
 
 from .._config import BrokerConfig
 from .._errors import BrokerError, ConsumerBusyError, PersistenceError

@@ -56,7 +56,7 @@ import json
 from collections.abc import Mapping
 from typing import Final
 
-from codec import (
+from magnetar.codec import (
     UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT,
     CompressionType,
     RemoteProtocolError,

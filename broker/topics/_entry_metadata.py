@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from codec import parse_entry, pb, prefix_broker_entry_metadata
+from magnetar.codec import parse_entry, pb, prefix_broker_entry_metadata
 
 from .._config import INTERCEPTOR_INDEX, INTERCEPTOR_TIMESTAMP, interceptors_of
 from ..dispatch._entry import messages_in_entry

@@ -41,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
-from codec import BROKER_ENTRY_METADATA_BYTES_MAX, FRAME_PADDING_BYTES
-from storage import LedgerStorage, StorageError, StorageFullError
+from magnetar.codec import BROKER_ENTRY_METADATA_BYTES_MAX, FRAME_PADDING_BYTES
+from magnetar.storage import LedgerStorage, StorageError, StorageFullError
 
 from .._config import BrokerConfig
 from .._errors import (

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from codec import FRAME_PADDING_BYTES, parse_entry, pb
+from magnetar.codec import FRAME_PADDING_BYTES, parse_entry, pb
 
 from .._errors import (
     BrokerError,
@@ -512,7 +512,7 @@ class PersistentTopic(_ProducerHost):
         except Exception as exc:
             if dedup is not None:
                 dedup.reset_pushed_to_persisted()
-            from storage import StorageError, StorageFullError
+            from magnetar.storage import StorageError, StorageFullError
 
             if isinstance(exc, StorageFullError):
                 raise self._refuse_for_full_disk(producer, exc) from exc

@@ -55,7 +55,7 @@ from typing import Any, Final
 
 from google.protobuf.message import Message
 
-from codec import (
+from magnetar.codec import (
     CPP_CLIENT_ACCEPTED_TYPES,
     FRAME_PADDING_BYTES,
     ChecksumMismatch,
@@ -69,7 +69,7 @@ from codec import (
     base_command,
     pb,
 )
-from storage import StorageError
+from magnetar.storage import StorageError
 
 from .._errors import AuthenticationError, BrokerError
 from .._tasks import log_task_failure

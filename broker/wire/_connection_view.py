@@ -41,8 +41,8 @@ from typing import Any, Final, Protocol
 
 from google.protobuf.message import Message
 
-from codec import pb
-from storage import StorageError
+from magnetar.codec import pb
+from magnetar.storage import StorageError
 
 from .._errors import BrokerError, from_storage_error
 from ..schemas._schemas import SchemaRegistry

@@ -33,7 +33,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-from codec import Frame, MessageId, pb, strip_broker_entry_metadata
+from magnetar.codec import Frame, MessageId, pb, strip_broker_entry_metadata
 
 from .._errors import ConsumerNotFoundError, NotAllowedError
 from .._names import TopicName, check_subscription_name

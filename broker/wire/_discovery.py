@@ -33,7 +33,7 @@ import logging
 import re
 from typing import Final
 
-from codec import Frame, pb
+from magnetar.codec import Frame, pb
 
 from .._errors import BrokerError
 from .._listeners import ListenerNotFoundError, listeners_of

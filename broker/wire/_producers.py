@@ -43,7 +43,7 @@ from typing import Final
 
 from google.protobuf.message import Message
 
-from codec import ChecksumMismatch, Frame, pb
+from magnetar.codec import ChecksumMismatch, Frame, pb
 
 from .._errors import DiskFullError
 from .._names import TopicName, check_producer_name, check_subscription_name

@@ -50,7 +50,7 @@ import resource
 import ssl
 from typing import Final
 
-from codec import base_command, encode_frame, pb
+from magnetar.codec import base_command, encode_frame, pb
 
 from .._names import advertised_url_for
 from ..security._auth import AuthenticationService

@@ -39,7 +39,7 @@ from typing import Final
 
 from google.protobuf.message import Message
 
-from codec import pb
+from magnetar.codec import pb
 
 from .._errors import InvalidTopicNameError, NotAllowedError
 from .._names import NamespaceName, matches_topics_pattern, strip_domain_scheme, topics_hash

@@ -1,6 +1,6 @@
 """The kill-mode child of `magnetar crashtest`: run the real threaded engine until killed.
 
-    python -m storage.testing._crashtest_child --data-dir DIR --seed S --iteration I
+    python -m magnetar.storage.testing._crashtest_child --data-dir DIR --seed S --iteration I
 
 The child opens (recovering) the data directory with background threads on, writes `R` on
 stdout, and starts `WRITERS` threads that never stop on their own. Each thread owns some
@@ -199,7 +199,7 @@ class _AddCallback:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m storage.testing._crashtest_child",
+    parser = argparse.ArgumentParser(prog="python -m magnetar.storage.testing._crashtest_child",
                                      description="kill-mode child of magnetar crashtest")
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--seed", type=int, required=True)

@@ -304,7 +304,7 @@ def _scratch_dir(parent: str) -> Iterator[str]:
 @contextmanager
 def _quiet_storage_log() -> Iterator[None]:
     """The engine logs every open and close at INFO; a benchmark opens dozens of stores."""
-    logger = logging.getLogger("storage")
+    logger = logging.getLogger("magnetar.storage")
     previous = logger.level
     if logger.getEffectiveLevel() > logging.DEBUG:
         logger.setLevel(logging.WARNING)

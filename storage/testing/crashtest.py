@@ -867,7 +867,7 @@ def _finish(run: _Run, modes: dict[str, _ModeState]) -> None:
 @contextlib.contextmanager
 def _quiet_storage_logs() -> Iterator[None]:
     """Every crash makes the engine log errors; they are the point here, not news."""
-    logger = logging.getLogger("storage")
+    logger = logging.getLogger("magnetar.storage")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:
@@ -888,7 +888,7 @@ def _verify(run: _Run, mode: _ModeState, context: str) -> None:
 # -- kill mode --------------------------------------------------------------------------
 
 def _child_command(run: _Run, mode: _ModeState) -> list[str]:
-    return [sys.executable, "-m", "storage.testing._crashtest_child", "--data-dir", mode.directory,
+    return [sys.executable, "-m", "magnetar.storage.testing._crashtest_child", "--data-dir", mode.directory,
             "--seed", str(run.seed), "--iteration", str(mode.iterations)]
 
 

@@ -20,9 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker import BrokerConfig, BrokerService, Consumer, Delivery, PersistentTopic, ProducerSpec
-from broker.topics._topic import Producer
-from codec import (
+from magnetar.broker import (
+    BrokerConfig,
+    BrokerService,
+    Consumer,
+    Delivery,
+    PersistentTopic,
+    ProducerSpec,
+)
+from magnetar.broker.topics._topic import Producer
+from magnetar.codec import (
     SingleMessage,
     build_batch,
     build_message,
@@ -30,8 +37,8 @@ from codec import (
     parse_entry,
     unpack_messages,
 )
-from codec._proto import pulsar_api_pb2 as pb
-from storage import Storage
+from magnetar.codec._proto import pulsar_api_pb2 as pb
+from magnetar.storage import Storage
 
 WAIT_TIMEOUT_S = 5.0
 
@@ -311,7 +318,7 @@ async def admin_env(path: Path, config: BrokerConfig | None = None, **overrides:
     `(env, server, client)`."""
     import aiohttp
 
-    from broker.http._admin import start_admin
+    from magnetar.broker.http._admin import start_admin
 
     async with broker_env(path, config, **overrides) as env:
         server = await start_admin(env.service, "127.0.0.1", 0)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import PersistentTopic, ProducerSpec
-from broker._errors import ProducerBusyError, ProducerFencedError, ServiceNotReadyError
-from broker.topics._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
+from magnetar.broker import PersistentTopic, ProducerSpec
+from magnetar.broker._errors import ProducerBusyError, ProducerFencedError, ServiceNotReadyError
+from magnetar.broker.topics._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
 
 from .helpers import broker_env
 

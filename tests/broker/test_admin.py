@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker import PersistentTopic, ProducerSpec, SubscribeSpec
-from broker.http._admin import aggregate_partitioned_stats
+from magnetar.broker import PersistentTopic, ProducerSpec, SubscribeSpec
+from magnetar.broker.http._admin import aggregate_partitioned_stats
 
 from .helpers import (
     AdminClient,
@@ -117,7 +117,7 @@ def test_tenants_lifecycle_and_errors(tmp_path: Path) -> None:
 def test_the_cluster_exists_and_shows_its_data(tmp_path: Path) -> None:
     import aiohttp
 
-    from broker.http._admin import start_admin
+    from magnetar.broker.http._admin import start_admin
 
     from .helpers import AdminClient, broker_env
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from broker import AuthenticationService
-from broker.http._admin import start_admin
-from broker.security._auth import TokenAuthenticationProvider
-from broker.security._jwt import encode_token
+from magnetar.broker import AuthenticationService
+from magnetar.broker.http._admin import start_admin
+from magnetar.broker.security._auth import TokenAuthenticationProvider
+from magnetar.broker.security._jwt import encode_token
 
 from .helpers import broker_env
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from broker import TopicName
+from magnetar.broker import TopicName
 
 from .helpers import admin_env
 from .test_admin import expect

@@ -12,9 +12,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from broker import BrokerConfig
-from broker._errors import AuthenticationError, ConfigurationError
-from broker.security._auth import (
+from magnetar.broker import BrokerConfig
+from magnetar.broker._errors import AuthenticationError, ConfigurationError
+from magnetar.broker.security._auth import (
     REFRESH_AUTH_DATA,
     AuthenticationService,
     AuthSession,
@@ -23,8 +23,8 @@ from broker.security._auth import (
     load_public_key,
     read_key_source,
 )
-from broker.security._jwt import encode_token
-from codec import pb
+from magnetar.broker.security._jwt import encode_token
+from magnetar.codec import pb
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 EC_KEY = ec.generate_private_key(ec.SECP256R1())

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from broker._errors import IncompatibleSchemaError, InvalidSchemaError
-from broker.schemas._avro_compat import can_read, parse_avro, read_problems
-from broker.schemas._schema_compat import KEY_VALUE, check_compatible, check_readable
-from broker.schemas._schemas import StoredSchema
-from codec import pb
+from magnetar.broker._errors import IncompatibleSchemaError, InvalidSchemaError
+from magnetar.broker.schemas._avro_compat import can_read, parse_avro, read_problems
+from magnetar.broker.schemas._schema_compat import KEY_VALUE, check_compatible, check_readable
+from magnetar.broker.schemas._schemas import StoredSchema
+from magnetar.codec import pb
 
 
 def record(*fields: dict[str, Any], name: str = "R", **extra: Any) -> dict[str, Any]:

@@ -11,20 +11,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker._names import matches_topics_pattern
-from broker.dispatch._entry import (
+from magnetar.broker._names import matches_topics_pattern
+from magnetar.broker.dispatch._entry import (
     MESSAGES_IN_BATCH_MAX,
     SINGLE_MESSAGE_BYTES_MIN,
     batch_count_error,
     messages_in,
 )
-from broker.ledger._position import (
+from magnetar.broker.ledger._position import (
     ack_set_to_int,
     ack_set_words_max,
     int_to_ack_set,
     unacked_in_ack_set,
 )
-from codec import CompressionType, SingleMessage, build_batch, pb
+from magnetar.codec import CompressionType, SingleMessage, build_batch, pb
 
 LINEAR_BOUND_S = 2.0  # generous: the quadratic code needed minutes for these sizes
 HUGE_WORDS = 1 << 20

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import Consumer, PersistentTopic, Position, ProducerSpec, SubscribeSpec
-from broker.topics._service import BrokerService
+from magnetar.broker import Consumer, PersistentTopic, Position, ProducerSpec, SubscribeSpec
+from magnetar.broker.topics._service import BrokerService
 
 from .helpers import BrokerEnv, RecordingSink, broker_env, make_entry, settle, wait_for
 

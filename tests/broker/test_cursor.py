@@ -24,9 +24,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from broker.ledger._cursor import ManagedCursor, cursor_key
-from broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
-from broker.ledger._position import (
+from magnetar.broker.ledger._cursor import ManagedCursor, cursor_key
+from magnetar.broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
+from magnetar.broker.ledger._position import (
     EARLIEST,
     LATEST,
     InvalidPositionError,
@@ -34,7 +34,7 @@ from broker.ledger._position import (
     ack_set_to_int,
     int_to_ack_set,
 )
-from storage import Storage, StorageConfig
+from magnetar.storage import Storage, StorageConfig
 from tests.broker.test_managed_ledger import (
     KEEP_ALL,
     Env,

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker._config import BrokerConfig
-from broker._errors import MetadataError
-from broker.topics._dedup import (
+from magnetar.broker._config import BrokerConfig
+from magnetar.broker._errors import MetadataError
+from magnetar.broker.topics._dedup import (
     DeduplicationState,
     DedupResult,
     decode_dedup_snapshot,

@@ -13,21 +13,21 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker import PersistentTopic, Position, ProducerSpec
-from broker._config import BrokerConfig
-from broker.topics._dedup import DEDUP_CURSOR_NAME, highest_sequence_id_of
-from broker.topics._service import BrokerService
-from broker.topics._topic import Producer
-from codec import (
+from magnetar.broker import PersistentTopic, Position, ProducerSpec
+from magnetar.broker._config import BrokerConfig
+from magnetar.broker.topics._dedup import DEDUP_CURSOR_NAME, highest_sequence_id_of
+from magnetar.broker.topics._service import BrokerService
+from magnetar.broker.topics._topic import Producer
+from magnetar.codec import (
     CompressionType,
     SingleMessage,
     build_batch,
     encode_entry,
     prefix_broker_entry_metadata,
 )
-from codec._proto import pulsar_api_pb2 as pb
-from storage import Storage
-from storage.testing.simfs import SimFileSystem
+from magnetar.codec._proto import pulsar_api_pb2 as pb
+from magnetar.storage import Storage
+from magnetar.storage.testing.simfs import SimFileSystem
 
 from .helpers import broker_env, make_entry, now_ms, publish, settle, wait_for
 

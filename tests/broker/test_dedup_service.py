@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import PersistenceError, PersistentTopic, Position, ProducerSpec, SubscribeSpec
-from broker.topics._dedup import DEDUP_CURSOR_NAME
-from broker.topics._service import BrokerService
+from magnetar.broker import PersistenceError, PersistentTopic, Position, ProducerSpec, SubscribeSpec
+from magnetar.broker.topics._dedup import DEDUP_CURSOR_NAME
+from magnetar.broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_batch_entry, publish, settle, wait_for
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker._config import BrokerConfig
-from broker.dispatch._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
+from magnetar.broker._config import BrokerConfig
+from magnetar.broker.dispatch._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 
 TRACKED = DelayedAdd.TRACKED
 NOT_DELAYED = DelayedAdd.NOT_DELAYED

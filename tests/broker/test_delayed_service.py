@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
+from magnetar.broker import (
     Consumer,
     Delivery,
     NotAllowedError,
@@ -21,7 +21,7 @@ from broker import (
     ProducerSpec,
     SubscribeSpec,
 )
-from broker.topics._service import BrokerService
+from magnetar.broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_entry, now_ms, publish, settle, wait_for
 

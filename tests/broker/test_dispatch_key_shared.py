@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from broker import (
+from magnetar.broker import (
     BrokerConfig,
     BrokerService,
     Consumer,
@@ -32,12 +32,12 @@ from broker import (
     ProducerSpec,
     SubscribeSpec,
 )
-from broker._errors import ConsumerAssignError
-from broker.dispatch._dispatch_key_shared import LOOK_AHEAD_UNLIMITED, KeySharedDispatcher
-from broker.dispatch._subscription import Subscription
-from broker.http._stats import topic_stats
-from broker.topics._topic import PersistentTopic, Producer
-from storage import Storage
+from magnetar.broker._errors import ConsumerAssignError
+from magnetar.broker.dispatch._dispatch_key_shared import LOOK_AHEAD_UNLIMITED, KeySharedDispatcher
+from magnetar.broker.dispatch._subscription import Subscription
+from magnetar.broker.http._stats import topic_stats
+from magnetar.broker.topics._topic import PersistentTopic, Producer
+from magnetar.storage import Storage
 from tests.broker.helpers import (
     Received,
     RecordingSink,

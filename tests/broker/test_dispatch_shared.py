@@ -10,10 +10,10 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from broker import BrokerService, Consumer, PersistentTopic, Position, SubscribeSpec
-from broker.dispatch._dispatch_shared import SharedDispatcher
-from broker.http._stats import topic_stats
-from broker.ledger._position import int_to_ack_set
+from magnetar.broker import BrokerService, Consumer, PersistentTopic, Position, SubscribeSpec
+from magnetar.broker.dispatch._dispatch_shared import SharedDispatcher
+from magnetar.broker.http._stats import topic_stats
+from magnetar.broker.ledger._position import int_to_ack_set
 from tests.broker.helpers import (
     BrokerEnv,
     Received,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import BrokerService, Consumer, PersistentTopic, SubscribeSpec
-from broker._errors import ConsumerBusyError
-from broker.dispatch._dispatcher import SingleActiveConsumerDispatcher
+from magnetar.broker import BrokerService, Consumer, PersistentTopic, SubscribeSpec
+from magnetar.broker._errors import ConsumerBusyError
+from magnetar.broker.dispatch._dispatcher import SingleActiveConsumerDispatcher
 from tests.broker.helpers import (
     RecordingSink,
     broker_env,

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.dispatch._draining import (
+from magnetar.broker.dispatch._draining import (
     UNBLOCKED_IN_BATCH,
     ConsumerDrainingStats,
     DrainingHash,
     DrainingHashesTracker,
 )
-from broker.dispatch._pending_acks import PendingAcksMap
-from broker.dispatch._selectors import ConsistentHashingSelector, ranges_contain
+from magnetar.broker.dispatch._pending_acks import PendingAcksMap
+from magnetar.broker.dispatch._selectors import ConsistentHashingSelector, ranges_contain
 
 
 @dataclass(eq=False)

@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from broker.ledger._loader import EntryLoader, runs_of
-from broker.ledger._position import Position
-from storage import CorruptionError
-from storage.testing.memory import InMemoryLedgerStorage
+from magnetar.broker.ledger._loader import EntryLoader, runs_of
+from magnetar.broker.ledger._position import Position
+from magnetar.storage import CorruptionError
+from magnetar.storage.testing.memory import InMemoryLedgerStorage
 
 from .helpers import wait_for
 

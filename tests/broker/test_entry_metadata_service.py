@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import BrokerService, PersistentTopic, ProducerSpec
-from codec import parse_entry, split_broker_entry_metadata
+from magnetar.broker import BrokerService, PersistentTopic, ProducerSpec
+from magnetar.codec import parse_entry, split_broker_entry_metadata
 
 from .helpers import broker_env, make_batch_entry, make_entry, now_ms
 

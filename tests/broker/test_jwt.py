@@ -12,8 +12,8 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from broker._errors import AuthenticationError
-from broker.security._jwt import (
+from magnetar.broker._errors import AuthenticationError
+from magnetar.broker.security._jwt import (
     ALGORITHMS,
     TokenError,
     algorithm_for_key,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import BrokerConfig, PersistentTopic, ProducerSpec
-from broker._names import (
+from magnetar.broker import BrokerConfig, PersistentTopic, ProducerSpec
+from magnetar.broker._names import (
     NAMED_ENTITY_CHARS_MAX,
     SUBSCRIPTION_NAME_BYTES_MAX,
     TopicName,
@@ -170,7 +170,7 @@ def test_a_stored_topic_whose_name_no_longer_parses_is_left_out_of_listings(
             old = "o" * 420
             env.service.storage.metadata.put(
                 f"ml/public/default/persistent/{old}".encode(), b"{}")
-            with caplog.at_level(logging.WARNING, logger="broker.topics._service"):
+            with caplog.at_level(logging.WARNING, logger="magnetar.broker.topics._service"):
                 listed = env.service.list_topics("public/default")
             assert listed == ["persistent://public/default/ok"]
             assert "not listing stored topic" in caplog.text

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker import BrokerConfig
-from broker._listeners import (
+from magnetar.broker import BrokerConfig
+from magnetar.broker._listeners import (
     AdvertisedListener,
     ListenerNotFoundError,
     check_tls,

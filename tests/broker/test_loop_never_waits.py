@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker import BrokerConfig, BrokerService, PersistentTopic, SubscribeSpec
-from broker.ledger._managed_ledger import ManagedLedger
-from storage import Storage
-from storage.testing.memory import InMemoryLedgerStorage
-from storage.testing.simfs import SimFileSystem
+from magnetar.broker import BrokerConfig, BrokerService, PersistentTopic, SubscribeSpec
+from magnetar.broker.ledger._managed_ledger import ManagedLedger
+from magnetar.storage import Storage
+from magnetar.storage.testing.memory import InMemoryLedgerStorage
+from magnetar.storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import KiB, small_config
 
 from .helpers import RecordingSink, persistent_producer, publish, settle, wait_for

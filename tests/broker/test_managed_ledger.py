@@ -14,14 +14,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
-from broker.ledger._position import (
+from magnetar.broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
+from magnetar.broker.ledger._position import (
     InvalidPositionError,
     ManagedLedgerClosedError,
     ManagedLedgerTerminatedError,
     Position,
 )
-from storage import Storage
+from magnetar.storage import Storage
 
 P = Position
 T = TypeVar("T")

@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
-from broker.ledger._position import ManagedLedgerFencedError, Position
-from storage import (
+from magnetar.broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from magnetar.broker.ledger._position import ManagedLedgerFencedError, Position
+from magnetar.storage import (
     CorruptionError,
     LedgerStorage,
     StorageError,
     StorageFailedError,
     StorageFullError,
 )
-from storage.testing.memory import InMemoryLedgerStorage
+from magnetar.storage.testing.memory import InMemoryLedgerStorage
 from tests.broker.test_managed_ledger import (  # the shared slice, run again below
     KEEP_ALL,
     Env,

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from broker import BrokerService, ProducerSpec, SubscribeSpec
-from broker.http._metrics import CONTENT_TYPE, render_metrics
-from broker.http._stats import topic_stats
-from broker.ledger._position import Position
+from magnetar.broker import BrokerService, ProducerSpec, SubscribeSpec
+from magnetar.broker.http._metrics import CONTENT_TYPE, render_metrics
+from magnetar.broker.http._stats import topic_stats
+from magnetar.broker.ledger._position import Position
 
 from .helpers import (
     RecordingSink,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker._errors import InvalidTopicNameError, ProducerBusyError
-from broker._names import (
+from magnetar.broker._errors import InvalidTopicNameError, ProducerBusyError
+from magnetar.broker._names import (
     METADATA_KEY_BYTES_MAX,
     NAMED_ENTITY_CHARS_MAX,
     PRODUCER_NAME_BYTES_MAX,
@@ -364,9 +364,9 @@ def test_partition_round_trip(tenant: str, local: str, index: int) -> None:
 
 def _keys_of(name: TopicName) -> list[bytes]:
     """Every metadata key a topic and its partitions make, with the longest subscription."""
-    from broker.ledger._cursor import cursor_key
-    from broker.ledger._managed_ledger import ml_key
-    from broker.schemas._schemas import SchemaRegistry
+    from magnetar.broker.ledger._cursor import cursor_key
+    from magnetar.broker.ledger._managed_ledger import ml_key
+    from magnetar.broker.schemas._schemas import SchemaRegistry
 
     longest_sub = "s" * SUBSCRIPTION_NAME_BYTES_MAX
     keys: list[bytes] = []
@@ -415,7 +415,7 @@ def test_the_longest_valid_topic_fits_every_key(prefix: str, unit: str) -> None:
 
 
 def test_limits_are_tied_to_the_store() -> None:
-    from storage._metadata import META_KEY_BYTES_MAX
+    from magnetar.storage._metadata import META_KEY_BYTES_MAX
 
     assert METADATA_KEY_BYTES_MAX == META_KEY_BYTES_MAX == 511
     assert TOPIC_STORED_NAME_BYTES_MAX + SUBSCRIPTION_NAME_BYTES_MAX + len(b"cursor/\x00") \

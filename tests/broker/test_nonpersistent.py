@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from broker import BrokerService, Consumer, ProducerSpec, SubscribeSpec
-from broker._errors import ConsumerBusyError
-from broker.dispatch._dispatcher import failover_ring_choice
-from broker.dispatch._nonpersistent import NonPersistentSubscription
-from broker.http._stats import topic_stats
-from broker.topics._topic import NonPersistentTopic, Producer
+from magnetar.broker import BrokerService, Consumer, ProducerSpec, SubscribeSpec
+from magnetar.broker._errors import ConsumerBusyError
+from magnetar.broker.dispatch._dispatcher import failover_ring_choice
+from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
+from magnetar.broker.http._stats import topic_stats
+from magnetar.broker.topics._topic import NonPersistentTopic, Producer
 from tests.broker.helpers import RecordingSink, broker_env, publish, publish_batch
 
 TOPIC = "non-persistent://public/default/live"

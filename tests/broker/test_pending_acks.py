@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker.dispatch._draining import DrainingHashesTracker
-from broker.dispatch._pending_acks import PendingAck, PendingAcksMap
+from magnetar.broker.dispatch._draining import DrainingHashesTracker
+from magnetar.broker.dispatch._pending_acks import PendingAck, PendingAcksMap
 
 
 @dataclass(eq=False)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.ledger._position import Position
-from broker.ledger._range_set import RangeSet
+from magnetar.broker.ledger._position import Position
+from magnetar.broker.ledger._range_set import RangeSet
 
 P = Position
 

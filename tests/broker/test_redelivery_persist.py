@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import Consumer, PersistentTopic, Position, SubscribeSpec
-from broker.ledger._cursor import cursor_key
-from broker.ledger._redelivery import RedeliveryCounts
-from broker.topics._service import BrokerService
+from magnetar.broker import Consumer, PersistentTopic, Position, SubscribeSpec
+from magnetar.broker.ledger._cursor import cursor_key
+from magnetar.broker.ledger._redelivery import RedeliveryCounts
+from magnetar.broker.topics._service import BrokerService
 
 from .helpers import (
     BrokerEnv,

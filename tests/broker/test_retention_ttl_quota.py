@@ -22,9 +22,18 @@ from typing import Any
 
 import pytest
 
-from broker import PersistentTopic, Position, ProducerSpec, SubscribeSpec, TopicTerminatedError
-from broker._errors import ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException
-from broker.topics._service import BrokerService
+from magnetar.broker import (
+    PersistentTopic,
+    Position,
+    ProducerSpec,
+    SubscribeSpec,
+    TopicTerminatedError,
+)
+from magnetar.broker._errors import (
+    ProducerBlockedQuotaExceededError,
+    ProducerBlockedQuotaExceededException,
+)
+from magnetar.broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, make_entry, now_ms, publish
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from broker import BrokerService, TopicName
-from broker._errors import IncompatibleSchemaError, InvalidSchemaError
-from broker.schemas._schemas import StoredSchema
-from codec import pb
+from magnetar.broker import BrokerService, TopicName
+from magnetar.broker._errors import IncompatibleSchemaError, InvalidSchemaError
+from magnetar.broker.schemas._schemas import StoredSchema
+from magnetar.codec import pb
 
 from .helpers import broker_env
 
@@ -159,7 +159,7 @@ def test_consumers_store_a_first_schema_and_must_read_the_topics(tmp_path: Path)
 
 
 def test_the_broker_default_strategy_is_a_checked_setting() -> None:
-    from broker.cli._standalone import config_with_overrides
+    from magnetar.broker.cli._standalone import config_with_overrides
 
     assert config_with_overrides([]).schema_compatibility_strategy == "FULL"
     assert config_with_overrides(["schema_compatibility_strategy=FORWARD"]

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from broker import Consumer, PersistentTopic, Position, ProducerSpec, SubscribeSpec
-from broker._errors import SubscriptionBusyError
-from broker.ledger._position import EARLIEST, LATEST
-from broker.topics._service import BrokerService
-from codec import SingleMessage, build_batch, encode_entry
+from magnetar.broker import Consumer, PersistentTopic, Position, ProducerSpec, SubscribeSpec
+from magnetar.broker._errors import SubscriptionBusyError
+from magnetar.broker.ledger._position import EARLIEST, LATEST
+from magnetar.broker.topics._service import BrokerService
+from magnetar.codec import SingleMessage, build_batch, encode_entry
 
 from .helpers import RecordingSink, broker_env, make_entry, now_ms, publish, settle, wait_for
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker._config import BrokerConfig
-from broker._errors import ConsumerAssignError
-from broker.dispatch._selectors import (
+from magnetar.broker._config import BrokerConfig
+from magnetar.broker._errors import ConsumerAssignError
+from magnetar.broker.dispatch._selectors import (
     ConsistentHashingSelector,
     ConsumerHashAssignmentsSnapshot,
     ConsumerNameIndexTracker,
@@ -30,7 +30,7 @@ from broker.dispatch._selectors import (
     new_selector,
     ranges_contain,
 )
-from codec import consistent_hashing_slot, hash_range_slot, murmur3_32
+from magnetar.codec import consistent_hashing_slot, hash_range_slot, murmur3_32
 
 SLOT_MAX = 65535
 
@@ -314,7 +314,7 @@ def test_collisions_first_added_wins_and_the_queue_takes_over(
     selector = ConsistentHashingSelector[FakeConsumer](1)
     first, second = FakeConsumer(first_name), FakeConsumer(second_name)
     selector.add_consumer(first)
-    with caplog.at_level(logging.ERROR, logger="broker.dispatch._selectors"):
+    with caplog.at_level(logging.ERROR, logger="magnetar.broker.dispatch._selectors"):
         impacted = selector.add_consumer(second)
     assert "got no hash ring point" in caplog.text
     assert impacted.empty

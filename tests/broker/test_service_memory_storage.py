@@ -13,12 +13,18 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from broker import BrokerConfig, BrokerService, PersistentTopic, ProducerSpec, SubscribeSpec
-from broker._errors import DiskFullError
-from broker.dispatch._dispatcher import DISPATCH_RETRY_DELAY_S
-from broker.topics._topic import Producer
-from storage import StorageError
-from storage.testing.memory import InMemoryLedgerStorage
+from magnetar.broker import (
+    BrokerConfig,
+    BrokerService,
+    PersistentTopic,
+    ProducerSpec,
+    SubscribeSpec,
+)
+from magnetar.broker._errors import DiskFullError
+from magnetar.broker.dispatch._dispatcher import DISPATCH_RETRY_DELAY_S
+from magnetar.broker.topics._topic import Producer
+from magnetar.storage import StorageError
+from magnetar.storage.testing.memory import InMemoryLedgerStorage
 
 from .helpers import RecordingSink, make_entry, wait_for
 

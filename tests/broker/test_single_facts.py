@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-import codec
-from broker import BrokerConfig, BrokerService, ProducerSpec
-from broker._config import REMOVED_SETTINGS
-from broker._errors import ConfigurationError
-from broker.cli._standalone import StandaloneOptions, config_with_overrides
-from broker.dispatch._entry import SINGLE_MESSAGE_BYTES_MIN, EntryInfo, messages_in
-from broker.ledger._position import Position
-from broker.topics._dedup import highest_sequence_id_of
-from broker.topics._topic import PersistentTopic
-from codec import SingleMessage, build_batch, encode_entry, pb
-from storage import Storage, StorageConfig
+from magnetar import codec
+from magnetar.broker import BrokerConfig, BrokerService, ProducerSpec
+from magnetar.broker._config import REMOVED_SETTINGS
+from magnetar.broker._errors import ConfigurationError
+from magnetar.broker.cli._standalone import StandaloneOptions, config_with_overrides
+from magnetar.broker.dispatch._entry import SINGLE_MESSAGE_BYTES_MIN, EntryInfo, messages_in
+from magnetar.broker.ledger._position import Position
+from magnetar.broker.topics._dedup import highest_sequence_id_of
+from magnetar.broker.topics._topic import PersistentTopic
+from magnetar.codec import SingleMessage, build_batch, encode_entry, pb
+from magnetar.storage import Storage, StorageConfig
 
 from .helpers import broker_env
 
@@ -72,7 +72,7 @@ def test_every_counter_agrees_on_the_messages_of_an_entry(claimed: int | None,
 
 
 def test_the_frame_padding_is_defined_once() -> None:
-    from broker.wire import _connection_handler
+    from magnetar.broker.wire import _connection_handler
 
     assert codec.FRAME_SIZE_BYTES_MAX_DEFAULT == (codec.MAX_MESSAGE_SIZE_DEFAULT
                                                   + codec.FRAME_PADDING_BYTES)
@@ -124,7 +124,7 @@ def test_dedup_of_a_stored_absurd_claim_is_bounded_by_what_the_entry_holds() -> 
 
 
 def _magnetar(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "magnetar.broker.cli", *argv], capture_output=True,
                           text=True, check=False, timeout=CLI_DEADLINE_S, cwd=REPO_ROOT)
 
 

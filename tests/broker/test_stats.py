@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from broker import BrokerService, PersistentTopic, SubscribeSpec
-from broker.http._stats import internal_stats, topic_stats
+from magnetar.broker import BrokerService, PersistentTopic, SubscribeSpec
+from magnetar.broker.http._stats import internal_stats, topic_stats
 from tests.broker.helpers import (
     RecordingSink,
     broker_env,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
+from magnetar.broker import (
     BrokerConfig,
     BrokerService,
     NotAllowedError,
@@ -31,13 +31,13 @@ from broker import (
     ProducerSpec,
     SubscribeSpec,
 )
-from broker._errors import DiskFullError
-from broker.http._metrics import render_metrics
-from broker.http._stats import topic_stats
-from broker.topics._topic import Producer, PublishResult
-from storage import Storage
-from storage._entry_log import entry_log_name, split_location
-from storage.testing.simfs import SimFileSystem
+from magnetar.broker._errors import DiskFullError
+from magnetar.broker.http._metrics import render_metrics
+from magnetar.broker.http._stats import topic_stats
+from magnetar.broker.topics._topic import Producer, PublishResult
+from magnetar.storage import Storage
+from magnetar.storage._entry_log import entry_log_name, split_location
+from magnetar.storage.testing.simfs import SimFileSystem
 
 from .helpers import BrokerEnv, RecordingSink, broker_env, make_entry, settle, wait_for
 
@@ -147,7 +147,7 @@ def test_index_lookup_error_is_a_corruption_error(tmp_path: Path,
     depending on the page, LMDB aborts the process instead, so the lookup stands in."""
     import lmdb
 
-    from storage import CorruptionError, Storage
+    from magnetar.storage import CorruptionError, Storage
 
     with Storage.open(tmp_path) as store:
         ledger = store.wait(store.create_ledger())
@@ -267,7 +267,7 @@ def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resumes(
     writes: health turns back to ok and the other topic publishes again."""
     import aiohttp
 
-    from broker.http._admin import start_admin
+    from magnetar.broker.http._admin import start_admin
     from tests.storage.helpers import SmallDisk, small_config
 
     big, small = "persistent://public/default/big", "persistent://public/default/small"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import Consumer, PersistentTopic, ProducerSpec, SubscribeSpec
-from broker.topics._service import BrokerService
+from magnetar.broker import Consumer, PersistentTopic, ProducerSpec, SubscribeSpec
+from magnetar.broker.topics._service import BrokerService
 
 from .helpers import RecordingSink, broker_env, publish, settle, wait_for
 

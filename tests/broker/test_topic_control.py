@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import PersistentTopic, ProducerSpec, SubscribeSpec, TopicTerminatedError
-from broker._errors import ServiceNotReadyError
+from magnetar.broker import PersistentTopic, ProducerSpec, SubscribeSpec, TopicTerminatedError
+from magnetar.broker._errors import ServiceNotReadyError
 
 from .helpers import (
     RecordingSink,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import (
+from magnetar.broker import (
     BrokerService,
     Consumer,
     NotAllowedError,
@@ -20,7 +20,7 @@ from broker import (
     SubscribeSpec,
     TopicNotFoundError,
 )
-from broker._errors import MetadataError, ProducerBusyError, SubscriptionNotFoundError
+from magnetar.broker._errors import MetadataError, ProducerBusyError, SubscriptionNotFoundError
 from tests.broker.helpers import (
     RecordingSink,
     broker_env,

@@ -9,9 +9,9 @@ import ast
 import asyncio
 from pathlib import Path
 
-from broker.wire._connection_handler import ConnectionHandler
-from broker.wire._connection_view import ServerContext
-from codec import pb
+from magnetar.broker.wire._connection_handler import ConnectionHandler
+from magnetar.broker.wire._connection_view import ServerContext
+from magnetar.codec import pb
 
 from .helpers import broker_env
 

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import pytest
 
-from codec import (
+from magnetar.codec import (
     NEED_DATA,
     Connection,
     ConnectionClosed,

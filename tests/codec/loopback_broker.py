@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from codec import (
+from magnetar.codec import (
     MAX_MESSAGE_SIZE_DEFAULT,
     ChecksumMismatch,
     Connection,

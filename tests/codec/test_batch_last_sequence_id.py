@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codec import (
+from magnetar.codec import (
     RemoteProtocolError,
     SingleMessage,
     batch_last_sequence_id,
@@ -19,7 +19,7 @@ from codec import (
     parse_entry,
     prefix_broker_entry_metadata,
 )
-from codec._proto import pulsar_api_pb2 as pb
+from magnetar.codec._proto import pulsar_api_pb2 as pb
 
 from .test_batching import SETTINGS, as_protobuf, messages
 

@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec import (
+from magnetar.codec import (
     BATCH_DELAY_MS_MAX_DEFAULT,
     BATCH_MESSAGES_MAX_DEFAULT,
     BATCH_SIZE_BYTES_MAX_DEFAULT,

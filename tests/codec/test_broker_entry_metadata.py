@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from codec import (
+from magnetar.codec import (
     LocalProtocolError,
     RemoteProtocolError,
     base_command,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec import (
+from magnetar.codec import (
     INCOMPLETE_CHUNK_EXPIRY_MS_DEFAULT,
     PENDING_CHUNKED_MESSAGES_MAX_DEFAULT,
     ChunkAssembler,

@@ -13,7 +13,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import (
+from magnetar.codec import (
     UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT,
     CompressionType,
     RemoteProtocolError,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec import (
+from magnetar.codec import (
     CLIENT_TO_BROKER_TYPES,
     CPP_CLIENT_ACCEPTED_TYPES,
     NEED_DATA,
@@ -371,7 +371,7 @@ def test_every_state_and_command_is_legal_or_a_protocol_error(role: Role, state:
 def _peer_sends(role: Role, command_type: int) -> bool:
     if role is Role.BROKER:
         return command_type in CLIENT_TO_BROKER_TYPES
-    from codec import BROKER_TO_CLIENT_TYPES
+    from magnetar.codec import BROKER_TO_CLIENT_TYPES
 
     return command_type in BROKER_TO_CLIENT_TYPES
 

@@ -7,7 +7,7 @@ import ast
 import importlib
 from pathlib import Path
 
-import codec
+from magnetar import codec
 
 CODEC_DIR = Path(codec.__file__).parent
 MODULES = sorted(p for p in CODEC_DIR.glob("_*.py") if p.name != "__init__.py")
@@ -34,7 +34,7 @@ def test_all_lists_every_public_name_once() -> None:
 
 def test_each_private_module_declares_what_it_exports() -> None:
     for path in MODULES:
-        module = importlib.import_module(f"codec.{path.stem}")
+        module = importlib.import_module(f"magnetar.codec.{path.stem}")
         assert hasattr(module, "__all__"), path.name
         for name in module.__all__:
             assert hasattr(module, name), (path.name, name)

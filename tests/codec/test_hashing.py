@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import (
+from magnetar.codec import (
     KEY_HASH_RANGE_SIZE,
     NONE_KEY,
     boost_hash,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from codec import (
+from magnetar.codec import (
     ChunkAssembler,
     CompressionType,
     KeyBasedBatchContainer,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import EARLIEST, LATEST, MessageId, RemoteProtocolError, pb
+from magnetar.codec import EARLIEST, LATEST, MessageId, RemoteProtocolError, pb
 
 from .helpers import decode_whole_prefixes_trailing
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import codec
-from codec import pb
-from codec._proto import generate
+from magnetar import codec
+from magnetar.codec import pb
+from magnetar.codec._proto import generate
 
 
 def test_generated_module_is_not_stale(tmp_path: Path) -> None:

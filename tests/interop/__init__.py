@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from codec import (
+from magnetar.codec import (
     NEED_DATA,
     ChecksumMismatch,
     Connection,
@@ -86,7 +86,7 @@ class BrokerProcess:
         return f"pulsar://{HOST}:{self.port}"
 
     def command(self) -> list[str]:
-        args = [sys.executable, "-m", "broker.cli", "standalone", "--data-dir",
+        args = [sys.executable, "-m", "magnetar.broker.cli", "standalone", "--data-dir",
                 str(self.data_dir), "--host", HOST, "--port", str(self.port), "--http-port", "0"]
         for item in EXTRA_CONFIG + self.config:
             args += ["--config", item]

@@ -15,11 +15,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from broker import BrokerConfig, BrokerService
-from broker.http._admin import AdminServer, start_admin
-from broker.wire._server import BrokerServer, serve
-from storage import Storage
-from storage.testing.simfs import SimFileSystem
+from magnetar.broker import BrokerConfig, BrokerService
+from magnetar.broker.http._admin import AdminServer, start_admin
+from magnetar.broker.wire._server import BrokerServer, serve
+from magnetar.storage import Storage
+from magnetar.storage.testing.simfs import SimFileSystem
 
 CALL_TIMEOUT_S = 30.0
 

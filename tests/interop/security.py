@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from broker.security._jwt import encode_token
-from codec import pb
+from magnetar.broker.security._jwt import encode_token
+from magnetar.codec import pb
 
 from . import HOST, BrokerProcess, RawClient, free_port
 

@@ -12,7 +12,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from codec import pb
+from magnetar.codec import pb
 
 from . import BrokerProcess, RawClient, wait_for
 from .conftest import BrokerFactory, new_client

@@ -12,8 +12,8 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from broker.cli import main
-from codec import ConnectionClosed, Frame, pb
+from magnetar.broker.cli import main
+from magnetar.codec import ConnectionClosed, Frame, pb
 
 from . import HOST, wait_for
 from .security import SECRET, SecureBrokerProcess, raw_connect, start_secure, token

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from codec import (
+from magnetar.codec import (
     ConnectionClosed,
     Frame,
     RemoteProtocolError,
@@ -27,7 +27,7 @@ from codec import (
     encode_frame,
     pb,
 )
-from codec import base_command as wrap
+from magnetar.codec import base_command as wrap
 
 from . import BrokerProcess, RawClient
 from .conftest import new_client

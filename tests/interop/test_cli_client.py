@@ -22,7 +22,7 @@ CLI_DEADLINE_S = 60  # one `magnetar produce|consume` run, generous
 
 
 def _magnetar(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "magnetar.broker.cli", *argv], capture_output=True,
                           text=True, check=False, timeout=CLI_DEADLINE_S, cwd=REPO_ROOT)
 
 
@@ -45,7 +45,7 @@ INTERRUPT_DEADLINE_S = 10.0  # generous: consume notices Ctrl-C within RECEIVE_S
 def test_ctrl_c_ends_consume_at_once_without_a_traceback(broker: BrokerProcess) -> None:
     topic = f"cli-interrupt-{uuid.uuid4().hex[:8]}"
     consume = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "consume", topic, "-s", "sub", "-n", "0",
+        [sys.executable, "-m", "magnetar.broker.cli", "consume", topic, "-s", "sub", "-n", "0",
          "-p", "Earliest", "--timeout-s", "120", "--url", broker.url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from storage._entry_log import entry_log_name, split_location
+from magnetar.storage._entry_log import entry_log_name, split_location
 
 from .in_process import InProcessBroker
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from codec import boost_hash, pb
+from magnetar.codec import boost_hash, pb
 
 from . import BrokerProcess, RawClient
 from .conftest import new_client

@@ -15,7 +15,7 @@ from datetime import timedelta
 import pulsar
 import pytest
 
-from codec import Frame, pb
+from magnetar.codec import Frame, pb
 
 from . import BrokerProcess, RawClient, wait_for
 from .conftest import BrokerFactory, new_client
@@ -214,7 +214,7 @@ def test_index_continues_across_a_restart_and_dedup_replays(broker_factory: Brok
 
 
 def test_interceptor_names_are_checked() -> None:
-    from broker.cli._standalone import config_with_overrides
+    from magnetar.broker.cli._standalone import config_with_overrides
 
     upstream = ("org.apache.pulsar.common.intercept.AppendBrokerTimestampMetadataInterceptor,"
                 "org.apache.pulsar.common.intercept.AppendIndexMetadataInterceptor")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from broker import BrokerConfig
+from magnetar.broker import BrokerConfig
 
 from .in_process import InProcessBroker
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from broker import BrokerConfig, BrokerService
-from broker._names import SUBSCRIPTION_NAME_BYTES_MAX, TopicName
-from broker.http._metrics import render_metrics
-from broker.wire._connection_handler import ConnectionHandler
-from broker.wire._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
-from codec import (
+from magnetar.broker import BrokerConfig, BrokerService
+from magnetar.broker._names import SUBSCRIPTION_NAME_BYTES_MAX, TopicName
+from magnetar.broker.http._metrics import render_metrics
+from magnetar.broker.wire._connection_handler import ConnectionHandler
+from magnetar.broker.wire._server import DESCRIPTORS_RESERVED, BrokerServer, _connections_max, serve
+from magnetar.codec import (
     ConnectionClosed,
     Frame,
     SingleMessage,
@@ -33,7 +33,7 @@ from codec import (
     decode_frame,
     pb,
 )
-from storage import Storage
+from magnetar.storage import Storage
 
 from . import BrokerProcess
 from .test_server import _AsyncClient
@@ -239,7 +239,7 @@ def test_incomplete_frames_are_bounded_over_all_connections(
         for client in clients:
             await client.close()
 
-    with caplog.at_level(logging.DEBUG, logger="broker"):
+    with caplog.at_level(logging.DEBUG, logger="magnetar.broker"):
         asyncio.run(_with_server(tmp_path, body, max_incomplete_frames_bytes=4 * MIB))
     over = [r for r in caplog.records if "max_incomplete_frames_bytes" in r.getMessage()]
     assert [r.levelno for r in over] == [logging.WARNING, logging.DEBUG]
@@ -299,7 +299,7 @@ def test_a_repeated_client_mistake_is_one_warning_per_connection(
         # a request whose answer cannot be sent does nothing either
         assert service.schemas.get(TopicName.parse(topic)) is None
 
-    with caplog.at_level(logging.DEBUG, logger="broker"):
+    with caplog.at_level(logging.DEBUG, logger="magnetar.broker"):
         asyncio.run(_with_server(tmp_path, body))
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -315,7 +315,7 @@ def test_the_connection_limit_leaves_descriptors_for_the_storage(
         lowered = hard
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
     try:
-        with caplog.at_level(logging.WARNING, logger="broker"):
+        with caplog.at_level(logging.WARNING, logger="magnetar.broker"):
             assert _connections_max(2048) == lowered - DESCRIPTORS_RESERVED
             assert _connections_max(0) == lowered - DESCRIPTORS_RESERVED
         assert _connections_max(lowered - DESCRIPTORS_RESERVED) == lowered - DESCRIPTORS_RESERVED

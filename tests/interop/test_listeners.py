@@ -22,7 +22,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from codec import pb
+from magnetar.codec import pb
 
 from . import HOST, BrokerProcess, RawClient, free_port, wait_for
 from .conftest import OPERATION_TIMEOUT_S

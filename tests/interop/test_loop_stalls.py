@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import BrokerConfig, BrokerService
-from broker.dispatch._entry import SINGLE_MESSAGE_BYTES_MIN
-from broker.topics._topic import PersistentTopic
-from codec import (
+from magnetar.broker import BrokerConfig, BrokerService
+from magnetar.broker.dispatch._entry import SINGLE_MESSAGE_BYTES_MIN
+from magnetar.broker.topics._topic import PersistentTopic
+from magnetar.codec import (
     ChecksumMismatch,
     ConnectionClosed,
     Frame,
@@ -34,7 +34,7 @@ from codec import (
     encode_entry,
     pb,
 )
-from storage import Storage
+from magnetar.storage import Storage
 
 from . import BrokerProcess, RawClient
 

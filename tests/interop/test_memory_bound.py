@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from codec import pb
+from magnetar.codec import pb
 
 from . import BrokerProcess, RawClient
 from .conftest import new_client

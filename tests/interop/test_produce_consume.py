@@ -12,7 +12,7 @@ from datetime import timedelta
 import pulsar
 import pytest
 
-from codec import hash_range_slot
+from magnetar.codec import hash_range_slot
 
 pytestmark = pytest.mark.interop
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pulsar
 import pytest
 
-from broker._names import topics_hash
-from codec import Frame, SingleMessage, build_batch, build_message, encode_frame, pb
-from codec import base_command as wrap
+from magnetar.broker._names import topics_hash
+from magnetar.codec import Frame, SingleMessage, build_batch, build_message, encode_frame, pb
+from magnetar.codec import base_command as wrap
 
 from . import RawClient
 

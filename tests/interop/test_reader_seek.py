@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pulsar
 import pytest
 
-from codec import pb
+from magnetar.codec import pb
 
 from . import RawClient, wait_for
 from .conftest import BrokerFactory, new_client

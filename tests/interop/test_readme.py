@@ -103,7 +103,7 @@ def test_sh_example_runs_as_written(index: int, tmp_path: Path) -> None:
 def _run_script(commands: list[str], directory: Path) -> None:
     """Run the commands with bash; a final `magnetar standalone` is started on free ports,
     used with the official client and stopped."""
-    prelude = ['set -euo pipefail', 'magnetar() { "$MAGNETAR_PYTHON" -m broker.cli "$@"; }']
+    prelude = ['set -euo pipefail', 'magnetar() { "$MAGNETAR_PYTHON" -m magnetar.broker.cli "$@"; }']
     *before, last = commands
     if not last.startswith("magnetar standalone"):
         _bash([*prelude, *commands], directory)
@@ -113,7 +113,7 @@ def _run_script(commands: list[str], directory: Path) -> None:
     for given, port in ports.items():
         last = re.sub(rf"\b{given}\b", str(port), last)
     plain_port = free_port()
-    broker = ('exec "$MAGNETAR_PYTHON" -m broker.cli standalone'
+    broker = ('exec "$MAGNETAR_PYTHON" -m magnetar.broker.cli standalone'
               + last.removeprefix("magnetar standalone")
               + f" --port {plain_port} --http-port {free_port()}")
     log = (directory / "broker.log").open("wb")
@@ -161,7 +161,7 @@ def _tail(directory: Path) -> str:
 def _produce_over_tls_with_a_token(directory: Path, tls_port: int) -> None:
     """A token from the README's secret key, over the README's TLS listener."""
     token = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "tokens", "create", "--secret-key", "secret.key",
+        [sys.executable, "-m", "magnetar.broker.cli", "tokens", "create", "--secret-key", "secret.key",
          "--subject", "alice"], cwd=directory, env=_env(), capture_output=True, text=True,
         timeout=EXAMPLE_DEADLINE_S, check=True).stdout.strip()
     client = pulsar.Client(f"pulsar+ssl://{HOST}:{tls_port}",

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from broker import BrokerConfig, BrokerError, BrokerService, TopicNotFoundError
-from broker._errors import ServiceNotReadyError
-from broker._names import advertised_url_for
-from broker.cli import build_parser
-from broker.cli._standalone import config_with_overrides, stop_http
-from broker.wire._connection_view import server_error
-from broker.wire._discovery import lookup_error
-from broker.wire._server import BrokerServer, serve
-from codec import (
+from magnetar.broker import BrokerConfig, BrokerError, BrokerService, TopicNotFoundError
+from magnetar.broker._errors import ServiceNotReadyError
+from magnetar.broker._names import advertised_url_for
+from magnetar.broker.cli import build_parser
+from magnetar.broker.cli._standalone import config_with_overrides, stop_http
+from magnetar.broker.wire._connection_view import server_error
+from magnetar.broker.wire._discovery import lookup_error
+from magnetar.broker.wire._server import BrokerServer, serve
+from magnetar.codec import (
     NEED_DATA,
     Connection,
     ConnectionClosed,
@@ -30,7 +30,7 @@ from codec import (
     build_message,
     pb,
 )
-from storage import LedgerNotFoundError, Storage
+from magnetar.storage import LedgerNotFoundError, Storage
 
 pytestmark = pytest.mark.interop
 

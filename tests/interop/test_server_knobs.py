@@ -8,9 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.cli import build_parser
-from broker.wire._connection_view import KEEPALIVE_INTERVAL_S_DEFAULT, PENDING_SENDS_MAX_DEFAULT
-from codec import Frame, pb
+from magnetar.broker.cli import build_parser
+from magnetar.broker.wire._connection_view import (
+    KEEPALIVE_INTERVAL_S_DEFAULT,
+    PENDING_SENDS_MAX_DEFAULT,
+)
+from magnetar.codec import Frame, pb
 
 from . import BrokerProcess, RawClient
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from codec import Frame, pb
+from magnetar.codec import Frame, pb
 
 from . import HOST, free_port
 from .security import SECRET, Pki, SecureBrokerProcess, make_pki, raw_connect, start_secure, token

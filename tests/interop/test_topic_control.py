@@ -14,7 +14,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from codec import SingleMessage, build_message, pb
+from magnetar.codec import SingleMessage, build_message, pb
 
 from . import HOST, RawClient, wait_for
 from .conftest import new_client

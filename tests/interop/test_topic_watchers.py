@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import BrokerService
-from broker.wire._server import BrokerServer
-from broker.wire._topic_watchers import WATCHERS_PER_CONNECTION_MAX
-from codec import Frame, pb
+from magnetar.broker import BrokerService
+from magnetar.broker.wire._server import BrokerServer
+from magnetar.broker.wire._topic_watchers import WATCHERS_PER_CONNECTION_MAX
+from magnetar.codec import Frame, pb
 
 from .test_server import DEADLINE_S, _AsyncClient, _with_server
 

@@ -20,12 +20,17 @@ from types import ModuleType
 
 import pytest
 
-from broker.dispatch import _delayed, _dispatch_key_shared, _dispatch_shared, _draining
-from broker.dispatch import _subscription as subscription_module
-from broker.ledger import _cursor
-from broker.ledger._position import Position
-from broker.testing._simulation import SimulationConfig, SimulationReport, Violation, run_simulation
-from broker.topics import _dedup
+from magnetar.broker.dispatch import _delayed, _dispatch_key_shared, _dispatch_shared, _draining
+from magnetar.broker.dispatch import _subscription as subscription_module
+from magnetar.broker.ledger import _cursor
+from magnetar.broker.ledger._position import Position
+from magnetar.broker.testing._simulation import (
+    SimulationConfig,
+    SimulationReport,
+    Violation,
+    run_simulation,
+)
+from magnetar.broker.topics import _dedup
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "broker_sim.py"

@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from storage import FileHandle, FileSystem, OsFileSystem, StorageConfig
-from storage._fs import LockHandle
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage import FileHandle, FileSystem, OsFileSystem, StorageConfig
+from magnetar.storage._fs import LockHandle
+from magnetar.storage.testing.simfs import SimFileSystem
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from storage.testing.benchmark import (
+from magnetar.storage.testing.benchmark import (
     ENTRY_SIZES,
     IN_FLIGHT,
     READ_KINDS,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from storage import Completion, Storage
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage import Completion, Storage
+from magnetar.storage.testing.simfs import SimFileSystem
 
 from .helpers import WAIT_SECONDS_MAX, KiB, small_config, wait_until
 

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from storage import StorageConfig, StorageFailedError, StorageFullError
-from storage._checkpoint import Checkpointer
-from storage._entry_logs import EntryLogs
-from storage._errors import StorageError
-from storage._fs import FileSystem, OsFileSystem
-from storage._gc import GarbageCollector
-from storage._index import Index
-from storage._journal import Journal, JournalMark
-from storage._ledger import DELETED, LedgerState, LedgerTable
-from storage._write_cache import WriteCache
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage import StorageConfig, StorageFailedError, StorageFullError
+from magnetar.storage._checkpoint import Checkpointer
+from magnetar.storage._entry_logs import EntryLogs
+from magnetar.storage._errors import StorageError
+from magnetar.storage._fs import FileSystem, OsFileSystem
+from magnetar.storage._gc import GarbageCollector
+from magnetar.storage._index import Index
+from magnetar.storage._journal import Journal, JournalMark
+from magnetar.storage._ledger import DELETED, LedgerState, LedgerTable
+from magnetar.storage._write_cache import WriteCache
+from magnetar.storage.testing.simfs import SimFileSystem
 
 LMDB_MAP_BYTES = 64 * 1024 * 1024
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from storage import Completion, StorageFailedError
+from magnetar.storage import Completion, StorageFailedError
 
 
 def test_result_of_a_resolved_completion() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import (
+from magnetar.storage import (
     Completion,
     LedgerClosedError,
     LedgerFencedError,
@@ -36,7 +36,7 @@ from storage import (
     StorageFailedError,
     StorageFullError,
 )
-from storage.testing.simfs import CRASH_POINTS, SimFileSystem
+from magnetar.storage.testing.simfs import CRASH_POINTS, SimFileSystem
 
 CONFIG = StorageConfig(
     background_threads=False,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import DataDirLockedError, Storage, StorageConfig
-from storage.testing.crashtest import (
+from magnetar.storage import DataDirLockedError, Storage, StorageConfig
+from magnetar.storage.testing.crashtest import (
     AckModel,
     CrashTestOptions,
     CrashTestSummary,
@@ -26,7 +26,7 @@ from storage.testing.crashtest import (
     run_crashtest,
     verify_config,
 )
-from storage.testing.simfs import CRASH_POINTS
+from magnetar.storage.testing.simfs import CRASH_POINTS
 
 SUMMARY_LINE = re.compile(
     r"^crashtest: (\d+) iterations, (\d+) acknowledged entries verified, (\d+) violations$")
@@ -248,7 +248,7 @@ def test_channel_lines_update_the_model(seed: int) -> None:
 
 def test_cli_crashtest_both_modes_exits_zero(tmp_path: Path, seed: int) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "crashtest", "--data-dir", str(tmp_path),
+        [sys.executable, "-m", "magnetar.broker.cli", "crashtest", "--data-dir", str(tmp_path),
          "--iterations", "4", "--mode", "both", "--seed", str(seed), "--no-progress"],
         capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -277,7 +277,7 @@ def test_cli_crashtest_refuses_a_directory_a_broker_holds(tmp_path: Path, seed: 
     with Storage.open(tmp_path, StorageConfig(background_threads=False)):
         before = _snapshot(tmp_path)
         proc = subprocess.run(
-            [sys.executable, "-m", "broker.cli", "crashtest", "--data-dir", str(tmp_path),
+            [sys.executable, "-m", "magnetar.broker.cli", "crashtest", "--data-dir", str(tmp_path),
              "--iterations", "2", "--seed", str(seed), "--no-progress"],
             capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
         assert _snapshot(tmp_path) == before  # nothing written, nothing removed
@@ -298,7 +298,7 @@ def test_run_crashtest_holds_the_lock_while_it_runs(tmp_path: Path, seed: int) -
 
 def test_cli_crashtest_rejects_an_unknown_mode(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "crashtest", "--data-dir", str(tmp_path),
+        [sys.executable, "-m", "magnetar.broker.cli", "crashtest", "--data-dir", str(tmp_path),
          "--mode", "meteor"], capture_output=True, text=True, cwd=ROOT, timeout=60,
         check=False)
     assert proc.returncode == 2

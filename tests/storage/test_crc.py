@@ -9,7 +9,7 @@ import crcmod.predefined
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage._crc import crc32c
+from magnetar.storage._crc import crc32c
 
 reference = crcmod.predefined.mkCrcFun("crc-32c")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import DataDirLockedError, Storage
+from magnetar.storage import DataDirLockedError, Storage
 from tests.storage.helpers import WAIT_SECONDS_MAX, small_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 # on stdin before closing.
 OWNER = """
 import sys
-from storage import Storage, StorageConfig
+from magnetar.storage import Storage, StorageConfig
 config = StorageConfig(lmdb_map_bytes=256 << 20, journal_prealloc_bytes=64 << 10)
 store = Storage.open(sys.argv[1], config)
 ledger = store.create_ledger().result(30)
@@ -36,7 +36,7 @@ print("closed", flush=True)
 # The contender: tries to open the directory and reports what happened as JSON.
 CONTENDER = """
 import json, sys
-from storage import DataDirLockedError, Storage, StorageConfig
+from magnetar.storage import DataDirLockedError, Storage, StorageConfig
 try:
     Storage.open(sys.argv[1], StorageConfig(lmdb_map_bytes=256 << 20)).close()
     print(json.dumps({"opened": True}))

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import CorruptionError, OsFileSystem
-from storage._entry_log import (
+from magnetar.storage import CorruptionError, OsFileSystem
+from magnetar.storage._entry_log import (
     ENTRY_LOG_HEADER_BYTES,
     MAP_ENTRY_ID,
     MAP_LEDGER_ID,

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from storage import (
+from magnetar.storage import (
     Completion,
     Storage,
     StorageConfig,
     StorageFailedError,
     StorageFullError,
 )
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import WAIT_SECONDS_MAX, small_config
 
 PUMPED = small_config(background_threads=False)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import FileSystem, OsFileSystem
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage import FileSystem, OsFileSystem
+from magnetar.storage.testing.simfs import SimFileSystem
 
 BAD_FD = rf"\[Errno {errno.EBADF}\]"
 FACTORIES: list[Callable[[], FileSystem]] = [OsFileSystem, lambda: SimFileSystem(seed=3)]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import Storage, StorageConfig, StorageFailedError, StorageFullError
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage import Storage, StorageConfig, StorageFailedError, StorageFullError
+from magnetar.storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import SmallDisk, small_config
 
 PUMPED = small_config(background_threads=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import (
+from magnetar.storage import (
     LedgerNotFoundError,
     OsFileSystem,
     Storage,
@@ -21,8 +21,8 @@ from storage import (
     StorageError,
     StorageFullError,
 )
-from storage._entry_log import split_location
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage._entry_log import split_location
+from magnetar.storage.testing.simfs import SimFileSystem
 
 ENTRY_LOG_BYTES_MAX = 16 * 1024
 

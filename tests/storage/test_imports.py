@@ -94,6 +94,6 @@ def test_storage_has_no_import_cycle() -> None:
 
 def test_the_engine_never_imports_its_harnesses() -> None:
     bad = [f"{module} imports {target}" for module, targets in import_graph().items()
-           if not module.startswith("storage.testing")
-           for target in targets if target.startswith("storage.testing")]
+           if not module.startswith("magnetar.storage.testing")
+           for target in targets if target.startswith("magnetar.storage.testing")]
     assert bad == []

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage import JournalMark
-from storage._index import (
+from magnetar.storage import JournalMark
+from magnetar.storage._index import (
     CheckpointWrite,
     EntryLogRecord,
     Index,

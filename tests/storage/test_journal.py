@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from storage import Completion, OsFileSystem, Storage, StorageConfig, StorageFailedError
-from storage._fs import FileSystem
-from storage._journal import Journal, JournalRequest, parse_segment_name, segment_file_name
-from storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage import Completion, OsFileSystem, Storage, StorageConfig, StorageFailedError
+from magnetar.storage._fs import FileSystem
+from magnetar.storage._journal import Journal, JournalRequest, parse_segment_name, segment_file_name
+from magnetar.storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
+from magnetar.storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import CountingFileSystem, journal_files, small_config, wait_until
 
 WAIT_RESULT_S = 10.0
@@ -381,7 +381,7 @@ def test_close_writes_and_syncs_what_is_queued(tmp_path: Path) -> None:
 
 
 def test_submit_after_close_fails(tmp_path: Path) -> None:
-    from storage import StorageClosedError
+    from magnetar.storage import StorageClosedError
 
     harness = JournalHarness(tmp_path / "journal", small_config(background_threads=False))
     harness.journal.close()

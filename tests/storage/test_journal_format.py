@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import CorruptionError, OsFileSystem
-from storage._journal_format import (
+from magnetar.storage import CorruptionError, OsFileSystem
+from magnetar.storage._journal_format import (
     RECORD_HEADER_BYTES,
     RecordType,
     ScanResult,
@@ -122,7 +122,7 @@ def test_segment_header_all_zero_is_refused() -> None:
 
 
 def test_segment_header_with_wrong_magic_and_valid_crc_is_refused() -> None:
-    from storage._crc import crc32c
+    from magnetar.storage._crc import crc32c
 
     fields = struct.pack(">4sHHQQI", b"XJNL", 1, 0, 3, 1, ALIGNMENT)
     block = fields + struct.pack(">I", crc32c(fields))

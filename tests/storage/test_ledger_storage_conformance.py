@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import (
+from magnetar.storage import (
     Completion,
     EntryTooLargeError,
     LedgerClosedError,
@@ -29,9 +29,9 @@ from storage import (
     StorageError,
     StorageFullError,
 )
-from storage._metadata import META_KEY_BYTES_MAX
-from storage.testing.memory import InMemoryLedgerStorage
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage._metadata import META_KEY_BYTES_MAX
+from magnetar.storage.testing.memory import InMemoryLedgerStorage
+from magnetar.storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import small_config
 
 WAIT_S = 10.0

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from storage import (
+from magnetar.storage import (
     CorruptionError,
     LedgerNotFoundError,
     StorageError,
     StorageFailedError,
     StorageFullError,
 )
-from storage.testing.memory import InMemoryLedgerStorage
+from magnetar.storage.testing.memory import InMemoryLedgerStorage
 
 WAIT_S = 10.0
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import Storage
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage import Storage
+from magnetar.storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import small_config
 
 PUMPED = small_config(background_threads=False)
@@ -232,7 +232,7 @@ async def _apply(store: Storage, ops: list[tuple[bytes, bytes | None]]) -> int:
 
 
 def test_journaled_ops_refused_after_close(tmp_path: Path) -> None:
-    from storage import StorageClosedError
+    from magnetar.storage import StorageClosedError
 
     store = Storage.open(tmp_path, PUMPED)
     store.close()

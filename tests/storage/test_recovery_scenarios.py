@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import (
+from magnetar.storage import (
     CorruptionError,
     JournalCorruptionError,
     LedgerFencedError,
@@ -34,10 +34,10 @@ from storage import (
     check_data_dir,
     inspect_data_dir,
 )
-from storage._fs import OsFileSystem
-from storage._index import Index, encode_mark
-from storage._journal import JournalMark
-from storage._journal_format import (
+from magnetar.storage._fs import OsFileSystem
+from magnetar.storage._index import Index, encode_mark
+from magnetar.storage._journal import JournalMark
+from magnetar.storage._journal_format import (
     RecordType,
     ScanResult,
     SegmentHeader,
@@ -45,9 +45,9 @@ from storage._journal_format import (
     pad_record,
     scan_segment,
 )
-from storage._recovery import ReplayStats
-from storage._write_cache import CacheHalf
-from storage.testing.simfs import SimFileSystem
+from magnetar.storage._recovery import ReplayStats
+from magnetar.storage._write_cache import CacheHalf
+from magnetar.storage.testing.simfs import SimFileSystem
 
 ALIGNMENT_BYTES = 512
 ENTRY_BYTES = 200
@@ -309,7 +309,7 @@ def test_bit_flip_mid_newest_segment_refuses(tmp_path: Path, rng: random.Random,
     assert f"followed by {len(after)} valid records" in str(error)
     assert f"at offset {victim.offset}" in str(error)
     assert directory_digest(tmp_path) == before
-    caplog.set_level("WARNING", logger="storage")
+    caplog.set_level("WARNING", logger="magnetar.storage")
     with Storage.open(tmp_path, make_config(skip_corrupt_journal_segments=True)) as store:
         assert_ledger_holds(store, ledger_id, datas[:20])
         stats = replay_stats(store)
@@ -348,7 +348,7 @@ def test_torn_group_commit_with_later_unsynced_batches(tmp_path: Path, rng: rand
     adds = [r for r in journal_records(segment) if r.kind == RecordType.ADD_ENTRY]
     assert len(adds) == 8
     flip_bit(segment, adds[5].offset + 24 + 30)  # the first unsynced batch is torn
-    caplog.set_level("WARNING", logger="storage")
+    caplog.set_level("WARNING", logger="magnetar.storage")
     store = reopen_and_expect(tmp_path, ledger_id, datas)
     assert "never synced" in replay_stats(store).torn_tail
     assert any("torn group commit" in r.getMessage() for r in caplog.records)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.testing.simfs import SimFileSystem, SimulatedCrash
+from magnetar.storage.testing.simfs import SimFileSystem, SimulatedCrash
 
 SEEDS = range(120)
 

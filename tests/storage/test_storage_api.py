@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import (
+from magnetar.storage import (
     CorruptionError,
     EntryTooLargeError,
     LedgerClosedError,
@@ -23,8 +23,8 @@ from storage import (
     StorageClosedError,
     StorageConfig,
 )
-from storage._entry_log import ENTRY_LOG_HEADER_BYTES, read_header, split_location
-from storage._index import Index
+from magnetar.storage._entry_log import ENTRY_LOG_HEADER_BYTES, read_header, split_location
+from magnetar.storage._index import Index
 from tests.storage.helpers import KiB, entry_log_files, journal_files, small_config
 
 PUMPED = small_config(background_threads=False)
