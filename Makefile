@@ -24,12 +24,12 @@ run: $(VENV)/.installed-run
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR)
 
 test: $(VENV)/.installed-test
-	$(BIN)/ruff check storage broker codec tests tools benchmarks
+	$(BIN)/ruff check magnetar storage broker codec tests tools benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check storage broker codec tests tools benchmarks
+	$(BIN)/ruff check magnetar storage broker codec tests tools benchmarks
 	$(BIN)/mypy
 
 # Regenerates codec/_proto/pulsar_api_pb2.py and .pyi from codec/_proto/pulsar_api.proto, with the

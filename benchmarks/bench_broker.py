@@ -65,19 +65,15 @@ from magnetar.broker import (
 from magnetar.broker.topics._topic import Producer
 from magnetar.codec import SingleMessage, build_batch, build_message, encode_entry
 from magnetar.storage import Storage, StorageConfig
+from magnetar.storage.testing._bench_measure import _best_limits, _run_limits
+from magnetar.storage.testing._bench_model import _percentile_ms, _Results
+from magnetar.storage.testing._bench_report import _git_commit, _render_limits, _table
 from magnetar.storage.testing.benchmark import (
     FULL_SCALE,
     QUICK_SCALE,
     TINY_SCALE,
     BenchScale,
-    _best_limits,
-    _git_commit,
-    _percentile_ms,
     _quiet_storage_log,
-    _render_limits,
-    _Results,
-    _run_limits,
-    _table,
 )
 
 MB = 1024 * 1024

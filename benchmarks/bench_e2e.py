@@ -59,19 +59,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pulsar  # type: ignore[import-untyped]
 from tqdm import tqdm
 
+from magnetar.storage.testing._bench_measure import _best_limits, _run_limits
+from magnetar.storage.testing._bench_model import _percentile_ms, _Results
+from magnetar.storage.testing._bench_report import _git_commit, _render_limits, _table
 from magnetar.storage.testing.benchmark import (
     FULL_SCALE,
     QUICK_SCALE,
     TINY_SCALE,
     BenchScale,
-    _best_limits,
-    _git_commit,
-    _percentile_ms,
     _quiet_storage_log,
-    _render_limits,
-    _Results,
-    _run_limits,
-    _table,
 )
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .http._admin import start_admin
     from .ledger._position import Position
     from .security._auth import AuthenticationService
+    from .security._authz import AuthorizationService
     from .security._tls import TlsOptions
     from .topics._service import BrokerService
     from .topics._topic import PersistentTopic, ProducerSpec
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AuthenticationError",
     "AuthenticationService",
+    "AuthorizationService",
     "BrokerConfig",
     "BrokerError",
     "BrokerServer",
@@ -87,6 +89,7 @@ __all__ = [
 # name -> the module it lives in, for the names loaded on first use.
 _LAZY: dict[str, str] = {
     "AuthenticationService": ".security._auth",
+    "AuthorizationService": ".security._authz",
     "BrokerServer": ".wire._server",
     "BrokerService": ".topics._service",
     "Consumer": ".dispatch._consumer",

@@ -3,14 +3,17 @@ implements (broker reference §10), each limit named with its unit."""
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from ._errors import ConfigurationError
 
 __all__ = ["INTERCEPTOR_INDEX", "INTERCEPTOR_TIMESTAMP", "REMOVED_SETTINGS", "SETTING_CHOICES",
-           "SETTING_RANGES", "BrokerConfig", "check_settings", "interceptors_of"]
+           "SETTING_RANGES", "BrokerConfig", "check_settings", "interceptors_of", "parse_value"]
 
 # Pulsar's SchemaCompatibilityStrategy names a broker default may take (not UNDEFINED).
 SCHEMA_STRATEGIES = ("ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
@@ -65,7 +68,9 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "backlog_quota_default_limit_s": (-1, None),
     "token_allowed_clock_skew_s": (0, None),
     "auth_refresh_check_interval_s": (0, None),
+    "http_auth_failures_per_connection_max": (1, None),
     "storage_full_check_interval_s": (0, None),
+    "stats_update_frequency_s": (1, None),
 }
 # Settings an earlier build accepted but nothing read: `--config NAME=...` names them as gone
 # (name -> why), instead of guessing at a similar name.
@@ -169,8 +174,16 @@ class BrokerConfig:
     schema_compatibility_strategy: str = "FULL"
     is_allow_auto_update_schema_enabled: bool = True
     is_schema_validation_enforced: bool = False
-    # Authentication (security/_auth.py); no authorization: superuser roles are only logged.
+    # Authentication (security/_auth.py) and authorization (security/_authz.py).
     authentication_enabled: bool = False
+    # Pulsar's authenticationProviders, by method name: "token", "basic", "tls".
+    authentication_providers: tuple[str, ...] = ("token",)
+    basic_auth_conf: str = ""  # Pulsar's basicAuthConf: a path, file:, data: or base64 text
+    anonymous_user_role: str = ""  # Pulsar's anonymousUserRole ("": none; refused instead)
+    authorization_enabled: bool = False  # Pulsar's authorizationEnabled
+    # Failed authentications one admin HTTP connection may make before it is answered 429 and
+    # closed (a binary-protocol connection is closed at its first failure, as in Pulsar).
+    http_auth_failures_per_connection_max: int = 5
     token_secret_key: str = ""  # path, file:///path or data:;base64,... (HS tokens)
     token_public_key: str = ""  # same forms, DER or PEM (RS/ES tokens)
     token_auth_claim: str = "sub"  # the claim holding the role
@@ -178,6 +191,9 @@ class BrokerConfig:
     superuser_roles: tuple[str, ...] = ()
     auth_refresh_check_interval_s: float = 60.0  # Pulsar's authenticationRefreshCheckSeconds
     authenticate_metrics_endpoint: bool = False  # Pulsar's broker default
+    # Pulsar's statsUpdateFrequencyInSecs: how often the msgRate*/msgThroughput* figures of
+    # the stats and /metrics (and the per-interval histograms) are recomputed.
+    stats_update_frequency_s: int = 60
     # Broker entry metadata (Pulsar's brokerEntryMetadataInterceptors): "timestamp" and/or
     # "index", or upstream's class names; empty = entries stored as the producer sent them.
     broker_entry_metadata_interceptors: tuple[str, ...] = ()
@@ -270,3 +286,33 @@ def interceptors_of(names: Iterable[str]) -> frozenset[str]:
                              f"{', '.join(sorted(_NAMES))})")
         found.add(short)
     return frozenset(found)
+
+
+def parse_value(kind: Any, text: str, name: str) -> Any:
+    """`text` as a value of the type `kind` of the setting `name`: integers, finite floats,
+    booleans (true/false/1/0/yes/no), comma-separated tuples of strings, strings; `X | None`
+    parses as X.
+
+    Raises:
+        ConfigurationError: the text is not a value of that type (the message names `name`).
+    """
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(each for each in typing.get_args(kind) if each is not type(None))
+    if kind is bool:
+        lowered = text.lower()
+        if lowered not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigurationError(f"{name} takes true or false, not {text!r}")
+        return lowered in ("true", "1", "yes")
+    if kind is int or kind is float:
+        try:
+            number = kind(text)
+        except ValueError:
+            raise ConfigurationError(f"{name} takes a number, not {text!r}") from None
+        if not math.isfinite(number):
+            raise ConfigurationError(f"{name} takes a finite number, not {text!r}")
+        return number
+    if typing.get_origin(kind) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    if kind is str:
+        return text
+    raise ConfigurationError(f"{name} cannot be set from text")

@@ -13,6 +13,7 @@ from magnetar.storage import StorageError
 
 __all__ = [
     "AuthenticationError",
+    "AuthorizationError",
     "BrokerError",
     "ConfigurationError",
     "ConsumerAssignError",
@@ -20,10 +21,13 @@ __all__ = [
     "ConsumerNotFoundError",
     "DiskFullError",
     "IncompatibleSchemaError",
+    "InvalidPolicyError",
     "InvalidSchemaError",
     "InvalidTopicNameError",
+    "MalformedPolicyError",
     "MetadataError",
     "NotAllowedError",
+    "PartitionCountError",
     "PersistenceError",
     "ProducerBlockedQuotaExceededError",
     "ProducerBlockedQuotaExceededException",
@@ -62,9 +66,26 @@ class PersistenceError(BrokerError):
 
 
 class AuthenticationError(BrokerError):
-    """The client's credentials were missing, malformed, wrongly signed or expired."""
+    """The client's credentials were missing, malformed, wrongly signed or expired.
+
+    The message goes to the client; `detail` (never a credential) only to the broker's log.
+    """
 
     code = 3
+
+    def __init__(self, message: str = "", detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+    def logged(self) -> str:
+        """The message with its detail, for the broker's log."""
+        return f"{self}: {self.detail}" if self.detail else str(self)
+
+
+class AuthorizationError(BrokerError):
+    """An authenticated role may not do what it asked (security/_authz.py)."""
+
+    code = 4
 
 
 class ConsumerBusyError(BrokerError):
@@ -144,6 +165,21 @@ class NotAllowedError(BrokerError):
     code = 22
 
 
+class InvalidPolicyError(NotAllowedError):
+    """A namespace or topic policy value out of its range or in conflict with another policy
+    (retention below the backlog quota); nothing was stored. The admin API answers 412."""
+
+
+class MalformedPolicyError(InvalidPolicyError):
+    """A policy value that is not of the JSON shape the policy takes (a string for a number,
+    a list for an object); nothing was stored. The admin API answers 400."""
+
+
+class PartitionCountError(InvalidPolicyError):
+    """A partition count below 1 or above `max_num_partitions_per_partitioned_topic`;
+    nothing was created or stored. The admin API answers 406."""
+
+
 class ProducerFencedError(BrokerError):
     """A newer exclusive producer took the topic over (its topic epoch is higher)."""
 
@@ -152,7 +188,8 @@ class ProducerFencedError(BrokerError):
 
 _BY_CODE: dict[int, type[BrokerError]] = {
     cls.code: cls for cls in (
-        BrokerError, MetadataError, PersistenceError, AuthenticationError, ConsumerBusyError,
+        BrokerError, MetadataError, PersistenceError, AuthenticationError, AuthorizationError,
+        ConsumerBusyError,
         ServiceNotReadyError,
         ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException,
         TopicNotFoundError, SubscriptionNotFoundError, ConsumerNotFoundError,

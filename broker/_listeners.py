@@ -43,6 +43,7 @@ __all__ = [
     "ListenerNotFoundError",
     "Listeners",
     "check_tls",
+    "is_service_url",
     "listeners_of",
     "parse_listeners",
 ]
@@ -184,3 +185,12 @@ def check_tls(listeners: Listeners, tls_running: bool) -> None:
         if not tls_running and listener.broker_url_tls is not None:
             raise ValueError(f"advertised_listeners: listener {listener.name!r} has a "
                              f"pulsar+ssl:// URL, but the broker serves no TLS (--tls-port)")
+
+
+def is_service_url(text: str, scheme: str) -> bool:
+    """Whether `text` is `SCHEME://HOST:PORT` (a URL LOOKUP may answer with)."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        return parts.scheme == scheme and bool(parts.hostname) and parts.port is not None
+    except ValueError:  # a port out of range or not a number, a bad IPv6 literal
+        return False

@@ -10,18 +10,26 @@ durable transaction (these change rarely):
 | `partitioned/<full topic name>`    | `{"partitions": n}`                                  |
 | `topicpolicy/<full topic name>`    | topic-level policies (the same field names)          |
 
+A namespace's permissions live in its Policies record too, under Pulsar's names:
+`auth_policies` = `{"namespace_auth": {role: [action]}, "destination_auth": {topic: {role:
+[action]}}, "subscription_auth_roles": {subscription: [role]}}` and `subscription_auth_mode`
+("None" or "Prefix"); `update_auth_policies` changes them in one durable transaction, and they
+go when the namespace goes. `security/_authz.py` reads and interprets them.
+
 The schema policies (`schema_compatibility_strategy`, `is_allow_auto_update_schema`,
 `schema_validation_enforced`) resolve the same way, into a `SchemaPolicy` (`schema_policy`).
 
 Policy resolution follows Pulsar: a topic-level value beats the namespace's, which beats the
 broker configuration. `Policies` keeps the fields users script against through the admin
-API; the effective values are computed by `effective_policies`.
+API; the effective values are computed by `effective_policies`. Every value set is first
+checked by `_policies.check_policy` (the rules the admin API enforces too).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,30 +37,16 @@ from magnetar.storage import LedgerMetadata
 
 from ._config import BrokerConfig
 from ._errors import MetadataError, NotAllowedError
+from ._names import TopicName
+from ._policies import BACKLOG_QUOTA_TYPES, POLICY_FIELDS, check_backlog_quota_type, check_policy
 
-__all__ = ["EffectivePolicies", "NamespaceRegistry", "SchemaPolicy"]
+__all__ = ["AUTH_POLICIES", "AUTH_POLICY_MAPS", "EffectivePolicies", "NamespaceRegistry",
+           "SchemaPolicy"]
 
 _NAME = re.compile(r"^[-=:.\w]+$")
 
-# Namespace policy fields (Pulsar's JSON names) that Magnetar honours.
-POLICY_FIELDS = (
-    "retention_policies",  # {"retentionTimeInMinutes": int, "retentionSizeInMB": int}
-    "message_ttl_in_seconds",  # int
-    "deduplicationEnabled",  # bool
-    "backlog_quota_map",  # {"destination_storage": {"limitSize", "policy"},
-    #                        "message_age": {"limitTime", "policy"}}
-    "delayed_delivery_policies",  # {"active": bool, "tickTime": int, "maxDeliveryDelayInMillis"}
-    "max_unacked_messages_per_consumer",  # int
-    "max_unacked_messages_per_subscription",  # int
-    "max_producers_per_topic",  # int
-    "max_consumers_per_topic",  # int
-    "max_consumers_per_subscription",  # int
-    "subscription_types_enabled",  # [str]
-    "autoTopicCreationOverride",  # {"allowAutoTopicCreation", "topicType", "defaultNumPartitions"}
-    "schema_compatibility_strategy",  # str, a SchemaCompatibilityStrategy name
-    "is_allow_auto_update_schema",  # bool
-    "schema_validation_enforced",  # bool
-)
+AUTH_POLICIES = "auth_policies"  # the permissions' field of a namespace's Policies
+AUTH_POLICY_MAPS = ("namespace_auth", "destination_auth", "subscription_auth_roles")
 
 
 @dataclass(frozen=True)
@@ -182,21 +176,138 @@ class NamespaceRegistry:
         return policies
 
     def set_policy(self, namespace: str, field: str, value: Any) -> None:
-        """Set (or with value None remove) one namespace policy field."""
+        """Set (or with value None remove) one namespace policy field, the value checked and
+        normalised by `check_policy` against the namespace's other policies.
+
+        Raises:
+            MetadataError: the namespace does not exist.
+            NotAllowedError: an unknown field, or (its subclasses `InvalidPolicyError`,
+                `MalformedPolicyError`, `PartitionCountError`) a value that breaks a policy
+                rule. Nothing is stored then.
+        """
         policies = self.policies(namespace)
         self._set(policies, field, value)
         self._meta.put(b"ns/" + namespace.encode(), json.dumps(policies).encode())
 
+    def auth_policies(self, namespace: str) -> dict[str, Any]:
+        """The namespace's permissions (`AUTH_POLICY_MAPS`, each present, maybe empty).
+
+        Raises:
+            MetadataError: the namespace does not exist.
+        """
+        stored = self.policies(namespace).get(AUTH_POLICIES) or {}
+        return {name: dict(stored.get(name) or {}) for name in AUTH_POLICY_MAPS}
+
+    def update_auth_policies(self, namespace: str,
+                             change: Callable[[dict[str, Any]], None]) -> None:
+        """Apply `change` to the namespace's permissions (as `auth_policies` gives them) and
+        store the result durably, in one transaction.
+
+        Raises:
+            MetadataError: the namespace does not exist; nothing changed.
+            Whatever `change` raises: nothing changed.
+        """
+        key = b"ns/" + namespace.encode()
+        with self._meta.transaction() as txn:
+            raw = txn.get(key)
+            if raw is None:
+                raise MetadataError(f"Namespace {namespace} does not exist")
+            policies: dict[str, Any] = json.loads(raw)
+            stored = policies.get(AUTH_POLICIES) or {}
+            current = {name: dict(stored.get(name) or {}) for name in AUTH_POLICY_MAPS}
+            change(current)
+            policies[AUTH_POLICIES] = current
+            txn.put(key, json.dumps(policies).encode())
+
+    def set_backlog_quota(self, namespace: str, kind: str, quota: Any) -> None:
+        """Set the namespace's backlog quota of one type (`destination_storage` or
+        `message_age`); raises as `set_policy` does."""
+        check_backlog_quota_type(kind)
+        quotas = dict(self.policies(namespace).get("backlog_quota_map") or {})
+        quotas[kind] = quota
+        self.set_policy(namespace, "backlog_quota_map", quotas)
+
+    def remove_backlog_quota(self, namespace: str, kind: str) -> None:
+        """Remove the namespace's backlog quota of one type (none set: nothing changes)."""
+        check_backlog_quota_type(kind)
+        quotas = dict(self.policies(namespace).get("backlog_quota_map") or {})
+        quotas.pop(kind, None)
+        self.set_policy(namespace, "backlog_quota_map", quotas or None)
+
     # -- topics ----------------------------------------------------------------------------
 
     def topic_policies(self, topic: str) -> dict[str, Any]:
+        """The policies stored for exactly this topic name (none inherited)."""
         raw = self._meta.get(b"topicpolicy/" + topic.encode())
         return {} if raw is None else dict(json.loads(raw))
 
+    def topic_policies_in_force(self, topic: str) -> dict[str, Any]:
+        """A topic's own policies: a partition has its partitioned topic's (Pulsar keeps them
+        on the base name), overridden by any stored for the partition itself."""
+        name = TopicName.parse(topic)
+        base = str(name.partitioned_base)
+        if base == str(name):
+            return self.topic_policies(topic)
+        return _merged(self.topic_policies(base), self.topic_policies(str(name)))
+
     def set_topic_policy(self, topic: str, field: str, value: Any) -> None:
-        policies = self.topic_policies(topic)
-        self._set(policies, field, value)
-        self._meta.put(b"topicpolicy/" + topic.encode(), json.dumps(policies).encode())
+        """Set (or with None remove) one topic-level policy, checked as `set_policy` does
+        against the policies in force for the topic (its own over its namespace's).
+        Raises as `set_policy` does (but a missing namespace is not checked); nothing is
+        stored then."""
+        stored = self.topic_policies(topic)
+        context = _merged(self._namespace_policies(TopicName.parse(topic).namespace_name),
+                          self.topic_policies_in_force(topic))
+        self._set(stored, field, value, context)
+        key = b"topicpolicy/" + topic.encode()
+        if stored:
+            self._meta.put(key, json.dumps(stored).encode())
+        else:
+            self._meta.delete(key)
+
+    def set_topic_backlog_quota(self, topic: str, kind: str, quota: Any) -> None:
+        """Set (quota None: remove) a topic's backlog quota of one type; raises as
+        `set_topic_policy` does."""
+        check_backlog_quota_type(kind)
+        quotas = dict(self.topic_policies(topic).get("backlog_quota_map") or {})
+        if quota is None:
+            quotas.pop(kind, None)
+        else:
+            quotas[kind] = quota
+        self.set_topic_policy(topic, "backlog_quota_map", quotas or None)
+
+    def delete_topic_policies(self, topic: str) -> None:
+        """Forget a topic's policies (the topic was deleted; nothing happens without any)."""
+        self._meta.delete(b"topicpolicy/" + topic.encode())
+
+    def applied_policy(self, topic: str, field: str) -> Any:
+        """The value of one policy in force for a topic, as Pulsar's `applied=true` answers:
+        the topic's, else its namespace's, else the broker's default (None when the broker
+        has none for the field)."""
+        own = self.topic_policies_in_force(topic).get(field)
+        if own is not None:
+            return own
+        namespace = self._namespace_policies(TopicName.parse(topic).namespace_name)
+        if namespace.get(field) is not None:
+            return namespace[field]
+        default = _BROKER_DEFAULTS.get(field)
+        return None if default is None else default(self._config)
+
+    def applied_backlog_quotas(self, topic: str) -> dict[str, Any]:
+        """The backlog quotas in force for a topic as Pulsar's `applied=true` answers them:
+        the topic's map, else its namespace's, else the broker's default of every type."""
+        own = self.topic_policies_in_force(topic).get("backlog_quota_map")
+        if own:
+            return dict(own)
+        namespace = self._namespace_policies(TopicName.parse(topic).namespace_name)
+        if namespace.get("backlog_quota_map"):
+            return dict(namespace["backlog_quota_map"])
+        c = self._config
+        size = c.backlog_quota_default_limit_bytes
+        return {kind: {"limit": size, "limitSize": size,
+                       "limitTime": c.backlog_quota_default_limit_s,
+                       "policy": c.backlog_quota_default_retention_policy}
+                for kind in BACKLOG_QUOTA_TYPES}
 
     def partitions(self, topic: str) -> int:
         """The partition count of a partitioned topic, 0 when it is not partitioned."""
@@ -227,11 +338,12 @@ class NamespaceRegistry:
 
     # -- resolution ------------------------------------------------------------------------
 
+    def _namespace_policies(self, namespace: str) -> dict[str, Any]:
+        return self.policies(namespace) if self.namespace_exists(namespace) else {}
+
     def effective_policies(self, topic: str, namespace: str) -> EffectivePolicies:
-        namespace_policies = self.policies(namespace) if self.namespace_exists(namespace) else {}
-        merged = dict(namespace_policies)
-        merged.update(self.topic_policies(topic))
-        return self._resolve(merged)
+        return self._resolve(_merged(self._namespace_policies(namespace),
+                                     self.topic_policies_in_force(topic)))
 
     def _resolve(self, p: dict[str, Any]) -> EffectivePolicies:
         c = self._config
@@ -276,8 +388,7 @@ class NamespaceRegistry:
 
     def schema_policy(self, topic: str, namespace: str) -> SchemaPolicy:
         """The schema policies of a topic: topic > namespace > broker configuration."""
-        merged = self.policies(namespace) if self.namespace_exists(namespace) else {}
-        merged.update(self.topic_policies(topic))
+        merged = _merged(self._namespace_policies(namespace), self.topic_policies_in_force(topic))
         c = self._config
         strategy = merged.get("schema_compatibility_strategy")
         if strategy in (None, "UNDEFINED"):
@@ -299,10 +410,12 @@ class NamespaceRegistry:
                 str(override.get("topicType", c.allow_auto_topic_creation_type)),
                 int(override.get("defaultNumPartitions", c.default_num_partitions)))
 
-    @staticmethod
-    def _set(policies: dict[str, Any], field: str, value: Any) -> None:
-        if field not in POLICY_FIELDS:
-            raise NotAllowedError(f"Unknown policy {field}; known: {', '.join(POLICY_FIELDS)}")
+    def _set(self, policies: dict[str, Any], field: str, value: Any,
+             context: dict[str, Any] | None = None) -> None:
+        """Check `value` against `context` (default: `policies` itself) and store it in
+        `policies` (None removes the field)."""
+        value = check_policy(field, value, policies if context is None else context,
+                             self._config)
         if value is None:
             policies.pop(field, None)
         else:
@@ -314,3 +427,33 @@ class NamespaceRegistry:
         if unknown:
             raise NotAllowedError(f"Unknown policies {sorted(unknown)}")
         return dict(policies)
+
+
+def _merged(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
+    """`upper`'s policies over `lower`'s; backlog quotas merge by type (a topic's quota of
+    one type leaves its namespace's of the other in force, as Pulsar's do)."""
+    merged = {**lower, **upper}
+    quotas = {**(lower.get("backlog_quota_map") or {}), **(upper.get("backlog_quota_map") or {})}
+    if quotas:
+        merged["backlog_quota_map"] = quotas
+    return merged
+
+
+# What `applied_policy` answers for a field neither the topic nor its namespace sets, in the
+# policy's JSON shape (the same configuration values `_resolve` falls back to).
+_BROKER_DEFAULTS: dict[str, Callable[[BrokerConfig], Any]] = {
+    "retention_policies": lambda c: {"retentionTimeInMinutes": c.default_retention_time_minutes,
+                                     "retentionSizeInMB": c.default_retention_size_mb},
+    "message_ttl_in_seconds": lambda c: c.ttl_duration_default_s,
+    "deduplicationEnabled": lambda c: c.broker_deduplication_enabled,
+    "delayed_delivery_policies": lambda c: {
+        "active": c.delayed_delivery_enabled, "tickTime": c.delayed_delivery_tick_time_ms,
+        "maxDeliveryDelayInMillis": c.delayed_delivery_max_delay_ms},
+    "max_unacked_messages_per_consumer": lambda c: c.max_unacked_messages_per_consumer,
+    "max_unacked_messages_per_subscription": lambda c: c.max_unacked_messages_per_subscription,
+    "max_producers_per_topic": lambda c: c.max_producers_per_topic,
+    "max_consumers_per_topic": lambda c: c.max_consumers_per_topic,
+    "max_consumers_per_subscription": lambda c: c.max_consumers_per_subscription,
+    "subscription_types_enabled": lambda c: sorted(c.subscription_types_enabled),
+}
+assert set(_BROKER_DEFAULTS) <= set(POLICY_FIELDS)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import ClassVar, Final
 
 from ._errors import RemoteProtocolError
 from ._proto import pulsar_api_pb2 as pb
@@ -77,6 +77,9 @@ class MessageId:
     batch_index: int = -1
     batch_size: int = 0
     first_chunk: MessageId | None = None
+    # The official client's `MessageId.earliest` / `.latest` (set below, to EARLIEST, LATEST).
+    earliest: ClassVar[MessageId]
+    latest: ClassVar[MessageId]
 
     def __post_init__(self) -> None:
         for name in ("ledger_id", "entry_id"):
@@ -246,6 +249,8 @@ class MessageId:
 
 EARLIEST: Final = MessageId(-1, -1)
 LATEST: Final = MessageId(INT64_MAX, INT64_MAX)
+MessageId.earliest = EARLIEST
+MessageId.latest = LATEST
 
 _JAVA_FORM: Final = re.compile(r"(-?\d+):(-?\d+):(-?\d+)(?::(-?\d+))?")
 _CPP_FORM: Final = re.compile(r"\((-?\d+),(-?\d+),(-?\d+),(-?\d+)\)")

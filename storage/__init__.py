@@ -29,10 +29,21 @@ from ._journal import JournalMark
 from ._ledger import LedgerInfo
 from ._ledger_storage import LedgerMetadata, LedgerMetadataTransaction, LedgerStorage
 from ._metadata import META_KEY_BYTES_MAX, MetadataStore, MetadataTransaction
+from ._stats import (
+    FSYNC_LATENCY_BUCKETS_US,
+    GROUP_COMMIT_BUCKETS_RECORDS,
+    Buckets,
+    BucketsSnapshot,
+    StorageMetrics,
+)
 from ._storage import Storage
 
 __all__ = [
+    "FSYNC_LATENCY_BUCKETS_US",
+    "GROUP_COMMIT_BUCKETS_RECORDS",
     "META_KEY_BYTES_MAX",
+    "Buckets",
+    "BucketsSnapshot",
     "CheckReport",
     "Completion",
     "CorruptionError",
@@ -61,6 +72,7 @@ __all__ = [
     "StorageError",
     "StorageFailedError",
     "StorageFullError",
+    "StorageMetrics",
     "check_data_dir",
     "inspect_data_dir",
 ]

@@ -29,6 +29,7 @@ from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter, location_of, scan_e
 from ._entry_logs import EntryLogs
 from ._fs import FileSystem
 from ._index import CheckpointWrite, EntryLogRecord, Index, location_key
+from ._stats import StorageMetrics
 
 __all__ = ["GarbageCollector"]
 
@@ -42,7 +43,7 @@ class GarbageCollector:
 
     def __init__(self, *, fs: FileSystem, config: StorageConfig, logs: EntryLogs,
                  index: Index, checkpoint_lock: threading.Lock, failure: FailureProbe,
-                 on_failure: FailureSink):
+                 on_failure: FailureSink, metrics: StorageMetrics | None = None):
         self._fs = fs
         self._config = config
         self._logs = logs
@@ -50,6 +51,8 @@ class GarbageCollector:
         self._checkpoint_lock = checkpoint_lock
         self._failure = failure
         self._on_failure = on_failure
+        # GC runs and what they removed, counted under the checkpoint lock.
+        self._metrics = metrics if metrics is not None else StorageMetrics()
 
     def rebind(self, failure: FailureProbe, on_failure: FailureSink) -> None:
         """Serve another owner's failure state (see `Checkpointer.rebind`)."""
@@ -74,6 +77,9 @@ class GarbageCollector:
                 error = storage_error(exc)
                 self._on_failure(error)
                 raise error from exc
+            self._metrics.gc_runs += 1
+            self._metrics.gc_entry_logs_deleted += done["logs_deleted"]
+            self._metrics.gc_entry_logs_compacted += done["logs_compacted"]
         if any(done.values()):
             log.info("gc: %s", done)
         return done

@@ -53,6 +53,7 @@ from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, StorageFullError
 from ._fs import FileHandle, FileSystem
 from ._journal_format import RECORD_HEADER_BYTES, SegmentHeader, encode_record, pad_record
+from ._stats import StorageMetrics
 
 __all__ = ["Journal", "JournalMark", "JournalRequest", "parse_segment_name", "segment_file_name"]
 
@@ -91,6 +92,7 @@ class _Batch:
     end_offset: int
     last_lsn: int
     requests: list[JournalRequest]
+    records: int  # the requests written (`requests` is emptied once acknowledged unsynced)
 
 
 class _Segment:
@@ -132,7 +134,7 @@ class Journal:
 
     def __init__(self, fs: FileSystem, directory: str, config: StorageConfig, *,
                  segment_id: int, last_lsn: int, on_durable: DurableCallback,
-                 on_failed: FailedCallback):
+                 on_failed: FailedCallback, metrics: StorageMetrics | None = None):
         assert segment_id >= 1
         assert last_lsn >= 0
         self._fs = fs
@@ -140,6 +142,9 @@ class Journal:
         self._config = config
         self._on_durable = on_durable
         self._on_failed = on_failed
+        # fsync latency and group-commit size (one writer: whoever holds the syncer role),
+        # bytes written (the writer role).
+        self.metrics = metrics if metrics is not None else StorageMetrics()
         self._lock = threading.Condition()
         self._queue: deque[JournalRequest] = deque()
         self._queue_bytes = 0
@@ -377,7 +382,7 @@ class Journal:
         except OSError as exc:
             self._fail(requests, _as_storage_error(exc, segment.handle.path))
             return None
-        done = _Batch(segment, segment.position, self._next_lsn - 1, requests)
+        done = _Batch(segment, segment.position, self._next_lsn - 1, requests, len(requests))
         if not self._config.journal_sync:
             self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
@@ -424,6 +429,7 @@ class Journal:
                                                   end + RECORD_HEADER_BYTES)
         segment.handle.pwrite(batch, segment.position)
         segment.position = end
+        self.metrics.journal_bytes_written += len(batch)
 
     # -- the syncer ----------------------------------------------------------------------
 
@@ -463,7 +469,10 @@ class Journal:
         last = batches[-1]
         try:
             self._fs.point("journal:before-sync")
+            started_ns = time.perf_counter_ns()
             last.segment.handle.fdatasync()
+            self.metrics.journal_fsync_us.add((time.perf_counter_ns() - started_ns) // 1000)
+            self.metrics.group_commit_records.add(sum(b.records for b in batches))
             # A simulated crash just after the sync: the batch is on disk but nobody hears
             # of it (allowed: durable without an acknowledgment). Inside the try so that the
             # syncer thread fails the requests instead of dying with them unanswered.

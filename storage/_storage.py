@@ -94,6 +94,7 @@ from ._journal_format import RecordType
 from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo, LedgerState, LedgerTable
 from ._metadata import MetadataStore, encode_meta_ops
 from ._recovery import ReplayStats, recover
+from ._stats import StorageMetrics
 from ._write_cache import WriteCache
 
 __all__ = ["Storage"]
@@ -111,9 +112,12 @@ class Storage:
     """The ledger store of one data directory. Open it with `Storage.open`."""
 
     def __init__(self, data_dir: str, config: StorageConfig, fs: FileSystem,
-                 lock: LockHandle, index: Index):
+                 lock: LockHandle, index: Index, metrics: StorageMetrics | None = None):
         """Internal: use `Storage.open`."""
         self.data_dir = data_dir
+        # What the engine has done (`_stats.py`); a state recovered in place (after a full
+        # disk) keeps counting into the same figures.
+        self.metrics = metrics if metrics is not None else StorageMetrics()
         self.config = config
         self.fs = fs
         self.journal_dir = os.path.join(data_dir, "journal")
@@ -130,7 +134,7 @@ class Storage:
         self.collector = GarbageCollector(
             fs=fs, config=config, logs=self.logs, index=index,
             checkpoint_lock=self.checkpointer.lock, failure=self._failure,
-            on_failure=self.fail_with)
+            on_failure=self.fail_with, metrics=self.metrics)
         self.journal: Journal | None = None
         self.failed: StorageError | None = None
         self.closed = False
@@ -173,11 +177,14 @@ class Storage:
             lock.release()
             raise
         store = cls(path, config, fs, lock, index)
+        started = time.monotonic()
         try:
-            recover(store)
+            stats = recover(store)
         except BaseException:
             store.abandon()
             raise
+        store.metrics.replay_seconds = time.monotonic() - started
+        store.metrics.replay_records = stats.records
         if config.background_threads:
             store._background = threading.Thread(target=store._background_loop,
                                                  name="storage-checkpoint", daemon=True)
@@ -189,7 +196,7 @@ class Storage:
         assert self.journal is None
         self.journal = Journal(self.fs, self.journal_dir, self.config, segment_id=segment_id,
                                last_lsn=last_lsn, on_durable=self._on_durable,
-                               on_failed=self._on_failed)
+                               on_failed=self._on_failed, metrics=self.metrics)
         self.checkpointer.attach(self.journal)
 
     def close(self) -> None:
@@ -279,7 +286,8 @@ class Storage:
                 log.warning("storage %s: still cannot write (%s); writes stay off",
                             self.data_dir, exc)
                 return False
-            fresh = Storage(self.data_dir, self.config, self.fs, self._dir_lock, self.index)
+            fresh = Storage(self.data_dir, self.config, self.fs, self._dir_lock, self.index,
+                            self.metrics)
             try:
                 recover(fresh)
             except (OSError, StorageFailedError) as exc:
@@ -706,6 +714,18 @@ class Storage:
                 reopening the directory removes whichever copy GC left unreferenced.
         """
         return self.collector.collect()
+
+    @property
+    def write_cache_bytes(self) -> int:
+        """Entry bytes in the write cache (both halves), read without the lock: a figure
+        for reports, possibly a moment old."""
+        return self.cache.total_bytes()
+
+    @property
+    def entry_log_bytes(self) -> int:
+        """Bytes of the entry logs on disk as the index records them (committed data),
+        read without the lock like `write_cache_bytes`."""
+        return sum(record.size for record in list(self.logs.records.values()))
 
     def check(self) -> CheckReport:
         """Verify the index against the entry logs and each ledger's 0..LAC."""

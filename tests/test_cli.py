@@ -89,8 +89,8 @@ def test_storage_inspect_lists_ledgers_and_segments(tmp_path: Path,
 
 
 def test_console_script_runs() -> None:
-    done = subprocess.run([sys.executable, "-m", "magnetar.broker.cli", "--help"], capture_output=True,
-                          text=True, check=False, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "magnetar.broker.cli", "--help"],
+                          capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 0
     assert "crashtest" in done.stdout
 

@@ -3,9 +3,11 @@
 The wheel's runtime dependencies include the official client that `magnetar produce`/`consume`
 drive, and leave out what only the harnesses need (tqdm, matplotlib: the `bench` and
 `crashtest` extras) and what only the tests need (crcmod). A harness command whose extra is
-missing says which extra to install, in one line, before it does any work. `import storage`
-does not load the harnesses. The last test installs the wheel with only its runtime
-dependencies into a fresh venv and runs the documented commands there.
+missing says which extra to install, in one line, before it does any work. `import
+magnetar.storage` does not load the harnesses. The last test installs the wheel with only its
+runtime dependencies into a fresh venv and runs the documented commands there, beside a user's
+own packages named `storage`, `broker` and `codec` (issue 11, section 5: everything of ours
+installs under the one name `magnetar`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from magnetar.storage.testing.benchmark import TINY_SCALE, BenchOptions, run_sto
 from tests.interop import BrokerProcess
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "storage", "broker", "codec")
+SOURCES = ("pyproject.toml", "README.md", "magnetar", "storage", "broker", "codec")
 HARNESS_MODULES = ("magnetar.storage.testing", "tqdm", "matplotlib")
 PIP_INSTALL_TIMEOUT_S = 240  # generous: the wheel's runtime dependencies from the index
 
@@ -78,14 +80,19 @@ def test_wheel_ships_the_harnesses_and_the_command(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-        assert "magnetar = broker.cli:main" in archive.read(entry_points).decode()
-    assert {"storage/testing/__init__.py", "storage/testing/simfs.py",
-            "storage/testing/crashtest.py", "storage/testing/_crashtest_child.py",
-            "storage/testing/benchmark.py"} <= names
+        assert "magnetar = magnetar.broker.cli:main" in archive.read(entry_points).decode()
+    assert {"magnetar/storage/testing/__init__.py", "magnetar/storage/testing/simfs.py",
+            "magnetar/storage/testing/crashtest.py",
+            "magnetar/storage/testing/_crashtest_child.py",
+            "magnetar/storage/testing/benchmark.py", "magnetar/broker/cli/__init__.py",
+            "magnetar/codec/_proto/pulsar_api.proto", "magnetar/__init__.py",
+            "magnetar/asyncio.py", "magnetar/py.typed"} <= names
+    top_level = {name.split("/")[0] for name in names if not name.startswith("magnetar-")}
+    assert top_level == {"magnetar"}
 
 
 def test_import_storage_loads_no_harness() -> None:
-    code = ("import sys, storage; "
+    code = ("import sys, magnetar.storage; "
             f"print([m for m in sys.modules if m.split('.')[0] in {HARNESS_MODULES[1:]!r} "
             "or m.startswith('magnetar.storage.testing')])")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -157,6 +164,21 @@ def test_a_plain_install_runs_the_documented_commands(wheel: Path, tmp_path: Pat
     assert "pulsar-client" in names
     assert not names & {"tqdm", "matplotlib", "crcmod"}, names
 
+    for package in ("storage", "broker", "codec"):  # a user's own packages, common names
+        (cwd / package).mkdir()
+        (cwd / package / "__init__.py").write_text(f"MINE = {package!r}\n")
+    imported = subprocess.run(
+        [str(python), "-c", "import storage, broker, codec, magnetar.storage, magnetar.broker, "
+         "magnetar.codec, magnetar.broker.cli; print(storage.MINE, broker.MINE, codec.MINE, "
+         "magnetar.storage.Storage.__name__, magnetar.broker.BrokerService.__name__, "
+         "magnetar.codec.MessageId.__name__)"],
+        cwd=cwd, env=clean, capture_output=True, text=True, timeout=60)
+    assert (imported.returncode, imported.stderr) == (0, "")
+    assert imported.stdout.split() == ["storage", "broker", "codec", "Storage", "BrokerService",
+                                       "MessageId"]
+    for package in ("storage", "broker", "codec"):
+        shutil.rmtree(cwd / package)
+
     for args in (["--help"], ["produce", "--help"], ["consume", "--help"]):
         done = run(*args)
         assert done.returncode == 0, (args, done.stderr)
@@ -173,6 +195,16 @@ def test_a_plain_install_runs_the_documented_commands(wheel: Path, tmp_path: Pat
         assert consumed.stdout.endswith("1 messages successfully consumed\n")
     finally:
         broker.cleanup()
+
+    script = ("import magnetar\n"
+              "with magnetar.Client('client-data') as client:\n"
+              "    reader = client.create_reader('t', magnetar.MessageId.earliest)\n"
+              "    client.create_producer('t').send(b'embedded')\n"
+              "    print(reader.read_next(10000).data())\n")
+    embedded = subprocess.run([str(python), "-c", script], cwd=tmp_path, env=clean,
+                              capture_output=True, text=True, timeout=120)
+    assert (embedded.returncode, embedded.stderr) == (0, "")
+    assert embedded.stdout == "b'embedded'\n"
 
     done = run("bench", "storage", "--plot", "x.png", "--quick")
     assert done.returncode == 2

@@ -56,8 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.CRITICAL
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(message)s")
     if args.trace:
-        for noisy in ("storage", "magnetar.broker.ledger._managed_ledger", "magnetar.broker.topics._service",
-                      "magnetar.broker.topics._topic", "magnetar.broker.ledger._cursor", "asyncio"):
+        for noisy in ("magnetar.storage", "magnetar.broker.ledger._managed_ledger",
+                      "magnetar.broker.topics._service", "magnetar.broker.topics._topic",
+                      "magnetar.broker.ledger._cursor", "asyncio"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     config = SimulationConfig(
         seed=seed, steps=args.steps, topics=args.topics, data_dir=args.dir,

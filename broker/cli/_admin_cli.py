@@ -22,6 +22,10 @@ Security: `--auth-token TOKEN` or `--auth-token-file FILE` authenticates (the cl
 `--tls-trust-certs-file FILE` names the CAs that verify a `pulsar+ssl://` broker or an
 `https://` admin URL.
 
+Layout: this module holds the pulsar-admin groups; `_client_cli` produce and consume,
+`_admin_cli_schemas` the schema commands, and `_admin_http` what they share (the request,
+the security options, values with units, the group and command builders).
+
 Nothing here imports the pulsar client or opens a connection until a subcommand runs,
 so `magnetar --help` stays fast.
 """
@@ -29,499 +33,39 @@ so `magnetar --help` stays fast.
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
-import re
-import ssl
-import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._admin_cli_schemas import add_namespace_schema_commands, add_schema_commands
+from ._admin_http import (
+    MB,
+    AdminHttpError,
+    _age_s,
+    _call,
+    _command,
+    _count,
+    _force,
+    _group,
+    _http_security,
+    _message_id,
+    _namespace_path,
+    _policy_commands,
+    _quote,
+    _topic_path,
+    admin_request,
+    parse_duration_s,
+    parse_size_bytes,
+)
+from ._client_cli import add_client_commands
+from ._topics_cli import add_topic_policy_commands
+
+# AdminHttpError and the parsers are `_admin_http`'s, listed here too: the commands' module.
 __all__ = ["AdminHttpError", "add_commands", "admin_request", "parse_duration_s",
            "parse_size_bytes"]
 
-DEFAULT_URL = "pulsar://127.0.0.1:6650"
-DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
-HTTP_TIMEOUT_S = 30.0
-RECEIVE_SLICE_S = 0.2  # consume notices Ctrl-C within this long
-Handler = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
-    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
-
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_UNIT_BYTES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_QUANTITY = re.compile(r"(-?\d+)([a-zA-Z]?)")
-MB = 1 << 20
-
-
-class AdminHttpError(Exception):
-    """The admin API answered with an error status (or could not be reached: status 0)."""
-
-    def __init__(self, status: int, reason: str):
-        super().__init__(f"HTTP {status}: {reason}" if status else reason)
-        self.status = status
-        self.reason = reason
-
-
-# -- values ---------------------------------------------------------------------------------
-
-
-def parse_duration_s(text: str) -> int:
-    """`pulsar-admin`'s relative times: `90`, `90s`, `10m`, `3h`, `2d`, `1w`, `-1`.
-
-    Raises:
-        argparse.ArgumentTypeError: not a number with an optional known unit.
-    """
-    match = _QUANTITY.fullmatch(text.strip())
-    unit = match.group(2).lower() if match else ""
-    if match is None or (unit and unit not in _UNIT_SECONDS):
-        raise argparse.ArgumentTypeError(f"invalid time '{text}': use e.g. 30s, 10m, 3h, 2d")
-    value = int(match.group(1))
-    return value if value < 0 else value * _UNIT_SECONDS.get(unit, 1)
-
-
-def parse_size_bytes(text: str) -> int:
-    """`pulsar-admin`'s sizes: `4096`, `10k`, `10M`, `16G`, `3T`, `-1`.
-
-    Raises:
-        argparse.ArgumentTypeError: not a number with an optional known unit.
-    """
-    match = _QUANTITY.fullmatch(text.strip())
-    unit = match.group(2).lower() if match else ""
-    if match is None or (unit and unit not in _UNIT_BYTES):
-        raise argparse.ArgumentTypeError(f"invalid size '{text}': use e.g. 4096, 10M, 16G")
-    value = int(match.group(1))
-    return value if value < 0 else value * _UNIT_BYTES.get(unit, 1)
-
-
-def _count(text: str) -> int:
-    """A number of entries: at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count '{text}': not a number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid count {value}: must be at least 1")
-    return value
-
-
-def _age_s(text: str) -> int:
-    """`parse_duration_s`, not negative: how old messages must be to expire."""
-    value = parse_duration_s(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid time '{text}': must not be negative")
-    return value
-
-
-def _message_id(text: str) -> dict[str, int]:
-    """`latest`, `earliest` or `ledger:entry[:partition]` as a MessageId body."""
-    lowered = text.strip().lower()
-    if lowered == "latest":
-        return {"ledgerId": 2**63 - 1, "entryId": 2**63 - 1, "partitionIndex": -1}
-    if lowered == "earliest":
-        return {"ledgerId": -1, "entryId": -1, "partitionIndex": -1}
-    parts = lowered.split(":")
-    if len(parts) not in (2, 3) or not all(re.fullmatch(r"-?\d+", p) for p in parts):
-        raise argparse.ArgumentTypeError(
-            f"invalid message id '{text}': use latest, earliest or ledger:entry")
-    return {"ledgerId": int(parts[0]), "entryId": int(parts[1]),
-            "partitionIndex": int(parts[2]) if len(parts) == 3 else -1}
-
-
-def _topic_path(topic: str) -> str:
-    """`/admin/v2/<domain>/<tenant>/<namespace>/<url-encoded local name>`."""
-    from .._names import TopicName
-
-    name = TopicName.parse(topic)
-    local = urllib.parse.quote(name.local_name, safe="")
-    return f"/admin/v2/{name.domain}/{name.namespace_name}/{local}"
-
-
-def _namespace_path(namespace: str) -> str:
-    from .._names import NamespaceName
-
-    return f"/admin/v2/namespaces/{NamespaceName.parse(namespace)}"
-
-
-def _quote(segment: str) -> str:
-    return urllib.parse.quote(segment, safe="")
-
-
-# -- HTTP -----------------------------------------------------------------------------------
-
-
-def admin_request(admin_url: str, method: str, path: str, body: Any = None,
-                  query: dict[str, str] | None = None, *, token: str | None = None,
-                  trust_certs_file: str | None = None) -> Any:
-    """One admin API call.
-
-    Args:
-        admin_url: the API's base URL.
-        method: GET, PUT, POST or DELETE.
-        path: the path, already encoded.
-        body: a JSON-able body, or None for none.
-        query: query parameters.
-        token: sent as `Authorization: Bearer <token>`.
-        trust_certs_file: the CAs that verify an https admin URL (default: the system's).
-
-    Returns:
-        The decoded JSON answer; None for an empty one (204).
-
-    Raises:
-        AdminHttpError: an error status (with Pulsar's `reason`), or status 0 when the API
-            cannot be reached, the URL is malformed or the answer is not JSON.
-    """
-    scheme = admin_url.partition("://")[0] if "://" in admin_url else ""
-    if scheme.lower() not in ("http", "https"):
-        raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: expected "
-                                "http://HOST:PORT or https://HOST:PORT")
-    url = admin_url.rstrip("/") + path
-    if query:
-        url += "?" + urllib.parse.urlencode(query)
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    try:
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    except ValueError as error:  # e.g. "Invalid IPv6 URL"
-        raise AdminHttpError(0, f"invalid --admin-url {admin_url!r}: {error}") from None
-    try:
-        context = (ssl.create_default_context(cafile=trust_certs_file) if trust_certs_file
-                   else None)
-    except OSError as error:  # missing, unreadable, or no certificate in it (ssl.SSLError)
-        raise AdminHttpError(0, f"cannot use --tls-trust-certs-file {trust_certs_file}: "
-                                f"{error.strerror or error}") from None
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S,
-                                    context=context) as answer:
-            raw = answer.read()
-    except urllib.error.HTTPError as error:
-        raise AdminHttpError(error.code, _error_reason(error)) from None
-    except urllib.error.URLError as error:
-        raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: "
-                                f"{error.reason}") from None
-    except (OSError, ValueError) as error:
-        raise AdminHttpError(0, f"cannot reach the admin API at {admin_url}: {error}") from None
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise AdminHttpError(0, f"{admin_url} is not the admin API: it answered {url} with "
-                                f"something other than JSON") from None
-
-
-def _error_reason(error: urllib.error.HTTPError) -> str:
-    raw = error.read()
-    try:
-        decoded = json.loads(raw)
-    except ValueError:
-        return raw.decode(errors="replace").strip() or str(error.reason)
-    if isinstance(decoded, dict) and "reason" in decoded:
-        return str(decoded["reason"])
-    return str(decoded)
-
-
-def _print(value: Any) -> None:
-    if isinstance(value, list):
-        for item in value:
-            print(item if isinstance(item, str) else json.dumps(item))
-    elif isinstance(value, dict):
-        print(json.dumps(value, indent=2, sort_keys=True))
-    else:
-        print(json.dumps(value))
-
-
-def _call(method: str, path: Callable[[argparse.Namespace], str],
-          body: Callable[[argparse.Namespace], Any] | None = None,
-          query: Callable[[argparse.Namespace], dict[str, str]] | None = None,
-          ) -> Handler:
-    """A handler making one admin call and printing its answer."""
-
-    def handle(args: argparse.Namespace) -> int:
-        # AdminHttpError and invalid names go up to the CLI's boundary (`cli.main`), which
-        # prints them as one line and exits 1 (2 for a name).
-        answer = admin_request(args.admin_url, method, path(args),
-                               body(args) if body is not None else None,
-                               query(args) if query is not None else None,
-                               **_http_security(args))
-        if answer is not None:
-            _print(answer)
-        return 0
-
-    return handle
-
-
-def _auth_token(args: argparse.Namespace) -> str | None:
-    """The token of --auth-token or --auth-token-file (None: neither)."""
-    token: str | None = getattr(args, "auth_token", None)
-    token_file: str | None = getattr(args, "auth_token_file", None)
-    if token_file:
-        try:
-            with open(token_file) as file:
-                token = file.read().strip()
-        except OSError as error:
-            raise SystemExit(f"magnetar: cannot read --auth-token-file {token_file}: "
-                             f"{error.strerror or error}") from None
-    return token or None
-
-
-def _http_security(args: argparse.Namespace) -> dict[str, Any]:
-    return {"token": _auth_token(args),
-            "trust_certs_file": getattr(args, "tls_trust_certs_file", None)}
-
-
-def _security_options(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
-    default: Any = argparse.SUPPRESS if suppress else None
-    tokens = parser.add_mutually_exclusive_group()
-    tokens.add_argument("--auth-token", default=default, metavar="TOKEN",
-                        help="authenticate with this token")
-    tokens.add_argument("--auth-token-file", default=default, metavar="FILE",
-                        help="authenticate with the token in this file")
-    parser.add_argument("--tls-trust-certs-file", default=default, metavar="FILE",
-                        help="CA certificates (PEM) that verify the broker's TLS certificate")
-
-
-def _force(args: argparse.Namespace) -> dict[str, str]:
-    return {"force": "true"} if args.force else {}
-
-
-# -- produce and consume --------------------------------------------------------------------
-
-
-def _pulsar() -> Any:
-    return importlib.import_module("pulsar")
-
-
-def _client(pulsar: Any, args: argparse.Namespace) -> Any:
-    import logging
-    import os
-
-    timeout_s = max(1, int(args.timeout_s))
-    # Without -v the client's own log goes nowhere: the command prints one line when it
-    # fails. A Python logger is passed only with -v: with one, the client's threads can
-    # abort the process at exit ("terminate called without an active exception", exit 134;
-    # pulsar-client-python issue 256), which happened on most runs at WARNING level.
-    logger: Any = pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
-    if getattr(args, "verbose", False):
-        logger = logging.getLogger("pulsar")
-    options: dict[str, Any] = {}
-    token = _auth_token(args)
-    if token:
-        options["authentication"] = pulsar.AuthenticationToken(token)
-    if args.tls_trust_certs_file:
-        try:  # the client would only say "AuthenticationError" when it connects
-            with open(args.tls_trust_certs_file, "rb"):
-                pass
-        except OSError as error:
-            print(f"magnetar: cannot read --tls-trust-certs-file {args.tls_trust_certs_file}: "
-                  f"{error.strerror or error}", file=sys.stderr)
-            return None
-        options["tls_trust_certs_file_path"] = args.tls_trust_certs_file
-    try:
-        return pulsar.Client(args.url, operation_timeout_seconds=timeout_s,
-                             connection_timeout_ms=timeout_s * 1000, logger=logger, **options)
-    except (ValueError, pulsar.PulsarException) as error:
-        print(f"magnetar: invalid --url {args.url}: {error}", file=sys.stderr)
-        return None
-
-
-def _properties(pairs: list[str]) -> dict[str, str]:
-    found = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"magnetar: invalid property '{pair}': use key=value")
-        found[key] = value
-    return found
-
-
-def _check_topic(topic: str) -> None:
-    """Validate a topic name before connecting.
-
-    Raises:
-        InvalidTopicNameError: with upstream's message (the CLI prints it on one line).
-    """
-    from .._names import TopicName
-
-    TopicName.parse(topic)
-
-
-def _cmd_produce(args: argparse.Namespace) -> int:
-    _check_topic(args.topic)
-    pulsar = _pulsar()
-    properties = _properties(args.property)
-    messages = [m for text in args.messages for m in
-                (text.split(args.separator) if args.separator else [text])]
-    if not messages:
-        print("magnetar: nothing to produce: give messages with -m", file=sys.stderr)
-        return 1
-    client = _client(pulsar, args)
-    if client is None:
-        return 1
-    try:
-        producer = client.create_producer(args.topic, batching_enabled=not args.no_batching)
-        sent = 0
-        for _ in range(args.num_produce):
-            for message in messages:
-                producer.send(message.encode(), properties=properties or None,
-                              partition_key=args.key)
-                sent += 1
-        producer.flush()
-        print(f"{sent} messages successfully produced")
-        return 0
-    except pulsar.PulsarException as error:
-        print(f"produce failed: {error}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-
-
-def _cmd_consume(args: argparse.Namespace) -> int:
-    _check_topic(args.topic)
-    pulsar = _pulsar()
-    client = _client(pulsar, args)
-    if client is None:
-        return 1
-    try:
-        consumer = client.subscribe(
-            args.topic, args.subscription_name,
-            consumer_type=getattr(pulsar.ConsumerType, args.subscription_type),
-            initial_position=getattr(pulsar.InitialPosition, args.subscription_position))
-        try:
-            received, quiet = _receive(pulsar, consumer, args)
-        finally:
-            consumer.close()  # the client must not be torn down with a consumer open
-    except pulsar.PulsarException as error:
-        print(f"consume failed: {error}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if quiet:
-        print(f"no message within {args.timeout_s} s; {received} received", file=sys.stderr)
-        return 0 if args.num_messages <= 0 else 1  # unlimited: the quiet end
-    print(f"{received} messages successfully consumed")
-    return 0
-
-
-def _receive(pulsar: Any, consumer: Any, args: argparse.Namespace) -> tuple[int, bool]:
-    """Print and acknowledge up to -n messages: (how many, whether it stopped on a
-    timeout)."""
-    received = 0
-    while args.num_messages <= 0 or received < args.num_messages:
-        message = _receive_one(pulsar, consumer, args.timeout_s)
-        if message is None:
-            return received, True
-        _show(message)
-        consumer.acknowledge(message)
-        received += 1
-    return received, False
-
-
-def _receive_one(pulsar: Any, consumer: Any, timeout_s: float) -> Any | None:
-    """The next message, or None after `timeout_s` without one. The wait is cut into
-    slices of RECEIVE_SLICE_S: the client's receive does not return for Ctrl-C, and Python
-    raises KeyboardInterrupt only between two calls."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left_s = deadline - time.monotonic()
-        if left_s <= 0:
-            return None
-        try:
-            return consumer.receive(timeout_millis=max(1, int(min(left_s, RECEIVE_SLICE_S)
-                                                              * 1000)))
-        except pulsar.Timeout:
-            continue
-
-
-def _show(message: Any) -> None:
-    data: bytes = message.data()
-    try:
-        body = data.decode()
-    except UnicodeDecodeError:
-        body = data.hex()
-    print(f"----- message {message.message_id()} -----")
-    print(f"key: {message.partition_key() or ''}  properties: {message.properties()}")
-    print(body)
-
-
-def _client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL,
-                        help=f"the broker's service URL (default {DEFAULT_URL})")
-    parser.add_argument("--timeout-s", type=float, default=30.0,
-                        help="give up connecting, sending or waiting for a message after "
-                             "this many seconds (default 30)")
-    _security_options(parser)
-
-
-def _add_produce(sub: SubParsers) -> None:
-    produce = sub.add_parser(
-        "produce", help="send messages to a topic with the Pulsar client",
-        description="Send messages to a topic through the broker's binary protocol, with "
-        "the official Pulsar client (pulsar-client produce).")
-    produce.add_argument("topic", help="the topic (my-topic, tenant/ns/my-topic or a full name)")
-    produce.add_argument("-m", "--messages", action="append", default=[],
-                         help="a message to send (repeatable)")
-    produce.add_argument("-s", "--separator", default=None,
-                         help="split each -m value on this separator")
-    produce.add_argument("-n", "--num-produce", type=int, default=1,
-                         help="send the messages this many times (default 1)")
-    produce.add_argument("-k", "--key", default=None, help="the messages' partition key")
-    produce.add_argument("-p", "--property", action="append", default=[],
-                         help="a message property key=value (repeatable)")
-    produce.add_argument("--no-batching", action="store_true", help="send unbatched")
-    _client_options(produce)
-    produce.set_defaults(handler=_cmd_produce)
-
-
-def _add_consume(sub: SubParsers) -> None:
-    consume = sub.add_parser(
-        "consume", help="receive messages from a topic with the Pulsar client",
-        description="Receive, print and acknowledge messages of a topic through the "
-        "broker's binary protocol, with the official Pulsar client (pulsar-client "
-        "consume). Exits 1 when fewer than -n messages arrive, none for --timeout-s; with "
-        "-n 0 it consumes until the topic is quiet that long.")
-    consume.add_argument("topic", help="the topic (my-topic, tenant/ns/my-topic or a full name)")
-    consume.add_argument("-s", "--subscription-name", required=True, help="the subscription")
-    consume.add_argument("-t", "--subscription-type", default="Exclusive",
-                         choices=["Exclusive", "Shared", "Failover", "KeyShared"],
-                         help="the subscription type (default Exclusive)")
-    consume.add_argument("-p", "--subscription-position", default="Latest",
-                         choices=["Latest", "Earliest"],
-                         help="where a new subscription starts (default Latest)")
-    consume.add_argument("-n", "--num-messages", type=int, default=1,
-                         help="messages to receive, 0 for no limit (default 1)")
-    _client_options(consume)
-    consume.set_defaults(handler=_cmd_consume)
-
-
-# -- pulsar-admin style groups --------------------------------------------------------------
-
-
-def _group(sub: SubParsers, name: str, help_text: str, description: str) -> SubParsers:
-    group = sub.add_parser(name, help=help_text, description=description)
-    group.add_argument("--admin-url", default=DEFAULT_ADMIN_URL,
-                       help=f"the admin API's URL (default {DEFAULT_ADMIN_URL})")
-    _security_options(group)
-    commands = group.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
-    return commands
-
-
-def _command(commands: SubParsers, name: str, help_text: str, handler: Handler,
-             ) -> argparse.ArgumentParser:
-    parser = commands.add_parser(name, help=help_text, description=help_text[:1].upper()
-                                 + help_text[1:] + ".")
-    # Also accepted after the command; unset here, the group's value (or default) stands.
-    parser.add_argument("--admin-url", default=argparse.SUPPRESS,
-                        help=f"the admin API's URL (default {DEFAULT_ADMIN_URL})")
-    _security_options(parser, suppress=True)
-    parser.set_defaults(handler=handler)
-    return parser
+    from ._admin_http import SubParsers
 
 
 def _add_tenants(sub: SubParsers) -> None:
@@ -566,24 +110,6 @@ def _tenant_info(args: argparse.Namespace) -> dict[str, Any]:
             "allowedClusters": clusters}
 
 
-def _policy_commands(commands: SubParsers, name: str, endpoint: str,
-                     body: Callable[[argparse.Namespace], Any]) -> argparse.ArgumentParser:
-    """get-/remove-/set-<name> for one namespace policy endpoint; returns set's parser."""
-
-    def path(args: argparse.Namespace) -> str:
-        return f"{_namespace_path(args.namespace)}/{endpoint}"
-
-    words = name.replace("-", " ")
-    _command(commands, f"get-{name}", f"show a namespace's {words}",
-             _call("GET", path)).add_argument("namespace")
-    _command(commands, f"remove-{name}", f"remove a namespace's {words} (the broker's "
-             "default applies)", _call("DELETE", path)).add_argument("namespace")
-    setter = _command(commands, f"set-{name}", f"set a namespace's {words}",
-                      _call("POST", path, body))
-    setter.add_argument("namespace")
-    return setter
-
-
 def _add_namespaces(sub: SubParsers) -> None:
     commands = _group(sub, "namespaces", "manage namespaces and their policies",
                       "Namespaces and their policies (pulsar-admin namespaces) through the "
@@ -626,8 +152,6 @@ def _add_namespaces(sub: SubParsers) -> None:
         limit.add_argument("-m", "--max-num", type=int, required=True,
                            help="the limit (0: no limit)")
     _add_backlog_quota(commands)
-    from ._admin_cli_schemas import add_namespace_schema_commands  # it imports this module
-
     add_namespace_schema_commands(commands)
 
 
@@ -736,6 +260,7 @@ def _add_topics(sub: SubParsers) -> None:
     stats.add_argument("--per-partition", action="store_true",
                        help="also show each partition's stats")
     _add_subscription_commands(commands, topic)
+    add_topic_policy_commands(commands)
 
 
 def _namespace_topics(suffix: str) -> Callable[[argparse.Namespace], str]:
@@ -806,12 +331,9 @@ def add_commands(sub: SubParsers) -> None:
     Args:
         sub: the top-level subparsers of `magnetar`.
     """
-    _add_produce(sub)
-    _add_consume(sub)
+    add_client_commands(sub)
     _add_topics(sub)
     _add_namespaces(sub)
     _add_tenants(sub)
     _add_clusters(sub)
-    from ._admin_cli_schemas import add_schema_commands  # it imports this module
-
     add_schema_commands(sub)

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Each subcommand is one request to `/admin/v2/schemas/{tenant}/{namespace}/{topic}/…` (see
-`_admin_schemas`) made with `_admin_cli`'s helpers, whose JSON answer is printed; an error
+`_admin_schemas`) made with `_admin_http`'s helpers, whose JSON answer is printed; an error
 answer prints `HTTP <status>: <reason>` on stderr and exits 1. `upload` and `compatibility`
 read a schema file as `pulsar-admin` does: JSON `{"type": "AVRO", "schema": "<definition>",
 "properties": {}}`. A file that cannot be read or is not such an object exits 1 with a
@@ -22,12 +22,12 @@ import sys
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from ._admin_cli import Handler, _call, _command, _group, _policy_commands
+from ._admin_http import Handler, _call, _command, _group, _policy_commands
 
 __all__ = ["add_namespace_schema_commands", "add_schema_commands"]
 
 if TYPE_CHECKING:
-    from ._admin_cli import SubParsers
+    from ._admin_http import SubParsers
 
 
 def _schemas_path(topic: str, suffix: str) -> str:

@@ -22,7 +22,6 @@ import argparse
 import logging
 import math
 import sys
-import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
@@ -74,12 +73,9 @@ def _url(scheme: str) -> Callable[[str], str]:
     """An argparse type for `SCHEME://HOST:PORT` URLs."""
 
     def parse(text: str) -> str:
-        try:
-            parts = urllib.parse.urlsplit(text)
-            valid = parts.scheme == scheme and bool(parts.hostname) and parts.port is not None
-        except ValueError:  # a port out of range or not a number, a bad IPv6 literal
-            valid = False
-        if not valid:
+        from magnetar.broker._listeners import is_service_url
+
+        if not is_service_url(text, scheme):
             raise argparse.ArgumentTypeError(
                 f"invalid URL {text!r}: expected {scheme}://HOST:PORT")
         return text
@@ -188,50 +184,67 @@ def _cmd_bench_storage(args: argparse.Namespace) -> int:
 
 
 def _cmd_standalone(args: argparse.Namespace) -> int:
-    import dataclasses
+    import os
 
-    from magnetar.broker.cli._standalone import (
-        StandaloneOptions,
-        config_with_overrides,
-        run_standalone,
+    from magnetar.broker.cli._config_file import (
+        build,
+        from_environment,
+        from_file,
+        from_flags,
+        from_overrides,
+        merge,
+        render,
     )
-    from magnetar.broker.security._tls import TlsOptions
+    from magnetar.broker.cli._standalone import run_standalone
 
-    overrides = list(args.config)
-    if args.advertised_listeners is not None:
-        overrides.append(f"advertised_listeners={args.advertised_listeners}")
-    if args.internal_listener_name is not None:
-        overrides.append(f"internal_listener_name={args.internal_listener_name}")
-    config = config_with_overrides(overrides)  # ConfigurationError: main's one line
-    if args.auth_token_secret_key or args.auth_token_public_key:
-        config = dataclasses.replace(config, authentication_enabled=True,
-                                     token_secret_key=args.auth_token_secret_key or "",
-                                     token_public_key=args.auth_token_public_key or "")
-    tls = None
-    if args.tls_cert_file or args.tls_key_file:
-        if not (args.tls_cert_file and args.tls_key_file):
-            print("magnetar standalone: TLS needs both --tls-cert-file and --tls-key-file",
-                  file=sys.stderr)
-            return 2
-        tls = TlsOptions(args.tls_cert_file, args.tls_key_file, args.tls_trust_certs_file,
-                         args.tls_require_trusted_client_cert)
-    options = StandaloneOptions(
-        data_dir=args.data_dir,
-        host=args.host,
-        port=args.port,
-        http_port=args.http_port,
-        advertised_url=args.advertised_url,
-        config=config,
-        tls=tls,
-        tls_port=args.tls_port,
-        https_port=args.https_port,
-        advertised_url_tls=args.advertised_url_tls,
-        shutdown_grace_s=args.shutdown_grace_s,
-        keepalive_interval_s=args.keepalive_interval_s,
-        pending_sends_max=args.max_pending_sends,
-        skip_corrupt_journal_segments=args.skip_corrupt_journal_segments,
-    )
+    # ConfigurationError from any of these: main's one line, exit status 2.
+    values = merge(from_file(args.config_file) if args.config_file else {},
+                   from_environment(os.environ), from_overrides(args.config),
+                   from_flags(_standalone_flags(args)))
+    options = build(values, data_dir_needed=not args.print_config)
+    if args.print_config:
+        print(render(values))
+        return 0
     return run_standalone(options)
+
+
+# The dedicated flags of `magnetar standalone`: (argparse dest, the setting's key). A flag not
+# given (None; False for a switch) leaves the setting to the file, the environment or --config.
+_FLAG_KEYS = (("data_dir", "dataDir"), ("host", "bindAddress"), ("port", "brokerServicePort"),
+              ("http_port", "webServicePort"), ("advertised_url", "advertisedUrl"),
+              ("advertised_url_tls", "advertisedUrlTls"), ("tls_port", "brokerServicePortTls"),
+              ("https_port", "webServicePortTls"),
+              ("keepalive_interval_s", "keepAliveIntervalSeconds"),
+              ("max_pending_sends", "maxPendingPublishRequestsPerConnection"),
+              ("shutdown_grace_s", "brokerShutdownTimeoutMs"),
+              ("internal_listener_name", "internalListenerName"),
+              ("tls_cert_file", "tlsCertificateFilePath"), ("tls_key_file", "tlsKeyFilePath"),
+              ("tls_trust_certs_file", "tlsTrustCertsFilePath"))
+
+
+def _standalone_flags(args: argparse.Namespace) -> list[tuple[str, object, str]]:
+    """(key, value in the setting's field unit, flag) for each dedicated flag given."""
+    def flag(dest: str) -> str:
+        return "--" + dest.replace("_", "-")
+
+    found: list[tuple[str, object, str]] = [
+        (key, getattr(args, dest), flag(dest)) for dest, key in _FLAG_KEYS
+        if getattr(args, dest) is not None]
+    if args.advertised_listeners is not None:
+        listeners = tuple(part.strip() for part in args.advertised_listeners.split(",")
+                          if part.strip())
+        found.append(("advertisedListeners", listeners, "--advertised-listeners"))
+    for dest, key in (("skip_corrupt_journal_segments", "skipCorruptJournalSegments"),
+                      ("tls_require_trusted_client_cert",
+                       "tlsRequireTrustedClientCertOnConnect")):
+        if getattr(args, dest):
+            found.append((key, True, flag(dest)))
+    for dest, key in (("auth_token_secret_key", "tokenSecretKey"),
+                      ("auth_token_public_key", "tokenPublicKey")):
+        if getattr(args, dest):
+            found += [(key, getattr(args, dest), flag(dest)),
+                      ("authenticationEnabled", True, flag(dest))]
+    return found
 
 
 def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -242,13 +255,21 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "clients connect to pulsar://HOST:PORT. The first signal shuts down gracefully "
         "(in-flight publishes are persisted and acknowledged); a second one exits at once.",
     )
-    standalone.add_argument("--data-dir", required=True, help="the data directory (created "
-                            "when missing)")
-    standalone.add_argument("--host", default="127.0.0.1", help="bind address (default "
+    standalone.add_argument("--config-file", default=None, metavar="PATH", help="read "
+                            "settings from this file: Pulsar's standalone.conf format and key "
+                            "names (key=value lines, # comments; unknown keys are warned about "
+                            "and ignored); MAGNETAR_<key> environment variables override it, "
+                            "--config and the flags override both")
+    standalone.add_argument("--print-config", action="store_true", help="print every setting "
+                            "(key, value, default, unit, meaning) as the file, environment and "
+                            "flags make it, in --config-file format, and exit")
+    standalone.add_argument("--data-dir", default=None, help="the data directory (created "
+                            "when missing; or dataDir in --config-file)")
+    standalone.add_argument("--host", default=None, help="bind address (default "
                             "127.0.0.1)")
-    standalone.add_argument("--port", type=_port, default=6650, help="binary protocol port "
+    standalone.add_argument("--port", type=_port, default=None, help="binary protocol port "
                             "(default 6650; 0 picks a free one)")
-    standalone.add_argument("--http-port", type=_port, default=8080, help="admin HTTP port; it "
+    standalone.add_argument("--http-port", type=_port, default=None, help="admin HTTP port; it "
                             "also answers the lookups of clients given http://HOST:PORT as their "
                             "service URL (default 8080)")
     standalone.add_argument("--advertised-url", type=_url("pulsar"), default=None,
@@ -265,22 +286,23 @@ def _add_standalone(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             help="the listener whose URLs are the broker's own, answered "
                             "when a client names none (default: the first one listed; "
                             "Pulsar's internalListenerName)")
-    standalone.add_argument("--keepalive-interval-s", type=_seconds, default=30.0,
+    standalone.add_argument("--keepalive-interval-s", type=_seconds, default=None,
                             metavar="SECONDS", help="the broker PINGs each connection this "
                             "often and closes one that sent nothing for a whole interval "
                             "after a PING (Pulsar's keepAliveIntervalSeconds; default 30; "
                             "0 disables broker PINGs and the idle timeout)")
-    standalone.add_argument("--max-pending-sends", type=_positive_int, default=1000, metavar="N",
+    standalone.add_argument("--max-pending-sends", type=_positive_int, default=None,
+                            metavar="N",
                             help="SENDs awaiting their receipts per connection before the "
                             "broker stops reading that connection until receipts go out "
                             "(Pulsar's maxPendingPublishRequestsPerConnection; default 1000)")
-    standalone.add_argument("--shutdown-grace-s", type=_seconds, default=10.0,
+    standalone.add_argument("--shutdown-grace-s", type=_seconds, default=None,
                             metavar="SECONDS", help="at SIGTERM/SIGINT, how long the commands "
                             "already received may take to finish before connections are "
                             "closed (default 10)")
     standalone.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
-                            help="override a broker setting, e.g. "
-                            "broker_deduplication_enabled=true, or "
+                            help="override a setting by its key (see --print-config) or "
+                            "field name, e.g. brokerDeduplicationEnabled=true, or "
                             "broker_entry_metadata_interceptors=timestamp,index to store "
                             "broker entry metadata with each entry (repeatable)")
     standalone.add_argument("--skip-corrupt-journal-segments", action="store_true",
@@ -403,9 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sub)
     _add_crashtest(sub)
     _add_bench(sub)
-    from . import _admin_cli, _tokens_cli  # produce, consume, topics, ...; tokens
+    from . import _admin_cli, _permissions_cli, _tokens_cli  # produce, topics, ...; tokens
 
     _admin_cli.add_commands(sub)
+    _permissions_cli.add_permission_commands(sub)
     _tokens_cli.add_tokens_command(sub)
     return parser
 

@@ -41,7 +41,6 @@ import dataclasses
 import difflib
 import inspect
 import logging
-import math
 import os
 import signal
 import socket
@@ -53,7 +52,7 @@ from typing import Any, Final
 
 from magnetar.storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
 
-from .._config import REMOVED_SETTINGS, BrokerConfig
+from .._config import REMOVED_SETTINGS, BrokerConfig, parse_value
 from .._errors import ConfigurationError
 from .._listeners import check_tls, listeners_of
 from ..http._admin import start_admin
@@ -118,6 +117,11 @@ class StandaloneOptions:
     # Start even when a journal record recovery must replay is corrupt: skip the rest of
     # that segment and lose what it holds (logged at ERROR with the records/bytes lost).
     skip_corrupt_journal_segments: bool = False
+    # The storage engine's tunables (its skip_corrupt_journal_segments is the field above).
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    # The host LOOKUP answers with, the port being the bound one (Pulsar's advertisedAddress;
+    # None: the bind address; not with advertised_url / advertised_url_tls).
+    advertised_address: str | None = None
 
     def __post_init__(self) -> None:
         """Raises ConfigurationError naming a setting out of its range, or
@@ -133,7 +137,8 @@ class StandaloneOptions:
 
     def storage_config(self) -> StorageConfig:
         """The storage the broker runs on."""
-        return StorageConfig(skip_corrupt_journal_segments=self.skip_corrupt_journal_segments)
+        return dataclasses.replace(
+            self.storage, skip_corrupt_journal_segments=self.skip_corrupt_journal_segments)
 
 
 def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None) -> BrokerConfig:
@@ -156,7 +161,7 @@ def config_with_overrides(overrides: list[str], base: BrokerConfig | None = None
             raise ConfigurationError(f"{name} is no longer a setting: {REMOVED_SETTINGS[name]}")
         if not sep or name not in types_by_name:
             raise ConfigurationError(_unknown_setting(item, name, list(types_by_name)))
-        changes[name] = _parse_value(types_by_name[name], text.strip(), name)
+        changes[name] = parse_value(types_by_name[name], text.strip(), name)
     return dataclasses.replace(base, **changes)
 
 
@@ -166,27 +171,6 @@ def _unknown_setting(item: str, name: str, names: list[str]) -> str:
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
     return f"not a broker setting: {item!r}{hint}"
-
-
-def _parse_value(kind: Any, text: str, name: str) -> Any:
-    if kind is bool:
-        lowered = text.lower()
-        if lowered not in ("true", "false", "1", "0", "yes", "no"):
-            raise ConfigurationError(f"{name} takes true or false, not {text!r}")
-        return lowered in ("true", "1", "yes")
-    if kind is int or kind is float:
-        try:
-            number = kind(text)
-        except ValueError:
-            raise ConfigurationError(f"{name} takes a number, not {text!r}") from None
-        if not math.isfinite(number):
-            raise ConfigurationError(f"{name} takes a finite number, not {text!r}")
-        return number
-    if typing.get_origin(kind) is tuple:
-        return tuple(part.strip() for part in text.split(",") if part.strip())
-    if kind is str:
-        return text
-    raise ConfigurationError(f"{name} cannot be set from the command line")
 
 
 async def start_http(service: BrokerService, host: str, port: int,
@@ -293,6 +277,9 @@ def _with_listener_urls(options: StandaloneOptions, security: _Security) -> Stan
     if options.advertised_url is not None or options.advertised_url_tls is not None:
         raise ConfigurationError("advertised_listeners and --advertised-url/"
                                  "--advertised-url-tls must not appear together")
+    if options.advertised_address is not None:
+        raise ConfigurationError("advertised_listeners and advertisedAddress must not "
+                                 "appear together")
     try:
         check_tls(listeners, security.ssl_context is not None and options.tls_port is not None)
     except ValueError as exc:
@@ -335,6 +322,7 @@ async def _serve_until(service: BrokerService, options: StandaloneOptions, stop:
                          ssl_context=security.ssl_context if tls else None,
                          tls_port=options.tls_port if tls else None,
                          advertised_url_tls=options.advertised_url_tls,
+                         advertised_host=options.advertised_address,
                          keepalive_interval_s=options.keepalive_interval_s,
                          pending_sends_max=options.pending_sends_max)
     http: object | None = None

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .._rates import RateMeter
+
 __all__ = ["Consumer", "ConsumerSink", "Delivery", "SubscribeSpec"]
 
 _CONSUMER_SEQUENCE = itertools.count(1)
@@ -98,6 +100,7 @@ class Consumer:
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
         self.message_ack_counter = 0
+        self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
         self.last_acked_timestamp = 0
         self.last_consumed_timestamp = 0
         self.last_consumed_flow_timestamp = 0

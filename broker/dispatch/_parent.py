@@ -1,8 +1,9 @@
 """What a subscription needs from its topic, as Protocols, so that dispatch/ never imports
 topics/ (the wings import downwards only).
 
-`PersistentTopic` (topics/_topic.py) is a `SubscriptionParent` and `NonPersistentTopic` a
-`NonPersistentParent`; mypy checks both where the topics create their subscriptions.
+`PersistentTopic` (topics/_topic.py) is a `SubscriptionParent` and `NonPersistentTopic`
+(topics/_nonpersistent_topic.py) a `NonPersistentParent`; mypy checks both where the topics
+create their subscriptions.
 """
 
 from __future__ import annotations

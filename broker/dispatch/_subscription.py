@@ -31,10 +31,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConsumerBusyError, NotAllowedError, SubscriptionBusyError
+from .._rates import RateMeter
 from .._tasks import spawn
 from ..ledger._cursor import ManagedCursor
 from ..ledger._position import Position, ack_set_words_max, unacked_in_ack_set
@@ -75,6 +77,7 @@ class Subscription:
         self.last_consumed_flow_timestamp = 0
         self.msg_out_counter = 0  # messages dispatched by this subscription, ever
         self.bytes_out_counter = 0
+        self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
 
     # -- what the dispatcher asks ----------------------------------------------------------
 

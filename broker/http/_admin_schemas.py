@@ -37,7 +37,8 @@ from .._errors import IncompatibleSchemaError, InvalidSchemaError
 from .._names import NamespaceName, TopicName
 from ..schemas._schema_compat import KEY_VALUE, NAME_TO_WIRE, STRATEGIES, type_name
 from ..schemas._schemas import SchemaEntry, StoredSchema
-from ._admin import RestError, _body, _namespace, _ok, _service, _set_policy
+from ._admin_namespaces import _set_policy
+from ._rest import RestError, _body, _namespace, _ok, _service
 
 __all__ = ["add_schema_routes"]
 

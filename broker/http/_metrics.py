@@ -1,18 +1,31 @@
-"""The broker's counters in the Prometheus text exposition format (version 0.0.4).
+"""The broker's metrics, exposed through `prometheus_client`.
 
 Theory of operation
 -------------------
-`render_metrics` walks the loaded topics and reads every value from `topic_stats`, so a
-scrape and `topics stats` always agree. It writes Pulsar's metric names with Pulsar's
-labels (with topic-level metrics exposed, as `exposeTopicLevelMetricsInPrometheus=true`):
+Each broker has its own `CollectorRegistry` (never the library's global one), holding
+`prometheus_client`'s process, platform and GC collectors and `BrokerCollector`, a custom
+collector that builds its families at scrape time: it walks the loaded topics and reads
+every value from `topic_stats`, so a scrape and `topics stats` always agree, and reads the
+storage engine's own figures (`storage.StorageMetrics`). `encode_metrics` lets the library
+pick the format from the Accept header (the Prometheus text format 0.0.4 by default,
+OpenMetrics 1.0 when asked for). Nothing is counted here: the counters live where the work
+happens (topics, dispatch, the managed ledger, storage) and cost an integer add there.
+
+Pulsar's metric names and labels (topic-level metrics exposed, as with
+`exposeTopicLevelMetricsInPrometheus=true`):
 
 * per namespace, `{cluster, namespace}`: `pulsar_topics_count`;
 * per topic, `{cluster, namespace, topic}`: `pulsar_subscriptions_count`,
-  `pulsar_producers_count`, `pulsar_consumers_count`, `pulsar_in_messages_total`,
-  `pulsar_in_bytes_total`, and for persistent topics `pulsar_storage_size`,
-  `pulsar_storage_backlog_size`, `pulsar_storage_backlog_quota_limit`,
-  `pulsar_msg_backlog` (the sum of its subscriptions' backlogs, in entries) and
-  `pulsar_topic_storage_failed` (1 once its entries cannot be read);
+  `pulsar_producers_count`, `pulsar_consumers_count`, `pulsar_rate_in`, `pulsar_rate_out`
+  (messages/s), `pulsar_throughput_in`, `pulsar_throughput_out` (bytes/s) -- the rates of
+  the last stats interval, see `broker/_rates.py` --, `pulsar_in_messages_total`,
+  `pulsar_in_bytes_total`; for persistent topics also `pulsar_storage_size`,
+  `pulsar_storage_backlog_size`, `pulsar_storage_backlog_quota_limit`, `pulsar_msg_backlog`
+  (the sum of its subscriptions' backlogs, in entries), `pulsar_topic_storage_failed` (1
+  once its entries cannot be read), and the managed ledger's histograms of the last stats
+  interval as Pulsar writes them, one gauge per bucket (not Prometheus histograms):
+  `pulsar_storage_write_latency_le_0_5` ... `_le_1000`, `_overflow`, `_count`, `_sum` (µs)
+  and `pulsar_entry_size_le_128` ... `_le_1_mb`, `_le_overflow`, `_count`, `_sum` (bytes);
 * per broker, `{cluster}`: `pulsar_broker_storage_full` (1 while the disk is full), and the
   binary protocol server's `ConnectionCounters`: `pulsar_active_connections`,
   `pulsar_connection_create_fail_count` (refused for a connection limit),
@@ -20,33 +33,64 @@ labels (with topic-level metrics exposed, as `exposeTopicLevelMetricsInPrometheu
   `magnetar_incomplete_frames_bytes` (all written when a topic is loaded, the disk is full
   or a counter is not zero);
 * per subscription, the topic labels plus `subscription`: `pulsar_subscription_back_log`
-  and the other `pulsar_subscription_*` gauges, and `pulsar_out_messages_total` /
+  and the other `pulsar_subscription_*` gauges (`pulsar_subscription_msg_rate_out` and
+  `pulsar_subscription_msg_throughput_out` among them), and `pulsar_out_messages_total` /
   `pulsar_out_bytes_total` (what the subscription has dispatched);
 * per consumer, only with `consumer_level=True` (upstream's
   `exposeConsumerLevelMetricsInPrometheus`, off by default), the subscription labels plus
   `consumer_name` and `consumer_id`: `pulsar_consumer_*` and again
   `pulsar_out_messages_total` / `pulsar_out_bytes_total`.
 
-Rates are not tracked (the stats report them as 0.0), so no rate metric is written.
-Samples are grouped by metric name, each family after one `# HELP` and one `# TYPE` line,
-as the format requires. Names ending in `_total` are counters, the rest gauges.
+Magnetar's storage engine, `{cluster}`, written whenever the broker runs on it
+(`storage/_stats.py`): Prometheus histograms `magnetar_journal_fsync_latency_seconds` and
+`magnetar_journal_group_commit_records` (records made durable by one fsync), the counters
+`magnetar_journal_written_bytes_total`, `magnetar_gc_runs_total`,
+`magnetar_gc_entry_logs_deleted_total` and `magnetar_gc_entry_logs_compacted_total`, and
+the gauges `magnetar_write_cache_bytes`, `magnetar_entry_log_bytes`,
+`magnetar_storage_replay_seconds` and `magnetar_storage_replay_records` (the recovery at
+start).
+
+Names ending in `_total` are counters, the other `pulsar_`/`magnetar_` names gauges (a
+family's samples may carry different label sets: subscription and consumer series share
+`pulsar_out_messages_total`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Metric,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from magnetar.storage import Buckets, BucketsSnapshot, Storage
+
+from ..topics._nonpersistent_topic import NonPersistentTopic
 from ..topics._service import ConnectionCounters
-from ..topics._topic import NonPersistentTopic, PersistentTopic
+from ..topics._topic import PersistentTopic
 from ._stats import topic_stats
 
 if TYPE_CHECKING:
     from ..dispatch._consumer import Consumer
     from ..topics._service import BrokerService
 
-__all__ = ["CONTENT_TYPE", "ConnectionCounters", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "BrokerCollector", "ConnectionCounters", "broker_registry",
+           "encode_metrics", "render_metrics"]
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
 # name -> help text; every name written must be here.
 METRICS: dict[str, str] = {
@@ -54,6 +98,10 @@ METRICS: dict[str, str] = {
     "pulsar_subscriptions_count": "Subscriptions of the topic (readers included)",
     "pulsar_producers_count": "Producers connected to the topic",
     "pulsar_consumers_count": "Consumers connected to the topic",
+    "pulsar_rate_in": "Messages published per second over the last stats interval",
+    "pulsar_rate_out": "Messages dispatched per second over the last stats interval",
+    "pulsar_throughput_in": "Bytes published per second over the last stats interval",
+    "pulsar_throughput_out": "Bytes dispatched per second over the last stats interval",
     "pulsar_in_messages_total": "Messages published to the topic",
     "pulsar_in_bytes_total": "Bytes published to the topic",
     "pulsar_storage_size": "Bytes the topic's ledgers hold",
@@ -76,6 +124,10 @@ METRICS: dict[str, str] = {
     "pulsar_subscription_blocked_on_unacked_messages":
         "1 when the subscription is blocked on its unacked-messages limit",
     "pulsar_subscription_consumers_count": "Consumers connected to the subscription",
+    "pulsar_subscription_msg_rate_out":
+        "Messages dispatched per second over the last stats interval",
+    "pulsar_subscription_msg_throughput_out":
+        "Bytes dispatched per second over the last stats interval",
     "pulsar_subscription_total_msg_expired": "Messages expired by the message TTL",
     "pulsar_subscription_last_expire_timestamp": "When messages last expired (ms)",
     "pulsar_subscription_last_consumed_flow_timestamp": "When a consumer last asked for "
@@ -86,63 +138,120 @@ METRICS: dict[str, str] = {
     "pulsar_consumer_blocked_on_unacked_messages":
         "1 when the consumer is blocked on its unacked-messages limit",
     "pulsar_consumer_available_permits": "Permits the consumer has granted",
+    "pulsar_consumer_msg_rate_out":
+        "Messages sent to the consumer per second over the last stats interval",
+    "pulsar_consumer_msg_throughput_out":
+        "Bytes sent to the consumer per second over the last stats interval",
 }
 
-Labels = tuple[tuple[str, str], ...]
+# Pulsar's names for the buckets of broker/_rates.py's bounds, then count and sum.
+WRITE_LATENCY_BUCKET_NAMES: Final = tuple(f"pulsar_storage_write_latency_{suffix}" for suffix in (
+    "le_0_5", "le_1", "le_5", "le_10", "le_20", "le_50", "le_100", "le_200", "le_1000",
+    "overflow"))
+ENTRY_SIZE_BUCKET_NAMES: Final = tuple(f"pulsar_entry_size_{suffix}" for suffix in (
+    "le_128", "le_512", "le_1_kb", "le_2_kb", "le_4_kb", "le_16_kb", "le_100_kb", "le_1_mb",
+    "le_overflow"))
+for _name in WRITE_LATENCY_BUCKET_NAMES:
+    METRICS[_name] = "Entries whose add latency fell in this bucket, last stats interval"
+for _name in ENTRY_SIZE_BUCKET_NAMES:
+    METRICS[_name] = "Entries whose size fell in this bucket, last stats interval"
+METRICS["pulsar_storage_write_latency_count"] = "Entries added, last stats interval"
+METRICS["pulsar_storage_write_latency_sum"] = "Add latency of those entries (µs)"
+METRICS["pulsar_entry_size_count"] = "Entries added, last stats interval"
+METRICS["pulsar_entry_size_sum"] = "Bytes of those entries"
+
+Labels = dict[str, str]
 
 
 class _Families:
-    """Samples grouped by metric name, in first-seen order."""
+    """Families by metric name, in first-seen order; samples may differ in labels."""
 
     def __init__(self) -> None:
-        self._samples: dict[str, list[tuple[Labels, float | int]]] = {}
+        self._families: dict[str, Metric] = {}
 
     def add(self, name: str, labels: Labels, value: float | int | bool) -> None:
-        assert name in METRICS, f"undocumented metric {name}"
-        self._samples.setdefault(name, []).append((labels, int(value) if isinstance(
-            value, bool) else value))
+        family = self._families.get(name)
+        if family is None:
+            assert name in METRICS, f"undocumented metric {name}"
+            family = (CounterMetricFamily(name, METRICS[name]) if name.endswith("_total")
+                      else GaugeMetricFamily(name, METRICS[name]))
+            self._families[name] = family
+        family.add_sample(name, labels, float(value))
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for name, samples in self._samples.items():
-            kind = "counter" if name.endswith("_total") else "gauge"
-            lines.append(f"# HELP {name} {METRICS[name]}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{_labels_text(labels)} {_value_text(value)}"
-                         for labels, value in samples)
-        return "\n".join(lines) + "\n" if lines else ""
+    def extend(self, families: Iterable[Metric]) -> None:
+        for family in families:
+            assert family.name not in self._families
+            self._families[family.name] = family
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+    def metrics(self) -> list[Metric]:
+        return list(self._families.values())
 
 
-def _labels_text(labels: Labels) -> str:
-    return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in labels) + "}"
+class BrokerCollector(Collector):
+    """The broker's and its storage's families, built at each scrape (module comment).
+    It holds the broker weakly (`_REGISTRIES` is keyed by it), and yields nothing once the
+    broker is gone."""
+
+    def __init__(self, service: BrokerService, *, consumer_level: bool):
+        self._service = weakref.ref(service)
+        self._consumer_level = consumer_level
+
+    def collect(self) -> Iterator[Metric]:
+        service = self._service()
+        if service is None:
+            return
+        families = _Families()
+        _broker_metrics(families, service, self._consumer_level)
+        if isinstance(service.storage, Storage):
+            families.extend(_storage_metrics(service.storage, service.config.cluster_name))
+        yield from families.metrics()
 
 
-def _value_text(value: float | int) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if value != value:  # NaN
-        return "NaN"
-    if value in (float("inf"), float("-inf")):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
+# Registries by broker and by whether consumer-level series are written; a broker's go
+# away with it.
+_REGISTRIES: weakref.WeakKeyDictionary[BrokerService, dict[bool, CollectorRegistry]] = \
+    weakref.WeakKeyDictionary()
+
+
+def broker_registry(service: BrokerService, *, consumer_level: bool = False,
+                    ) -> CollectorRegistry:
+    """The broker's private registry: its collector plus the process, platform and GC
+    collectors of `prometheus_client` (built on first use, then reused)."""
+    per_broker = _REGISTRIES.setdefault(service, {})
+    registry = per_broker.get(consumer_level)
+    if registry is None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(BrokerCollector(service, consumer_level=consumer_level))
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        per_broker[consumer_level] = registry
+    return registry
 
 
 def render_metrics(service: BrokerService, *, consumer_level: bool = False) -> str:
-    """The metrics of every loaded topic as Prometheus text.
+    """Every metric in the Prometheus text format 0.0.4 (`CONTENT_TYPE`).
 
     Args:
         service: the broker.
         consumer_level: also write the per-consumer metrics.
-
-    Returns:
-        The exposition text, one sample per line, ending with a newline (empty when no
-        topic is loaded and the disk is not full).
     """
-    families = _Families()
+    registry = broker_registry(service, consumer_level=consumer_level)
+    return generate_latest(registry).decode()
+
+
+def encode_metrics(service: BrokerService, accept: str, *, consumer_level: bool = False,
+                   ) -> tuple[bytes, str]:
+    """(body, Content-Type) of a scrape, in the format the Accept header asks for
+    (`prometheus_client`'s choice: OpenMetrics when asked for, else text 0.0.4)."""
+    encoder, content_type = choose_encoder(accept)
+    return encoder(broker_registry(service, consumer_level=consumer_level)), content_type
+
+
+# -- the broker's families ------------------------------------------------------------------
+
+
+def _broker_metrics(families: _Families, service: BrokerService, consumer_level: bool) -> None:
     cluster = service.config.cluster_name
     topics = sorted(service.topics.values(), key=lambda t: str(t.name))
     per_namespace: dict[str, int] = {}
@@ -150,11 +259,10 @@ def render_metrics(service: BrokerService, *, consumer_level: bool = False) -> s
         namespace = topic.name.namespace_name
         per_namespace[namespace] = per_namespace.get(namespace, 0) + 1
     for namespace, count in sorted(per_namespace.items()):
-        families.add("pulsar_topics_count",
-                     (("cluster", cluster), ("namespace", namespace)), count)
+        families.add("pulsar_topics_count", {"cluster": cluster, "namespace": namespace}, count)
     connections = service.connections
     if topics or service.storage_full or connections.any():
-        broker = (("cluster", cluster),)
+        broker = {"cluster": cluster}
         families.add("pulsar_broker_storage_full", broker, service.storage_full)
         families.add("pulsar_active_connections", broker, connections.active)
         families.add("pulsar_connection_create_fail_count", broker, connections.refused)
@@ -163,10 +271,9 @@ def render_metrics(service: BrokerService, *, consumer_level: bool = False) -> s
         families.add("magnetar_incomplete_frames_bytes", broker,
                      connections.incomplete_frames_bytes)
     for topic in topics:
-        labels = (("cluster", cluster), ("namespace", topic.name.namespace_name),
-                  ("topic", str(topic.name)))
+        labels = {"cluster": cluster, "namespace": topic.name.namespace_name,
+                  "topic": str(topic.name)}
         _topic_metrics(families, topic, labels, consumer_level)
-    return families.render()
 
 
 def _topic_metrics(families: _Families, topic: PersistentTopic | NonPersistentTopic,
@@ -176,6 +283,10 @@ def _topic_metrics(families: _Families, topic: PersistentTopic | NonPersistentTo
     families.add("pulsar_subscriptions_count", labels, len(subscriptions))
     families.add("pulsar_producers_count", labels, len(stats["publishers"]))
     families.add("pulsar_consumers_count", labels, topic.consumer_count())
+    families.add("pulsar_rate_in", labels, stats["msgRateIn"])
+    families.add("pulsar_rate_out", labels, stats["msgRateOut"])
+    families.add("pulsar_throughput_in", labels, stats["msgThroughputIn"])
+    families.add("pulsar_throughput_out", labels, stats["msgThroughputOut"])
     families.add("pulsar_in_messages_total", labels, stats["msgInCounter"])
     families.add("pulsar_in_bytes_total", labels, stats["bytesInCounter"])
     if isinstance(topic, PersistentTopic):
@@ -186,8 +297,12 @@ def _topic_metrics(families: _Families, topic: PersistentTopic | NonPersistentTo
         families.add("pulsar_msg_backlog", labels,
                      sum(s["msgBacklog"] for s in subscriptions.values()))
         families.add("pulsar_topic_storage_failed", labels, stats["storageFailure"] is not None)
+        _pulsar_buckets(families, "pulsar_storage_write_latency", WRITE_LATENCY_BUCKET_NAMES,
+                        topic.add_latency_window.last_interval, labels)
+        _pulsar_buckets(families, "pulsar_entry_size", ENTRY_SIZE_BUCKET_NAMES,
+                        topic.entry_size_window.last_interval, labels)
     for name in sorted(subscriptions):
-        sub_labels = (*labels, ("subscription", name))
+        sub_labels = {**labels, "subscription": name}
         sub_stats = subscriptions[name]
         if isinstance(topic, PersistentTopic):
             _subscription_metrics(families, sub_stats, sub_labels)
@@ -198,9 +313,19 @@ def _topic_metrics(families: _Families, topic: PersistentTopic | NonPersistentTo
             assert len(consumers) == len(sub_stats["consumers"])
             for consumer, consumer_stats in zip(consumers, sub_stats["consumers"],
                                                 strict=True):
-                consumer_labels = (*sub_labels, ("consumer_name", consumer.consumer_name),
-                                   ("consumer_id", str(consumer.consumer_serial)))
+                consumer_labels = {**sub_labels, "consumer_name": consumer.consumer_name,
+                                   "consumer_id": str(consumer.consumer_serial)}
                 _consumer_metrics(families, consumer_stats, consumer_labels)
+
+
+def _pulsar_buckets(families: _Families, prefix: str, names: tuple[str, ...],
+                    window: BucketsSnapshot, labels: Labels) -> None:
+    """One gauge per bucket, then `_count` and `_sum`, as Pulsar writes them."""
+    assert len(names) == len(window.counts)
+    for name, count in zip(names, window.counts, strict=True):
+        families.add(name, labels, count)
+    families.add(f"{prefix}_count", labels, window.count)
+    families.add(f"{prefix}_sum", labels, window.sum)
 
 
 def _subscription_metrics(families: _Families, stats: dict[str, Any], labels: Labels) -> None:
@@ -212,6 +337,8 @@ def _subscription_metrics(families: _Families, stats: dict[str, Any], labels: La
     families.add("pulsar_subscription_blocked_on_unacked_messages", labels,
                  bool(stats["blockedSubscriptionOnUnackedMsgs"]))
     families.add("pulsar_subscription_consumers_count", labels, len(stats["consumers"]))
+    families.add("pulsar_subscription_msg_rate_out", labels, stats["msgRateOut"])
+    families.add("pulsar_subscription_msg_throughput_out", labels, stats["msgThroughputOut"])
     families.add("pulsar_subscription_total_msg_expired", labels, stats["totalMsgExpired"])
     families.add("pulsar_subscription_last_expire_timestamp", labels,
                  stats["lastExpireTimestamp"])
@@ -225,6 +352,8 @@ def _non_persistent_subscription_metrics(families: _Families, stats: dict[str, A
                                          labels: Labels) -> None:
     consumers: list[dict[str, Any]] = stats["consumers"]
     families.add("pulsar_subscription_consumers_count", labels, len(consumers))
+    families.add("pulsar_subscription_msg_rate_out", labels, stats["msgRateOut"])
+    families.add("pulsar_subscription_msg_throughput_out", labels, stats["msgThroughputOut"])
     # Nothing outlives a non-persistent subscription's consumers: its totals are theirs.
     families.add("pulsar_out_messages_total", labels,
                  sum(c["msgOutCounter"] for c in consumers))
@@ -236,6 +365,8 @@ def _consumer_metrics(families: _Families, stats: dict[str, Any], labels: Labels
     families.add("pulsar_consumer_blocked_on_unacked_messages", labels,
                  bool(stats["blockedConsumerOnUnackedMsgs"]))
     families.add("pulsar_consumer_available_permits", labels, stats["availablePermits"])
+    families.add("pulsar_consumer_msg_rate_out", labels, stats["msgRateOut"])
+    families.add("pulsar_consumer_msg_throughput_out", labels, stats["msgThroughputOut"])
     families.add("pulsar_out_messages_total", labels, stats["msgOutCounter"])
     families.add("pulsar_out_bytes_total", labels, stats["bytesOutCounter"])
 
@@ -247,3 +378,62 @@ def _consumers_of(topic: PersistentTopic | NonPersistentTopic, subscription: str
         found = topic.subscriptions.get(subscription) or topic.readers.get(subscription)
         return found.consumers if found is not None else []
     return list(topic.subscriptions[subscription].consumers)
+
+
+# -- the storage engine's families ----------------------------------------------------------
+
+
+def _histogram(name: str, documentation: str, buckets: Buckets, divisor: int,
+               cluster: str) -> HistogramMetricFamily:
+    """A Prometheus histogram (cumulative buckets) of a storage `Buckets`, its bounds and
+    sum divided by `divisor` (µs to seconds: 10**6)."""
+    snapshot = buckets.snapshot()
+    family = HistogramMetricFamily(name, documentation, labels=["cluster"])
+    cumulative, points = 0, []
+    for bound, count in zip((*snapshot.bounds, None), snapshot.counts, strict=True):
+        cumulative += count
+        points.append(("+Inf" if bound is None else repr(bound / divisor), cumulative))
+    family.add_metric([cluster], points, snapshot.sum / divisor)
+    return family
+
+
+def _storage_metrics(storage: Storage, cluster: str) -> list[Metric]:
+    figures = storage.metrics
+    labels = [cluster]
+
+    def counter(name: str, documentation: str, value: float) -> Metric:
+        family = CounterMetricFamily(name, documentation, labels=["cluster"])
+        family.add_metric(labels, value)
+        return family
+
+    def gauge(name: str, documentation: str, value: float) -> Metric:
+        family = GaugeMetricFamily(name, documentation, labels=["cluster"])
+        family.add_metric(labels, value)
+        return family
+
+    return [
+        _histogram("magnetar_journal_fsync_latency_seconds",
+                   "Latency of the journal's fdatasync, one per group commit",
+                   figures.journal_fsync_us, 1_000_000, cluster),
+        _histogram("magnetar_journal_group_commit_records",
+                   "Journal records made durable by one fdatasync",
+                   figures.group_commit_records, 1, cluster),
+        counter("magnetar_journal_written_bytes", "Bytes written to the journal",
+                figures.journal_bytes_written),
+        gauge("magnetar_write_cache_bytes", "Entry bytes in the write cache (both halves)",
+              storage.write_cache_bytes),
+        gauge("magnetar_entry_log_bytes", "Bytes of the entry logs (committed data)",
+              storage.entry_log_bytes),
+        counter("magnetar_gc_runs", "Garbage-collection passes over the entry logs",
+                figures.gc_runs),
+        counter("magnetar_gc_entry_logs_deleted", "Entry logs removed by GC (no live data)",
+                figures.gc_entry_logs_deleted),
+        counter("magnetar_gc_entry_logs_compacted",
+                "Entry logs compacted by GC (live entries copied out)",
+                figures.gc_entry_logs_compacted),
+        gauge("magnetar_storage_replay_seconds",
+              "How long the storage's recovery (journal replay) took at start",
+              figures.replay_seconds),
+        gauge("magnetar_storage_replay_records", "Journal records replayed at start",
+              figures.replay_records),
+    ]

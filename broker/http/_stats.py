@@ -2,9 +2,11 @@
 
 `topic_stats` mirrors `pulsar-admin topics stats` (TopicStats → SubscriptionStats →
 ConsumerStats, PublisherStats); `internal_stats` mirrors `topics stats-internal`
-(PersistentTopicInternalStats: the managed ledger's ledgers and cursors). Rates are not
-tracked as moving averages: they are reported as 0.0 with the counters beside them, which
-is what scripts compare.
+(PersistentTopicInternalStats: the managed ledger's ledgers and cursors). The rates
+(`msgRateIn`, `msgThroughputIn`, `msgRateOut`, `msgThroughputOut`) are those of the last
+stats interval (`stats_update_frequency_s`, Pulsar's statsUpdateFrequencyInSecs; see
+`broker/_rates.py`): 0.0 until the first interval has passed. A non-persistent
+subscription's rates are the sum of its consumers'.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from ..dispatch._consumer import Consumer
 from ..dispatch._dispatch_key_shared import KeySharedDispatcher
 from ..dispatch._dispatch_shared import SharedDispatcher
 from ..dispatch._dispatcher import SingleActiveConsumerDispatcher
+from ..dispatch._nonpersistent import NonPersistentSubscription
 from ..dispatch._subscription import Subscription
-from ..topics._topic import NonPersistentTopic, PersistentTopic, Producer
+from ..topics._nonpersistent_topic import NonPersistentTopic
+from ..topics._producer import Producer
+from ..topics._topic import PersistentTopic
 
 __all__ = ["internal_stats", "topic_stats"]
 
@@ -26,8 +31,8 @@ def _publisher(producer: Producer) -> dict[str, Any]:
     return {
         "producerName": producer.name,
         "accessMode": producer.spec.access_mode,
-        "msgRateIn": 0.0,
-        "msgThroughputIn": 0.0,
+        "msgRateIn": producer.rate_in.rate,
+        "msgThroughputIn": producer.rate_in.value_rate,
         "averageMsgSize": (producer.bytes_in_counter / producer.msg_in_counter
                            if producer.msg_in_counter else 0.0),
         "msgInCounter": producer.msg_in_counter,
@@ -43,8 +48,8 @@ def _consumer(consumer: Consumer, subscription: Subscription | None) -> dict[str
     dispatcher = subscription.dispatcher if subscription is not None else None
     stats: dict[str, Any] = {
         "consumerName": consumer.consumer_name,
-        "msgRateOut": 0.0,
-        "msgThroughputOut": 0.0,
+        "msgRateOut": consumer.rate_out.rate,
+        "msgThroughputOut": consumer.rate_out.value_rate,
         "msgOutCounter": consumer.msg_out_counter,
         "bytesOutCounter": consumer.bytes_out_counter,
         "msgRateRedeliver": 0.0,
@@ -82,8 +87,8 @@ def _subscription(subscription: Subscription) -> dict[str, Any]:
     delayed = subscription.delayed.size() if subscription.delayed is not None else 0
     stats: dict[str, Any] = {
         "type": sub_type,
-        "msgRateOut": 0.0,
-        "msgThroughputOut": 0.0,
+        "msgRateOut": subscription.rate_out.rate,
+        "msgThroughputOut": subscription.rate_out.value_rate,
         "msgOutCounter": subscription.msg_out_counter,
         "bytesOutCounter": subscription.bytes_out_counter,
         "msgBacklog": backlog,
@@ -117,10 +122,10 @@ def _subscription(subscription: Subscription) -> dict[str, Any]:
 def topic_stats(topic: PersistentTopic | NonPersistentTopic) -> dict[str, Any]:
     """`pulsar-admin topics stats` for one topic (or partition)."""
     stats: dict[str, Any] = {
-        "msgRateIn": 0.0,
-        "msgThroughputIn": 0.0,
-        "msgRateOut": 0.0,
-        "msgThroughputOut": 0.0,
+        "msgRateIn": topic.rate_in.rate,
+        "msgThroughputIn": topic.rate_in.value_rate,
+        "msgRateOut": topic.rate_out.rate,
+        "msgThroughputOut": topic.rate_out.value_rate,
         "msgInCounter": topic.msg_in_counter,
         "bytesInCounter": topic.bytes_in_counter,
         "msgOutCounter": topic.msg_out_counter,
@@ -147,10 +152,17 @@ def topic_stats(topic: PersistentTopic | NonPersistentTopic) -> dict[str, Any]:
         stats["msgDropRate"] = 0.0
         stats["msgDropCounter"] = topic.msg_drop_counter
         stats["subscriptions"] = {
-            name: {"type": s.sub_type, "msgDropRate": 0.0, "msgDropCounter": s.msg_drop_counter,
-                   "consumers": [_consumer(c, None) for c in s.consumers]}
-            for name, s in topic.subscriptions.items()}
+            name: _non_persistent_subscription(s) for name, s in topic.subscriptions.items()}
     return stats
+
+
+def _non_persistent_subscription(subscription: NonPersistentSubscription) -> dict[str, Any]:
+    consumers = [_consumer(c, None) for c in subscription.consumers]
+    return {"type": subscription.sub_type,
+            "msgRateOut": sum(c["msgRateOut"] for c in consumers),
+            "msgThroughputOut": sum(c["msgThroughputOut"] for c in consumers),
+            "msgDropRate": 0.0, "msgDropCounter": subscription.msg_drop_counter,
+            "consumers": consumers}
 
 
 def _ranges_text(ranges: list[tuple[Any, Any]]) -> str:

@@ -88,6 +88,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from magnetar.storage import (
+    Buckets,
     Completion,
     LedgerNotFoundError,
     LedgerStorage,
@@ -96,6 +97,7 @@ from magnetar.storage import (
 )
 
 from .._config import BrokerConfig
+from .._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
 from ._cursor import ManagedCursor, cursor_prefix
 from ._loader import EntryLoader, Run, collect, default_loader
 from ._position import (
@@ -227,6 +229,10 @@ class ManagedLedger:
         self._last_confirmed = self._initial_last_confirmed()
         self.terminated_position = terminated
         self._last_add: asyncio.Future[Position] | None = None
+        # Pulsar's ManagedLedgerMBean figures, cumulative: each durable add's latency (from
+        # its submission to its confirmation on the loop) and size.
+        self.add_latency_us = Buckets(ENTRY_LATENCY_BUCKETS_US)
+        self.entry_size_bytes = Buckets(ENTRY_SIZE_BUCKETS_BYTES)
 
     # -- opening -------------------------------------------------------------------------
 
@@ -522,9 +528,10 @@ class ManagedLedger:
         self._submitted_bytes += len(data)
         done: asyncio.Future[Position] = loop.create_future()
         size = len(data)
+        submitted_ns = time.perf_counter_ns()
 
         def bounce(finished: Completion[int]) -> None:
-            _call_soon(loop, self._on_add_done, ledger, size, finished, done)
+            _call_soon(loop, self._on_add_done, ledger, size, finished, done, submitted_ns)
 
         completion.add_done_callback(bounce)
         return done
@@ -553,7 +560,7 @@ class ManagedLedger:
                 return completion
 
     def _on_add_done(self, ledger: _Ledger, size: int, finished: Completion[int],
-                     done: asyncio.Future[Position]) -> None:
+                     done: asyncio.Future[Position], submitted_ns: int) -> None:
         error = finished.exception()
         if error is not None:
             self._add_failed = True
@@ -564,6 +571,8 @@ class ManagedLedger:
         assert entry_id == ledger.entries, "adds of a ledger complete in order"
         ledger.entries = entry_id + 1
         ledger.size += size
+        self.add_latency_us.add((time.perf_counter_ns() - submitted_ns) // 1000)
+        self.entry_size_bytes.add(size)
         position = Position(ledger.ledger_id, entry_id)
         assert position > self._last_confirmed
         self._last_confirmed = position

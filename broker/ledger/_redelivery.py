@@ -13,9 +13,10 @@ The counts belong to the subscription's `ManagedCursor`: its record carries them
 like the rest of the cursor. A count change does not wait for its write: the cursor writes
 it in the background, merged with any later change, and every ack writes the current counts
 too. So a clean shutdown keeps every count (the cursor is flushed on close), and a
-`kill -9` loses only the increments whose background write was not yet durable, plus the
-counts beyond `persist_max`. Counts of acknowledged entries are dropped (on ack, and when
-the mark-delete passes them).
+`kill -9` loses only the count changes whose background write was not yet durable (an
+increment, or the clearing when the last consumer left: the counts written before it come
+back), plus the counts beyond `persist_max`. Counts of acknowledged entries are dropped (on
+ack, and when the mark-delete passes them).
 
 Memory is bounded too: at most `memory_max` positions have a count; beyond it, new
 positions are not counted (their count stays 0) until acks make room.

@@ -1,1 +1,1 @@
-"""Authentication (tokens) and TLS."""
+"""Authentication (token, basic, tls; the anonymous role), authorization and TLS."""

@@ -2,12 +2,14 @@
 
 Theory of operation
 -------------------
-`AuthenticationService` holds the enabled providers by method name (only "token" exists:
-`TokenAuthenticationProvider`, Pulsar's AuthenticationProviderToken semantics) and the
-superuser roles (recorded and logged; Magnetar does no authorization). It is built from the
-broker configuration by `AuthenticationService.from_config`, which returns None when
-authentication is off; the key is read once, at start-up, so a bad key file stops the broker
-before it listens.
+`AuthenticationService` holds the enabled providers by method name (Pulsar's
+authenticationProviders): "token" (`TokenAuthenticationProvider`, Pulsar's
+AuthenticationProviderToken), "basic" and "tls" (`_basic.py`), the anonymous role (Pulsar's
+anonymousUserRole: the role of a client that sends no credentials or names a method that is
+not enabled) and the superuser roles (for `_authz.py`). It is built from the broker
+configuration by `AuthenticationService.from_config`, which returns None when authentication
+is off; keys and password files are read once, at start-up, so a bad one stops the broker
+before it listens. Who a principal is and the provider interface live in `_principal.py`.
 
 Binary protocol (wire reference 5.1). The connection handler calls `start_session` with the
 CONNECT command: the method named there must be enabled and its credentials valid, or an
@@ -26,7 +28,8 @@ replace the old ones (producers and consumers are untouched); anything else -- a
 expired token, another role, another method -- closes the connection.
 
 HTTP: `authenticate_http` takes the `Authorization` header (`Bearer <token>`, the form
-Pulsar's admin client sends) and returns the principal or raises `AuthenticationError`.
+Pulsar's admin client sends, or `Basic <base64>`), else the verified client certificate, else
+the anonymous role, and returns the principal or raises `AuthenticationError`.
 
 Key sources (`read_key_source`) are what Pulsar's `tokenSecretKey`/`tokenPublicKey` take: a
 path, `file:///path`, or `data:;base64,<base64>`. A secret key is the raw bytes of the file
@@ -36,16 +39,11 @@ path, `file:///path`, or `data:;base64,<base64>`. A secret key is the raw bytes 
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import base64
 import binascii
 import logging
-import time
-import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 from cryptography.hazmat.primitives import serialization
@@ -55,10 +53,20 @@ from magnetar.codec import pb
 
 from .._config import BrokerConfig
 from .._errors import AuthenticationError, ConfigurationError
+from ._basic import (
+    AUTH_METHOD_BASIC,
+    AUTH_METHOD_TLS,
+    BasicAuthenticationProvider,
+    TlsAuthenticationProvider,
+    read_basic_auth_conf,
+)
 from ._jwt import PrivateKey, PublicKey, TokenError, VerifyingKey, decode_token
+from ._principal import AuthenticationProvider, Principal, read_key_source
 
 __all__ = [
+    "ANONYMOUS_METHOD",
     "AUTH_METHOD_TOKEN",
+    "PROVIDER_NAMES",
     "REFRESH_AUTH_DATA",
     "AuthSession",
     "AuthenticationProvider",
@@ -74,60 +82,12 @@ log = logging.getLogger(__name__)
 
 AUTH_METHOD_TOKEN: Final = "token"
 REFRESH_AUTH_DATA: Final = b"PulsarAuthRefresh"  # Pulsar's AuthData.REFRESH_AUTH_DATA
-KEY_FILE_BYTES_MAX: Final = 1024 * 1024  # a key file larger than this is refused
-_BEARER: Final = "bearer "
-
-
-@dataclass(frozen=True)
-class Principal:
-    """An authenticated client.
-
-    Attributes:
-        role: the role (Pulsar's principal), from the token's role claim.
-        method: the authentication method that vouched for it.
-        expires_at_s: when the credentials expire (seconds since the epoch; None: never).
-    """
-
-    role: str
-    method: str
-    expires_at_s: float | None = None
-
-    def expired(self, now_s: float | None = None) -> bool:
-        now = time.time() if now_s is None else now_s
-        return self.expires_at_s is not None and self.expires_at_s <= now
+ANONYMOUS_METHOD: Final = "anonymous"  # Principal.method of the anonymous role
+# What authentication_providers may name.
+PROVIDER_NAMES: Final = (AUTH_METHOD_TOKEN, AUTH_METHOD_BASIC, AUTH_METHOD_TLS)
 
 
 # -- keys -------------------------------------------------------------------------------------
-
-
-def read_key_source(source: str) -> bytes:
-    """The bytes of a key given as a path, `file:///path` or `data:[type][;base64],data`.
-
-    Raises:
-        ConfigurationError: the file cannot be read, is too large or empty, or the data URL
-            is malformed.
-    """
-    if source.startswith("data:"):
-        meta, sep, payload = source[5:].partition(",")
-        if not sep:
-            raise ConfigurationError(f"malformed key data URL (no comma): {source[:40]!r}")
-        if meta.endswith(";base64") or meta == "base64":
-            try:
-                return base64.b64decode(payload, validate=True)
-            except (binascii.Error, ValueError):
-                raise ConfigurationError("the key data URL is not valid base64") from None
-        return urllib.parse.unquote_to_bytes(payload)
-    path = Path(urllib.parse.urlparse(source).path if source.startswith("file:") else source)
-    try:
-        size = path.stat().st_size
-        if size > KEY_FILE_BYTES_MAX:
-            raise ConfigurationError(f"key file {path} is larger than {KEY_FILE_BYTES_MAX} B")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read key file {path}: {exc.strerror or exc}") from None
-    if not data:
-        raise ConfigurationError(f"key file {path} is empty")
-    return data
 
 
 def load_public_key(data: bytes, where: str = "public key") -> PublicKey:
@@ -169,20 +129,6 @@ def load_private_key(data: bytes, where: str = "private key") -> PrivateKey:
 # -- providers --------------------------------------------------------------------------------
 
 
-class AuthenticationProvider(abc.ABC):
-    """One authentication method."""
-
-    method_name: str
-
-    @abc.abstractmethod
-    def authenticate(self, auth_data: bytes) -> Principal:
-        """The principal the credentials prove.
-
-        Raises:
-            AuthenticationError: missing, malformed, invalid or expired credentials.
-        """
-
-
 class TokenAuthenticationProvider(AuthenticationProvider):
     """JWT tokens signed with a secret key or a key pair (see `_jwt.py`).
 
@@ -201,7 +147,7 @@ class TokenAuthenticationProvider(AuthenticationProvider):
         self.role_claim = role_claim
         self.clock_skew_s = clock_skew_s
 
-    def authenticate(self, auth_data: bytes) -> Principal:
+    def authenticate(self, auth_data: bytes, tls_common_name: str | None = None) -> Principal:
         if not auth_data:
             raise TokenError("no token was sent")
         try:
@@ -221,92 +167,155 @@ class TokenAuthenticationProvider(AuthenticationProvider):
 
 
 class AuthenticationService:
-    """The enabled providers and the superuser roles (see the module comment)."""
+    """The enabled providers, the anonymous role and the superuser roles (see the module
+    comment).
+
+    Args:
+        providers: one per method name.
+        superuser_roles: recorded for the authorization service and the log.
+        refresh_check_interval_s: how often a connection's credentials are checked.
+        anonymous_role: the role of a client that sends no credentials (or names a method
+            that is not enabled), as Pulsar's anonymousUserRole; None: such a client is
+            refused.
+    """
 
     def __init__(self, providers: list[AuthenticationProvider],
                  superuser_roles: tuple[str, ...] = (),
-                 refresh_check_interval_s: float = 60.0):
+                 refresh_check_interval_s: float = 60.0, anonymous_role: str | None = None):
         assert providers, "authentication needs at least one provider"
         self.providers = {provider.method_name: provider for provider in providers}
         self.superuser_roles = frozenset(superuser_roles)
         self.refresh_check_interval_s = refresh_check_interval_s
+        self.anonymous_role = anonymous_role or None
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> AuthenticationService | None:
         """The service the configuration asks for; None when authentication is disabled.
 
         Raises:
-            ConfigurationError: authentication is enabled without a usable key.
+            ConfigurationError: an unknown provider, or a provider without its key or file.
         """
         if not config.authentication_enabled:
             return None
-        if bool(config.token_secret_key) == bool(config.token_public_key):
-            raise ConfigurationError("token authentication needs exactly one of "
-                                     "token_secret_key and token_public_key")
-        key: VerifyingKey
-        if config.token_secret_key:
-            key = read_key_source(config.token_secret_key)
-        else:
-            key = load_public_key(read_key_source(config.token_public_key),
-                                  config.token_public_key)
-        provider = TokenAuthenticationProvider(key, config.token_auth_claim,
-                                               config.token_allowed_clock_skew_s)
-        log.info("token authentication enabled (%s key%s)",
-                 "secret" if isinstance(key, bytes) else "public",
+        unknown = set(config.authentication_providers) - set(PROVIDER_NAMES)
+        if unknown or not config.authentication_providers:
+            raise ConfigurationError(f"authentication_providers must name some of "
+                                     f"{', '.join(PROVIDER_NAMES)}, not "
+                                     f"{', '.join(sorted(unknown)) or 'none'}")
+        providers: list[AuthenticationProvider] = []
+        for name in config.authentication_providers:
+            if name == AUTH_METHOD_TOKEN:
+                providers.append(_token_provider(config))
+            elif name == AUTH_METHOD_BASIC:
+                providers.append(BasicAuthenticationProvider(
+                    read_basic_auth_conf(config.basic_auth_conf)))
+            else:
+                providers.append(TlsAuthenticationProvider())
+        log.info("authentication enabled: %s%s%s",
+                 ", ".join(config.authentication_providers),
+                 f"; anonymous role {config.anonymous_user_role!r}"
+                 if config.anonymous_user_role else "",
                  f"; superusers: {', '.join(config.superuser_roles)}"
                  if config.superuser_roles else "")
-        return cls([provider], config.superuser_roles, config.auth_refresh_check_interval_s)
+        return cls(providers, config.superuser_roles, config.auth_refresh_check_interval_s,
+                   config.anonymous_user_role)
 
-    def authenticate(self, method: str, auth_data: bytes) -> Principal:
-        """Authenticate credentials of a method.
+    def authenticate(self, method: str, auth_data: bytes,
+                     tls_common_name: str | None = None) -> Principal:
+        """Authenticate credentials of a method; a client without credentials, or naming a
+        method that is not enabled, gets the anonymous role when there is one.
 
         Raises:
-            AuthenticationError: the method is not enabled, or the credentials are bad.
+            AuthenticationError: the method is not enabled (and there is no anonymous role),
+                or the credentials are bad.
         """
         provider = self.providers.get(method)
         if provider is None:
+            if self.anonymous_role is not None:
+                return Principal(self.anonymous_role, ANONYMOUS_METHOD)
             enabled = ", ".join(sorted(self.providers))
             if method in ("", "none"):
                 raise AuthenticationError(f"authentication is required (method: {enabled})")
             raise AuthenticationError(f"authentication method {method!r} is not enabled "
                                       f"(enabled: {enabled})")
-        principal = provider.authenticate(auth_data)
+        principal = provider.authenticate(auth_data, tls_common_name)
         if principal.role in self.superuser_roles:
             log.debug("superuser %r authenticated", principal.role)
         return principal
 
-    def authenticate_http(self, authorization: str | None) -> Principal:
-        """Authenticate an HTTP request's `Authorization` header (`Bearer <token>`).
+    def authenticate_http(self, authorization: str | None, tls_common_name: str | None = None,
+                          method: str | None = None) -> Principal:
+        """Authenticate an admin HTTP request: `Authorization: Bearer <token>` (method
+        "token"), `Authorization: Basic <base64 user:password>` ("basic"), or, without the
+        header, the verified client certificate ("tls") or the anonymous role. `method` is
+        the `X-Pulsar-Auth-Method-Name` header, when the client sent one.
 
         Raises:
-            AuthenticationError: no header, another scheme, or a bad token.
+            AuthenticationError: nothing usable was sent, or the credentials are bad.
         """
-        if not authorization:
-            raise AuthenticationError("authentication required: send 'Authorization: "
-                                      "Bearer <token>'")
-        if not authorization.lower().startswith(_BEARER):
-            raise AuthenticationError("the Authorization header must use the Bearer scheme")
-        token = authorization[len(_BEARER):].strip()
-        return self.authenticate(AUTH_METHOD_TOKEN, token.encode("ascii", "replace"))
+        scheme, _, value = (authorization or "").strip().partition(" ")
+        scheme = scheme.lower()
+        if method is None:
+            if scheme == "bearer":
+                method = AUTH_METHOD_TOKEN
+            elif scheme == "basic":
+                method = AUTH_METHOD_BASIC
+            elif not authorization and tls_common_name and AUTH_METHOD_TLS in self.providers:
+                method = AUTH_METHOD_TLS
+            elif not authorization and self.anonymous_role is not None:
+                return Principal(self.anonymous_role, ANONYMOUS_METHOD)
+            elif not authorization:
+                raise AuthenticationError("authentication required: send 'Authorization: "
+                                          "Bearer <token>' or 'Authorization: Basic ...'")
+            else:
+                raise AuthenticationError("the Authorization header must use the Bearer or "
+                                          "the Basic scheme")
+        if method not in self.providers:
+            raise AuthenticationError(f"authentication method {method[:40]!r} is not enabled "
+                                      f"(enabled: {', '.join(sorted(self.providers))})")
+        data = value.strip().encode("ascii", "replace")
+        if method == AUTH_METHOD_BASIC:
+            try:
+                data = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise AuthenticationError("basic: the Authorization value is not base64") \
+                    from None
+        return self.authenticate(method, data, tls_common_name)
 
     def start_session(self, connect: pb.CommandConnect, send: Callable[[pb.CommandAuthChallenge],
                       bool], close: Callable[[], None], peer: str,
-                      server_version: str) -> AuthSession:
+                      server_version: str, tls_common_name: str | None = None) -> AuthSession:
         """Authenticate a CONNECT and start the connection's refresh checks.
 
         Raises:
             AuthenticationError: the connection must be refused (nothing was started).
         """
         method = connect.auth_method_name  # the deprecated enum auth_method names no token
-        principal = self.authenticate(method, connect.auth_data)
+        principal = self.authenticate(method, connect.auth_data, tls_common_name)
         supports_refresh = (connect.HasField("feature_flags")
                             and connect.feature_flags.supports_auth_refresh)
         session = AuthSession(self, principal, supports_refresh=supports_refresh, send=send,
                               close=close, peer=peer, server_version=server_version,
                               protocol_version=connect.protocol_version)
-        log.info("connection from %s authenticated as %r (%s)", peer, principal.role, method)
+        log.info("connection from %s authenticated as %r (%s)", peer, principal.role,
+                 principal.method)
         session.start()
         return session
+
+
+def _token_provider(config: BrokerConfig) -> TokenAuthenticationProvider:
+    if bool(config.token_secret_key) == bool(config.token_public_key):
+        raise ConfigurationError("token authentication needs exactly one of "
+                                 "token_secret_key and token_public_key")
+    key: VerifyingKey
+    if config.token_secret_key:
+        key = read_key_source(config.token_secret_key)
+    else:
+        key = load_public_key(read_key_source(config.token_public_key),
+                              config.token_public_key)
+    log.info("token authentication: %s key", "secret" if isinstance(key, bytes) else "public")
+    return TokenAuthenticationProvider(key, config.token_auth_claim,
+                                       config.token_allowed_clock_skew_s)
 
 
 class AuthSession:

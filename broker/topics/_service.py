@@ -17,7 +17,9 @@ persistent topic is created (its managed ledger did not exist before) or deleted
 watchers (`_topic_watchers.py`) use it. At most `TOPIC_LISTENERS_MAX` listeners; a listener
 that raises is logged and stays registered.
 
-Maintenance (`run_maintenance`, every second from `start`): time-based retention trimming,
+Maintenance (`run_maintenance`, every second from `start`): the stats interval (rates and
+per-interval histograms, every `stats_update_frequency_s`: `_stats_interval.py`),
+time-based retention trimming,
 message TTL, backlog quotas (producer hold/exception disconnect producers;
 consumer_backlog_eviction skips the slowest cursor), dedup snapshots by time and purging of
 inactive producers' dedup state. Each task honours its own interval. While the disk is full
@@ -59,7 +61,10 @@ from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ..ledger._loader import EntryLoader
 from ..ledger._managed_ledger import ml_key
 from ..schemas._schemas import SchemaRegistry
-from ._topic import NonPersistentTopic, PersistentTopic, Producer, ProducerSpec
+from ._nonpersistent_topic import NonPersistentTopic
+from ._producer import Producer, ProducerSpec
+from ._stats_interval import update_rates
+from ._topic import PersistentTopic
 
 __all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "ConnectionCounters", "Topic", "TopicListener",
            "check_entry_fits_storage"]
@@ -347,6 +352,7 @@ class BrokerService:
         self.topics.pop(str(topic_name), None)
         if not topic_name.is_partitioned:  # a partition's schemas are its base's
             self.schemas.delete_all(topic_name)
+        self.namespaces.delete_topic_policies(str(topic_name))
         if topic_name.is_persistent:
             self._topic_event(topic_name, False)
 
@@ -396,6 +402,7 @@ class BrokerService:
                 await self.delete_topic(partition, force=force)
         self.namespaces.set_partitions(str(topic_name), 0, create=False)
         self.schemas.delete_all(topic_name)
+        self.namespaces.delete_topic_policies(str(topic_name))
 
     def list_topics(self, namespace: str, mode: str = "PERSISTENT",
                     include_system: bool = False) -> list[str]:
@@ -482,6 +489,8 @@ class BrokerService:
         now = self.clock()
         config = self.config
         done = {"trimmed": 0, "expired": 0, "evicted": 0, "producers_disconnected": 0}
+        if force or self._due("stats", config.stats_update_frequency_s, now):
+            self.update_stats()
         if self.storage_full and (force or self._due(
                 "storage_full", config.storage_full_check_interval_s, now)):
             await self.resume_writes_if_room()
@@ -500,6 +509,11 @@ class BrokerService:
         for topic in topics:
             await self._dedup_housekeeping(topic, now)
         return done
+
+    def update_stats(self, now: float | None = None) -> None:
+        """Close the stats interval: every loaded topic's rates and histogram windows
+        now show the interval that ends at `now` (monotonic seconds; default: now)."""
+        update_rates(list(self.topics.values()), time.monotonic() if now is None else now)
 
     async def resume_writes_if_room(self) -> bool:
         """While the disk is full: let the storage resume writes if there is room again

@@ -1,5 +1,5 @@
-"""Topics: persistent ones (a managed ledger, producers, subscriptions, deduplication) and
-non-persistent ones (memory only, dropped when nobody can take a message).
+"""Persistent topics: a managed ledger, producers, subscriptions, deduplication. (Producers
+and their admission: `_producer.py`; non-persistent topics: `_nonpersistent_topic.py`.)
 
 Theory of operation
 -------------------
@@ -53,14 +53,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from magnetar.codec import FRAME_PADDING_BYTES, parse_entry, pb
+from magnetar.codec import FRAME_PADDING_BYTES, pb
 
 from .._errors import (
     BrokerError,
@@ -68,8 +65,6 @@ from .._errors import (
     DiskFullError,
     NotAllowedError,
     PersistenceError,
-    ProducerBlockedQuotaExceededError,
-    ProducerBlockedQuotaExceededException,
     ProducerBusyError,
     ServiceNotReadyError,
     SubscriptionNotFoundError,
@@ -78,14 +73,15 @@ from .._errors import (
 )
 from .._names import TopicName
 from .._namespaces import EffectivePolicies
+from .._rates import BucketsWindow, RateMeter
 from .._tasks import spawn
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
-from ..dispatch._entry import EntryInfo, messages_in_entry
 from ..dispatch._subscription import Subscription
 from ..ledger._cursor import ManagedCursor
 from ..ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ..ledger._position import Position
-from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
+from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
+from ._backlog import BacklogQuotas
 from ._dedup import (
     DEDUP_CURSOR_NAME,
     DEDUP_UNKNOWN_MESSAGE,
@@ -93,68 +89,29 @@ from ._dedup import (
     DedupResult,
     highest_sequence_id_of,
 )
+from ._dedup_cursor import recover_dedup, write_dedup_snapshot
 from ._entry_metadata import EntryMetadataAppender, interceptors_of
+from ._producer import (
+    Producer,
+    ProducerSpec,
+    PublishResult,
+    _count_in,
+    _metadata_of,
+    _ProducerHost,
+    generated_producer_name,
+)
 
 if TYPE_CHECKING:
     from .._config import BrokerConfig
     from ._service import BrokerService
 
-__all__ = ["NonPersistentTopic", "PersistentTopic", "Producer", "ProducerSpec",
-           "PublishResult"]
+# Producer, ProducerSpec and PublishResult are `_producer`'s; listed here too, as this module
+# is where users of a topic find them.
+__all__ = ["PersistentTopic", "Producer", "ProducerSpec", "PublishResult"]
 
 log = logging.getLogger(__name__)
 
-_PRODUCER_NAMES = itertools.count(0)
 RESERVED_SUBSCRIPTION_PREFIXES = ("pulsar.repl",)
-
-
-@dataclass(frozen=True)
-class ProducerSpec:
-    """What CommandProducer asks for, as plain values."""
-
-    producer_name: str = ""
-    access_mode: str = "Shared"  # Shared | Exclusive | ExclusiveWithFencing | WaitForExclusive
-    epoch: int = 0
-    topic_epoch: int | None = None  # what the client got from an earlier exclusive access
-    metadata: dict[str, str] = field(default_factory=dict)
-    initial_subscription_name: str = ""
-    address: str = ""
-    client_version: str = ""
-
-
-class Producer:
-    """A connected producer."""
-
-    def __init__(self, topic: PersistentTopic | NonPersistentTopic, spec: ProducerSpec,
-                 name: str, user_provided_name: bool):
-        self.topic = topic
-        self.spec = spec
-        self.name = name
-        self.user_provided_name = user_provided_name
-        self.msg_in_counter = 0
-        self.bytes_in_counter = 0
-        self.closed = False
-        self.connected_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.topic_epoch: int | None = None  # granted with exclusive access
-        self.waiter: Waiter | None = None  # set while a WaitForExclusive producer waits
-        self.closer: Callable[[str], None] | None = None  # the connection's CLOSE_PRODUCER
-        self.closed_on_full_disk = False  # SENDs still on their way are refused quietly
-
-    def disconnect(self, reason: str) -> None:
-        """The broker drops this producer (already removed from its topic): its connection
-        tells the client, which reconnects."""
-        if self.closer is not None:
-            self.closer(reason)
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    ledger_id: int
-    entry_id: int
-
-    @property
-    def duplicate(self) -> bool:
-        return self.ledger_id == -1 and self.entry_id == -1
 
 
 def _now_ms() -> float:
@@ -162,91 +119,7 @@ def _now_ms() -> float:
     return time.time() * 1000
 
 
-def _count_in(topic: PersistentTopic | NonPersistentTopic, producer: Producer, entry: bytes,
-              metadata: pb.MessageMetadata) -> int:
-    """Count a published entry in the topic's and the producer's counters; returns its
-    number of messages."""
-    messages = messages_in_entry(metadata, entry)
-    producer.msg_in_counter += messages
-    producer.bytes_in_counter += len(entry)
-    topic.msg_in_counter += messages
-    topic.bytes_in_counter += len(entry)
-    return messages
-
-
-def _metadata_of(entry: bytes) -> pb.MessageMetadata:
-    return parse_entry(entry, verify_checksum=False).metadata
-
-
-class _ProducerHost:
-    """What both topic kinds do with producers: admission under the access modes
-    (`ExclusiveAccess`), registration, removal with promotion of a waiting producer, and
-    broker-side disconnects. Subclasses set `name`, `producers`, `access` and `fenced`."""
-
-    name: TopicName
-    producers: dict[str, Producer]
-    access: ExclusiveAccess
-    fenced: bool
-
-    def _admit(self, producer: Producer) -> Producer:
-        """Apply the access mode (see `ExclusiveAccess.admit`, whose errors pass through);
-        a producer that must wait is returned unregistered with its `waiter` set."""
-        spec = producer.spec
-        granted = self.access.admit(producer.name, spec.access_mode, spec.topic_epoch,
-                                    len(self.producers), self._evict_producers, producer)
-        if isinstance(granted, Waiter):
-            producer.waiter = granted
-            log.info("producer %s waits for exclusive access to %s (%d waiting)",
-                     producer.name, self.name, len(self.access.waiters))
-            return producer
-        producer.topic_epoch = granted
-        self._register(producer)
-        return producer
-
-    def _name_taken(self, name: str) -> bool:
-        return name in self.producers or any(w.name == name for w in self.access.waiters)
-
-    def _register(self, producer: Producer) -> None:
-        assert producer.name not in self.producers
-        self.producers[producer.name] = producer
-
-    def _unregistered(self, producer: Producer) -> None:
-        """Hook: `producer` just left `producers`."""
-
-    def _evict_producers(self) -> None:
-        self.disconnect_producers("fenced by an ExclusiveWithFencing producer")
-
-    def disconnect_producers(self, reason: str) -> None:
-        """Remove every producer, waiting ones included, and tell its connection
-        (CLOSE_PRODUCER; the client reconnects)."""
-        # Waiters first: removing a holder while they wait would promote one.
-        for producer in [w.producer for w in self.access.waiters] + \
-                list(self.producers.values()):
-            self.remove_producer(producer)
-            producer.disconnect(reason)
-
-    def remove_producer(self, producer: Producer) -> None:
-        """A producer leaves (or stops waiting). Idempotent. When it held exclusive access,
-        the first waiting producer is promoted and registered (not while closing)."""
-        producer.closed = True
-        if producer.waiter is not None:
-            self.access.removed(producer.name, producer.waiter, len(self.producers))
-            return
-        if self.producers.get(producer.name) is not producer:
-            return
-        del self.producers[producer.name]
-        self._unregistered(producer)
-        if self.fenced:
-            return  # closing: nobody is promoted (the waiters reconnect to the reloaded topic)
-        promoted = self.access.removed(producer.name, None, len(self.producers))
-        if promoted is not None:
-            waiting: Producer = promoted.producer
-            waiting.waiter = None
-            waiting.topic_epoch = promoted.admitted.result()
-            self._register(waiting)
-
-
-class PersistentTopic(_ProducerHost):
+class PersistentTopic(BacklogQuotas, _ProducerHost):
     """A persistent topic (or one partition of a partitioned topic)."""
 
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
@@ -272,6 +145,11 @@ class PersistentTopic(_ProducerHost):
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
+        self.rate_in = RateMeter(time.monotonic())
+        self.rate_out = RateMeter(time.monotonic())
+        # The managed ledger's add latency and entry sizes over the last stats interval.
+        self.add_latency_window = BucketsWindow(ml.add_latency_us)
+        self.entry_size_window = BucketsWindow(ml.entry_size_bytes)
         self._publish_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         ml.on_entries_added.append(self._entries_added)
@@ -308,29 +186,15 @@ class PersistentTopic(_ProducerHost):
         return self.policies.deduplication_enabled and not self.name.is_system_topic
 
     async def _recover_dedup(self) -> None:
+        """Rebuild the dedup state from its cursor (`_dedup_cursor.recover_dedup`), or drop
+        the cursor when deduplication is off."""
         ml = self.managed_ledger
         if not self.dedup_enabled():
             if DEDUP_CURSOR_NAME in ml.cursors:
                 await ml.delete_cursor(DEDUP_CURSOR_NAME)
             self.dedup = None
             return
-        state = DeduplicationState.from_config(self.config)
-        cursor = await ml.open_cursor(DEDUP_CURSOR_NAME, "earliest")
-        now = _now_ms()
-        state.restore({k: int(v) for k, v in cursor.properties.items()}, now)
-        position = ml.next_valid_position(cursor.mark_delete_position)
-        last = ml.last_confirmed_position
-        replayed = 0
-        while position <= last:
-            batch = await ml.read_entries_async(position, 1000, 32 * 1024 * 1024)
-            if not batch:
-                break
-            for entry_position, data in batch:
-                metadata = _metadata_of(data)
-                highest = highest_sequence_id_of(metadata.sequence_id, -1, metadata, data)
-                state.replay_entry(metadata.producer_name, metadata.sequence_id, highest, now)
-                replayed += 1
-                position = ml.next_valid_position(Position(*entry_position))
+        state, cursor, last, replayed = await recover_dedup(ml, self.config, _now_ms())
         self.dedup = state
         self._dedup_recorded = last
         if replayed >= self.config.broker_deduplication_entries_interval:
@@ -342,18 +206,8 @@ class PersistentTopic(_ProducerHost):
         cursor = cursor or self.managed_ledger.cursors.get(DEDUP_CURSOR_NAME)
         if state is None or cursor is None or state.snapshot_running:
             return
-        snapshot = state.begin_snapshot()
-        # The last entry whose sequence ids are in the state: every entry up to it is
-        # covered, so recovery replays only what follows (the last confirmed entry may be
-        # ahead of it while its publish has not yet recorded itself).
-        position = self._dedup_recorded
-        ok = False
-        try:
-            if position > cursor.mark_delete_position:
-                await cursor.mark_delete(position, properties=dict(snapshot))
-            ok = True
-        finally:
-            state.end_snapshot(_now_ms(), ok)
+        # The last entry whose sequence ids are in the state (see `write_dedup_snapshot`).
+        await write_dedup_snapshot(state, cursor, self._dedup_recorded, _now_ms)
 
     # -- producers -------------------------------------------------------------------------
 
@@ -403,63 +257,12 @@ class PersistentTopic(_ProducerHost):
 
     def _generated_name(self) -> str:
         while True:
-            name = f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
+            name = generated_producer_name(self.config.cluster_name)
             if name not in self.producers:
                 return name
 
     def last_sequence_id(self, producer: Producer) -> int:
         return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
-
-    def exceeded_backlog_quota(self) -> str | None:
-        """The policy of the first backlog quota exceeded ("destination_storage" by size,
-        then "message_age" by the oldest unacknowledged message), or None."""
-        limit = self.policies.backlog_quota_limit_bytes
-        if limit >= 0 and self.estimated_backlog_bytes() > limit:
-            return self.policies.backlog_quota_policy
-        age_limit_s = self.policies.backlog_quota_limit_s
-        if age_limit_s >= 0:
-            oldest = self.oldest_unacked_publish_time()
-            if oldest is not None and _now_ms() - oldest > age_limit_s * 1000:
-                return self.policies.backlog_quota_age_policy
-        return None
-
-    def backlog_quota_exceeded(self) -> bool:
-        return self.exceeded_backlog_quota() is not None
-
-    def oldest_unacked_publish_time(self) -> int | None:
-        """Time (ms) of the oldest unacknowledged entry over durable subscriptions -- its
-        broker timestamp when stored with one, else its publish time -- or None when nothing
-        is unacknowledged."""
-        ml = self.managed_ledger
-        oldest: int | None = None
-        for subscription in self.subscriptions.values():
-            if not subscription.durable or subscription.backlog() == 0:
-                continue
-            position = ml.next_valid_position(subscription.cursor.mark_delete_position)
-            while position <= ml.last_confirmed_position and subscription.is_acked(position):
-                position = ml.next_valid_position(position)
-            if position > ml.last_confirmed_position:
-                continue
-            published = EntryInfo(position, ml.read_entry(position)).timestamp
-            oldest = published if oldest is None else min(oldest, published)
-        return oldest
-
-    def _check_backlog_quota(self) -> None:
-        policy = self.exceeded_backlog_quota()
-        if policy is None:
-            return
-        message = f"Cannot create producer on topic with backlog quota exceeded ({self.name})"
-        if policy == "producer_request_hold":
-            raise ProducerBlockedQuotaExceededError(message)
-        if policy == "producer_exception":
-            raise ProducerBlockedQuotaExceededException(message)
-
-    def estimated_backlog_bytes(self) -> int:
-        durable = [s.cursor for s in self.subscriptions.values() if s.durable]
-        if not durable:
-            return 0
-        slowest = min(c.mark_delete_position for c in durable)
-        return int(self.managed_ledger.estimated_size_after(slowest))
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -777,107 +580,3 @@ class PersistentTopic(_ProducerHost):
         for task in list(self._background):
             task.cancel()
         await self.managed_ledger.delete()
-
-
-class NonPersistentTopic(_ProducerHost):
-    """A non-persistent topic: messages go to the consumers that can take them now and are
-    otherwise dropped (broker reference §3.7)."""
-
-    def __init__(self, service: BrokerService, name: TopicName):
-        from ..dispatch._nonpersistent import NonPersistentSubscription
-
-        self.service = service
-        self.name = name
-        self.producers: dict[str, Producer] = {}
-        self.subscriptions: dict[str, NonPersistentSubscription] = {}
-        self.policies = service.namespaces.effective_policies(str(name), name.namespace_name)
-        self.msg_in_counter = 0
-        self.bytes_in_counter = 0
-        self.msg_out_counter = 0
-        self.bytes_out_counter = 0
-        self.msg_drop_counter = 0
-        self.fenced = False
-        self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
-        self.access = ExclusiveAccess(None, lambda epoch: None)  # the epoch: memory only
-
-    @property
-    def config(self) -> BrokerConfig:
-        return self.service.config
-
-    def add_producer(self, spec: ProducerSpec) -> Producer:
-        """Admit a producer (access modes as for persistent topics; the topic epoch is
-        not persisted).
-
-        Raises:
-            ServiceNotReadyError: the topic is closing.
-            ProducerBusyError, ProducerFencedError: as `ExclusiveAccess.admit`, or the name
-                is taken.
-        """
-        if self.fenced:
-            raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
-        name = spec.producer_name or f"{self.config.cluster_name}-0-{next(_PRODUCER_NAMES)}"
-        if self._name_taken(name):
-            raise ProducerBusyError(
-                f"Producer with name '{name}' is already connected to topic '{self.name}'")
-        return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
-
-    def last_sequence_id(self, producer: Producer) -> int:
-        return -1
-
-    async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
-                      highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
-                      ) -> PublishResult:
-        """Offer one entry to the subscriptions (dropped where it does not fit).
-
-        Raises:
-            TopicTerminatedError: the producer is closed or still waits for exclusive access.
-        """
-        if self.producers.get(producer.name) is not producer:
-            raise TopicTerminatedError(f"Producer {producer.name} is not accepting messages")
-        metadata = metadata if metadata is not None else _metadata_of(entry)
-        messages = _count_in(self, producer, entry, metadata)
-        for subscription in self.subscriptions.values():
-            if not subscription.offer(entry, metadata, messages):
-                self.msg_drop_counter += messages
-        return PublishResult(0, 0)
-
-    async def subscribe(self, spec: SubscribeSpec, sink: ConsumerSink) -> Consumer:
-        from ..dispatch._nonpersistent import NonPersistentSubscription
-
-        subscription = self.subscriptions.get(spec.subscription)
-        if subscription is None:
-            subscription = NonPersistentSubscription(self, spec.subscription)
-            self.subscriptions[spec.subscription] = subscription
-        consumer = Consumer(spec, sink, partition=self.name.partition_index)
-        subscription.add_consumer(consumer)
-        return consumer
-
-    def consumer_closed(self, subscription: Any, consumer: Consumer) -> None:
-        subscription.remove_consumer(consumer)
-        if not subscription.consumers:
-            self.subscriptions.pop(subscription.name, None)
-
-    def consumer_count(self) -> int:
-        return sum(len(s.consumers) for s in self.subscriptions.values())
-
-    async def unsubscribe(self, name: str, consumer: Consumer | None = None,
-                          force: bool = False) -> None:
-        subscription = self.subscriptions.pop(name, None)
-        if subscription is None:
-            raise SubscriptionNotFoundError(f"Subscription {name} not found")
-
-    async def close(self) -> None:
-        self.fenced = True
-        self.subscriptions.clear()
-
-    async def delete(self, force: bool = False) -> None:
-        """Drop the topic; with clients connected only when forced (they are closed)."""
-        if (self.producers or self.consumer_count()) and not force:
-            raise NotAllowedError(f"Topic {self.name} has active producers or consumers")
-        self.fenced = True
-        self.disconnect_producers("topic deleted")
-        for subscription in list(self.subscriptions.values()):
-            for consumer in list(subscription.consumers):
-                subscription.remove_consumer(consumer)
-                consumer.sink.close_consumer(consumer, "topic deleted")
-        await self.close()

@@ -120,12 +120,15 @@ class ConnectionHandler:
         peer: the client's address, for stats and logs (Pulsar's form: "/host:port").
         write_buffer_bytes: bytes written but not yet sent on the socket (None: unknown).
         drain: waits until the socket's write buffer is below its low-water mark.
+        tls_common_name: the common name of the client certificate the TLS handshake
+            verified (the role of the "tls" authentication method).
     """
 
     def __init__(self, context: ServerContext, write: Callable[[bytes], None],
                  close_transport: Callable[[], None], peer: str, *,
                  write_buffer_bytes: Callable[[], int] | None = None,
-                 drain: Callable[[], Awaitable[None]] | None = None):
+                 drain: Callable[[], Awaitable[None]] | None = None,
+                 tls_common_name: str | None = None):
         self.ctx = context
         self._write_buffer_bytes = write_buffer_bytes
         self._drain = drain
@@ -141,6 +144,7 @@ class ConnectionHandler:
         self.client_version = ""
         self.protocol_version = 0
         self.auth: AuthSession | None = None  # with authentication: who the client is
+        self._tls_common_name = tls_common_name
         self.wants_entry_metadata = False  # the client declared supports_broker_entry_metadata
         self._logged_once: set[str] = set()  # what `warn_once`/`log_failure` logged once
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,6 +179,11 @@ class ConnectionHandler:
         for kind in _TRANSACTION_TYPES:
             table[kind] = self._on_transaction
         return table
+
+    @property
+    def role(self) -> str | None:
+        """The authenticated role (None: no authentication)."""
+        return None if self.auth is None else self.auth.principal.role
 
     @property
     def peer_accepted_types(self) -> frozenset[int] | None:
@@ -407,9 +416,10 @@ class ConnectionHandler:
         assert self.ctx.auth is not None
         try:
             self.auth = self.ctx.auth.start_session(connect, self.send, self.close, self.peer,
-                                                    SERVER_VERSION)
+                                                    SERVER_VERSION, self._tls_common_name)
         except AuthenticationError as exc:
-            log.info("refusing the connection of %s: %s", self.peer, exc)
+            log.info("refusing the connection of %s (method %r): %s", self.peer,
+                     connect.auth_method_name[:40], exc.logged())
             self.error_code(REQUEST_ID_NONE, exc.code, str(exc))
             self.close()
             return False

@@ -14,6 +14,12 @@ the state of its area:
 * `_discovery.DiscoveryCommands`: LOOKUP, PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE,
   GET_SCHEMA, GET_OR_CREATE_SCHEMA and the topic-list watch commands.
 
+With authorization enabled (`ServerContext.authz`), PRODUCER, SUBSCRIBE, LOOKUP,
+PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE and GET_SCHEMA are checked against the
+connection's role before anything is done (`security/_authz.py`); a refusal is
+AuthorizationError with Pulsar's text, in the reply form of the command, and an INFO line
+naming the peer, the role, the action and the resource.
+
 Each area class sees its connection only through `ConnectionView`: the service and the
 server's context, the client's declared traits, sending a command or writing encoded bytes,
 the standard replies (SUCCESS, ERROR), logging a failed request, and running a command as a
@@ -35,7 +41,8 @@ InvalidTopicName, an over-long subscription, initial subscription or producer na
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -44,9 +51,10 @@ from google.protobuf.message import Message
 from magnetar.codec import pb
 from magnetar.storage import StorageError
 
-from .._errors import BrokerError, from_storage_error
+from .._errors import AuthorizationError, BrokerError, from_storage_error
 from ..schemas._schemas import SchemaRegistry
 from ..security._auth import AuthenticationService
+from ..security._authz import AuthorizationService
 from ..topics._service import BrokerService
 
 __all__ = [
@@ -58,12 +66,15 @@ __all__ = [
     "CloseConnection",
     "ConnectionView",
     "ServerContext",
+    "authorize",
     "carries_schema",
     "id_data",
     "key_values",
     "server_error",
     "signed",
 ]
+
+log = logging.getLogger(__name__)
 
 UINT64_MASK: Final = (1 << 64) - 1
 INT64_MAX: Final = (1 << 63) - 1
@@ -94,6 +105,8 @@ class ServerContext:
         schemas: the schema registry.
         advertised_url_tls: the `pulsar+ssl://` URL LOOKUP answers too ("": no TLS).
         auth: the authentication service (None: authentication is disabled).
+        authz: the authorization service when authorization is enabled (None: every
+            authenticated client may do everything).
         keepalive_interval_s: PING cadence (<= 0 disables the broker's PINGs).
         pending_sends_max: unanswered SENDs per connection before the server stops reading.
         accepting: False while shutting down: new producers and consumers are refused with
@@ -108,6 +121,7 @@ class ServerContext:
     accepting: bool = True
     advertised_url_tls: str = ""
     auth: AuthenticationService | None = None
+    authz: AuthorizationService | None = None
 
 
 class ConnectionView(Protocol):
@@ -128,6 +142,10 @@ class ConnectionView(Protocol):
     @property
     def client_version(self) -> str:
         """What the client declared in CONNECT."""
+
+    @property
+    def role(self) -> str | None:
+        """The authenticated role (None: no authentication)."""
 
     @property
     def closed(self) -> bool:
@@ -170,6 +188,33 @@ class ConnectionView(Protocol):
 
     def spawn(self, work: Awaitable[None]) -> None:
         """Run a command as a task the connection tracks (shutdown waits for it)."""
+
+
+def authorize(view: ConnectionView, action: str, resource: str,
+              allowed: Callable[[AuthorizationService, str | None], bool],
+              refused: str) -> None:
+    """Check, when authorization is enabled, that the connection's role may do `action` on
+    `resource`; a refusal is logged with the peer, role, action and resource.
+
+    Args:
+        allowed: asks the service (with the role).
+        refused: Pulsar's text for the refusal.
+
+    Raises:
+        AuthorizationError: refused (nothing was done).
+    """
+    authz = view.ctx.authz
+    if authz is None:
+        return
+    role = view.role
+    try:
+        if allowed(authz, role):
+            return
+    except AuthorizationError as exc:
+        log.info("%s: role %r may not %s %s: %s", view.peer, role, action, resource[:300], exc)
+        raise
+    log.info("%s: role %r may not %s %s", view.peer, role, action, resource[:300])
+    raise AuthorizationError(refused)
 
 
 def server_error(exc: BaseException) -> tuple[int, str]:

@@ -43,6 +43,7 @@ from ..dispatch._nonpersistent import NonPersistentSubscription
 from ..dispatch._subscription import Subscription
 from ..ledger._position import Position
 from ..schemas._schemas import StoredSchema
+from ..security._authz import SUBSCRIBE_REFUSED
 from ..topics._service import Topic
 from ..topics._topic import PersistentTopic
 from ._connection_view import (
@@ -50,6 +51,7 @@ from ._connection_view import (
     SHUTTING_DOWN,
     TRANSACTIONS_DISABLED,
     ConnectionView,
+    authorize,
     carries_schema,
     id_data,
     key_values,
@@ -251,6 +253,9 @@ class ConsumerCommands:
         spec = self._subscribe_spec(request)
         name = TopicName.parse(request.topic)
         check_subscription_name(spec.subscription)  # before anything is created
+        authorize(self.view, "consume from", f"{name} (subscription {spec.subscription[:100]!r})",
+                  lambda authz, role: authz.can_consume(name, role, spec.subscription),
+                  SUBSCRIBE_REFUSED)
         if carries_schema(request):
             self.view.ctx.schemas.admit_consumer(name, StoredSchema.from_proto(request.schema))
         topic, consumer = await self.view.service.subscribe(name, spec, state.sink)
@@ -510,7 +515,9 @@ class ConsumerCommands:
             self.view.send(reply)
             return
         consumer = state.consumer
-        reply.msgRateOut = reply.msgThroughputOut = reply.msgRateRedeliver = 0.0
+        reply.msgRateOut = consumer.rate_out.rate
+        reply.msgThroughputOut = consumer.rate_out.value_rate
+        reply.msgRateRedeliver = 0.0
         reply.msgRateExpired = reply.messageAckRate = 0.0
         reply.consumerName = consumer.consumer_name
         reply.availablePermits = max(0, consumer.permits)

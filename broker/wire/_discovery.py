@@ -39,7 +39,13 @@ from .._errors import BrokerError
 from .._listeners import ListenerNotFoundError, listeners_of
 from .._names import TopicName, matches_topics_pattern, topics_hash
 from ..schemas._schemas import StoredSchema, encode_schema_version
-from ._connection_view import ConnectionView, server_error
+from ..security._authz import (
+    GET_PARTITIONS_REFUSED,
+    GET_SCHEMA_REFUSED,
+    GET_TOPICS_REFUSED,
+    LOOKUP_REFUSED,
+)
+from ._connection_view import ConnectionView, authorize, server_error
 from ._topic_watchers import WATCHER_REPLY_TYPES, TopicListWatchers
 
 __all__ = ["DiscoveryCommands", "lookup_error"]
@@ -87,6 +93,9 @@ class DiscoveryCommands:
     async def _partitioned_metadata(self, request: pb.CommandPartitionedTopicMetadata) -> None:
         reply = pb.CommandPartitionedTopicMetadataResponse(request_id=request.request_id)
         try:
+            name = TopicName.parse(request.topic)
+            authorize(self.view, "look up the partitions of", str(name),
+                      lambda authz, role: authz.can_lookup(name, role), GET_PARTITIONS_REFUSED)
             reply.partitions = await self.view.service.partitioned_metadata(request.topic)
             reply.response = pb.CommandPartitionedTopicMetadataResponse.Success
         except Exception as exc:
@@ -101,7 +110,9 @@ class DiscoveryCommands:
         request = frame.command.lookupTopic
         reply = pb.CommandLookupTopicResponse(request_id=request.request_id)
         try:
-            TopicName.parse(request.topic)
+            name = TopicName.parse(request.topic)
+            authorize(self.view, "look up", str(name),
+                      lambda authz, role: authz.can_lookup(name, role), LOOKUP_REFUSED)
         except Exception as exc:
             code, message = lookup_error(exc)
             reply.response = pb.CommandLookupTopicResponse.Failed
@@ -132,6 +143,10 @@ class DiscoveryCommands:
         view = self.view
         request = frame.command.getTopicsOfNamespace
         try:
+            namespace = request.namespace
+            authorize(view, "list the topics of", f"namespace {namespace[:200]}",
+                      lambda authz, role: authz.can_list_topics(namespace, role),
+                      GET_TOPICS_REFUSED)
             topics = view.service.list_topics(request.namespace, _LIST_MODES[request.mode])
         except Exception as exc:
             view.error(request.request_id, exc)
@@ -166,6 +181,10 @@ class DiscoveryCommands:
                                  "feature flags")
             return
         try:
+            namespace = request.namespace
+            authorize(self.view, "watch the topics of", f"namespace {namespace[:200]}",
+                      lambda authz, role: authz.can_list_topics(namespace, role),
+                      GET_TOPICS_REFUSED)
             reply = self.watchers.watch(request)
         except Exception as exc:
             self.view.error(request.request_id, exc)
@@ -186,7 +205,10 @@ class DiscoveryCommands:
             version = None
             if request.HasField("schema_version") and request.schema_version:
                 version = int.from_bytes(request.schema_version, "big")
-            found = self.view.ctx.schemas.get(TopicName.parse(request.topic), version)
+            name = TopicName.parse(request.topic)
+            authorize(self.view, "read the schema of", str(name),
+                      lambda authz, role: authz.can_lookup(name, role), GET_SCHEMA_REFUSED)
+            found = self.view.ctx.schemas.get(name, version)
             if found is None:
                 reply.error_code = pb.TopicNotFound
                 reply.error_message = f"No schema found for topic {request.topic}"

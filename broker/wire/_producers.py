@@ -49,6 +49,7 @@ from .._errors import DiskFullError
 from .._names import TopicName, check_producer_name, check_subscription_name
 from ..dispatch._entry import batch_count_error
 from ..schemas._schemas import StoredSchema, encode_schema_version
+from ..security._authz import PRODUCE_REFUSED
 from ..topics._service import Topic
 from ..topics._topic import Producer, ProducerSpec, PublishResult
 from ._connection_view import (
@@ -57,6 +58,7 @@ from ._connection_view import (
     TRANSACTIONS_DISABLED,
     CloseConnection,
     ConnectionView,
+    authorize,
     carries_schema,
     id_data,
     key_values,
@@ -198,6 +200,8 @@ class ProducerCommands:
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         schemas = self.view.ctx.schemas
         name = TopicName.parse(request.topic)
+        authorize(self.view, "produce on", str(name),
+                  lambda authz, role: authz.can_produce(name, role), PRODUCE_REFUSED)
         check_producer_name(request.producer_name)  # before anything is created
         check_subscription_name(request.initial_subscription_name)
         topic, producer = await self.view.service.create_producer(

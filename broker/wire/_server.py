@@ -54,6 +54,8 @@ from magnetar.codec import base_command, encode_frame, pb
 
 from .._names import advertised_url_for
 from ..security._auth import AuthenticationService
+from ..security._authz import AuthorizationService
+from ..security._basic import peer_common_name
 from ..topics._service import BrokerService
 from ._connection_handler import ConnectionHandler
 from ._connection_view import (
@@ -95,7 +97,7 @@ class BrokerServer:
                  pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT,
                  ssl_context: ssl.SSLContext | None = None, tls_port: int | None = None,
                  auth: AuthenticationService | None = None,
-                 advertised_url_tls: str | None = None):
+                 advertised_url_tls: str | None = None, advertised_host: str | None = None):
         assert pending_sends_max >= 1
         assert (ssl_context is None) == (tls_port is None), "TLS needs a context and a port"
         self.host = host
@@ -104,9 +106,13 @@ class BrokerServer:
         self._ssl_context = ssl_context
         self._advertised_url = advertised_url
         self._advertised_url_tls = advertised_url_tls
+        self._advertised_host = advertised_host or host
+        authz = (AuthorizationService(service.namespaces, service.config.superuser_roles)
+                 if service.config.authorization_enabled else None)
         self.context = ServerContext(service, advertised_url or "",
                                      service.schemas,
-                                     keepalive_interval_s, pending_sends_max, auth=auth)
+                                     keepalive_interval_s, pending_sends_max, auth=auth,
+                                     authz=authz)
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
         # handler -> (its reading task, its writer)
@@ -148,7 +154,7 @@ class BrokerServer:
                 self._serve_connection, self.host, self.tls_port, ssl=self._ssl_context)
             self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             self.context.advertised_url_tls = self._advertised_url_tls or advertised_url_for(
-                self.host, self.tls_port, "pulsar+ssl")
+                self._advertised_host, self.tls_port, "pulsar+ssl")
             log.info("TLS listening on %s:%d", self.host, self.tls_port)
         try:
             self._server = await asyncio.start_server(self._serve_connection, self.host,
@@ -158,8 +164,8 @@ class BrokerServer:
                 self._tls_server.close()
             raise
         self.port = self._server.sockets[0].getsockname()[1]
-        self.context.advertised_url = self._advertised_url or advertised_url_for(self.host,
-                                                                                 self.port)
+        self.context.advertised_url = self._advertised_url or advertised_url_for(
+            self._advertised_host, self.port)
         log.info("listening on %s:%d, advertised as %s", self.host, self.port, self.url)
 
     def _refusal(self, address: str) -> str | None:
@@ -197,7 +203,9 @@ class BrokerServer:
             return
         handler = ConnectionHandler(self.context, writer.write, writer.close, peer,
                                     write_buffer_bytes=writer.transport.get_write_buffer_size,
-                                    drain=writer.drain)
+                                    drain=writer.drain,
+                                    tls_common_name=peer_common_name(
+                                        writer.get_extra_info("peercert")))
         task = asyncio.current_task()
         assert task is not None
         self._connections[handler] = (task, writer)
@@ -337,7 +345,8 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
                 pending_sends_max: int = PENDING_SENDS_MAX_DEFAULT,
                 ssl_context: ssl.SSLContext | None = None, tls_port: int | None = None,
                 auth: AuthenticationService | None = None,
-                advertised_url_tls: str | None = None) -> BrokerServer:
+                advertised_url_tls: str | None = None,
+                advertised_host: str | None = None) -> BrokerServer:
     """Serve a broker over TCP until `shutdown()` is awaited on the result.
 
     Args:
@@ -350,6 +359,8 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
         ssl_context: with `tls_port`: also serve TLS there (0: any free port).
         auth: authenticate every connection with this service (None: no authentication).
         advertised_url_tls: the TLS URL LOOKUP answers (default `pulsar+ssl://host:tls_port`).
+        advertised_host: the host of the default URLs instead of `host` (their ports are the
+            bound ones; Pulsar's advertisedAddress).
 
     Returns:
         The running server.
@@ -360,6 +371,7 @@ async def serve(service: BrokerService, host: str = "127.0.0.1", port: int = 665
     server = BrokerServer(service, host, port, advertised_url=advertised_url,
                           keepalive_interval_s=keepalive_interval_s,
                           pending_sends_max=pending_sends_max, ssl_context=ssl_context,
-                          tls_port=tls_port, auth=auth, advertised_url_tls=advertised_url_tls)
+                          tls_port=tls_port, auth=auth, advertised_url_tls=advertised_url_tls,
+                          advertised_host=advertised_host)
     await server.start()
     return server

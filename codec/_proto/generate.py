@@ -1,7 +1,7 @@
 """Regenerate `pulsar_api_pb2.py` and `pulsar_api_pb2.pyi` from `pulsar_api.proto`.
 
-Run as `python -m magnetar.codec._proto.generate` (what `make proto` does). The protobuf compiler comes from
-the `grpcio-tools` wheel, so nothing outside the test dependencies is needed.
+Run as `python -m magnetar.codec._proto.generate` (what `make proto` does). The protobuf compiler
+comes from the `grpcio-tools` wheel, so nothing outside the test dependencies is needed.
 
 Two fix-ups follow the compiler, both to the type stub only:
 

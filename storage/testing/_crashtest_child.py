@@ -11,9 +11,9 @@ update, an explicit checkpoint or GC. Ledgers that grow past a size limit are cl
 sealed ones are deleted oldest first, so the directory stays bounded over any number of
 iterations.
 
-Every acknowledgement goes to stdout as one line (`storage.testing.crashtest` lists the format),
-written by one `os.write` from the thread that saw the completion finish; a delete is
-announced before it is requested. The parent reads the pipe after the SIGKILL.
+Every acknowledgement goes to stdout as one line (`storage.testing._crash_model` lists the
+format), written by one `os.write` from the thread that saw the completion finish; a delete
+is announced before it is requested. The parent reads the pipe after the SIGKILL.
 
 Anything unexpected (an engine error on a healthy disk, a completion with the wrong
 entry id) is reported as an `X` line and the child exits with status 2; a closed pipe
@@ -35,7 +35,7 @@ from typing import NoReturn
 from .._completion import Completion
 from .._ledger import OPEN, LedgerInfo
 from .._storage import Storage
-from .crashtest import (
+from ._crash_model import (
     entry_payload,
     kill_config,
     ledger_metadata,

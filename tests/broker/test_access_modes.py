@@ -4,7 +4,6 @@ promote waiters)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -22,100 +21,88 @@ def _no_evict() -> None:
     raise AssertionError("nothing to evict")
 
 
-def test_rules_and_epochs() -> None:
-    async def scenario() -> None:
-        stored: list[int] = []
-        access = ExclusiveAccess(None, stored.append, waiters_max=1)
-        assert access.admit("s1", "Shared", None, 0, _no_evict) is None
-        with pytest.raises(ProducerFencedError, match="shared producers"):
-            access.admit("x", "Exclusive", None, 1, _no_evict)
-        waiter = access.admit("w1", "WaitForExclusive", None, 1, _no_evict)
-        assert isinstance(waiter, Waiter)
-        with pytest.raises(ServiceNotReadyError, match="Too many"):
-            access.admit("w2", "WaitForExclusive", None, 1, _no_evict)
-        with pytest.raises(ProducerBusyError):  # a Shared one while someone waits
-            access.admit("s2", "Shared", None, 1, _no_evict)
-        promoted = access.removed("s1", None, 0)  # the last shared producer left
-        assert promoted is waiter
-        assert waiter.admitted.result() == 0
-        assert (access.holder, access.epoch, stored) == ("w1", 0, [0])
-        with pytest.raises(ProducerFencedError, match="exclusive producer: w1"):
-            access.admit("x", "Exclusive", None, 1, _no_evict)
-        assert access.removed("w1", None, 0) is None
-        assert access.admit("x", "Exclusive", None, 0, _no_evict) == 1
-        access.removed("x", None, 0)
-        with pytest.raises(ProducerFencedError, match="epoch 0 is older"):
-            access.admit("old", "Exclusive", 0, 0, _no_evict)
-        assert access.admit("back", "Exclusive", 1, 0, _no_evict) == 1  # kept, not bumped
-        assert stored == [0, 1]
-        assert ExclusiveAccess.restored_epoch({TOPIC_EPOCH_PROPERTY: "7"}) == 7
-        assert ExclusiveAccess.restored_epoch({TOPIC_EPOCH_PROPERTY: "junk"}) is None
-
-    asyncio.run(scenario())
+async def test_rules_and_epochs() -> None:
+    stored: list[int] = []
+    access = ExclusiveAccess(None, stored.append, waiters_max=1)
+    assert access.admit("s1", "Shared", None, 0, _no_evict) is None
+    with pytest.raises(ProducerFencedError, match="shared producers"):
+        access.admit("x", "Exclusive", None, 1, _no_evict)
+    waiter = access.admit("w1", "WaitForExclusive", None, 1, _no_evict)
+    assert isinstance(waiter, Waiter)
+    with pytest.raises(ServiceNotReadyError, match="Too many"):
+        access.admit("w2", "WaitForExclusive", None, 1, _no_evict)
+    with pytest.raises(ProducerBusyError):  # a Shared one while someone waits
+        access.admit("s2", "Shared", None, 1, _no_evict)
+    promoted = access.removed("s1", None, 0)  # the last shared producer left
+    assert promoted is waiter
+    assert waiter.admitted.result() == 0
+    assert (access.holder, access.epoch, stored) == ("w1", 0, [0])
+    with pytest.raises(ProducerFencedError, match="exclusive producer: w1"):
+        access.admit("x", "Exclusive", None, 1, _no_evict)
+    assert access.removed("w1", None, 0) is None
+    assert access.admit("x", "Exclusive", None, 0, _no_evict) == 1
+    access.removed("x", None, 0)
+    with pytest.raises(ProducerFencedError, match="epoch 0 is older"):
+        access.admit("old", "Exclusive", 0, 0, _no_evict)
+    assert access.admit("back", "Exclusive", 1, 0, _no_evict) == 1  # kept, not bumped
+    assert stored == [0, 1]
+    assert ExclusiveAccess.restored_epoch({TOPIC_EPOCH_PROPERTY: "7"}) == 7
+    assert ExclusiveAccess.restored_epoch({TOPIC_EPOCH_PROPERTY: "junk"}) is None
 
 
-def test_fencing_evicts_and_fails_waiters() -> None:
-    async def scenario() -> None:
-        access = ExclusiveAccess(None, lambda epoch: None)
-        assert access.admit("old", "Exclusive", None, 0, _no_evict) == 0
-        waiter = access.admit("w", "WaitForExclusive", None, 1, _no_evict)
-        assert isinstance(waiter, Waiter)
-        evicted: list[str] = []
+async def test_fencing_evicts_and_fails_waiters() -> None:
+    access = ExclusiveAccess(None, lambda epoch: None)
+    assert access.admit("old", "Exclusive", None, 0, _no_evict) == 0
+    waiter = access.admit("w", "WaitForExclusive", None, 1, _no_evict)
+    assert isinstance(waiter, Waiter)
+    evicted: list[str] = []
 
-        def evict() -> None:
-            evicted.append("old")
-            access.removed("old", None, 0)
+    def evict() -> None:
+        evicted.append("old")
+        access.removed("old", None, 0)
 
-        assert access.admit("new", "ExclusiveWithFencing", None, 1, evict) == 1
-        assert evicted == ["old"]
-        with pytest.raises(ProducerFencedError, match="Fenced out"):
-            waiter.admitted.result()
-        assert (access.holder, list(access.waiters)) == ("new", [])
-
-    asyncio.run(scenario())
+    assert access.admit("new", "ExclusiveWithFencing", None, 1, evict) == 1
+    assert evicted == ["old"]
+    with pytest.raises(ProducerFencedError, match="Fenced out"):
+        waiter.admitted.result()
+    assert (access.holder, list(access.waiters)) == ("new", [])
 
 
-def test_a_failed_epoch_write_fails_the_waiter_not_the_topic() -> None:
-    async def scenario() -> None:
-        failing = [False]
+async def test_a_failed_epoch_write_fails_the_waiter_not_the_topic() -> None:
+    failing = [False]
 
-        def persist(epoch: int) -> None:
-            if failing[0]:
-                raise OSError("disk gone")
+    def persist(epoch: int) -> None:
+        if failing[0]:
+            raise OSError("disk gone")
 
-        access = ExclusiveAccess(None, persist)
-        access.admit("a", "Exclusive", None, 0, _no_evict)
-        first = access.admit("w1", "WaitForExclusive", None, 1, _no_evict)
-        second = access.admit("w2", "WaitForExclusive", None, 1, _no_evict)
-        assert isinstance(first, Waiter)
-        assert isinstance(second, Waiter)
-        failing[0] = True
-        assert access.removed("a", None, 0) is None
-        with pytest.raises(OSError, match="disk gone"):
-            first.admitted.result()
-        with pytest.raises(OSError, match="disk gone"):
-            second.admitted.result()
-        assert (access.holder, access.epoch) == (None, 0)  # unchanged by the failures
-
-    asyncio.run(scenario())
+    access = ExclusiveAccess(None, persist)
+    access.admit("a", "Exclusive", None, 0, _no_evict)
+    first = access.admit("w1", "WaitForExclusive", None, 1, _no_evict)
+    second = access.admit("w2", "WaitForExclusive", None, 1, _no_evict)
+    assert isinstance(first, Waiter)
+    assert isinstance(second, Waiter)
+    failing[0] = True
+    assert access.removed("a", None, 0) is None
+    with pytest.raises(OSError, match="disk gone"):
+        first.admitted.result()
+    with pytest.raises(OSError, match="disk gone"):
+        second.admitted.result()
+    assert (access.holder, access.epoch) == (None, 0)  # unchanged by the failures
 
 
-def test_broker_disconnects_do_not_promote_waiters(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            topic = await env.service.get_topic(TOPIC)
-            assert isinstance(topic, PersistentTopic)
-            holder = topic.add_producer(ProducerSpec("holder", access_mode="Exclusive"))
-            waiting = topic.add_producer(ProducerSpec("waiting",
-                                                      access_mode="WaitForExclusive"))
-            assert waiting.waiter is not None
-            told: list[str] = []
-            holder.closer = waiting.closer = told.append
-            await env.service.terminate_topic(TOPIC)
-            assert told == ["topic terminated", "topic terminated"]
-            assert topic.producers == {}
-            assert waiting.waiter.admitted.cancelled()
-            assert topic.access.epoch == 0
-            assert topic.managed_ledger.properties[TOPIC_EPOCH_PROPERTY] == "0"
-
-    asyncio.run(scenario())
+async def test_broker_disconnects_do_not_promote_waiters(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        topic = await env.service.get_topic(TOPIC)
+        assert isinstance(topic, PersistentTopic)
+        holder = topic.add_producer(ProducerSpec("holder", access_mode="Exclusive"))
+        waiting = topic.add_producer(ProducerSpec("waiting",
+                                                  access_mode="WaitForExclusive"))
+        assert waiting.waiter is not None
+        told: list[str] = []
+        holder.closer = waiting.closer = told.append
+        await env.service.terminate_topic(TOPIC)
+        assert told == ["topic terminated", "topic terminated"]
+        assert topic.producers == {}
+        assert waiting.waiter.admitted.cancelled()
+        assert topic.access.epoch == 0
+        assert topic.managed_ledger.properties[TOPIC_EPOCH_PROPERTY] == "0"

@@ -41,7 +41,6 @@ from tests.broker.test_managed_ledger import (
     _stamp,
     _stamped,
     add_many,
-    run,
 )
 
 P = Position
@@ -77,209 +76,170 @@ async def topic(env: Env, count: int, config: ManagedLedgerConfig = KEEP_ALL,
 # -- individual and cumulative acks (§4.3) -------------------------------------------------
 
 
-def test_acks_e1_e2_then_mark_delete_leave_no_holes(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 5)
-        await cursor.delete([e[1], e[2]])
-        assert cursor.mark_delete_position < e[0]
-        assert list(cursor.individually_deleted) == [(e[1], e[2])]
-        await cursor.mark_delete(e[3])
-        assert cursor.mark_delete_position == e[3]
-        assert len(cursor.individually_deleted) == 0
-        assert cursor.backlog() == 1
-
-    run(body)
+async def test_acks_e1_e2_then_mark_delete_leave_no_holes(env: Env) -> None:
+    _, cursor, e = await topic(env, 5)
+    await cursor.delete([e[1], e[2]])
+    assert cursor.mark_delete_position < e[0]
+    assert list(cursor.individually_deleted) == [(e[1], e[2])]
+    await cursor.mark_delete(e[3])
+    assert cursor.mark_delete_position == e[3]
+    assert len(cursor.individually_deleted) == 0
+    assert cursor.backlog() == 1
 
 
-def test_acks_e1_e2_e0_collapse_into_the_mark_delete(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 5)
-        await cursor.delete([e[1]])
-        await cursor.delete([e[2]])
-        await cursor.delete([e[0]])
-        assert cursor.mark_delete_position == e[2]
-        assert len(cursor.individually_deleted) == 0
-        assert cursor.read_position == e[3]
-
-    run(body)
+async def test_acks_e1_e2_e0_collapse_into_the_mark_delete(env: Env) -> None:
+    _, cursor, e = await topic(env, 5)
+    await cursor.delete([e[1]])
+    await cursor.delete([e[2]])
+    await cursor.delete([e[0]])
+    assert cursor.mark_delete_position == e[2]
+    assert len(cursor.individually_deleted) == 0
+    assert cursor.read_position == e[3]
 
 
-def test_mark_delete_extends_through_following_ranges(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 8, config=replace(KEEP_ALL, max_entries_per_ledger=3))
-        await cursor.delete([e[3], e[4], e[6]])  # e[3] starts the second ledger
-        await cursor.mark_delete(e[2])  # the end of the first ledger touches e[3]
-        assert cursor.mark_delete_position == e[4]
-        assert list(cursor.individually_deleted) == [(e[6], e[6])]
-        assert cursor.backlog() == 2
-
-    run(body)
+async def test_mark_delete_extends_through_following_ranges(env: Env) -> None:
+    _, cursor, e = await topic(env, 8, config=replace(KEEP_ALL, max_entries_per_ledger=3))
+    await cursor.delete([e[3], e[4], e[6]])  # e[3] starts the second ledger
+    await cursor.mark_delete(e[2])  # the end of the first ledger touches e[3]
+    assert cursor.mark_delete_position == e[4]
+    assert list(cursor.individually_deleted) == [(e[6], e[6])]
+    assert cursor.backlog() == 2
 
 
-def test_mark_delete_twice_is_fine_and_backwards_fails(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 4)
-        await cursor.mark_delete(e[2])
-        await cursor.mark_delete(e[2], properties={"seq": 7})
-        assert cursor.properties == {"seq": 7}
-        with pytest.raises(InvalidPositionError):
-            await cursor.mark_delete(e[1])
-        with pytest.raises(InvalidPositionError):
-            await cursor.mark_delete(P(e[3].ledger_id, 4))  # beyond the last entry
-        with pytest.raises(InvalidPositionError):
-            await cursor.delete([P(e[3].ledger_id, 9)])
-        assert cursor.mark_delete_position == e[2]
-
-    run(body)
+async def test_mark_delete_twice_is_fine_and_backwards_fails(env: Env) -> None:
+    _, cursor, e = await topic(env, 4)
+    await cursor.mark_delete(e[2])
+    await cursor.mark_delete(e[2], properties={"seq": 7})
+    assert cursor.properties == {"seq": 7}
+    with pytest.raises(InvalidPositionError):
+        await cursor.mark_delete(e[1])
+    with pytest.raises(InvalidPositionError):
+        await cursor.mark_delete(P(e[3].ledger_id, 4))  # beyond the last entry
+    with pytest.raises(InvalidPositionError):
+        await cursor.delete([P(e[3].ledger_id, 9)])
+    assert cursor.mark_delete_position == e[2]
 
 
-def test_mark_delete_may_move_to_the_start_of_the_next_ledger(env: Env) -> None:
-    async def body() -> None:
-        ml, cursor, e = await topic(env, 2, config=replace(KEEP_ALL, max_entries_per_ledger=2))
-        current = ml.current_ledger_id
-        assert ml.last_confirmed_position == e[1] < P(current, -1)
-        await cursor.mark_delete(P(current, -1))
-        assert cursor.mark_delete_position == P(current, -1)
-        assert cursor.backlog() == 0
-
-    run(body)
+async def test_mark_delete_may_move_to_the_start_of_the_next_ledger(env: Env) -> None:
+    ml, cursor, e = await topic(env, 2, config=replace(KEEP_ALL, max_entries_per_ledger=2))
+    current = ml.current_ledger_id
+    assert ml.last_confirmed_position == e[1] < P(current, -1)
+    await cursor.mark_delete(P(current, -1))
+    assert cursor.mark_delete_position == P(current, -1)
+    assert cursor.backlog() == 0
 
 
-def test_mark_delete_skipping_messages(env: Env) -> None:
+async def test_mark_delete_skipping_messages(env: Env) -> None:
     """ManagedCursorTest.markDeleteSkippingMessage."""
 
-    async def body() -> None:
-        _, cursor, e = await topic(env, 4, config=replace(KEEP_ALL, max_entries_per_ledger=10))
-        assert cursor.entries_to_read() == 4
-        await cursor.mark_delete(e[0])
-        assert cursor.has_more_entries()
-        assert cursor.entries_to_read() == 3
-        assert cursor.read_position == e[1]
-        assert [d for _, d in cursor.read_entries(1)] == [b"m1"]
-        await cursor.mark_delete(e[3])
-        assert not cursor.has_more_entries()
-        assert cursor.entries_to_read() == 0
-        assert cursor.read_position == P(e[3].ledger_id, e[3].entry_id + 1)
-
-    run(body)
+    _, cursor, e = await topic(env, 4, config=replace(KEEP_ALL, max_entries_per_ledger=10))
+    assert cursor.entries_to_read() == 4
+    await cursor.mark_delete(e[0])
+    assert cursor.has_more_entries()
+    assert cursor.entries_to_read() == 3
+    assert cursor.read_position == e[1]
+    assert [d for _, d in cursor.read_entries(1)] == [b"m1"]
+    await cursor.mark_delete(e[3])
+    assert not cursor.has_more_entries()
+    assert cursor.entries_to_read() == 0
+    assert cursor.read_position == P(e[3].ledger_id, e[3].entry_id + 1)
 
 
-def test_counting_with_deleted_entries(env: Env) -> None:
+async def test_counting_with_deleted_entries(env: Env) -> None:
     """ManagedCursorTest.testCountingWithDeletedEntries (e1..e8 are e[0]..e[7])."""
 
-    async def body() -> None:
-        _, cursor, e = await topic(env, 8)
-        assert cursor.entries_to_read() == 8
-        await cursor.delete([e[7]])
-        assert (cursor.entries_to_read(), cursor.backlog()) == (7, 7)
-        await cursor.delete([e[0]])
-        assert (cursor.entries_to_read(), cursor.backlog()) == (6, 6)
-        await cursor.delete([e[6], e[5], e[4]])
-        assert (cursor.entries_to_read(), cursor.backlog()) == (3, 3)
-
-    run(body)
+    _, cursor, e = await topic(env, 8)
+    assert cursor.entries_to_read() == 8
+    await cursor.delete([e[7]])
+    assert (cursor.entries_to_read(), cursor.backlog()) == (7, 7)
+    await cursor.delete([e[0]])
+    assert (cursor.entries_to_read(), cursor.backlog()) == (6, 6)
+    await cursor.delete([e[6], e[5], e[4]])
+    assert (cursor.entries_to_read(), cursor.backlog()) == (3, 3)
 
 
-def test_rewind(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 4)
-        await cursor.delete([e[0]])
-        assert len(cursor.read_entries(10)) == 3
-        assert cursor.entries_to_read() == 0
-        assert not cursor.has_more_entries()
-        assert cursor.backlog() == 3
-        cursor.rewind()
-        assert cursor.read_position == e[1]
-        assert cursor.entries_to_read() == 3
-
-    run(body)
+async def test_rewind(env: Env) -> None:
+    _, cursor, e = await topic(env, 4)
+    await cursor.delete([e[0]])
+    assert len(cursor.read_entries(10)) == 3
+    assert cursor.entries_to_read() == 0
+    assert not cursor.has_more_entries()
+    assert cursor.backlog() == 3
+    cursor.rewind()
+    assert cursor.read_position == e[1]
+    assert cursor.entries_to_read() == 3
 
 
-def test_read_entries_skips_holes_and_honours_limits(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 9, config=replace(KEEP_ALL, max_entries_per_ledger=4))
-        await cursor.delete([e[1], e[2], e[5]])
-        assert [p for p, _ in cursor.read_entries(2)] == [e[0], e[3]]
-        assert cursor.read_position == e[4]
-        assert [p for p, _ in cursor.read_entries(100, max_bytes=5)] == [e[4], e[6]]
-        assert [p for p, _ in cursor.read_entries(100, max_bytes=1)] == [e[7]]
-        await cursor.delete([e[8]])
-        assert not cursor.has_more_entries()
-        assert cursor.read_entries(10) == []
-
-    run(body)
+async def test_read_entries_skips_holes_and_honours_limits(env: Env) -> None:
+    _, cursor, e = await topic(env, 9, config=replace(KEEP_ALL, max_entries_per_ledger=4))
+    await cursor.delete([e[1], e[2], e[5]])
+    assert [p for p, _ in cursor.read_entries(2)] == [e[0], e[3]]
+    assert cursor.read_position == e[4]
+    assert [p for p, _ in cursor.read_entries(100, max_bytes=5)] == [e[4], e[6]]
+    assert [p for p, _ in cursor.read_entries(100, max_bytes=1)] == [e[7]]
+    await cursor.delete([e[8]])
+    assert not cursor.has_more_entries()
+    assert cursor.read_entries(10) == []
 
 
-def test_skip_entries(env: Env) -> None:
+async def test_skip_entries(env: Env) -> None:
     """ManagedCursorTest.testSkipEntries, on 2-entry ledgers."""
 
-    async def body() -> None:
-        ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=2))
-        cursor = await ml.open_cursor("c1")
-        await cursor.skip_entries(1)  # an empty ledger
-        assert cursor.entries_to_read() == 0
-        e = await add_many(ml, 2)
-        await cursor.skip_entries(1)
-        assert cursor.entries_to_read() == 1
-        await cursor.skip_entries(1)
-        assert cursor.entries_to_read() == 0
-        assert cursor.mark_delete_position == e[1]
-        assert cursor.read_position == ml.write_position()
-        await cursor.skip_entries(1)  # past the end
-        assert cursor.mark_delete_position == e[1]
-
-    run(body)
+    ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=2))
+    cursor = await ml.open_cursor("c1")
+    await cursor.skip_entries(1)  # an empty ledger
+    assert cursor.entries_to_read() == 0
+    e = await add_many(ml, 2)
+    await cursor.skip_entries(1)
+    assert cursor.entries_to_read() == 1
+    await cursor.skip_entries(1)
+    assert cursor.entries_to_read() == 0
+    assert cursor.mark_delete_position == e[1]
+    assert cursor.read_position == ml.write_position()
+    await cursor.skip_entries(1)  # past the end
+    assert cursor.mark_delete_position == e[1]
 
 
-def test_skip_entries_counts_deleted_entries_only_when_asked(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 8)
-        await cursor.delete([e[1], e[2]])
-        await cursor.skip_entries(2)  # e0 and e3: the deleted ones are not counted
-        assert cursor.mark_delete_position == e[3]
-        await cursor.skip_entries(2, include_deleted=True)
-        assert cursor.mark_delete_position == e[5]
-        assert cursor.backlog() == 2
-
-    run(body)
+async def test_skip_entries_counts_deleted_entries_only_when_asked(env: Env) -> None:
+    _, cursor, e = await topic(env, 8)
+    await cursor.delete([e[1], e[2]])
+    await cursor.skip_entries(2)  # e0 and e3: the deleted ones are not counted
+    assert cursor.mark_delete_position == e[3]
+    await cursor.skip_entries(2, include_deleted=True)
+    assert cursor.mark_delete_position == e[5]
+    assert cursor.backlog() == 2
 
 
-def test_clear_backlog_survives_a_reopen(env: Env) -> None:
+async def test_clear_backlog_survives_a_reopen(env: Env) -> None:
     """ManagedCursorTest.testClearBacklog."""
 
-    async def body() -> None:
-        ml = await env.open()
-        c1 = await ml.open_cursor("c1")
-        await ml.add_entry(b"dummy-entry-1")
-        c2 = await ml.open_cursor("c2")
-        await ml.add_entry(b"dummy-entry-2")
-        c3 = await ml.open_cursor("c3")
-        await ml.add_entry(b"dummy-entry-3")
-        assert [c.backlog() for c in (c1, c2, c3)] == [3, 2, 1]
-        await c1.clear_backlog()
-        await c3.clear_backlog()
-        assert [c.backlog() for c in (c1, c2, c3)] == [0, 2, 0]
-        assert [c.entries_to_read() for c in (c1, c2, c3)] == [0, 2, 0]
-        await ml.close()
-        env.restart()
-        again = await env.open()
-        assert [again.cursors[n].backlog() for n in ("c1", "c2", "c3")] == [0, 2, 0]
-
-    run(body)
+    ml = await env.open()
+    c1 = await ml.open_cursor("c1")
+    await ml.add_entry(b"dummy-entry-1")
+    c2 = await ml.open_cursor("c2")
+    await ml.add_entry(b"dummy-entry-2")
+    c3 = await ml.open_cursor("c3")
+    await ml.add_entry(b"dummy-entry-3")
+    assert [c.backlog() for c in (c1, c2, c3)] == [3, 2, 1]
+    await c1.clear_backlog()
+    await c3.clear_backlog()
+    assert [c.backlog() for c in (c1, c2, c3)] == [0, 2, 0]
+    assert [c.entries_to_read() for c in (c1, c2, c3)] == [0, 2, 0]
+    await ml.close()
+    env.restart()
+    again = await env.open()
+    assert [again.cursors[n].backlog() for n in ("c1", "c2", "c3")] == [0, 2, 0]
 
 
-def test_expire_until_jumps_over_unacked_entries(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 6)
-        await cursor.delete([e[2], e[5]])
-        await cursor.expire_until(e[3])
-        assert cursor.mark_delete_position == e[3]
-        assert list(cursor.individually_deleted) == [(e[5], e[5])]
-        await cursor.expire_until(e[1])  # behind MD: nothing
-        assert cursor.mark_delete_position == e[3]
-        assert cursor.backlog() == 1
-
-    run(body)
+async def test_expire_until_jumps_over_unacked_entries(env: Env) -> None:
+    _, cursor, e = await topic(env, 6)
+    await cursor.delete([e[2], e[5]])
+    await cursor.expire_until(e[3])
+    assert cursor.mark_delete_position == e[3]
+    assert list(cursor.individually_deleted) == [(e[5], e[5])]
+    await cursor.expire_until(e[1])  # behind MD: nothing
+    assert cursor.mark_delete_position == e[3]
+    assert cursor.backlog() == 1
 
 
 # -- persistence (§4.5) --------------------------------------------------------------------
@@ -300,363 +260,301 @@ async def check_out_of_order_recovery(env: Env, e: list[Position]) -> None:
     assert read == [e[i] for i in (0, 1, 3, 4, 6, *range(10, 20))]
 
 
-def test_out_of_order_delete_persistence_with_close(env: Env) -> None:
+async def test_out_of_order_delete_persistence_with_close(env: Env) -> None:
     """ManagedCursorTest.testOutOfOrderDeletePersistenceWithClose."""
 
-    async def body() -> None:
-        e = await out_of_order_acks(env)
-        env.restart()
-        await check_out_of_order_recovery(env, e)
-
-    run(body)
+    e = await out_of_order_acks(env)
+    env.restart()
+    await check_out_of_order_recovery(env, e)
 
 
-def test_out_of_order_delete_persistence_after_crash(env: Env) -> None:
+async def test_out_of_order_delete_persistence_after_crash(env: Env) -> None:
     """…AfterCrash: an ack that returned survives a kill -9."""
 
-    async def body() -> None:
-        e = await out_of_order_acks(env)
-        env.crash()
-        await check_out_of_order_recovery(env, e)
-
-    run(body)
+    e = await out_of_order_acks(env)
+    env.crash()
+    await check_out_of_order_recovery(env, e)
 
 
-def test_every_returned_ack_survives_a_crash(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 12, config=replace(KEEP_ALL, max_entries_per_ledger=5))
-        await cursor.mark_delete(e[3], properties={"dedup": 41})
-        await cursor.delete([e[6]])
-        await cursor.delete_batch_index(e[8], unacked_bits(4, {1}), 4)
-        await cursor.set_cursor_property("owner", "me")
-        env.crash()
-        again = (await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=5)))
-        recovered = again.cursors["c1"]
-        assert recovered.mark_delete_position == e[3]
-        assert list(recovered.individually_deleted) == [(e[6], e[6])]
-        assert bits_of(recovered.get_ack_set(e[8])) == {0, 2, 3}
-        assert recovered.properties == {"dedup": 41}
-        assert recovered.cursor_properties == {"owner": "me"}
-        assert recovered.read_position == e[4]
-
-    run(body)
+async def test_every_returned_ack_survives_a_crash(env: Env) -> None:
+    _, cursor, e = await topic(env, 12, config=replace(KEEP_ALL, max_entries_per_ledger=5))
+    await cursor.mark_delete(e[3], properties={"dedup": 41})
+    await cursor.delete([e[6]])
+    await cursor.delete_batch_index(e[8], unacked_bits(4, {1}), 4)
+    await cursor.set_cursor_property("owner", "me")
+    env.crash()
+    again = (await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=5)))
+    recovered = again.cursors["c1"]
+    assert recovered.mark_delete_position == e[3]
+    assert list(recovered.individually_deleted) == [(e[6], e[6])]
+    assert bits_of(recovered.get_ack_set(e[8])) == {0, 2, 3}
+    assert recovered.properties == {"dedup": 41}
+    assert recovered.cursor_properties == {"owner": "me"}
+    assert recovered.read_position == e[4]
 
 
-def test_concurrent_acks_share_journal_writes(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 50)
-        writes: list[object] = []
-        real = env.storage.metadata.apply_journaled
+async def test_concurrent_acks_share_journal_writes(env: Env,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _, cursor, e = await topic(env, 50)
+    writes: list[object] = []
+    real = env.storage.metadata.apply_journaled
 
-        def counting(ops: Any) -> Any:
-            writes.append(ops)
-            return real(ops)
+    def counting(ops: Any) -> Any:
+        writes.append(ops)
+        return real(ops)
 
-        monkeypatch.setattr(env.storage.metadata, "apply_journaled", counting)
-        await asyncio.gather(*(cursor.delete([p]) for p in reversed(e)))
-        assert len(writes) == 2  # the first ack's write, then one for the other 49
-        assert cursor.backlog() == 0
-        env.crash()
-        again = await env.open()
-        assert again.cursors["c1"].mark_delete_position == e[-1]
-
-    run(body)
+    monkeypatch.setattr(env.storage.metadata, "apply_journaled", counting)
+    await asyncio.gather(*(cursor.delete([p]) for p in reversed(e)))
+    assert len(writes) == 2  # the first ack's write, then one for the other 49
+    assert cursor.backlog() == 0
+    env.crash()
+    again = await env.open()
+    assert again.cursors["c1"].mark_delete_position == e[-1]
 
 
-def test_ranges_beyond_the_persist_limit_are_redelivered_after_a_crash(env: Env) -> None:
-    async def body() -> None:
-        config = replace(KEEP_ALL, max_unacked_ranges_to_persist=2)
-        _, cursor, e = await topic(env, 10, config=config)
-        await cursor.delete([e[1], e[3], e[5]])
-        assert cursor.backlog() == 7
-        env.crash()
-        again = await env.open(config=config)
-        recovered = again.cursors["c1"]
-        assert list(recovered.individually_deleted) == [(e[1], e[1]), (e[3], e[3])]
-        assert recovered.backlog() == 8  # e[5] comes again
-
-    run(body)
+async def test_ranges_beyond_the_persist_limit_are_redelivered_after_a_crash(env: Env) -> None:
+    config = replace(KEEP_ALL, max_unacked_ranges_to_persist=2)
+    _, cursor, e = await topic(env, 10, config=config)
+    await cursor.delete([e[1], e[3], e[5]])
+    assert cursor.backlog() == 7
+    env.crash()
+    again = await env.open(config=config)
+    recovered = again.cursors["c1"]
+    assert list(recovered.individually_deleted) == [(e[1], e[1]), (e[3], e[3])]
+    assert recovered.backlog() == 8  # e[5] comes again
 
 
-def test_mark_delete_into_a_deleted_ledger_moves_to_the_next_one(env: Env) -> None:
-    async def body() -> None:
-        config = replace(KEEP_ALL, max_entries_per_ledger=3)
-        ml, cursor, e = await topic(env, 7, config=config)
-        await cursor.delete([e[4]])
-        await cursor.mark_delete(e[1])
-        await ml.close()
-        # Drop the first ledger behind the cursor's back (what an old trim could leave).
-        key = ml_key("topic")
-        record = json.loads(env.storage.metadata.get(key) or b"")
-        first = record["ledgers"].pop(0)["ledger_id"]
-        env.storage.metadata.put(key, json.dumps(record).encode())
-        await env.storage.delete_ledger(first)
-        again = await env.open(config=config)
-        recovered = again.cursors["c1"]
-        assert recovered.mark_delete_position == P(e[3].ledger_id, -1)
-        assert recovered.read_position == e[3]
-        assert list(recovered.individually_deleted) == [(e[4], e[4])]
-        assert recovered.backlog() == 3
-
-    run(body)
+async def test_mark_delete_into_a_deleted_ledger_moves_to_the_next_one(env: Env) -> None:
+    config = replace(KEEP_ALL, max_entries_per_ledger=3)
+    ml, cursor, e = await topic(env, 7, config=config)
+    await cursor.delete([e[4]])
+    await cursor.mark_delete(e[1])
+    await ml.close()
+    # Drop the first ledger behind the cursor's back (what an old trim could leave).
+    key = ml_key("topic")
+    record = json.loads(env.storage.metadata.get(key) or b"")
+    first = record["ledgers"].pop(0)["ledger_id"]
+    env.storage.metadata.put(key, json.dumps(record).encode())
+    await env.storage.delete_ledger(first)
+    again = await env.open(config=config)
+    recovered = again.cursors["c1"]
+    assert recovered.mark_delete_position == P(e[3].ledger_id, -1)
+    assert recovered.read_position == e[3]
+    assert list(recovered.individually_deleted) == [(e[4], e[4])]
+    assert recovered.backlog() == 3
 
 
-def test_mark_delete_beyond_the_end_is_clamped(env: Env) -> None:
-    async def body() -> None:
-        ml, _, e = await topic(env, 3)
-        await ml.close()
-        key = cursor_key("topic", "c1")
-        record = json.loads(env.storage.metadata.get(key) or b"")
-        record["md"] = [e[2].ledger_id, 50]
-        # Cursor records ride the journal: rewrite it the same way.
-        await env.storage.metadata.apply_journaled([(key, json.dumps(record).encode())])
-        env.restart()
-        recovered = (await env.open()).cursors["c1"]
-        assert recovered.mark_delete_position == e[2]
-        assert recovered.backlog() == 0
-
-    run(body)
+async def test_mark_delete_beyond_the_end_is_clamped(env: Env) -> None:
+    ml, _, e = await topic(env, 3)
+    await ml.close()
+    key = cursor_key("topic", "c1")
+    record = json.loads(env.storage.metadata.get(key) or b"")
+    record["md"] = [e[2].ledger_id, 50]
+    # Cursor records ride the journal: rewrite it the same way.
+    await env.storage.metadata.apply_journaled([(key, json.dumps(record).encode())])
+    env.restart()
+    recovered = (await env.open()).cursors["c1"]
+    assert recovered.mark_delete_position == e[2]
+    assert recovered.backlog() == 0
 
 
-def test_deleted_cursor_is_gone_after_restart_and_stops_holding_data(env: Env) -> None:
-    async def body() -> None:
-        config = ManagedLedgerConfig(max_entries_per_ledger=2, min_ledger_rollover_time_s=0)
-        ml = await env.open(config=config)
-        await ml.open_cursor("gone", "earliest")
-        await add_many(ml, 4)
-        assert len(ml.ledgers()) == 3
-        await ml.delete_cursor("gone")
-        assert len(ml.ledgers()) == 1  # nothing holds the consumed ledgers any more
-        env.restart()
-        again = await env.open(config=config)
-        assert again.cursors == {}
-
-    run(body)
+async def test_deleted_cursor_is_gone_after_restart_and_stops_holding_data(env: Env) -> None:
+    config = ManagedLedgerConfig(max_entries_per_ledger=2, min_ledger_rollover_time_s=0)
+    ml = await env.open(config=config)
+    await ml.open_cursor("gone", "earliest")
+    await add_many(ml, 4)
+    assert len(ml.ledgers()) == 3
+    await ml.delete_cursor("gone")
+    assert len(ml.ledgers()) == 1  # nothing holds the consumed ledgers any more
+    env.restart()
+    again = await env.open(config=config)
+    assert again.cursors == {}
 
 
 # -- batch-index acks (§4.4) ---------------------------------------------------------------
 
 
-def test_batch_index_acks_combine_with_and(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 3)
-        await cursor.delete_batch_index(e[1], unacked_bits(10, {0, 1}), 10)
-        assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 10))
-        await cursor.delete_batch_index(e[1], unacked_bits(10, {5}), 10)
-        assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 10)) - {5}
-        await cursor.delete_batch_index(e[1], unacked_bits(10, {0}), 10)  # again: no change
-        assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 10)) - {5}
-        assert not cursor.is_acked(e[1])
-        assert cursor.get_ack_set(e[0]) is None
-        await cursor.delete_batch_index(e[1], unacked_bits(10, {9}), 10)
-        # The given set still has bits 0 and 1: acked indexes never become unacked again.
-        assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 9)) - {5}
-        await cursor.delete_batch_index(e[1], unacked_bits(10, {2, 3, 4, 6, 7, 8}), 10)
-        assert cursor.is_acked(e[1])  # fully acked: a deleted entry, bitset dropped
-        assert cursor.get_ack_set(e[1]) is None
-        assert list(cursor.individually_deleted) == [(e[1], e[1])]
-        await cursor.delete([e[0]])
-        assert cursor.mark_delete_position == e[1]
-
-    run(body)
+async def test_batch_index_acks_combine_with_and(env: Env) -> None:
+    _, cursor, e = await topic(env, 3)
+    await cursor.delete_batch_index(e[1], unacked_bits(10, {0, 1}), 10)
+    assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 10))
+    await cursor.delete_batch_index(e[1], unacked_bits(10, {5}), 10)
+    assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 10)) - {5}
+    await cursor.delete_batch_index(e[1], unacked_bits(10, {0}), 10)  # again: no change
+    assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 10)) - {5}
+    assert not cursor.is_acked(e[1])
+    assert cursor.get_ack_set(e[0]) is None
+    await cursor.delete_batch_index(e[1], unacked_bits(10, {9}), 10)
+    # The given set still has bits 0 and 1: acked indexes never become unacked again.
+    assert bits_of(cursor.get_ack_set(e[1])) == set(range(2, 9)) - {5}
+    await cursor.delete_batch_index(e[1], unacked_bits(10, {2, 3, 4, 6, 7, 8}), 10)
+    assert cursor.is_acked(e[1])  # fully acked: a deleted entry, bitset dropped
+    assert cursor.get_ack_set(e[1]) is None
+    assert list(cursor.individually_deleted) == [(e[1], e[1])]
+    await cursor.delete([e[0]])
+    assert cursor.mark_delete_position == e[1]
 
 
-def test_batch_index_acks_persist_and_recover(env: Env) -> None:
+async def test_batch_index_acks_persist_and_recover(env: Env) -> None:
     """testBatchIndexesDeletionPersistAndRecover."""
 
-    async def body() -> None:
-        _, cursor, e = await topic(env, 4)
-        for index, entry in enumerate(e):
-            await cursor.delete_batch_index(entry, unacked_bits(100, {index, 70}), 100)
-        env.crash()
-        recovered = (await env.open()).cursors["c1"]
-        for index, entry in enumerate(e):
-            assert bits_of(recovered.get_ack_set(entry)) == set(range(100)) - {index, 70}
-        assert recovered.get_ack_set(e[0]) == cursor.get_ack_set(e[0])
-        assert len(recovered.get_ack_set(e[0]) or []) == 2  # 100 bits: two long words
-
-    run(body)
+    _, cursor, e = await topic(env, 4)
+    for index, entry in enumerate(e):
+        await cursor.delete_batch_index(entry, unacked_bits(100, {index, 70}), 100)
+    env.crash()
+    recovered = (await env.open()).cursors["c1"]
+    for index, entry in enumerate(e):
+        assert bits_of(recovered.get_ack_set(entry)) == set(range(100)) - {index, 70}
+    assert recovered.get_ack_set(e[0]) == cursor.get_ack_set(e[0])
+    assert len(recovered.get_ack_set(e[0]) or []) == 2  # 100 bits: two long words
 
 
-def test_cumulative_index_acks_never_regress(env: Env) -> None:
+async def test_cumulative_index_acks_never_regress(env: Env) -> None:
     """Cumulative at index 3, then 4, then 2 on a 10-message batch → acked [0..4]."""
 
-    async def body() -> None:
-        _, cursor, e = await topic(env, 4)
-        for index in (3, 4, 2):
-            await cursor.mark_delete(e[2], ack_set=unacked_bits(10, set(range(index + 1))))
-            assert cursor.mark_delete_position == e[1]  # the entry before E
-        assert bits_of(cursor.get_ack_set(e[2])) == set(range(5, 10))
-        await cursor.mark_delete(e[2])  # the whole entry at last
-        assert cursor.mark_delete_position == e[2]
-        assert cursor.get_ack_set(e[2]) is None
-
-    run(body)
+    _, cursor, e = await topic(env, 4)
+    for index in (3, 4, 2):
+        await cursor.mark_delete(e[2], ack_set=unacked_bits(10, set(range(index + 1))))
+        assert cursor.mark_delete_position == e[1]  # the entry before E
+    assert bits_of(cursor.get_ack_set(e[2])) == set(range(5, 10))
+    await cursor.mark_delete(e[2])  # the whole entry at last
+    assert cursor.mark_delete_position == e[2]
+    assert cursor.get_ack_set(e[2]) is None
 
 
-def test_cumulative_ack_set_without_index_acks_only_moves_before_the_entry(env: Env) -> None:
-    async def body() -> None:
-        config = replace(KEEP_ALL, batch_index_ack_enabled=False)
-        _, cursor, e = await topic(env, 3, config=config)
-        await cursor.mark_delete(e[1], ack_set=unacked_bits(10, {0, 1}))
-        assert cursor.mark_delete_position == e[0]
-        assert cursor.get_ack_set(e[1]) is None
-        await cursor.delete_batch_index(e[2], unacked_bits(10, {0}), 10)  # ignored
-        assert cursor.get_ack_set(e[2]) is None
-
-    run(body)
+async def test_cumulative_ack_set_without_index_acks_only_moves_before_the_entry(env: Env) -> None:
+    config = replace(KEEP_ALL, batch_index_ack_enabled=False)
+    _, cursor, e = await topic(env, 3, config=config)
+    await cursor.mark_delete(e[1], ack_set=unacked_bits(10, {0, 1}))
+    assert cursor.mark_delete_position == e[0]
+    assert cursor.get_ack_set(e[1]) is None
+    await cursor.delete_batch_index(e[2], unacked_bits(10, {0}), 10)  # ignored
+    assert cursor.get_ack_set(e[2]) is None
 
 
-def test_reset_clears_bitsets_and_installs_the_given_one(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 5)
-        await cursor.delete_batch_index(e[1], unacked_bits(10, {1}), 10)
-        await cursor.delete_batch_index(e[3], unacked_bits(10, {1}), 10)
-        await cursor.delete([e[4]])
-        await cursor.reset(e[3], ack_set=unacked_bits(10, {0, 1, 2}))
-        assert cursor.get_ack_set(e[1]) is None
-        assert bits_of(cursor.get_ack_set(e[3])) == set(range(3, 10))
-        assert len(cursor.individually_deleted) == 0
-        assert cursor.mark_delete_position == e[2]
-        assert cursor.backlog() == 2
-
-    run(body)
+async def test_reset_clears_bitsets_and_installs_the_given_one(env: Env) -> None:
+    _, cursor, e = await topic(env, 5)
+    await cursor.delete_batch_index(e[1], unacked_bits(10, {1}), 10)
+    await cursor.delete_batch_index(e[3], unacked_bits(10, {1}), 10)
+    await cursor.delete([e[4]])
+    await cursor.reset(e[3], ack_set=unacked_bits(10, {0, 1, 2}))
+    assert cursor.get_ack_set(e[1]) is None
+    assert bits_of(cursor.get_ack_set(e[3])) == set(range(3, 10))
+    assert len(cursor.individually_deleted) == 0
+    assert cursor.mark_delete_position == e[2]
+    assert cursor.backlog() == 2
 
 
 # -- seek / reset (§4.7) -------------------------------------------------------------------
 
 
-def test_seek_by_message_id_backlogs(env: Env) -> None:
+async def test_seek_by_message_id_backlogs(env: Env) -> None:
     """SubscriptionSeekTest.testSeek: 10 entries; 5 / earliest / latest / out of range."""
 
-    async def body() -> None:
-        ml, cursor, e = await topic(env, 10)
-        ledger = e[0].ledger_id
-        await cursor.reset(e[5])
-        assert cursor.backlog() == 5
-        assert [p for p, _ in cursor.read_entries(1)] == [e[5]]  # from the sought entry on
-        await cursor.reset(EARLIEST)
-        assert cursor.backlog() == 10
-        await cursor.reset(LATEST)
-        assert cursor.backlog() == 0
-        await cursor.reset(P(ledger - 1, 0))
-        assert cursor.backlog() == 10
-        await cursor.reset(P(ledger + 1, 0))
-        assert cursor.backlog() == 0
-        assert cursor.read_position == ml.write_position()
-
-    run(body)
+    ml, cursor, e = await topic(env, 10)
+    ledger = e[0].ledger_id
+    await cursor.reset(e[5])
+    assert cursor.backlog() == 5
+    assert [p for p, _ in cursor.read_entries(1)] == [e[5]]  # from the sought entry on
+    await cursor.reset(EARLIEST)
+    assert cursor.backlog() == 10
+    await cursor.reset(LATEST)
+    assert cursor.backlog() == 0
+    await cursor.reset(P(ledger - 1, 0))
+    assert cursor.backlog() == 10
+    await cursor.reset(P(ledger + 1, 0))
+    assert cursor.backlog() == 0
+    assert cursor.read_position == ml.write_position()
 
 
-def test_seek_by_time_backlogs(env: Env) -> None:
+async def test_seek_by_time_backlogs(env: Env) -> None:
     """SubscriptionSeekTest.testSeekTime: seek(now) → 0, seek(now - 100 s) → 10."""
 
-    async def body() -> None:
-        ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=4))
-        cursor = await ml.open_cursor("c1", "earliest")
-        now = env.clock.ms
-        for i in range(10):
-            await ml.add_entry(_stamped(now - 50 + i))
-        await cursor.reset_by_time(now, _stamp)
-        assert cursor.backlog() == 0
-        await cursor.reset_by_time(now - 100_000, _stamp)
-        assert cursor.backlog() == 10
-        await cursor.reset_by_time(now - 45, _stamp)  # entries 5..9 are at or after it
-        assert cursor.backlog() == 5
-
-    run(body)
+    ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=4))
+    cursor = await ml.open_cursor("c1", "earliest")
+    now = env.clock.ms
+    for i in range(10):
+        await ml.add_entry(_stamped(now - 50 + i))
+    await cursor.reset_by_time(now, _stamp)
+    assert cursor.backlog() == 0
+    await cursor.reset_by_time(now - 100_000, _stamp)
+    assert cursor.backlog() == 10
+    await cursor.reset_by_time(now - 45, _stamp)  # entries 5..9 are at or after it
+    assert cursor.backlog() == 5
 
 
-def test_seek_moves_only_the_read_position(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, e = await topic(env, 6)
-        await cursor.mark_delete(e[2])
-        cursor.seek(e[5])
-        assert cursor.read_position == e[5]
-        cursor.seek(e[1])  # at or below MD: the entry after MD
-        assert cursor.read_position == e[3]
-        assert cursor.backlog() == 3
-
-    run(body)
+async def test_seek_moves_only_the_read_position(env: Env) -> None:
+    _, cursor, e = await topic(env, 6)
+    await cursor.mark_delete(e[2])
+    cursor.seek(e[5])
+    assert cursor.read_position == e[5]
+    cursor.seek(e[1])  # at or below MD: the entry after MD
+    assert cursor.read_position == e[3]
+    assert cursor.backlog() == 3
 
 
 # -- initial positions and readers (§4.6) --------------------------------------------------
 
 
-def test_new_durable_cursor_initial_positions(env: Env) -> None:
-    async def body() -> None:
-        ml = await env.open()
-        e = await add_many(ml, 4)
-        latest = await ml.open_cursor("latest", "latest")
-        earliest = await ml.open_cursor("earliest", "earliest")
-        assert (latest.backlog(), latest.mark_delete_position) == (0, e[3])
-        assert (earliest.backlog(), earliest.mark_delete_position) == (4, P(e[0].ledger_id, -1))
-        again = await ml.open_cursor("latest", "earliest")  # an existing one ignores it
-        assert again is latest
-        assert env.storage.metadata.get(cursor_key("topic", "earliest")) is not None
-
-    run(body)
+async def test_new_durable_cursor_initial_positions(env: Env) -> None:
+    ml = await env.open()
+    e = await add_many(ml, 4)
+    latest = await ml.open_cursor("latest", "latest")
+    earliest = await ml.open_cursor("earliest", "earliest")
+    assert (latest.backlog(), latest.mark_delete_position) == (0, e[3])
+    assert (earliest.backlog(), earliest.mark_delete_position) == (4, P(e[0].ledger_id, -1))
+    again = await ml.open_cursor("latest", "earliest")  # an existing one ignores it
+    assert again is latest
+    assert env.storage.metadata.get(cursor_key("topic", "earliest")) is not None
 
 
-def test_a_new_cursor_survives_a_crash_right_after_open_cursor(env: Env) -> None:
-    async def body() -> None:
-        ml = await env.open()
-        e = await add_many(ml, 3)
-        await ml.open_cursor("sub", "latest", properties={"k": 1})
-        env.crash()
-        recovered = (await env.open()).cursors["sub"]
-        assert recovered.mark_delete_position == e[2]
-        assert recovered.properties == {"k": 1}
-        assert recovered.backlog() == 0
-
-    run(body)
+async def test_a_new_cursor_survives_a_crash_right_after_open_cursor(env: Env) -> None:
+    ml = await env.open()
+    e = await add_many(ml, 3)
+    await ml.open_cursor("sub", "latest", properties={"k": 1})
+    env.crash()
+    recovered = (await env.open()).cursors["sub"]
+    assert recovered.mark_delete_position == e[2]
+    assert recovered.properties == {"k": 1}
+    assert recovered.backlog() == 0
 
 
-def test_cursor_properties_can_be_replaced_and_removed(env: Env) -> None:
-    async def body() -> None:
-        _, cursor, _ = await topic(env, 1)
-        await cursor.set_cursor_properties({"a": "1", "b": "2"})
-        await cursor.remove_cursor_property("a")
-        await cursor.set_cursor_property("c", "3")
-        env.crash()
-        recovered = (await env.open()).cursors["c1"]
-        assert recovered.cursor_properties == {"b": "2", "c": "3"}
-
-    run(body)
+async def test_cursor_properties_can_be_replaced_and_removed(env: Env) -> None:
+    _, cursor, _ = await topic(env, 1)
+    await cursor.set_cursor_properties({"a": "1", "b": "2"})
+    await cursor.remove_cursor_property("a")
+    await cursor.set_cursor_property("c", "3")
+    env.crash()
+    recovered = (await env.open()).cursors["c1"]
+    assert recovered.cursor_properties == {"b": "2", "c": "3"}
 
 
-def test_backlog_size_estimate_follows_ledger_sizes(env: Env) -> None:
-    async def body() -> None:
-        ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=4))
-        cursor = await ml.open_cursor("c1", "earliest")
-        e = [await ml.add_entry(b"x" * 10) for _ in range(6)]
-        assert cursor.estimated_backlog_size_bytes() == 60
-        await cursor.mark_delete(e[1])
-        assert cursor.estimated_backlog_size_bytes() == 40
-        await cursor.mark_delete(e[3])
-        assert cursor.estimated_backlog_size_bytes() == 20
-
-    run(body)
+async def test_backlog_size_estimate_follows_ledger_sizes(env: Env) -> None:
+    ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=4))
+    cursor = await ml.open_cursor("c1", "earliest")
+    e = [await ml.add_entry(b"x" * 10) for _ in range(6)]
+    assert cursor.estimated_backlog_size_bytes() == 60
+    await cursor.mark_delete(e[1])
+    assert cursor.estimated_backlog_size_bytes() == 40
+    await cursor.mark_delete(e[3])
+    assert cursor.estimated_backlog_size_bytes() == 20
 
 
-def test_reader_cursors_start_at_the_given_entry(env: Env) -> None:
-    async def body() -> None:
-        ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=3))
-        e = await add_many(ml, 7)
-        at = ml.new_non_durable_cursor(e[4], "latest")
-        assert at.mark_delete_position == P(e[4].ledger_id, e[4].entry_id - 1)
-        assert [p for p, _ in at.read_entries(1)] == [e[4]]
-        first_of_ledger = ml.new_non_durable_cursor(e[3], "latest")
-        assert [p for p, _ in first_of_ledger.read_entries(1)] == [e[3]]
-        assert ml.new_non_durable_cursor(EARLIEST, "latest").backlog() == 7
-        assert ml.new_non_durable_cursor(None, "latest").backlog() == 0
-        assert ml.new_non_durable_cursor(None, "earliest").backlog() == 7
-        assert ml.new_non_durable_cursor(LATEST, "earliest").backlog() == 7
-        beyond = P(ml.current_ledger_id + 5, 0)
-        assert ml.new_non_durable_cursor(beyond, "latest").backlog() == 0
-        assert env.storage.metadata.scan(b"cursor/topic\x00") == []  # nothing persisted
-
-    run(body)
+async def test_reader_cursors_start_at_the_given_entry(env: Env) -> None:
+    ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=3))
+    e = await add_many(ml, 7)
+    at = ml.new_non_durable_cursor(e[4], "latest")
+    assert at.mark_delete_position == P(e[4].ledger_id, e[4].entry_id - 1)
+    assert [p for p, _ in at.read_entries(1)] == [e[4]]
+    first_of_ledger = ml.new_non_durable_cursor(e[3], "latest")
+    assert [p for p, _ in first_of_ledger.read_entries(1)] == [e[3]]
+    assert ml.new_non_durable_cursor(EARLIEST, "latest").backlog() == 7
+    assert ml.new_non_durable_cursor(None, "latest").backlog() == 0
+    assert ml.new_non_durable_cursor(None, "earliest").backlog() == 7
+    assert ml.new_non_durable_cursor(LATEST, "earliest").backlog() == 7
+    beyond = P(ml.current_ledger_id + 5, 0)
+    assert ml.new_non_durable_cursor(beyond, "latest").backlog() == 0
+    assert env.storage.metadata.scan(b"cursor/topic\x00") == []  # nothing persisted
 
 
 # -- a state machine against a plain set model ---------------------------------------------

@@ -10,8 +10,9 @@ nothing twice. The SENDs here are built the way that client builds them and are 
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
+
+import pytest
 
 from magnetar.broker import PersistentTopic, Position, ProducerSpec
 from magnetar.broker._config import BrokerConfig
@@ -79,135 +80,121 @@ async def _assert_resume_stores_nothing_twice(topic: PersistentTopic, producer: 
     assert topic.managed_ledger.number_of_entries == entries + 1
 
 
-def test_running_broker_learns_the_highest_id_of_an_unstated_batch(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path, broker_deduplication_enabled=True) as env:
-            topic, producer = await _producer(env.service)
-            await _keep(topic)
-            assert await _send_batch(topic, producer, 0) != (-1, -1)
-            assert topic.dedup is not None
-            assert topic.dedup.highest_pushed("p1") == BATCH_MESSAGES - 1
-            assert topic.dedup.highest_persisted("p1") == BATCH_MESSAGES - 1
-            # A batch resent whole, or starting inside the stored one, is a duplicate.
-            assert await _send_batch(topic, producer, 0) == (-1, -1)
-            assert await _send_batch(topic, producer, 50, 10) == (-1, -1)
-            topic.remove_producer(producer)
-            _, again = await _producer(env.service)
-            await _assert_resume_stores_nothing_twice(topic, again, BATCH_MESSAGES - 1, 1)
-
-    asyncio.run(scenario())
+async def test_running_broker_learns_the_highest_id_of_an_unstated_batch(tmp_path: Path) -> None:
+    async with broker_env(tmp_path, broker_deduplication_enabled=True) as env:
+        topic, producer = await _producer(env.service)
+        await _keep(topic)
+        assert await _send_batch(topic, producer, 0) != (-1, -1)
+        assert topic.dedup is not None
+        assert topic.dedup.highest_pushed("p1") == BATCH_MESSAGES - 1
+        assert topic.dedup.highest_persisted("p1") == BATCH_MESSAGES - 1
+        # A batch resent whole, or starting inside the stored one, is a duplicate.
+        assert await _send_batch(topic, producer, 0) == (-1, -1)
+        assert await _send_batch(topic, producer, 50, 10) == (-1, -1)
+        topic.remove_producer(producer)
+        _, again = await _producer(env.service)
+        await _assert_resume_stores_nothing_twice(topic, again, BATCH_MESSAGES - 1, 1)
 
 
-def test_gapped_ids_come_from_the_last_single_message_metadata(tmp_path: Path) -> None:
+async def test_gapped_ids_come_from_the_last_single_message_metadata(tmp_path: Path) -> None:
     """Ids 0, 3, ..., 297 (not consecutive), plain, compressed and keyed."""
 
-    async def scenario() -> None:
-        async with broker_env(tmp_path, broker_deduplication_enabled=True) as env:
-            topic, producer = await _producer(env.service)
-            await _keep(topic)
-            await _send_batch(topic, producer, 0, step=3)
-            assert topic.last_sequence_id(producer) == 297
-            await _send_batch(topic, producer, 1000, step=3, compression=CompressionType.LZ4)
-            assert topic.last_sequence_id(producer) == 1297
-            await _send_batch(topic, producer, 2000, step=2, key="k")
-            assert topic.last_sequence_id(producer) == 2198
-            assert await publish(topic, producer, b"x", sequence_id=2197) == (-1, -1)
-            assert topic.managed_ledger.number_of_entries == 3
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path, broker_deduplication_enabled=True) as env:
+        topic, producer = await _producer(env.service)
+        await _keep(topic)
+        await _send_batch(topic, producer, 0, step=3)
+        assert topic.last_sequence_id(producer) == 297
+        await _send_batch(topic, producer, 1000, step=3, compression=CompressionType.LZ4)
+        assert topic.last_sequence_id(producer) == 1297
+        await _send_batch(topic, producer, 2000, step=2, key="k")
+        assert topic.last_sequence_id(producer) == 2198
+        assert await publish(topic, producer, b"x", sequence_id=2197) == (-1, -1)
+        assert topic.managed_ledger.number_of_entries == 3
 
 
-def test_clean_restart_and_crash_keep_the_highest_id(tmp_path: Path) -> None:
+async def test_clean_restart_and_crash_keep_the_highest_id(tmp_path: Path) -> None:
     """A clean restart (snapshot at close) and a kill -9 (replay of the tail)."""
 
-    async def scenario() -> None:
-        async with broker_env(tmp_path, broker_deduplication_enabled=True) as env:
-            topic, producer = await _producer(env.service)
-            await _keep(topic)
-            await _send_batch(topic, producer, 0)
-            service = await env.restart()
-            topic, producer = await _producer(service)
-            await _assert_resume_stores_nothing_twice(topic, producer, 99, 1)
-            await _send_batch(topic, producer, 101)  # 101..200
-            service = await env.crash()
-            topic, producer = await _producer(service)
-            assert topic.dedup is not None
-            assert topic.dedup.entries_since_snapshot == 2  # replayed, not snapshotted
-            await _assert_resume_stores_nothing_twice(topic, producer, 200, 3)
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path, broker_deduplication_enabled=True) as env:
+        topic, producer = await _producer(env.service)
+        await _keep(topic)
+        await _send_batch(topic, producer, 0)
+        service = await env.restart()
+        topic, producer = await _producer(service)
+        await _assert_resume_stores_nothing_twice(topic, producer, 99, 1)
+        await _send_batch(topic, producer, 101)  # 101..200
+        service = await env.crash()
+        topic, producer = await _producer(service)
+        assert topic.dedup is not None
+        assert topic.dedup.entries_since_snapshot == 2  # replayed, not snapshotted
+        await _assert_resume_stores_nothing_twice(topic, producer, 200, 3)
 
 
-def test_snapshot_holds_highest_ids_and_recovery_replays_after_it(tmp_path: Path) -> None:
+async def test_snapshot_holds_highest_ids_and_recovery_replays_after_it(tmp_path: Path) -> None:
     """Snapshots every 2 entries: after 5 batches the snapshot is at the 4th and holds its
     highest id; a crash replays the 5th on top of it."""
 
-    async def scenario() -> None:
-        async with broker_env(tmp_path, broker_deduplication_enabled=True,
-                              broker_deduplication_entries_interval=2) as env:
-            topic, producer = await _producer(env.service)
-            await _keep(topic)
-            positions = [await _send_batch(topic, producer, i * BATCH_MESSAGES)
-                         for i in range(5)]
-            cursor = topic.managed_ledger.cursors[DEDUP_CURSOR_NAME]
-            await wait_for(lambda: cursor.mark_delete_position == Position(*positions[3]))
-            await cursor.flush()  # the snapshot is durable before the crash
-            assert cursor.properties == {"p1": 4 * BATCH_MESSAGES - 1}
-            service = await env.crash()
-            topic, producer = await _producer(service)
-            assert topic.managed_ledger.cursors[DEDUP_CURSOR_NAME].properties == {
-                "p1": 4 * BATCH_MESSAGES - 1}
-            assert topic.dedup is not None
-            assert topic.dedup.entries_since_snapshot == 1
-            await _assert_resume_stores_nothing_twice(topic, producer,
-                                                      5 * BATCH_MESSAGES - 1, 5)
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path, broker_deduplication_enabled=True,
+                          broker_deduplication_entries_interval=2) as env:
+        topic, producer = await _producer(env.service)
+        await _keep(topic)
+        positions = [await _send_batch(topic, producer, i * BATCH_MESSAGES)
+                     for i in range(5)]
+        cursor = topic.managed_ledger.cursors[DEDUP_CURSOR_NAME]
+        await wait_for(lambda: cursor.mark_delete_position == Position(*positions[3]))
+        await cursor.flush()  # the snapshot is durable before the crash
+        assert cursor.properties == {"p1": 4 * BATCH_MESSAGES - 1}
+        service = await env.crash()
+        topic, producer = await _producer(service)
+        assert topic.managed_ledger.cursors[DEDUP_CURSOR_NAME].properties == {
+            "p1": 4 * BATCH_MESSAGES - 1}
+        assert topic.dedup is not None
+        assert topic.dedup.entries_since_snapshot == 1
+        await _assert_resume_stores_nothing_twice(topic, producer,
+                                                  5 * BATCH_MESSAGES - 1, 5)
 
 
-def test_power_loss_keeps_the_highest_id_of_acknowledged_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("power_seed", range(3))  # each on its own event loop
+async def test_power_loss_keeps_the_highest_id_of_acknowledged_batches(tmp_path: Path,
+                                                                    power_seed: int) -> None:
     """On the simulated file system: batches acknowledged (durable), one snapshot among
     them, then the power fails and unsynced writes are dropped, torn or corrupted."""
 
-    async def scenario(seed: int) -> None:
-        directory = tmp_path / f"power-{seed}"
-        config = BrokerConfig(broker_deduplication_enabled=True,
-                              broker_deduplication_entries_interval=3)
-        fs = SimFileSystem(seed)
-        storage = Storage.open(directory, fs=fs)
-        service = BrokerService(storage, config)
-        await service.start(maintenance=False)
+    directory = tmp_path / f"power-{power_seed}"
+    config = BrokerConfig(broker_deduplication_enabled=True,
+                          broker_deduplication_entries_interval=3)
+    fs = SimFileSystem(power_seed)
+    storage = Storage.open(directory, fs=fs)
+    service = BrokerService(storage, config)
+    await service.start(maintenance=False)
+    topic, producer = await _producer(service)
+    await _keep(topic)
+    for i in range(4):
+        await _send_batch(topic, producer, i * BATCH_MESSAGES)
+    await settle(service)
+    # The power fails: no more I/O from the broker, then the disk loses what it may.
+    service.closed = True
+    for loaded in service.topics.values():
+        assert isinstance(loaded, PersistentTopic)
+        loaded.fenced = True
+        for subscription in loaded.all_subscriptions():
+            subscription.close()
+        for task in list(loaded._background):
+            task.cancel()
+    storage.abandon()
+    fs.crash("simulated power loss")
+    fs.power_loss()
+
+    storage = Storage.open(directory)
+    service = BrokerService(storage, config)
+    await service.start(maintenance=False)
+    try:
         topic, producer = await _producer(service)
-        await _keep(topic)
-        for i in range(4):
-            await _send_batch(topic, producer, i * BATCH_MESSAGES)
-        await settle(service)
-        # The power fails: no more I/O from the broker, then the disk loses what it may.
-        service.closed = True
-        for loaded in service.topics.values():
-            assert isinstance(loaded, PersistentTopic)
-            loaded.fenced = True
-            for subscription in loaded.all_subscriptions():
-                subscription.close()
-            for task in list(loaded._background):
-                task.cancel()
-        storage.abandon()
-        fs.crash("simulated power loss")
-        fs.power_loss()
-
-        storage = Storage.open(directory)
-        service = BrokerService(storage, config)
-        await service.start(maintenance=False)
-        try:
-            topic, producer = await _producer(service)
-            await _assert_resume_stores_nothing_twice(topic, producer,
-                                                      4 * BATCH_MESSAGES - 1, 4)
-        finally:
-            await service.close()
-            storage.close()
-
-    for seed in range(3):
-        asyncio.run(scenario(seed))
+        await _assert_resume_stores_nothing_twice(topic, producer,
+                                                  4 * BATCH_MESSAGES - 1, 4)
+    finally:
+        await service.close()
+        storage.close()
 
 
 # -- the derivation itself (`highest_sequence_id_of`) ---------------------------------------

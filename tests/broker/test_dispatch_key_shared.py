@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,14 +183,6 @@ async def running(tmp_path: Path, **config: Any) -> AsyncIterator[Broker]:
         storage.close()
 
 
-def run(tmp_path: Path, scenario: Callable[[Broker], Awaitable[None]], **config: Any) -> None:
-    async def main() -> None:
-        async with running(tmp_path, **config) as broker:
-            await scenario(broker)
-
-    asyncio.run(main())
-
-
 def per_key_in_order(records: list[Received]) -> bool:
     """True when, per key, the values arrive in increasing order."""
     last: dict[str | None, int] = {}
@@ -206,12 +198,12 @@ def per_key_in_order(records: list[Received]) -> bool:
 
 
 @pytest.mark.parametrize("consistent_hashing", [True, False])
-def test_ordering_when_adding_consumers(tmp_path: Path, consistent_hashing: bool) -> None:
+async def test_ordering_when_adding_consumers(tmp_path: Path, consistent_hashing: bool) -> None:
     """testOrderingWhenAddingConsumers: c1 holds 0..9 over keys 0..9, c2 joins, 10..19 are
     published; c2 gets nothing until c1 closes, then exactly 0..19 in order (with both
     AUTO_SPLIT selectors)."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path, key_shared_use_consistent_hashing=consistent_hashing) as b:
         c1 = await b.subscribe("c1", permits=10)
         await b.publish_many([(str(i), i) for i in range(10)])
         await wait_for(lambda: len(b.sink.of(c1)) == 10)
@@ -228,15 +220,13 @@ def test_ordering_when_adding_consumers(tmp_path: Path, consistent_hashing: bool
         await b.settle()
         assert b.values(c2) == list(range(20))
 
-    run(tmp_path, scenario, key_shared_use_consistent_hashing=consistent_hashing)
 
-
-def test_remove_first_consumer_fresh_keys_flow_at_once(tmp_path: Path) -> None:
+async def test_remove_first_consumer_fresh_keys_flow_at_once(tmp_path: Path) -> None:
     """testRemoveFirstConsumer, PIP-379 flavour: after c2 joins, the slots it took over
     with no pending acks flow to it at once; the slots c1 still holds wait until c1 closes;
     then c2 gets every held message, per key in publish order."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1", permits=10)
         held = [f"held-{i}" for i in range(10)]
         await b.publish_many([(k, i) for i, k in enumerate(held)])
@@ -259,14 +249,12 @@ def test_remove_first_consumer_fresh_keys_flow_at_once(tmp_path: Path) -> None:
         assert per_key_in_order(late)
         assert [int(r.body) for r in late] == list(range(20))  # one replay read, in order
 
-    run(tmp_path, scenario)
 
-
-def test_new_owner_gets_keys_once_old_owner_acks(tmp_path: Path) -> None:
+async def test_new_owner_gets_keys_once_old_owner_acks(tmp_path: Path) -> None:
     """Acknowledging (not only closing) releases a draining slot: the new owner then
     receives the blocked messages of that key, in order, and the old owner none of them."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1", permits=1000)
         keys = [str(i) for i in range(10)]
         await b.publish_many([(k, i) for i, k in enumerate(keys)])
@@ -291,8 +279,6 @@ def test_new_owner_gets_keys_once_old_owner_acks(tmp_path: Path) -> None:
         assert sorted(int(r.body) for r in b.sink.of(c2)) == sorted(
             10 + keys.index(k) for k in moved)
         assert all(r.key not in moved for r in b.sink.of(c1)[10:])
-
-    run(tmp_path, scenario)
 
 
 # -- §11 item 12: a slow consumer holding one key doesn't stop the others -------------------
@@ -323,11 +309,11 @@ class AutoAck:
         self.broker.sub.flow(consumer, len(acks))
 
 
-def test_making_progress_with_slower_consumer(tmp_path: Path) -> None:
+async def test_making_progress_with_slower_consumer(tmp_path: Path) -> None:
     """testMakingProgressWithSlowerConsumer: a consumer that takes one message and never
     acks holds back only its own keys; every message of the other keys is delivered."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         slow = await b.subscribe("slow", permits=1)
         fast = [await b.subscribe(f"fast-{i}", permits=10) for i in range(3)]
         AutoAck(b, fast)
@@ -348,19 +334,18 @@ def test_making_progress_with_slower_consumer(tmp_path: Path) -> None:
             assert per_key_in_order(b.sink.of(consumer))
         assert b.sub.backlog() == len(keys) - len(others)
 
-    run(tmp_path, scenario)
-
 
 # -- §11 item 13: bounded look-ahead --------------------------------------------------------
 
 
-def test_read_ahead_with_configured_look_ahead_limit(tmp_path: Path) -> None:
+async def test_read_ahead_with_configured_look_ahead_limit(tmp_path: Path) -> None:
     """testReadAheadWithConfiguredLookAheadLimit: with the per-subscription limit 50 and
     consumers that cannot take what is read, the cursor stops reading: its read position
     stays under entry 100 although 1000 messages are published. The blocked messages all
     flow, per key in order, once the stuck consumer leaves."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(
+            tmp_path, key_shared_look_ahead_msg_in_replay_threshold_per_subscription=50) as b:
         c1 = await b.subscribe("c1", permits=10)
         keys = [str(i) for i in range(10)]
         await b.publish_many([(k, i) for i, k in enumerate(keys)])
@@ -380,16 +365,13 @@ def test_read_ahead_with_configured_look_ahead_limit(tmp_path: Path) -> None:
         assert per_key_in_order(b.sink.of(c2))
         assert sorted(b.values(c2)) == list(range(1000))
 
-    run(tmp_path, scenario,
-        key_shared_look_ahead_msg_in_replay_threshold_per_subscription=50)
 
-
-def test_look_ahead_limit_formula(tmp_path: Path) -> None:
+async def test_look_ahead_limit_formula(tmp_path: Path) -> None:
     """§2.7.4: min(per-consumer x consumers, per-subscription); per-consumer <= 0 means the
     per-subscription value alone; a non-positive result falls back to min(max unacked per
     subscription, consumers x max unacked per consumer), non-positive meaning unlimited."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         await b.subscribe("c1")
         await b.subscribe("c2")
         base = b.svc.config
@@ -417,14 +399,12 @@ def test_look_ahead_limit_formula(tmp_path: Path) -> None:
             await b.svc.policies_changed()
             assert b.dispatcher.look_ahead_limit() == expected, overrides
 
-    run(tmp_path, scenario)
 
-
-def test_normal_read_asks_for_no_more_than_the_permits(tmp_path: Path) -> None:
+async def test_normal_read_asks_for_no_more_than_the_permits(tmp_path: Path) -> None:
     """A Normal read is sized by the consumers' permits (as in Shared, §3.3): with 3 permits
     the cursor reads 3 entries and nothing lands in the replay queue for lack of permits."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1", permits=3)
         await b.publish_many([(str(i), i) for i in range(10)])
         await wait_for(lambda: len(b.sink.of(c1)) == 3)
@@ -434,18 +414,16 @@ def test_normal_read_asks_for_no_more_than_the_permits(tmp_path: Path) -> None:
         b.sub.flow(c1, 100)
         await wait_for(lambda: b.values(c1) == list(range(10)))
 
-    run(tmp_path, scenario)
-
 
 # -- §11 item 14: replay before newer entries of a slot; no permits, no dispatch -------------
 
 
-def test_replayed_message_blocks_newer_same_key_on_normal_read(tmp_path: Path) -> None:
+async def test_replayed_message_blocks_newer_same_key_on_normal_read(tmp_path: Path) -> None:
     """PersistentStickyKeyDispatcherMultipleConsumersTest.testMessageRedelivery: while a
     slot waits in the replay queue, a Normal read does not dispatch a newer entry of that
     slot even to a consumer with permits; the replayed one goes first."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1", permits=0)
         first, second = await b.publish_many([("k", 0), ("k", 1)])
         await b.settle()
@@ -464,15 +442,13 @@ def test_replayed_message_blocks_newer_same_key_on_normal_read(tmp_path: Path) -
         assert b.values(c1) == [0, 1]
         assert not d.slot_counts
 
-    run(tmp_path, scenario)
 
-
-def test_slot_whose_consumer_has_no_permits_is_not_dispatched(tmp_path: Path) -> None:
+async def test_slot_whose_consumer_has_no_permits_is_not_dispatched(tmp_path: Path) -> None:
     """testSkipRedeliverTemporally: messages of a consumer without permits wait in the
     replay queue and are not even read from it, while the other consumer keeps receiving;
     they go out in order once permits arrive."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1", permits=0)
         c2 = await b.subscribe("c2", permits=1000)
         keys = [f"k{i}" for i in range(30)]
@@ -500,18 +476,16 @@ def test_slot_whose_consumer_has_no_permits_is_not_dispatched(tmp_path: Path) ->
         assert per_key_in_order(b.sink.of(c1))
         assert sorted(b.values(c1)) == [i for i, (k, _) in enumerate(batch) if k in mine]
 
-    run(tmp_path, scenario)
-
 
 # -- §11 item 15 and §2.6: policy changes, STICKY ranges --------------------------------------
 
 
-def test_mode_changes_only_after_all_consumers_left(tmp_path: Path) -> None:
+async def test_mode_changes_only_after_all_consumers_left(tmp_path: Path) -> None:
     """testSelectorChangedAfterAllConsumerDisconnected: a STICKY consumer joining an
     AUTO_SPLIT dispatcher is accepted into it (its ranges ignored); once everyone has left,
     the next consumer's mode replaces the dispatcher."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1")
         auto = b.dispatcher
         assert auto.key_shared_mode == "AUTO_SPLIT"
@@ -536,13 +510,11 @@ def test_mode_changes_only_after_all_consumers_left(tmp_path: Path) -> None:
         await b.publish("k", 1)
         await wait_for(lambda: b.values(c4) == [0, 1])  # unacked 0 comes again first
 
-    run(tmp_path, scenario)
 
-
-def test_allow_out_of_order_changes_only_after_all_consumers_left(tmp_path: Path) -> None:
+async def test_allow_out_of_order_changes_only_after_all_consumers_left(tmp_path: Path) -> None:
     """testAllowOutOfOrderDeliveryChangedAfterAllConsumerDisconnected."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1")
         first = b.dispatcher
         assert not first.allow_out_of_order
@@ -561,20 +533,18 @@ def test_allow_out_of_order_changes_only_after_all_consumers_left(tmp_path: Path
         assert stats["allowOutOfOrderDelivery"] is True
         assert stats["keySharedMode"] == "AUTO_SPLIT"
 
-    run(tmp_path, scenario)
-
 
 def sticky(ranges: tuple[tuple[int, int], ...]) -> dict[str, Any]:
     return {"key_shared_mode": "STICKY", "has_key_shared_meta": True,
             "key_shared_ranges": ranges}
 
 
-def test_sticky_range_conflicts(tmp_path: Path) -> None:
+async def test_sticky_range_conflicts(tmp_path: Path) -> None:
     """testHashRangeConflict: c1 = {[0,99],[400,65535]}, c2 = {[100,399]}; overlapping
     newcomers fail with ConsumerAssignError "Range conflict with consumer <c>" and leave
     nothing behind; after c1 leaves, only ranges clear of c2 are accepted."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1", **sticky(((0, 99), (400, 65535))))
         c2 = await b.subscribe("c2", **sticky(((100, 399),)))
         for ranges in (((0, 65535),), ((1, 1),)):
@@ -601,15 +571,13 @@ def test_sticky_range_conflicts(tmp_path: Path) -> None:
         assert [c["keyHashRangeArrays"] for c in ranges] == [[[100, 399]], [[400, 600]],
                                                               [[50, 99]]]
 
-    run(tmp_path, scenario)
 
-
-def test_sticky_delivers_only_inside_ranges_and_gaps_wait(tmp_path: Path) -> None:
+async def test_sticky_delivers_only_inside_ranges_and_gaps_wait(tmp_path: Path) -> None:
     """STICKY (containment, #24730): a consumer receives only keys whose slot lies in its
     ranges, including across a gap between two of its own ranges; slots nobody covers wait
     in the replay queue until a covering consumer arrives, then go out in order."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1", **sticky(((0, 20000), (40001, 65535))))
         selector = b.dispatcher.selector
         keys = [f"key-{i}" for i in range(60)]
@@ -629,16 +597,14 @@ def test_sticky_delivers_only_inside_ranges_and_gaps_wait(tmp_path: Path) -> Non
         assert b.values(c2) == [v for k, v in sent if k in gap]
         assert per_key_in_order(b.sink.of(c1))
 
-    run(tmp_path, scenario)
 
-
-def test_negative_ack_keeps_a_key_at_one_consumer(tmp_path: Path) -> None:
+async def test_negative_ack_keeps_a_key_at_one_consumer(tmp_path: Path) -> None:
     """PIP-379 contract with negative acks: no ordering promise, but a key is still pending
     at one consumer at a time. c1 nacks the only message it holds of a key that moved to
     c2: the slot stops draining, and c2 receives the redelivered message (redelivery count
     1) before the newer one that was waiting."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1")
         keys = [str(i) for i in range(10)]
         await b.publish_many([(k, i) for i, k in enumerate(keys)])
@@ -659,19 +625,17 @@ def test_negative_ack_keeps_a_key_at_one_consumer(tmp_path: Path) -> None:
             (keys.index(key), 1), (10, 0)]
         assert len(b.sink.of(c1)) == 10
 
-    run(tmp_path, scenario)
-
 
 # -- §11 item 16: same-named consumers --------------------------------------------------------
 
 
-def test_check_consumers_with_same_name(tmp_path: Path) -> None:
+async def test_check_consumers_with_same_name(tmp_path: Path) -> None:
     """testCheckConsumersWithSameName: three consumers named alike get distinct rings
     (name indexes 0, 1, 2); closing one with unacknowledged messages redelivers all of them
     to the other two, without raising the redelivery count, so the two survivors between
     them hold all 100 messages."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         consumers = [await b.subscribe("same") for _ in range(3)]
         d = b.dispatcher
         assert sorted(d.selector.name_index(c) for c in consumers) == [0, 1, 2]  # type: ignore[attr-defined]
@@ -691,18 +655,16 @@ def test_check_consumers_with_same_name(tmp_path: Path) -> None:
         assert sum(c.unacked_messages for c in survivors) == 100
         assert b.dispatcher.selector.name_index(victim) is None  # type: ignore[attr-defined]
 
-    run(tmp_path, scenario)
-
 
 # -- §11 item 17: TTL unblocks draining slots; delayed messages -------------------------------
 
 
-def test_ttl_expiry_unblocks_draining_slots(tmp_path: Path) -> None:
+async def test_ttl_expiry_unblocks_draining_slots(tmp_path: Path) -> None:
     """testContinueDispatchMessagesWhenMessageTTL: c1 holds expired messages on every key
     and never acks; c2 and c3 are blocked by the draining slots until TTL expiry moves the
     mark-delete over the old messages; then all three receive the new messages."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         b.svc.namespaces.set_policy("public/default", "message_ttl_in_seconds", 60)
         await b.svc.policies_changed()
         old = now_ms() - 120_000
@@ -733,14 +695,12 @@ def test_ttl_expiry_unblocks_draining_slots(tmp_path: Path) -> None:
             assert all(b.owner_of(r.key or "") is consumer for r in new)
         assert b.sub.total_msg_expired == 10
 
-    run(tmp_path, scenario)
 
-
-def test_delayed_messages_are_all_delivered(tmp_path: Path) -> None:
+async def test_delayed_messages_are_all_delivered(tmp_path: Path) -> None:
     """testContinueDispatchMessagesWhenMessageDelayed: delayed messages on Key_Shared are
     held by the tracker (not delivered early) and eventually all delivered, exactly once."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         tick_ms, delay_ms = 10, 400
         b.svc.namespaces.set_policy("public/default", "delayed_delivery_policies",
                                     {"active": True, "tickTime": tick_ms})
@@ -764,8 +724,6 @@ def test_delayed_messages_are_all_delivered(tmp_path: Path) -> None:
         await b.settle()
         assert len(both()) == 40
         assert topic_stats(b.topic)["subscriptions"][SUB]["msgDelayed"] == 0
-
-    run(tmp_path, scenario)
 
 
 # -- §11 item 18: per-key order across reconnects ---------------------------------------------
@@ -868,19 +826,19 @@ SIMULATION_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("variant", sorted(SIMULATION_CONFIGS))
-def test_ordering_after_reconnects(tmp_path: Path, seed: int, variant: str) -> None:
+async def test_ordering_after_reconnects(tmp_path: Path, seed: int, variant: str) -> None:
     """testOrderingAfterReconnects (seeded; --seed to vary)."""
-    run(tmp_path, lambda b: reconnect_simulation(b, seed, steps=100),
-        **SIMULATION_CONFIGS[variant])
+    async with running(tmp_path, **SIMULATION_CONFIGS[variant]) as b:
+        await reconnect_simulation(b, seed, steps=100)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(SIMULATION_CONFIGS))
 @pytest.mark.parametrize("offset", range(10))
-def test_ordering_after_reconnects_many_seeds(tmp_path: Path, seed: int, offset: int,
-                                              variant: str) -> None:
-    run(tmp_path, lambda b: reconnect_simulation(b, seed + offset, steps=500),
-        **SIMULATION_CONFIGS[variant])
+async def test_ordering_after_reconnects_many_seeds(tmp_path: Path, seed: int, offset: int,
+                                                    variant: str) -> None:
+    async with running(tmp_path, **SIMULATION_CONFIGS[variant]) as b:
+        await reconnect_simulation(b, seed + offset, steps=500)
 
 
 def test_first_delivery_check_catches_a_regression() -> None:
@@ -898,10 +856,10 @@ def test_first_delivery_check_catches_a_regression() -> None:
 # -- §11 item 19: stats -----------------------------------------------------------------------
 
 
-def test_key_shared_draining_hashes_consumer_stats(tmp_path: Path) -> None:
+async def test_key_shared_draining_hashes_consumer_stats(tmp_path: Path) -> None:
     """ConsumerStatsTest.testKeySharedDrainingHashesConsumerStats."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1")
         keys = [str(i) for i in range(10)]
         await b.publish_many([(keys[i % 10], i) for i in range(20)])
@@ -952,14 +910,12 @@ def test_key_shared_draining_hashes_consumer_stats(tmp_path: Path) -> None:
         moved_messages = [i for i in range(20, 40) if b.slot_of(keys[i % 10]) in moved_slots]
         await wait_for(lambda: sorted(b.values(c2)) == moved_messages)
 
-    run(tmp_path, scenario)
 
-
-def test_draining_refcount_counts_batch_entries(tmp_path: Path) -> None:
+async def test_draining_refcount_counts_batch_entries(tmp_path: Path) -> None:
     """A draining slot's refcount counts pending-ack entries: a batch of 5 counts 1, while
     the consumer's unackedMessages counts its 5 messages (reference §2.7.6, §12)."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1")
         keys = [str(i) for i in range(10)]
         for i, key in enumerate(keys):
@@ -975,17 +931,15 @@ def test_draining_refcount_counts_batch_entries(tmp_path: Path) -> None:
         assert stats["c1"]["drainingHashesUnackedMessages"] == len(moved)
         assert stats["c1"]["unackedMessages"] == 50
 
-    run(tmp_path, scenario)
 
-
-def test_key_hash_range_arrays(tmp_path: Path) -> None:
+async def test_key_hash_range_arrays(tmp_path: Path) -> None:
     """keyHashRangeArrays per consumer: with the default 100 points, c1 owns 30966 slots in
     52 ranges and c2 34569 in 51 (reference §2.4.3); the ranges are disjoint, cover
     [1, 65535], and agree with where keys go (key1 -> c1, key2 -> c2, k1 -> c2, hello ->
     c1). Other subscription types report no such field but do report the draining
     counters."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1")
         c2 = await b.subscribe("c2")
         consumers = topic_stats(b.topic)["subscriptions"][SUB]["consumers"]
@@ -1012,17 +966,15 @@ def test_key_hash_range_arrays(tmp_path: Path) -> None:
                 shared["drainingHashesUnackedMessages"]) == (0, 0, 0)
         assert other.consumer_name == "s1"
 
-    run(tmp_path, scenario)
-
 
 # -- §11 item 20: cumulative ack ---------------------------------------------------------------
 
 
-def test_cumulative_ack_is_ignored(tmp_path: Path) -> None:
+async def test_cumulative_ack_is_ignored(tmp_path: Path) -> None:
     """testCannotUseAcknowledgeCumulative: the broker ignores a cumulative ack on
     Key_Shared: nothing is acknowledged and the pending acks stay."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         c1 = await b.subscribe("c1")
         positions = await b.publish_many([(str(i), i) for i in range(10)])
         await wait_for(lambda: len(b.sink.of(c1)) == 10)
@@ -1038,18 +990,16 @@ def test_cumulative_ack_is_ignored(tmp_path: Path) -> None:
         assert len(c1.pending_acks) == 0
         assert c1.unacked_messages == 0
 
-    run(tmp_path, scenario)
-
 
 # -- §2.7.1: allowOutOfOrderDelivery ---------------------------------------------------------
 
 
-def test_out_of_order_delivery_gives_new_consumer_its_keys_at_once(tmp_path: Path) -> None:
+async def test_out_of_order_delivery_gives_new_consumer_its_keys_at_once(tmp_path: Path) -> None:
     """With allowOutOfOrderDelivery=true nothing drains: a newly joined consumer receives
     its keys immediately, even while the previous owner holds unacked messages of them
     (so a key is pending at two consumers; the invariant is knowingly off here)."""
 
-    async def scenario(b: Broker) -> None:
+    async with running(tmp_path) as b:
         b.sink.check_invariant = False
         c1 = await b.subscribe("c1", permits=10, allow_out_of_order_delivery=True)
         keys = [str(i) for i in range(10)]
@@ -1069,5 +1019,3 @@ def test_out_of_order_delivery_gives_new_consumer_its_keys_at_once(tmp_path: Pat
         await wait_for(lambda: len(b.sink.of(c2)) == len(moved))
         assert sorted(r.key or "" for r in b.sink.of(c2)) == sorted(moved)
         assert single_owner_violation(b.sub) != ""
-
-    run(tmp_path, scenario)

@@ -5,7 +5,6 @@ the entry's time for TTL and the message-age quota is the broker's timestamp (up
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -49,46 +48,40 @@ def _indexes(topic: PersistentTopic) -> list[int]:
     return found
 
 
-def test_index_counts_messages_across_ledgers_restarts_and_crashes(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path, broker_entry_metadata_interceptors=BOTH,
-                              **SMALL_LEDGERS) as env:
-            kept = await env.service.get_topic(TOPIC)  # a subscription keeps the ledgers
-            assert isinstance(kept, PersistentTopic)
-            await kept.create_subscription("keep", "earliest")
-            before = now_ms()
-            topic = await _publish(env.service, [3, 1, 2])
-            assert _indexes(topic) == [2, 3, 5]
-            ml = topic.managed_ledger
-            assert len([ledger for ledger in ml.ledgers() if ledger.entries]) == 2
-            first = ml.ledgers()[0]
-            block, rest = split_broker_entry_metadata(ml.storage.read_entry(first.ledger_id, 0))
-            assert block is not None
-            assert before <= block.broker_timestamp <= now_ms()
-            assert parse_entry(rest).metadata.num_messages_in_batch == 3
-            topic = await _publish(await env.restart(), [1])
-            assert _indexes(topic) == [2, 3, 5, 6]
-            topic = await _publish(await env.crash(), [4])
-            assert _indexes(topic) == [2, 3, 5, 6, 10]
-
-    asyncio.run(scenario())
+async def test_index_counts_messages_across_ledgers_restarts_and_crashes(tmp_path: Path) -> None:
+    async with broker_env(tmp_path, broker_entry_metadata_interceptors=BOTH,
+                          **SMALL_LEDGERS) as env:
+        kept = await env.service.get_topic(TOPIC)  # a subscription keeps the ledgers
+        assert isinstance(kept, PersistentTopic)
+        await kept.create_subscription("keep", "earliest")
+        before = now_ms()
+        topic = await _publish(env.service, [3, 1, 2])
+        assert _indexes(topic) == [2, 3, 5]
+        ml = topic.managed_ledger
+        assert len([ledger for ledger in ml.ledgers() if ledger.entries]) == 2
+        first = ml.ledgers()[0]
+        block, rest = split_broker_entry_metadata(ml.storage.read_entry(first.ledger_id, 0))
+        assert block is not None
+        assert before <= block.broker_timestamp <= now_ms()
+        assert parse_entry(rest).metadata.num_messages_in_batch == 3
+        topic = await _publish(await env.restart(), [1])
+        assert _indexes(topic) == [2, 3, 5, 6]
+        topic = await _publish(await env.crash(), [4])
+        assert _indexes(topic) == [2, 3, 5, 6, 10]
 
 
 @pytest.mark.parametrize(("interceptors", "expired"), [(BOTH, 0), ((), 5)])
-def test_ttl_uses_the_broker_timestamp_when_entries_carry_one(
+async def test_ttl_uses_the_broker_timestamp_when_entries_carry_one(
         tmp_path: Path, interceptors: tuple[str, ...], expired: int) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path, broker_entry_metadata_interceptors=interceptors) as env:
-            topic = await env.service.get_topic(TOPIC)
-            assert isinstance(topic, PersistentTopic)
-            await topic.create_subscription("sub", "earliest")
-            # The producer's clock says two minutes ago; the broker stores them now.
-            await _publish(env.service, [1, 2, 1, 1, 3], publish_time_ms=now_ms() - 120_000)
-            subscription = topic.subscriptions["sub"]
-            assert await subscription.expire_messages(60) == expired
-            oldest = topic.oldest_unacked_publish_time()
-            assert (oldest is not None) == (expired == 0)
-            if oldest is not None:
-                assert oldest >= now_ms() - 60_000, "the broker's time, not the producer's"
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path, broker_entry_metadata_interceptors=interceptors) as env:
+        topic = await env.service.get_topic(TOPIC)
+        assert isinstance(topic, PersistentTopic)
+        await topic.create_subscription("sub", "earliest")
+        # The producer's clock says two minutes ago; the broker stores them now.
+        await _publish(env.service, [1, 2, 1, 1, 3], publish_time_ms=now_ms() - 120_000)
+        subscription = topic.subscriptions["sub"]
+        assert await subscription.expire_messages(60) == expired
+        oldest = topic.oldest_unacked_publish_time()
+        assert (oldest is not None) == (expired == 0)
+        if oldest is not None:
+            assert oldest >= now_ms() - 60_000, "the broker's time, not the producer's"

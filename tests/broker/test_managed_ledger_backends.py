@@ -36,7 +36,6 @@ from tests.broker.test_managed_ledger import (  # the shared slice, run again be
     FakeClock,
     add_many,
     entry_counts,
-    run,
     test_clean_close_records_the_current_ledger,
     test_close_drops_an_empty_current_ledger,
     test_concurrent_adds_get_positions_in_call_order,
@@ -138,102 +137,87 @@ def mem() -> Iterator[MemoryEnv]:
     made.storage.close()
 
 
-def test_adds_in_flight_when_the_disk_fills_fail_and_writes_resume_in_a_new_ledger(
+async def test_adds_in_flight_when_the_disk_fills_fail_and_writes_resume_in_a_new_ledger(
         mem: MemoryEnv) -> None:
     store = mem.storage
 
-    async def body() -> None:
-        ml = await mem.open()
-        acknowledged = await add_many(ml, 2)
-        first_ledger = ml.ledgers()[-1].ledger_id
-        store.hold_completions()
-        in_flight = [asyncio.ensure_future(ml.add_entry(b"late%d" % i)) for i in range(3)]
-        await asyncio.sleep(0)  # let them reach the storage
-        assert store.complete_pending(0) == 0
-        store.set_disk_full(True)
-        store.complete_pending()
-        for future in in_flight:
-            with pytest.raises(StorageFullError):
-                await future
-        assert ml.last_confirmed_position == acknowledged[-1]
-        with pytest.raises(StorageFullError):  # the rollover it tries first is refused
-            await ml.add_entry(b"while full")
-        store.set_disk_full(False)
-        assert await asyncio.to_thread(store.try_resume_writes)
-        position = await ml.add_entry(b"after")  # not fenced: rolls over, then writes
-        assert position.ledger_id != first_ledger
-        assert position.entry_id == 0
-        assert entry_counts(ml) == [2, 1]
-        assert store.ledger_info(first_ledger).last_add_confirmed == 1
-        read = ml.read_entries(ml.first_position(), 10, 1 << 20)
-        assert [data for _, data in read] == [b"m0", b"m1", b"after"]
-
-    run(body)
+    ml = await mem.open()
+    acknowledged = await add_many(ml, 2)
+    first_ledger = ml.ledgers()[-1].ledger_id
+    store.hold_completions()
+    in_flight = [asyncio.ensure_future(ml.add_entry(b"late%d" % i)) for i in range(3)]
+    await asyncio.sleep(0)  # let them reach the storage
+    assert store.complete_pending(0) == 0
+    store.set_disk_full(True)
+    store.complete_pending()
+    for future in in_flight:
+        with pytest.raises(StorageFullError):
+            await future
+    assert ml.last_confirmed_position == acknowledged[-1]
+    with pytest.raises(StorageFullError):  # the rollover it tries first is refused
+        await ml.add_entry(b"while full")
+    store.set_disk_full(False)
+    assert await asyncio.to_thread(store.try_resume_writes)
+    position = await ml.add_entry(b"after")  # not fenced: rolls over, then writes
+    assert position.ledger_id != first_ledger
+    assert position.entry_id == 0
+    assert entry_counts(ml) == [2, 1]
+    assert store.ledger_info(first_ledger).last_add_confirmed == 1
+    read = ml.read_entries(ml.first_position(), 10, 1 << 20)
+    assert [data for _, data in read] == [b"m0", b"m1", b"after"]
 
 
-def test_held_completions_confirm_positions_in_order(mem: MemoryEnv) -> None:
+async def test_held_completions_confirm_positions_in_order(mem: MemoryEnv) -> None:
     store = mem.storage
 
-    async def body() -> None:
-        ml = await mem.open()
-        store.hold_completions()
-        adds = [asyncio.ensure_future(ml.add_entry(b"%d" % i)) for i in range(4)]
-        await asyncio.sleep(0)
-        ledger = ml.ledgers()[-1].ledger_id
-        assert ml.last_confirmed_position == P(ledger, -1)
-        store.complete_pending(2)
-        assert [p.entry_id for p in await asyncio.gather(*adds[:2])] == [0, 1]
-        assert ml.last_confirmed_position == P(ledger, 1)
-        assert not any(add.done() for add in adds[2:])
-        store.complete_pending()
-        assert [p.entry_id for p in await asyncio.gather(*adds[2:])] == [2, 3]
-
-    run(body)
+    ml = await mem.open()
+    store.hold_completions()
+    adds = [asyncio.ensure_future(ml.add_entry(b"%d" % i)) for i in range(4)]
+    await asyncio.sleep(0)
+    ledger = ml.ledgers()[-1].ledger_id
+    assert ml.last_confirmed_position == P(ledger, -1)
+    store.complete_pending(2)
+    assert [p.entry_id for p in await asyncio.gather(*adds[:2])] == [0, 1]
+    assert ml.last_confirmed_position == P(ledger, 1)
+    assert not any(add.done() for add in adds[2:])
+    store.complete_pending()
+    assert [p.entry_id for p in await asyncio.gather(*adds[2:])] == [2, 3]
 
 
-def test_a_refused_add_fails_alone_and_the_next_goes_on_in_the_same_ledger(
+async def test_a_refused_add_fails_alone_and_the_next_goes_on_in_the_same_ledger(
         mem: MemoryEnv) -> None:
-    async def body() -> None:
-        ml = await mem.open()
-        await add_many(ml, 2)
-        mem.storage.fail_next_adds(1, StorageError("write cache full (scripted)"))
-        with pytest.raises(StorageError, match="write cache full"):
-            await ml.add_entry(b"refused")
-        position = await ml.add_entry(b"next")
-        assert position == P(ml.ledgers()[0].ledger_id, 2)
-        assert entry_counts(ml) == [3]
-
-    run(body)
+    ml = await mem.open()
+    await add_many(ml, 2)
+    mem.storage.fail_next_adds(1, StorageError("write cache full (scripted)"))
+    with pytest.raises(StorageError, match="write cache full"):
+        await ml.add_entry(b"refused")
+    position = await ml.add_entry(b"next")
+    assert position == P(ml.ledgers()[0].ledger_id, 2)
+    assert entry_counts(ml) == [3]
 
 
-def test_an_io_error_fences_the_ml_where_a_full_disk_does_not(mem: MemoryEnv) -> None:
-    async def body() -> None:
-        ml = await mem.open()
-        await add_many(ml, 1)
-        mem.storage.fail_writes(StorageFailedError("journal write failed (scripted EIO)",
-                                                   errno=5))
-        with pytest.raises(StorageFailedError):
-            await ml.add_entry(b"lost")
-        with pytest.raises(StorageFailedError):  # the rollover after a failed add
-            await ml.add_entry(b"refused")
-        with pytest.raises(ManagedLedgerFencedError):
-            await ml.add_entry(b"fenced")
-        assert [data for _, data in ml.read_entries(ml.first_position(), 10, 1 << 20)] == \
-            [b"m0"]
-
-    run(body)
+async def test_an_io_error_fences_the_ml_where_a_full_disk_does_not(mem: MemoryEnv) -> None:
+    ml = await mem.open()
+    await add_many(ml, 1)
+    mem.storage.fail_writes(StorageFailedError("journal write failed (scripted EIO)",
+                                               errno=5))
+    with pytest.raises(StorageFailedError):
+        await ml.add_entry(b"lost")
+    with pytest.raises(StorageFailedError):  # the rollover after a failed add
+        await ml.add_entry(b"refused")
+    with pytest.raises(ManagedLedgerFencedError):
+        await ml.add_entry(b"fenced")
+    assert [data for _, data in ml.read_entries(ml.first_position(), 10, 1 << 20)] == \
+        [b"m0"]
 
 
-def test_a_corrupt_entry_fails_the_reads_that_cover_it_only(mem: MemoryEnv) -> None:
-    async def body() -> None:
-        ml = await mem.open(config=replace(KEEP_ALL, max_entries_per_ledger=3))
-        positions = await add_many(ml, 5)
-        bad = positions[1]
-        mem.storage.corrupt_entry(bad.ledger_id, bad.entry_id)
-        with pytest.raises(CorruptionError, match="scripted corruption"):
-            ml.read_entries(ml.first_position(), 10, 1 << 20)
-        assert ml.read_entry(positions[0]) == b"m0"
-        assert [data for _, data in ml.read_entries(positions[2], 10, 1 << 20)] == \
-            [b"m2", b"m3", b"m4"]
-
-    run(body)
+async def test_a_corrupt_entry_fails_the_reads_that_cover_it_only(mem: MemoryEnv) -> None:
+    ml = await mem.open(config=replace(KEEP_ALL, max_entries_per_ledger=3))
+    positions = await add_many(ml, 5)
+    bad = positions[1]
+    mem.storage.corrupt_entry(bad.ledger_id, bad.entry_id)
+    with pytest.raises(CorruptionError, match="scripted corruption"):
+        ml.read_entries(ml.first_position(), 10, 1 << 20)
+    assert ml.read_entry(positions[0]) == b"m0"
+    assert [data for _, data in ml.read_entries(positions[2], 10, 1 << 20)] == \
+        [b"m2", b"m3", b"m4"]

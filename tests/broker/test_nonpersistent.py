@@ -5,7 +5,6 @@ active consumer; nothing is stored or redelivered."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,8 @@ from magnetar.broker._errors import ConsumerBusyError
 from magnetar.broker.dispatch._dispatcher import failover_ring_choice
 from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
 from magnetar.broker.http._stats import topic_stats
-from magnetar.broker.topics._topic import NonPersistentTopic, Producer
+from magnetar.broker.topics._nonpersistent_topic import NonPersistentTopic
+from magnetar.broker.topics._producer import Producer
 from tests.broker.helpers import RecordingSink, broker_env, publish, publish_batch
 
 TOPIC = "non-persistent://public/default/live"
@@ -40,170 +40,146 @@ def _subscription(topic: NonPersistentTopic, name: str = "sub") -> NonPersistent
     return topic.subscriptions[name]
 
 
-def test_delivered_with_permits_dropped_without(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, producer = await _producer(service)
-            assert await publish(topic, producer, b"nobody") == (0, 0)  # no subscription
-            sink = RecordingSink()
-            consumer = await _subscribe(service, sink, "c1", "Exclusive", 2)
-            # Delivery is synchronous with the publish: no waiting needed.
-            assert await publish(topic, producer, b"m0") == (0, 0)
-            assert await publish(topic, producer, b"m1") == (0, 0)
-            assert await publish(topic, producer, b"m2") == (0, 0)  # no permit left
-            assert sink.bodies(consumer) == [b"m0", b"m1"]
-            assert {(r.ledger_id, r.entry_id) for r in sink.received} == {(0, 0)}
-            assert consumer.permits == 0
-            stats = topic_stats(topic)
-            assert stats["msgDropCounter"] == 1
-            assert stats["subscriptions"]["sub"]["msgDropCounter"] == 1
-            assert stats["msgInCounter"] == 4
-            assert stats["msgOutCounter"] == 2
-            # Nothing was kept: new permits do not bring m2 back.
-            _subscription(topic).flow(consumer, 5)
-            assert await publish(topic, producer, b"m3") == (0, 0)
-            assert sink.bodies(consumer) == [b"m0", b"m1", b"m3"]
-
-    asyncio.run(scenario())
+async def test_delivered_with_permits_dropped_without(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await _producer(service)
+        assert await publish(topic, producer, b"nobody") == (0, 0)  # no subscription
+        sink = RecordingSink()
+        consumer = await _subscribe(service, sink, "c1", "Exclusive", 2)
+        # Delivery is synchronous with the publish: no waiting needed.
+        assert await publish(topic, producer, b"m0") == (0, 0)
+        assert await publish(topic, producer, b"m1") == (0, 0)
+        assert await publish(topic, producer, b"m2") == (0, 0)  # no permit left
+        assert sink.bodies(consumer) == [b"m0", b"m1"]
+        assert {(r.ledger_id, r.entry_id) for r in sink.received} == {(0, 0)}
+        assert consumer.permits == 0
+        stats = topic_stats(topic)
+        assert stats["msgDropCounter"] == 1
+        assert stats["subscriptions"]["sub"]["msgDropCounter"] == 1
+        assert stats["msgInCounter"] == 4
+        assert stats["msgOutCounter"] == 2
+        # Nothing was kept: new permits do not bring m2 back.
+        _subscription(topic).flow(consumer, 5)
+        assert await publish(topic, producer, b"m3") == (0, 0)
+        assert sink.bodies(consumer) == [b"m0", b"m1", b"m3"]
 
 
-def test_every_subscription_gets_its_own_copy(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, producer = await _producer(service)
-            sink = RecordingSink()
-            a = await _subscribe(service, sink, "a", "Exclusive", 10, subscription="sub-a")
-            b = await _subscribe(service, sink, "b", "Shared", 0, subscription="sub-b")
-            await publish(topic, producer, b"x")
-            assert sink.bodies(a) == [b"x"]
-            assert sink.bodies(b) == []
-            stats = topic_stats(topic)
-            assert stats["subscriptions"]["sub-a"]["msgDropCounter"] == 0
-            assert stats["subscriptions"]["sub-b"]["msgDropCounter"] == 1
-            assert stats["msgDropCounter"] == 1
-
-    asyncio.run(scenario())
+async def test_every_subscription_gets_its_own_copy(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await _producer(service)
+        sink = RecordingSink()
+        a = await _subscribe(service, sink, "a", "Exclusive", 10, subscription="sub-a")
+        b = await _subscribe(service, sink, "b", "Shared", 0, subscription="sub-b")
+        await publish(topic, producer, b"x")
+        assert sink.bodies(a) == [b"x"]
+        assert sink.bodies(b) == []
+        stats = topic_stats(topic)
+        assert stats["subscriptions"]["sub-a"]["msgDropCounter"] == 0
+        assert stats["subscriptions"]["sub-b"]["msgDropCounter"] == 1
+        assert stats["msgDropCounter"] == 1
 
 
-def test_shared_round_robin_over_consumers_with_permits(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, producer = await _producer(service)
-            sink = RecordingSink()
-            c1 = await _subscribe(service, sink, "c1", "Shared", 100)
-            c2 = await _subscribe(service, sink, "c2", "Shared", 2)
-            c3 = await _subscribe(service, sink, "c3", "Shared", 100)
-            for index in range(9):
-                await publish(topic, producer, f"m{index}".encode())
-            assert [r.consumer for r in sink.received] == [c1, c2, c3, c1, c2, c3, c1, c3, c1]
-            assert topic_stats(topic)["msgDropCounter"] == 0
-
-    asyncio.run(scenario())
+async def test_shared_round_robin_over_consumers_with_permits(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await _producer(service)
+        sink = RecordingSink()
+        c1 = await _subscribe(service, sink, "c1", "Shared", 100)
+        c2 = await _subscribe(service, sink, "c2", "Shared", 2)
+        c3 = await _subscribe(service, sink, "c3", "Shared", 100)
+        for index in range(9):
+            await publish(topic, producer, f"m{index}".encode())
+        assert [r.consumer for r in sink.received] == [c1, c2, c3, c1, c2, c3, c1, c3, c1]
+        assert topic_stats(topic)["msgDropCounter"] == 0
 
 
-def test_a_batch_counts_its_messages(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, producer = await _producer(service)
-            sink = RecordingSink()
-            consumer = await _subscribe(service, sink, "c1", "Shared", 1)
-            await publish_batch(topic, producer, [b"a", b"b", b"c"])
-            assert sink.messages(consumer) == [b"a", b"b", b"c"]
-            assert consumer.permits == -2
-            await publish_batch(topic, producer, [b"d", b"e"])
-            assert topic_stats(topic)["msgDropCounter"] == 2
-            assert topic_stats(topic)["msgInCounter"] == 5
-
-    asyncio.run(scenario())
+async def test_a_batch_counts_its_messages(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await _producer(service)
+        sink = RecordingSink()
+        consumer = await _subscribe(service, sink, "c1", "Shared", 1)
+        await publish_batch(topic, producer, [b"a", b"b", b"c"])
+        assert sink.messages(consumer) == [b"a", b"b", b"c"]
+        assert consumer.permits == -2
+        await publish_batch(topic, producer, [b"d", b"e"])
+        assert topic_stats(topic)["msgDropCounter"] == 2
+        assert topic_stats(topic)["msgInCounter"] == 5
 
 
-def test_exclusive_and_type_rules(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, producer = await _producer(service)
-            sink = RecordingSink()
-            first = await _subscribe(service, sink, "c1", "Exclusive", 10)
-            with pytest.raises(ConsumerBusyError, match="Exclusive consumer is already"):
-                await _subscribe(service, sink, "c2", "Exclusive", 10)
-            with pytest.raises(ConsumerBusyError, match="Subscription is of different type"):
-                await _subscribe(service, sink, "c3", "Shared", 10)
-            await publish(topic, producer, b"m0")
-            assert sink.bodies(first) == [b"m0"]
-            topic.consumer_closed(_subscription(topic), first)
-            assert "sub" not in topic.subscriptions  # in-memory only: gone with its consumers
-            shared = await _subscribe(service, sink, "c4", "Shared", 10)
-            await publish(topic, producer, b"m1")
-            assert sink.bodies(shared) == [b"m1"]
-
-    asyncio.run(scenario())
+async def test_exclusive_and_type_rules(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await _producer(service)
+        sink = RecordingSink()
+        first = await _subscribe(service, sink, "c1", "Exclusive", 10)
+        with pytest.raises(ConsumerBusyError, match="Exclusive consumer is already"):
+            await _subscribe(service, sink, "c2", "Exclusive", 10)
+        with pytest.raises(ConsumerBusyError, match="Subscription is of different type"):
+            await _subscribe(service, sink, "c3", "Shared", 10)
+        await publish(topic, producer, b"m0")
+        assert sink.bodies(first) == [b"m0"]
+        topic.consumer_closed(_subscription(topic), first)
+        assert "sub" not in topic.subscriptions  # in-memory only: gone with its consumers
+        shared = await _subscribe(service, sink, "c4", "Shared", 10)
+        await publish(topic, producer, b"m1")
+        assert sink.bodies(shared) == [b"m1"]
 
 
-def test_failover_delivers_to_the_ring_choice(tmp_path: Path) -> None:
+async def test_failover_delivers_to_the_ring_choice(tmp_path: Path) -> None:
     """On `non-persistent://public/default/live` the active consumer follows the same ring as
     persistent topics; only it receives."""
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, producer = await _producer(service)
-            sink = RecordingSink()
-            consumers = [await _subscribe(service, sink, name, "Failover", 10)
-                         for name in ("c1", "c2", "c3")]
-            active = failover_ring_choice(consumers, TOPIC)
-            assert active is not None
-            for index in range(3):
-                await publish(topic, producer, f"m{index}".encode())
-            assert {r.consumer for r in sink.received} == {active}
-            assert len(sink.received) == 3
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await _producer(service)
+        sink = RecordingSink()
+        consumers = [await _subscribe(service, sink, name, "Failover", 10)
+                     for name in ("c1", "c2", "c3")]
+        active = failover_ring_choice(consumers, TOPIC)
+        assert active is not None
+        for index in range(3):
+            await publish(topic, producer, f"m{index}".encode())
+        assert {r.consumer for r in sink.received} == {active}
+        assert len(sink.received) == 3
 
 
-def test_failover_consumers_are_told_who_is_active(tmp_path: Path) -> None:
+async def test_failover_consumers_are_told_who_is_active(tmp_path: Path) -> None:
     """Every Failover consumer hears ACTIVE_CONSUMER_CHANGE when the active one changes: on
     join (each consumer's latest notice names the ring's choice) and when the active one
     leaves (the survivors hear the new choice); a Shared subscription hears nothing."""
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, _unused = await _producer(service)
-            sink = RecordingSink()
-            consumers = [await _subscribe(service, sink, name, "Failover", 10)
-                         for name in ("c1", "c2", "c3")]
-            active = failover_ring_choice(consumers, TOPIC)
-            latest = dict(sink.active_changes)
-            assert set(latest) == set(consumers)
-            assert [c for c, is_active in latest.items() if is_active] == [active]
-            assert active is not None
-            sink.active_changes.clear()
-            topic.consumer_closed(_subscription(topic), active)
-            survivors = [c for c in consumers if c is not active]
-            successor = failover_ring_choice(survivors, TOPIC)
-            latest = dict(sink.active_changes)
-            assert set(latest) == set(survivors)
-            assert [c for c, is_active in latest.items() if is_active] == [successor]
-            shared_sink = RecordingSink()
-            await _subscribe(service, shared_sink, "s1", "Shared", 10, subscription="other")
-            await _subscribe(service, shared_sink, "s2", "Shared", 10, subscription="other")
-            assert shared_sink.active_changes == []
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, _unused = await _producer(service)
+        sink = RecordingSink()
+        consumers = [await _subscribe(service, sink, name, "Failover", 10)
+                     for name in ("c1", "c2", "c3")]
+        active = failover_ring_choice(consumers, TOPIC)
+        latest = dict(sink.active_changes)
+        assert set(latest) == set(consumers)
+        assert [c for c, is_active in latest.items() if is_active] == [active]
+        assert active is not None
+        sink.active_changes.clear()
+        topic.consumer_closed(_subscription(topic), active)
+        survivors = [c for c in consumers if c is not active]
+        successor = failover_ring_choice(survivors, TOPIC)
+        latest = dict(sink.active_changes)
+        assert set(latest) == set(survivors)
+        assert [c for c, is_active in latest.items() if is_active] == [successor]
+        shared_sink = RecordingSink()
+        await _subscribe(service, shared_sink, "s1", "Shared", 10, subscription="other")
+        await _subscribe(service, shared_sink, "s2", "Shared", 10, subscription="other")
+        assert shared_sink.active_changes == []
 
 
-def test_non_persistent_topics_are_not_stored(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            topic, producer = await _producer(service)
-            await publish(topic, producer, b"gone")
-            assert service.list_topics("public/default", "NON_PERSISTENT") == [TOPIC]
-            assert service.list_topics("public/default", "PERSISTENT") == []
-            assert topic.last_sequence_id(producer) == -1
-            service = await env.restart()
-            assert service.list_topics("public/default", "ALL") == []
-
-    asyncio.run(scenario())
+async def test_non_persistent_topics_are_not_stored(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await _producer(service)
+        await publish(topic, producer, b"gone")
+        assert service.list_topics("public/default", "NON_PERSISTENT") == [TOPIC]
+        assert service.list_topics("public/default", "PERSISTENT") == []
+        assert topic.last_sequence_id(producer) == -1
+        service = await env.restart()
+        assert service.list_topics("public/default", "ALL") == []

@@ -4,7 +4,6 @@ consumer that really leaves still resets them (Pulsar's rule)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -62,51 +61,42 @@ def _record(env: BrokerEnv) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["restart", "crash"])
-def test_counts_survive_a_restart(tmp_path: Path, crash: bool) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            positions = await _nack_times(env, 3)
-            assert _record(env)["redel"] == [[*positions[0], 3], [*positions[1], 3]]
-            service = await (env.crash() if crash else env.restart())
-            sink = RecordingSink()
-            await _consumer(service, sink)
-            await wait_for(lambda: len(sink.received) == 3)
-            assert [(r.ledger_id, r.entry_id, r.redelivery_count) for r in sink.received] == [
-                (*positions[0], 3), (*positions[1], 3), (*positions[2], 0)]
-
-    asyncio.run(scenario())
+async def test_counts_survive_a_restart(tmp_path: Path, crash: bool) -> None:
+    async with broker_env(tmp_path) as env:
+        positions = await _nack_times(env, 3)
+        assert _record(env)["redel"] == [[*positions[0], 3], [*positions[1], 3]]
+        service = await (env.crash() if crash else env.restart())
+        sink = RecordingSink()
+        await _consumer(service, sink)
+        await wait_for(lambda: len(sink.received) == 3)
+        assert [(r.ledger_id, r.entry_id, r.redelivery_count) for r in sink.received] == [
+            (*positions[0], 3), (*positions[1], 3), (*positions[2], 0)]
 
 
-def test_acks_clear_counts_in_memory_and_on_disk(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            positions = await _nack_times(env, 1)
-            topic = env.service.topics[TOPIC]
-            assert isinstance(topic, PersistentTopic)
-            subscription = topic.subscriptions["sub"]
-            consumer = subscription.consumers[0]
-            await subscription.acknowledge(consumer, INDIVIDUAL, [(*positions[0], None)])
-            assert subscription.redelivery_count(positions[0]) == 0
-            assert _record(env)["redel"] == [[*positions[1], 1]]
-            await subscription.acknowledge(consumer, INDIVIDUAL, [(*positions[1], None)])
-            assert _record(env)["redel"] == []
-
-    asyncio.run(scenario())
+async def test_acks_clear_counts_in_memory_and_on_disk(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        positions = await _nack_times(env, 1)
+        topic = env.service.topics[TOPIC]
+        assert isinstance(topic, PersistentTopic)
+        subscription = topic.subscriptions["sub"]
+        consumer = subscription.consumers[0]
+        await subscription.acknowledge(consumer, INDIVIDUAL, [(*positions[0], None)])
+        assert subscription.redelivery_count(positions[0]) == 0
+        assert _record(env)["redel"] == [[*positions[1], 1]]
+        await subscription.acknowledge(consumer, INDIVIDUAL, [(*positions[1], None)])
+        assert _record(env)["redel"] == []
 
 
-def test_only_the_lowest_counts_are_persisted(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path, managed_ledger_max_redelivery_counts_to_persist=1,
-                              ) as env:
-            positions = await _nack_times(env, 2)
-            assert _record(env)["redel"] == [[*positions[0], 2]]
-            service = await env.crash()
-            sink = RecordingSink()
-            await _consumer(service, sink)
-            await wait_for(lambda: len(sink.received) == 3)
-            assert [r.redelivery_count for r in sink.received] == [2, 0, 0]  # beyond: lost
-
-    asyncio.run(scenario())
+async def test_only_the_lowest_counts_are_persisted(tmp_path: Path) -> None:
+    async with broker_env(tmp_path, managed_ledger_max_redelivery_counts_to_persist=1,
+                          ) as env:
+        positions = await _nack_times(env, 2)
+        assert _record(env)["redel"] == [[*positions[0], 2]]
+        service = await env.crash()
+        sink = RecordingSink()
+        await _consumer(service, sink)
+        await wait_for(lambda: len(sink.received) == 3)
+        assert [r.redelivery_count for r in sink.received] == [2, 0, 0]  # beyond: lost
 
 
 def test_record_bound_and_malformed_input() -> None:
@@ -125,19 +115,16 @@ def test_record_bound_and_malformed_input() -> None:
     assert restored.get(Position(1, 1)) == 2  # nothing loaded from the bad record
 
 
-def test_last_consumer_leaving_resets_counts_but_unload_keeps_them(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            positions = await _nack_times(env, 2)
-            assert await env.service.unload_topic(TOPIC)  # consumers closed by the broker
-            sink = RecordingSink()
-            topic, consumer = await _consumer(env.service, sink)
-            await wait_for(lambda: len(sink.received) == 3)
-            assert [r.redelivery_count for r in sink.received] == [2, 2, 0]
-            subscription = topic.subscriptions["sub"]
-            topic.consumer_closed(subscription, consumer)
-            assert subscription.redelivery_count(positions[0]) == 0
-            await wait_for(lambda: not subscription.cursor.writes_pending)
-            assert _record(env)["redel"] == []
-
-    asyncio.run(scenario())
+async def test_last_consumer_leaving_resets_counts_but_unload_keeps_them(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        positions = await _nack_times(env, 2)
+        assert await env.service.unload_topic(TOPIC)  # consumers closed by the broker
+        sink = RecordingSink()
+        topic, consumer = await _consumer(env.service, sink)
+        await wait_for(lambda: len(sink.received) == 3)
+        assert [r.redelivery_count for r in sink.received] == [2, 2, 0]
+        subscription = topic.subscriptions["sub"]
+        topic.consumer_closed(subscription, consumer)
+        assert subscription.redelivery_count(positions[0]) == 0
+        await wait_for(lambda: not subscription.cursor.writes_pending)
+        assert _record(env)["redel"] == []

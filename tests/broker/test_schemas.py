@@ -3,8 +3,9 @@ namespace policies and the broker default, deletion, consumers and topic deletio
 
 from __future__ import annotations
 
-import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,15 @@ NO_DEFAULT = avro(("a", "int", ...), ("c", "string", ...))
 STRING = StoredSchema("s", pb.Schema.String, b"")
 
 
-def with_service(tmp_path: Path, check: Any, **config: Any) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path, **config) as env:
-            await check(env.service)
-    asyncio.run(scenario())
+@asynccontextmanager
+async def serving(tmp_path: Path, **config: Any) -> AsyncIterator[BrokerService]:
+    """A started in-process service over a real storage in `tmp_path`, closed on the way out."""
+    async with broker_env(tmp_path, **config) as env:
+        yield env.service
 
 
-def test_versions_grow_and_identical_schemas_reuse_theirs(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_versions_grow_and_identical_schemas_reuse_theirs(tmp_path: Path) -> None:
+    async with serving(tmp_path) as service:
         registry = service.schemas
         assert registry.get(TOPIC) is None
         assert registry.add(TOPIC, V1) == 0
@@ -60,11 +61,10 @@ def test_versions_grow_and_identical_schemas_reuse_theirs(tmp_path: Path) -> Non
         with pytest.raises(IncompatibleSchemaError, match="STRING"):
             registry.add(TOPIC, STRING)
         assert [e.version for e in registry.history(TOPIC)] == [0, 1]  # refusals store nothing
-    with_service(tmp_path, check)
 
 
-def test_primitive_types_are_one_version_whatever_their_data(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_primitive_types_are_one_version_whatever_their_data(tmp_path: Path) -> None:
+    async with serving(tmp_path) as service:
         other = TopicName.parse("persistent://public/default/strings")
         assert service.schemas.add(other, STRING) == 0
         assert service.schemas.add(other, StoredSchema("x", pb.Schema.String, b"null")) == 0
@@ -72,11 +72,10 @@ def test_primitive_types_are_one_version_whatever_their_data(tmp_path: Path) -> 
         assert service.schemas.add(TOPIC, protobuf) == 0
         # PROTOBUF (and PROTOBUF_NATIVE): a new definition is admitted as a new version.
         assert service.schemas.add(TOPIC, StoredSchema("p", pb.Schema.Protobuf, b"two")) == 1
-    with_service(tmp_path, check)
 
 
-def test_the_namespace_strategy_beats_the_broker_default(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_the_namespace_strategy_beats_the_broker_default(tmp_path: Path) -> None:
+    async with serving(tmp_path, schema_compatibility_strategy="BACKWARD") as service:
         registry = service.schemas
         registry.add(TOPIC, V1)
         with pytest.raises(IncompatibleSchemaError, match="BACKWARD"):
@@ -88,11 +87,10 @@ def test_the_namespace_strategy_beats_the_broker_default(tmp_path: Path) -> None
         service.namespaces.set_policy(NS, "schema_compatibility_strategy",
                                       "ALWAYS_COMPATIBLE")
         assert registry.add(TOPIC, STRING) == 2  # even a change of type
-    with_service(tmp_path, check, schema_compatibility_strategy="BACKWARD")
 
 
-def test_transitive_strategies_compare_with_every_version(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_transitive_strategies_compare_with_every_version(tmp_path: Path) -> None:
+    async with serving(tmp_path) as service:
         registry = service.schemas
         # v1 adds b without a default: build the history under ALWAYS_COMPATIBLE.
         service.namespaces.set_policy(NS, "schema_compatibility_strategy", "ALWAYS_COMPATIBLE")
@@ -105,11 +103,10 @@ def test_transitive_strategies_compare_with_every_version(tmp_path: Path) -> Non
             registry.add(TOPIC, newest)  # cannot read v0's data: b has no default
         service.namespaces.set_policy(NS, "schema_compatibility_strategy", "BACKWARD")
         assert registry.add(TOPIC, newest) == 2  # the latest alone is readable
-    with_service(tmp_path, check)
 
 
-def test_auto_update_off_admits_only_registered_schemas(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_auto_update_off_admits_only_registered_schemas(tmp_path: Path) -> None:
+    async with serving(tmp_path) as service:
         registry = service.schemas
         service.namespaces.set_policy(NS, "is_allow_auto_update_schema", False)
         assert registry.add(TOPIC, V1) == 0  # a topic without a schema takes one
@@ -118,12 +115,11 @@ def test_auto_update_off_admits_only_registered_schemas(tmp_path: Path) -> None:
         assert registry.add(TOPIC, V1) == 0
         service.namespaces.set_policy(NS, "is_allow_auto_update_schema", None)
         assert registry.add(TOPIC, V2) == 1
-    with_service(tmp_path, check)
 
 
-def test_validation_enforced_refuses_schemaless_producers_on_topics_with_a_schema(
+async def test_validation_enforced_refuses_schemaless_producers_on_topics_with_a_schema(
         tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+    async with serving(tmp_path) as service:
         registry = service.schemas
         service.namespaces.set_policy(NS, "schema_validation_enforced", True)
         registry.admit_schemaless_producer(TOPIC)  # no schema yet: fine
@@ -132,11 +128,10 @@ def test_validation_enforced_refuses_schemaless_producers_on_topics_with_a_schem
             registry.admit_schemaless_producer(TOPIC)
         service.namespaces.set_policy(NS, "schema_validation_enforced", False)
         registry.admit_schemaless_producer(TOPIC)
-    with_service(tmp_path, check)
 
 
-def test_consumers_store_a_first_schema_and_must_read_the_topics(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_consumers_store_a_first_schema_and_must_read_the_topics(tmp_path: Path) -> None:
+    async with serving(tmp_path) as service:
         registry = service.schemas
         registry.admit_consumer(TOPIC, V2)
         assert registry.versions(TOPIC) == [V2]
@@ -155,7 +150,6 @@ def test_consumers_store_a_first_schema_and_must_read_the_topics(tmp_path: Path)
         registry.admit_consumer(TOPIC, auto)  # takes whatever the topic has
         registry.admit_consumer(TopicName.parse("fresh"), auto)
         assert registry.get(TopicName.parse("fresh")) is None  # and is never stored
-    with_service(tmp_path, check)
 
 
 def test_the_broker_default_strategy_is_a_checked_setting() -> None:
@@ -168,8 +162,8 @@ def test_the_broker_default_strategy_is_a_checked_setting() -> None:
         config_with_overrides(["schema_compatibility_strategy=SOMETIMES"])
 
 
-def test_deletion_frees_the_topic_and_never_reuses_versions(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_deletion_frees_the_topic_and_never_reuses_versions(tmp_path: Path) -> None:
+    async with serving(tmp_path) as service:
         registry = service.schemas
         registry.add(TOPIC, V1)
         registry.add(TOPIC, V2)
@@ -183,11 +177,10 @@ def test_deletion_frees_the_topic_and_never_reuses_versions(tmp_path: Path) -> N
         assert old.schema == V2  # old versions stay readable
         assert registry.get(TOPIC, 2) is None  # the marker is no schema
         assert [e.version for e in registry.history(TOPIC)] == [3]
-    with_service(tmp_path, check)
 
 
-def test_deleting_a_topic_deletes_its_schemas(tmp_path: Path) -> None:
-    async def check(service: BrokerService) -> None:
+async def test_deleting_a_topic_deletes_its_schemas(tmp_path: Path) -> None:
+    async with serving(tmp_path) as service:
         await service.create_topic(TOPIC)
         service.schemas.add(TOPIC, V1)
         await service.delete_topic(TOPIC)
@@ -199,15 +192,12 @@ def test_deleting_a_topic_deletes_its_schemas(tmp_path: Path) -> None:
         assert service.schemas.get(base) is not None
         await service.delete_partitioned_topic(base)
         assert service.schemas.get(base) is None
-    with_service(tmp_path, check)
 
 
-def test_schemas_survive_a_restart(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            env.service.schemas.add(TOPIC, V1)
-            env.service.schemas.delete(TOPIC)
-            env.service.schemas.add(TOPIC, V2)
-            service = await env.restart()
-            assert [(e.version, e.schema) for e in service.schemas.history(TOPIC)] == [(2, V2)]
-    asyncio.run(scenario())
+async def test_schemas_survive_a_restart(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        env.service.schemas.add(TOPIC, V1)
+        env.service.schemas.delete(TOPIC)
+        env.service.schemas.add(TOPIC, V2)
+        service = await env.restart()
+        assert [(e.version, e.schema) for e in service.schemas.history(TOPIC)] == [(2, V2)]

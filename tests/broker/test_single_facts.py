@@ -4,7 +4,6 @@ refused with one line naming the setting."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ def _claiming(count: int | None, bodies: int = 3) -> tuple[pb.MessageMetadata, b
 
 
 @pytest.mark.parametrize("claimed", [None, 0, 3, 10_000])
-def test_every_counter_agrees_on_the_messages_of_an_entry(claimed: int | None,
+async def test_every_counter_agrees_on_the_messages_of_an_entry(claimed: int | None,
                                                           tmp_path: Path) -> None:
     """Publish counters, the index interceptor, dedup and the dispatchers' `batch_size` all
     read one entry as holding the same number of messages, even for a claim the wire would
@@ -51,24 +50,21 @@ def test_every_counter_agrees_on_the_messages_of_an_entry(claimed: int | None,
     expected = messages_in(metadata, payload_bytes)
     assert 1 <= expected <= max(1, payload_bytes // SINGLE_MESSAGE_BYTES_MIN)
 
-    async def scenario() -> None:
-        async with broker_env(tmp_path, broker_deduplication_enabled=True,
-                              broker_entry_metadata_interceptors=("index",)) as env:
-            topic, producer = await env.service.create_producer(
-                "persistent://public/default/facts", ProducerSpec("p1"))
-            assert isinstance(topic, PersistentTopic)
-            result = await topic.publish(producer, entry, 0, -1, metadata)
-            stored = topic.managed_ledger.read_entry(Position(result.ledger_id,
-                                                              result.entry_id))
-            assert EntryInfo(Position(result.ledger_id, result.entry_id),
-                             stored).batch_size == expected
-            assert producer.msg_in_counter == topic.msg_in_counter == expected
-            block = codec.parse_entry(stored, verify_checksum=False).broker_entry_metadata
-            assert block is not None
-            assert block.index == expected - 1
-            assert highest_sequence_id_of(0, -1, metadata, entry) == expected - 1
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path, broker_deduplication_enabled=True,
+                          broker_entry_metadata_interceptors=("index",)) as env:
+        topic, producer = await env.service.create_producer(
+            "persistent://public/default/facts", ProducerSpec("p1"))
+        assert isinstance(topic, PersistentTopic)
+        result = await topic.publish(producer, entry, 0, -1, metadata)
+        stored = topic.managed_ledger.read_entry(Position(result.ledger_id,
+                                                          result.entry_id))
+        assert EntryInfo(Position(result.ledger_id, result.entry_id),
+                         stored).batch_size == expected
+        assert producer.msg_in_counter == topic.msg_in_counter == expected
+        block = codec.parse_entry(stored, verify_checksum=False).broker_entry_metadata
+        assert block is not None
+        assert block.index == expected - 1
+        assert highest_sequence_id_of(0, -1, metadata, entry) == expected - 1
 
 
 def test_the_frame_padding_is_defined_once() -> None:

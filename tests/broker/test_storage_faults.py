@@ -15,7 +15,6 @@ a real restart; the corruption is made on disk between two runs.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -93,50 +92,47 @@ async def _corrupt_and_restart(env: BrokerEnv) -> tuple[BrokerService, str, int]
 
 
 @pytest.mark.parametrize("sub_type", ["Exclusive", "Shared", "Key_Shared"])
-def test_corrupt_entry_log_fails_the_topic_loudly(tmp_path: Path, sub_type: str,
+async def test_corrupt_entry_log_fails_the_topic_loudly(tmp_path: Path, sub_type: str,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service, path, offset = await _corrupt_and_restart(env)
-            caplog.clear()
-            bad_sink, good_sink = RecordingSink(), RecordingSink()
-            with caplog.at_level(logging.ERROR):
-                bad = await _subscribe(service, BAD, bad_sink, sub_type)
-                good = await _subscribe(service, GOOD, good_sink, sub_type)
-                await wait_for(lambda: bool(bad_sink.closed))
-                await wait_for(lambda: len(good_sink.received) == MESSAGES)
-            # The consumer of the broken topic is told, with the file and offset.
-            assert len(bad_sink.received) < MESSAGES
-            [(_, reason)] = bad_sink.closed
-            assert path in reason
-            assert f"offset {offset}" in reason
-            # The log names them too, and no exception escaped into the event loop.
-            errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-            assert any(path in m and BAD in m for m in errors), errors
-            assert not any("Exception in callback" in m for m in errors), errors
-            # Stats and metrics mark the topic failed; the healthy topic is not.
-            assert path in topic_stats(bad)["storageFailure"]
-            assert topic_stats(good)["storageFailure"] is None
-            text = render_metrics(service)
-            labels = 'cluster="standalone",namespace="public/default",topic="{}"'
-            assert f"pulsar_topic_storage_failed{{{labels.format(BAD)}}} 1" in text
-            assert f"pulsar_topic_storage_failed{{{labels.format(GOOD)}}} 0" in text
-            # Subscribing again is refused with a clear error rather than silence.
-            with pytest.raises(NotAllowedError, match="cannot be read"):
-                await service.subscribe(BAD, SubscribeSpec("other", "Shared", "c2"),
-                                        RecordingSink())
-            # Publishing to both topics still works; the good topic still delivers.
-            await _publish(service, BAD, 1)
-            await _publish(service, GOOD, 1)
-            await wait_for(lambda: len(good_sink.received) == MESSAGES + 1)
-            assert good.failure is None
-            # Unloading clears the mark (an operator who repaired or skipped the data).
-            assert await service.unload_topic(BAD)
-            reloaded = await service.get_topic(BAD)
-            assert isinstance(reloaded, PersistentTopic)
-            assert reloaded.failure is None
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path) as env:
+        service, path, offset = await _corrupt_and_restart(env)
+        caplog.clear()
+        bad_sink, good_sink = RecordingSink(), RecordingSink()
+        with caplog.at_level(logging.ERROR):
+            bad = await _subscribe(service, BAD, bad_sink, sub_type)
+            good = await _subscribe(service, GOOD, good_sink, sub_type)
+            await wait_for(lambda: bool(bad_sink.closed))
+            await wait_for(lambda: len(good_sink.received) == MESSAGES)
+        # The consumer of the broken topic is told, with the file and offset.
+        assert len(bad_sink.received) < MESSAGES
+        [(_, reason)] = bad_sink.closed
+        assert path in reason
+        assert f"offset {offset}" in reason
+        # The log names them too, and no exception escaped into the event loop.
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert any(path in m and BAD in m for m in errors), errors
+        assert not any("Exception in callback" in m for m in errors), errors
+        # Stats and metrics mark the topic failed; the healthy topic is not.
+        assert path in topic_stats(bad)["storageFailure"]
+        assert topic_stats(good)["storageFailure"] is None
+        text = render_metrics(service)
+        labels = 'cluster="standalone",namespace="public/default",topic="{}"'
+        assert f"pulsar_topic_storage_failed{{{labels.format(BAD)}}} 1" in text
+        assert f"pulsar_topic_storage_failed{{{labels.format(GOOD)}}} 0" in text
+        # Subscribing again is refused with a clear error rather than silence.
+        with pytest.raises(NotAllowedError, match="cannot be read"):
+            await service.subscribe(BAD, SubscribeSpec("other", "Shared", "c2"),
+                                    RecordingSink())
+        # Publishing to both topics still works; the good topic still delivers.
+        await _publish(service, BAD, 1)
+        await _publish(service, GOOD, 1)
+        await wait_for(lambda: len(good_sink.received) == MESSAGES + 1)
+        assert good.failure is None
+        # Unloading clears the mark (an operator who repaired or skipped the data).
+        assert await service.unload_topic(BAD)
+        reloaded = await service.get_topic(BAD)
+        assert isinstance(reloaded, PersistentTopic)
+        assert reloaded.failure is None
 
 
 def test_index_lookup_error_is_a_corruption_error(tmp_path: Path,
@@ -193,60 +189,57 @@ async def _publish_one(topic: PersistentTopic, producer: Producer, i: int) -> Pu
     return await topic.publish(producer, entry, i, i, metadata)
 
 
-def test_full_disk_refuses_publishes_then_resumes_by_itself(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        env = _FullDiskEnv(tmp_path)
-        await env.service.start(maintenance=False)
-        try:
-            service = env.service
-            topic = await service.get_topic(GOOD)
-            assert isinstance(topic, PersistentTopic)
-            sink = RecordingSink()
-            await _subscribe(service, GOOD, sink)  # holds the data (no retention)
-            closed: list[str] = []
-            producer = topic.add_producer(ProducerSpec("p1"))
-            producer.closer = closed.append
-            for i in range(5):
-                await _publish_one(topic, producer, i)
-            env.fill()
-            # The publish is refused with the quota-style error and the producer closed (a
-            # CLOSE_PRODUCER on the wire), not answered with a PersistenceError.
-            with pytest.raises(DiskFullError):
-                await _publish_one(topic, producer, 5)
-            assert closed == ["the broker's disk is full"]
-            assert "p1" not in topic.producers
-            assert service.storage_full
-            with pytest.raises(DiskFullError, match="disk is full"):
-                topic.add_producer(ProducerSpec("p2"))
-            # Stats and metrics say so.
-            assert topic_stats(topic)["storageFull"] is True
-            assert 'pulsar_broker_storage_full{cluster="standalone"} 1' in \
-                render_metrics(service)
-            # Still full: the periodic check leaves writes off.
-            assert not await service.resume_writes_if_room()
-            env.make_room()
-            assert (await service.run_maintenance(force=True)) is not None
-            assert not service.storage_full
-            assert topic_stats(topic)["storageFull"] is False
-            assert 'pulsar_broker_storage_full{cluster="standalone"} 0' in \
-                render_metrics(service)
-            producer = topic.add_producer(ProducerSpec("p1"))
-            for i in range(5, 8):
-                await _publish_one(topic, producer, i)
-            expected = [f"m{i}".encode() for i in range(8)]
-            await wait_for(lambda: len(sink.received) >= 8)
-            assert [r.body for r in sink.received] == expected
-        finally:
-            await env.close()
-        # Nothing acknowledged is lost, nothing refused comes back, after a reopen.
-        async with broker_env(tmp_path) as reopened:
-            sink = RecordingSink()
-            await _subscribe(reopened.service, GOOD, sink)
-            await wait_for(lambda: len(sink.received) >= 8)
-            await settle(reopened.service)
-            assert [r.body for r in sink.received] == expected
-
-    asyncio.run(scenario())
+async def test_full_disk_refuses_publishes_then_resumes_by_itself(tmp_path: Path) -> None:
+    env = _FullDiskEnv(tmp_path)
+    await env.service.start(maintenance=False)
+    try:
+        service = env.service
+        topic = await service.get_topic(GOOD)
+        assert isinstance(topic, PersistentTopic)
+        sink = RecordingSink()
+        await _subscribe(service, GOOD, sink)  # holds the data (no retention)
+        closed: list[str] = []
+        producer = topic.add_producer(ProducerSpec("p1"))
+        producer.closer = closed.append
+        for i in range(5):
+            await _publish_one(topic, producer, i)
+        env.fill()
+        # The publish is refused with the quota-style error and the producer closed (a
+        # CLOSE_PRODUCER on the wire), not answered with a PersistenceError.
+        with pytest.raises(DiskFullError):
+            await _publish_one(topic, producer, 5)
+        assert closed == ["the broker's disk is full"]
+        assert "p1" not in topic.producers
+        assert service.storage_full
+        with pytest.raises(DiskFullError, match="disk is full"):
+            topic.add_producer(ProducerSpec("p2"))
+        # Stats and metrics say so.
+        assert topic_stats(topic)["storageFull"] is True
+        assert 'pulsar_broker_storage_full{cluster="standalone"} 1' in \
+            render_metrics(service)
+        # Still full: the periodic check leaves writes off.
+        assert not await service.resume_writes_if_room()
+        env.make_room()
+        assert (await service.run_maintenance(force=True)) is not None
+        assert not service.storage_full
+        assert topic_stats(topic)["storageFull"] is False
+        assert 'pulsar_broker_storage_full{cluster="standalone"} 0' in \
+            render_metrics(service)
+        producer = topic.add_producer(ProducerSpec("p1"))
+        for i in range(5, 8):
+            await _publish_one(topic, producer, i)
+        expected = [f"m{i}".encode() for i in range(8)]
+        await wait_for(lambda: len(sink.received) >= 8)
+        assert [r.body for r in sink.received] == expected
+    finally:
+        await env.close()
+    # Nothing acknowledged is lost, nothing refused comes back, after a reopen.
+    async with broker_env(tmp_path) as reopened:
+        sink = RecordingSink()
+        await _subscribe(reopened.service, GOOD, sink)
+        await wait_for(lambda: len(sink.received) >= 8)
+        await settle(reopened.service)
+        assert [r.body for r in sink.received] == expected
 
 
 async def _publish_until_full(topic: PersistentTopic, producer: Producer) -> int:
@@ -260,7 +253,7 @@ async def _publish_until_full(topic: PersistentTopic, producer: Producer) -> int
     raise AssertionError("the disk never filled")
 
 
-def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resumes(
+async def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resumes(
         tmp_path: Path) -> None:
     """A disk of limited size fills up; deleting the topic that holds most of it is answered
     (204, not 500) while full, frees its entry logs, and the next periodic check resumes
@@ -272,54 +265,51 @@ def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resumes(
 
     big, small = "persistent://public/default/big", "persistent://public/default/small"
 
-    async def scenario() -> None:
-        disk = SmallDisk(4, tmp_path, capacity_bytes=2**40)
-        storage = Storage.open(tmp_path, small_config(entry_log_bytes_max=128 * 1024),
-                               fs=disk)
-        service = BrokerService(storage, BrokerConfig(max_message_size_bytes=64 * 1024))
-        await service.start(maintenance=False)
-        admin = await start_admin(service, "127.0.0.1", 0)
-        try:
-            sink = RecordingSink()
-            await _subscribe(service, small, sink)  # holds small's data
-            await _subscribe(service, big, RecordingSink())  # holds big's data
-            topic_big = await service.get_topic(big)
-            assert isinstance(topic_big, PersistentTopic)
-            producer = topic_big.add_producer(ProducerSpec("p"))
-            for i in range(100):
-                metadata, entry = make_entry(bytes([i % 250]) * 4096, sequence_id=i,
-                                             producer_name="p")
-                await topic_big.publish(producer, entry, i, i, metadata)
-            storage.checkpoint()
-            disk.capacity_bytes = disk.used_bytes() + 128 * 1024
-            topic_small = await service.get_topic(small)
-            assert isinstance(topic_small, PersistentTopic)
-            producer = topic_small.add_producer(ProducerSpec("p"))
-            sent = await _publish_until_full(topic_small, producer)
-            assert service.storage_full
-            async with aiohttp.ClientSession() as session:
-                health = f"{admin.url}/admin/v2/brokers/health"
-                async with session.get(health) as answer:
-                    assert answer.status == 503
-                    assert "disk is full" in await answer.text()
-                used = disk.used_bytes()
-                async with session.delete(f"{admin.url}/admin/v2/persistent/public/default/"
-                                          "big", params={"force": "true"}) as answer:
-                    assert answer.status == 204, await answer.text()
-                assert disk.used_bytes() < used
-                await service.run_maintenance(force=True)  # the periodic check
-                assert not service.storage_full
-                async with session.get(health) as answer:
-                    assert answer.status == 200
-            assert not service.topic_exists(big)
-            producer = topic_small.add_producer(ProducerSpec("p"))
-            await _publish_one(topic_small, producer, sent)
-            expected = [f"m{i}".encode() for i in range(sent + 1)]
-            await wait_for(lambda: len(sink.received) >= sent + 1)
-            assert [r.body for r in sink.received] == expected
-        finally:
-            await admin.close()
-            await service.close()
-            storage.close()
-
-    asyncio.run(scenario())
+    disk = SmallDisk(4, tmp_path, capacity_bytes=2**40)
+    storage = Storage.open(tmp_path, small_config(entry_log_bytes_max=128 * 1024),
+                           fs=disk)
+    service = BrokerService(storage, BrokerConfig(max_message_size_bytes=64 * 1024))
+    await service.start(maintenance=False)
+    admin = await start_admin(service, "127.0.0.1", 0)
+    try:
+        sink = RecordingSink()
+        await _subscribe(service, small, sink)  # holds small's data
+        await _subscribe(service, big, RecordingSink())  # holds big's data
+        topic_big = await service.get_topic(big)
+        assert isinstance(topic_big, PersistentTopic)
+        producer = topic_big.add_producer(ProducerSpec("p"))
+        for i in range(100):
+            metadata, entry = make_entry(bytes([i % 250]) * 4096, sequence_id=i,
+                                         producer_name="p")
+            await topic_big.publish(producer, entry, i, i, metadata)
+        storage.checkpoint()
+        disk.capacity_bytes = disk.used_bytes() + 128 * 1024
+        topic_small = await service.get_topic(small)
+        assert isinstance(topic_small, PersistentTopic)
+        producer = topic_small.add_producer(ProducerSpec("p"))
+        sent = await _publish_until_full(topic_small, producer)
+        assert service.storage_full
+        async with aiohttp.ClientSession() as session:
+            health = f"{admin.url}/admin/v2/brokers/health"
+            async with session.get(health) as answer:
+                assert answer.status == 503
+                assert "disk is full" in await answer.text()
+            used = disk.used_bytes()
+            async with session.delete(f"{admin.url}/admin/v2/persistent/public/default/"
+                                      "big", params={"force": "true"}) as answer:
+                assert answer.status == 204, await answer.text()
+            assert disk.used_bytes() < used
+            await service.run_maintenance(force=True)  # the periodic check
+            assert not service.storage_full
+            async with session.get(health) as answer:
+                assert answer.status == 200
+        assert not service.topic_exists(big)
+        producer = topic_small.add_producer(ProducerSpec("p"))
+        await _publish_one(topic_small, producer, sent)
+        expected = [f"m{i}".encode() for i in range(sent + 1)]
+        await wait_for(lambda: len(sink.received) >= sent + 1)
+        assert [r.body for r in sink.received] == expected
+    finally:
+        await admin.close()
+        await service.close()
+        storage.close()

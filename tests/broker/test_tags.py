@@ -9,7 +9,6 @@ and the tags are stored with the subscription, so they survive a restart."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -62,86 +61,74 @@ async def _publish_all(service: BrokerService) -> PersistentTopic:
 
 
 @pytest.mark.parametrize("sub_type", ["Shared", "Key_Shared", "Exclusive", "Failover"])
-def test_subscription_receives_its_tags_and_untagged_messages(tmp_path: Path,
+async def test_subscription_receives_its_tags_and_untagged_messages(tmp_path: Path,
                                                               sub_type: str) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            sinks = {name: RecordingSink() for name in EXPECTED}
-            consumers = {}
-            for name, sink in sinks.items():
-                _, consumers[name] = await _subscribe(service, name, sub_type, sink,
-                                                      SUBSCRIPTION_PROPERTIES[name])
-            await _publish_all(service)
-            await wait_for(lambda: all(len(sink.received) >= len(EXPECTED[name])
-                                       for name, sink in sinks.items()))
-            await settle(service)
-            for name, sink in sinks.items():
-                assert sink.bodies(consumers[name]) == EXPECTED[name], name
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        sinks = {name: RecordingSink() for name in EXPECTED}
+        consumers = {}
+        for name, sink in sinks.items():
+            _, consumers[name] = await _subscribe(service, name, sub_type, sink,
+                                                  SUBSCRIPTION_PROPERTIES[name])
+        await _publish_all(service)
+        await wait_for(lambda: all(len(sink.received) >= len(EXPECTED[name])
+                                   for name, sink in sinks.items()))
+        await settle(service)
+        for name, sink in sinks.items():
+            assert sink.bodies(consumers[name]) == EXPECTED[name], name
 
 
-def test_filtered_messages_are_acknowledged_for_the_subscription(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            sink = RecordingSink()
-            topic, consumer = await _subscribe(service, "tag1", "Shared", sink, {"tag1": "1"})
-            await _publish_all(service)
-            subscription = topic.subscriptions["tag1"]
-            wanted = len(EXPECTED["tag1"])
-            await wait_for(lambda: len(sink.received) >= wanted)
-            # Only the delivered (unacked) messages are left in the backlog.
-            await wait_for(lambda: subscription.backlog() == wanted)
-            await subscription.acknowledge(consumer, 0, [(r.ledger_id, r.entry_id, None)
-                                                         for r in sink.received])
-            assert subscription.backlog() == 0
-            last = topic.managed_ledger.last_confirmed_position
-            assert subscription.cursor.mark_delete_position == last
-
-    asyncio.run(scenario())
+async def test_filtered_messages_are_acknowledged_for_the_subscription(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        sink = RecordingSink()
+        topic, consumer = await _subscribe(service, "tag1", "Shared", sink, {"tag1": "1"})
+        await _publish_all(service)
+        subscription = topic.subscriptions["tag1"]
+        wanted = len(EXPECTED["tag1"])
+        await wait_for(lambda: len(sink.received) >= wanted)
+        # Only the delivered (unacked) messages are left in the backlog.
+        await wait_for(lambda: subscription.backlog() == wanted)
+        await subscription.acknowledge(consumer, 0, [(r.ledger_id, r.entry_id, None)
+                                                     for r in sink.received])
+        assert subscription.backlog() == 0
+        last = topic.managed_ledger.last_confirmed_position
+        assert subscription.cursor.mark_delete_position == last
 
 
-def test_subscription_with_only_filtered_messages_has_no_backlog(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            service = env.service
-            sink = RecordingSink()
-            topic, _ = await _subscribe(service, "tag9", "Exclusive", sink, {"tag9": "1"})
-            _, producer = await service.create_producer(TOPIC, ProducerSpec("p1"))
-            for i in range(5):
-                await publish(topic, producer, f"m{i}".encode(), properties={"tag1": "TAGS"})
-            subscription = topic.subscriptions["tag9"]
-            await wait_for(lambda: subscription.backlog() == 0)
-            await settle(service)
-            assert sink.received == []
-
-    asyncio.run(scenario())
+async def test_subscription_with_only_filtered_messages_has_no_backlog(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        sink = RecordingSink()
+        topic, _ = await _subscribe(service, "tag9", "Exclusive", sink, {"tag9": "1"})
+        _, producer = await service.create_producer(TOPIC, ProducerSpec("p1"))
+        for i in range(5):
+            await publish(topic, producer, f"m{i}".encode(), properties={"tag1": "TAGS"})
+        subscription = topic.subscriptions["tag9"]
+        await wait_for(lambda: subscription.backlog() == 0)
+        await settle(service)
+        assert sink.received == []
 
 
-def test_tags_are_kept_with_the_subscription_across_a_restart(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            sink = RecordingSink()
-            topic, consumer = await _subscribe(env.service, "tag1", "Shared", sink,
-                                               {"tag1": "1"})
-            topic.consumer_closed(topic.subscriptions["tag1"], consumer)
+async def test_tags_are_kept_with_the_subscription_across_a_restart(tmp_path: Path) -> None:
+    async with broker_env(tmp_path) as env:
+        sink = RecordingSink()
+        topic, consumer = await _subscribe(env.service, "tag1", "Shared", sink,
+                                           {"tag1": "1"})
+        topic.consumer_closed(topic.subscriptions["tag1"], consumer)
 
-            service = await env.restart()
-            topic = await _publish_all(service)
-            assert topic.subscriptions["tag1"].cursor.cursor_properties == {"tag1": "1"}
-            # The consumer comes back without properties: the stored tags still apply.
-            sink = RecordingSink()
-            _, consumer = await _subscribe(service, "tag1", "Shared", sink, {})
-            await wait_for(lambda: len(sink.received) >= len(EXPECTED["tag1"]))
-            await settle(service)
-            assert sink.bodies(consumer) == EXPECTED["tag1"]
+        service = await env.restart()
+        topic = await _publish_all(service)
+        assert topic.subscriptions["tag1"].cursor.cursor_properties == {"tag1": "1"}
+        # The consumer comes back without properties: the stored tags still apply.
+        sink = RecordingSink()
+        _, consumer = await _subscribe(service, "tag1", "Shared", sink, {})
+        await wait_for(lambda: len(sink.received) >= len(EXPECTED["tag1"]))
+        await settle(service)
+        assert sink.bodies(consumer) == EXPECTED["tag1"]
 
-            # And after a crash, too.
-            service = await env.crash()
-            topic = await service.get_topic(TOPIC)
-            assert isinstance(topic, PersistentTopic)
-            assert topic.subscriptions["tag1"].tags == frozenset({"tag1"})
-
-    asyncio.run(scenario())
+        # And after a crash, too.
+        service = await env.crash()
+        topic = await service.get_topic(TOPIC)
+        assert isinstance(topic, PersistentTopic)
+        assert topic.subscriptions["tag1"].tags == frozenset({"tag1"})

@@ -6,7 +6,6 @@ command type to one method."""
 from __future__ import annotations
 
 import ast
-import asyncio
 from pathlib import Path
 
 from magnetar.broker.wire._connection_handler import ConnectionHandler
@@ -45,23 +44,20 @@ def test_every_module_of_the_connection_stays_short() -> None:
         assert lines <= MODULE_LINES_MAX, f"{path.name}: {lines} lines"
 
 
-def test_every_command_type_goes_to_one_method_of_the_connection_or_one_area(
+async def test_every_command_type_goes_to_one_method_of_the_connection_or_one_area(
         tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker_env(tmp_path) as env:
-            context = ServerContext(env.service, "pulsar://127.0.0.1:6650",
-                                    env.service.schemas)
-            handler = ConnectionHandler(context, lambda data: None, lambda: None, "/127.0.0.1:1")
-            owners = {handler, handler.producers, handler.consumers, handler.discovery}
-            table = handler._dispatch_table
-            for kind, method in table.items():
-                assert getattr(method, "__self__", None) in owners, pb.BaseCommand.Type.Name(kind)
-            dispatched = {(id(method.__self__), method.__name__)  # type: ignore[attr-defined]
-                          for method in table.values()}
-            for area in (handler.producers, handler.consumers, handler.discovery):
-                for name in dir(area):
-                    if name.startswith("on_") and name != "on_corrupt_send":  # for a bad CRC
-                        assert (id(area), name) in dispatched, f"{type(area).__name__}.{name}"
-            handler.close()
-
-    asyncio.run(scenario())
+    async with broker_env(tmp_path) as env:
+        context = ServerContext(env.service, "pulsar://127.0.0.1:6650",
+                                env.service.schemas)
+        handler = ConnectionHandler(context, lambda data: None, lambda: None, "/127.0.0.1:1")
+        owners = {handler, handler.producers, handler.consumers, handler.discovery}
+        table = handler._dispatch_table
+        for kind, method in table.items():
+            assert getattr(method, "__self__", None) in owners, pb.BaseCommand.Type.Name(kind)
+        dispatched = {(id(method.__self__), method.__name__)  # type: ignore[attr-defined]
+                      for method in table.values()}
+        for area in (handler.producers, handler.consumers, handler.discovery):
+            for name in dir(area):
+                if name.startswith("on_") and name != "on_corrupt_send":  # for a bad CRC
+                    assert (id(area), name) in dispatched, f"{type(area).__name__}.{name}"
+        handler.close()

@@ -76,7 +76,7 @@ def start_secure(base: Path, *extra: str, config: tuple[str, ...] = ()) -> Secur
 
 
 def raw_connect(port: int, auth_token: str | None, *, refresh: bool = True,
-                method: str = "token") -> tuple[RawClient, Any]:
+                method: str = "token", watchers: bool = False) -> tuple[RawClient, Any]:
     """A raw connection that sends CONNECT with a token; returns it and the first reply."""
     client = RawClient(port)
     connect = pb.CommandConnect(client_version="magnetar-interop", protocol_version=20,
@@ -84,6 +84,7 @@ def raw_connect(port: int, auth_token: str | None, *, refresh: bool = True,
     if auth_token is not None:
         connect.auth_data = auth_token.encode()
     connect.feature_flags.supports_auth_refresh = refresh
+    connect.feature_flags.supports_topic_watchers = watchers
     client.send(connect)
     return client, client.next_event()
 

@@ -13,7 +13,8 @@ import logging
 import resource
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pulsar
@@ -49,15 +50,17 @@ MIB = 1024 * 1024
 OPERATION_TIMEOUT_S = 3  # the official client's, for the names it keeps retrying
 
 
-async def _with_server(tmp_path: Path, body: Callable[[BrokerServer, BrokerService],
-                                                        Awaitable[None]],
-                       **config: object) -> None:
+@asynccontextmanager
+async def _serving(tmp_path: Path, **config: object,
+                   ) -> AsyncIterator[tuple[BrokerServer, BrokerService]]:
+    """A started service with `config` on the storage in `tmp_path / "data"` and its server on
+    a free loopback port; shut down and closed on the way out."""
     storage = Storage.open(tmp_path / "data")
     service = BrokerService(storage, BrokerConfig(**config))  # type: ignore[arg-type]
     await service.start(maintenance=False)
     server = await serve(service, "127.0.0.1", 0)
     try:
-        await body(server, service)
+        yield server, service
     finally:
         await server.shutdown(grace_s=DEADLINE_S)
         await service.close()
@@ -85,8 +88,8 @@ async def _closed(client: _AsyncClient) -> bool:
 # -- names ---------------------------------------------------------------------------------
 
 
-def test_over_long_names_are_refused_up_front_and_create_nothing(tmp_path: Path) -> None:
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+async def test_over_long_names_are_refused_up_front_and_create_nothing(tmp_path: Path) -> None:
+    async with _serving(tmp_path) as (server, service):
         client = await _AsyncClient.connect(server.port)
         client.send(pb.CommandLookupTopic(topic=LONG_TOPIC, request_id=1))
         lookup = (await client.expect(T.LOOKUP_RESPONSE)).command.lookupTopicResponse
@@ -123,8 +126,6 @@ def test_over_long_names_are_refused_up_front_and_create_nothing(tmp_path: Path)
         assert (await client.expect(T.SUCCESS)).command.success.request_id == 7
         assert await service.unload_topic(topic)
         await client.close()
-
-    asyncio.run(_with_server(tmp_path, body))
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +168,7 @@ def test_the_official_client_is_refused_over_long_names(names_broker: BrokerProc
 # -- connection limits ---------------------------------------------------------------------
 
 
-def test_connections_beyond_the_limits_are_refused_with_not_allowed(tmp_path: Path) -> None:
+async def test_connections_beyond_the_limits_are_refused_with_not_allowed(tmp_path: Path) -> None:
     async def refused(server: BrokerServer, reason: str) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         answer = await asyncio.wait_for(reader.read(), DEADLINE_S)  # all of it, then EOF
@@ -181,7 +182,7 @@ def test_connections_beyond_the_limits_are_refused_with_not_allowed(tmp_path: Pa
         assert reason in error.message
         writer.close()
 
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+    async with _serving(tmp_path, max_connections_per_ip=2) as (server, service):
         first = [await _AsyncClient.connect(server.port) for _ in range(2)]
         await refused(server, "maximum number of connections on address 127.0.0.1")
         assert server.connection_count == 2
@@ -195,16 +196,12 @@ def test_connections_beyond_the_limits_are_refused_with_not_allowed(tmp_path: Pa
         for client in (first[1], again):
             await client.close()
 
-    asyncio.run(_with_server(tmp_path, body, max_connections_per_ip=2))
-
-    async def total(server: BrokerServer, service: BrokerService) -> None:
+    async with _serving(tmp_path, broker_max_connections=1) as (server, service):
         held = await _AsyncClient.connect(server.port)
         await refused(server, "Reached the maximum number of connections")
         held.send(pb.CommandPing())
         await held.expect(T.PONG)  # the admitted one is untouched
         await held.close()
-
-    asyncio.run(_with_server(tmp_path, total, broker_max_connections=1))
 
 
 # -- incomplete frames ---------------------------------------------------------------------
@@ -215,9 +212,10 @@ def _partial_frame(claimed_bytes: int, sent_bytes: int) -> bytes:
     return claimed_bytes.to_bytes(4, "big") + b"\0" * (sent_bytes - 4)
 
 
-def test_incomplete_frames_are_bounded_over_all_connections(
+async def test_incomplete_frames_are_bounded_over_all_connections(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+    caplog.set_level(logging.DEBUG, logger="magnetar.broker")
+    async with _serving(tmp_path, max_incomplete_frames_bytes=4 * MIB) as (server, service):
         clients = [await _AsyncClient.connect(server.port) for _ in range(4)]
         first, second, third, fourth = clients
         first.writer.write(_partial_frame(4 * MIB, 3 * MIB))  # under the 4 MiB limit
@@ -239,15 +237,13 @@ def test_incomplete_frames_are_bounded_over_all_connections(
         for client in clients:
             await client.close()
 
-    with caplog.at_level(logging.DEBUG, logger="magnetar.broker"):
-        asyncio.run(_with_server(tmp_path, body, max_incomplete_frames_bytes=4 * MIB))
     over = [r for r in caplog.records if "max_incomplete_frames_bytes" in r.getMessage()]
     assert [r.levelno for r in over] == [logging.WARNING, logging.DEBUG]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_a_closed_connection_releases_its_partial_frame(tmp_path: Path) -> None:
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+async def test_a_closed_connection_releases_its_partial_frame(tmp_path: Path) -> None:
+    async with _serving(tmp_path) as (server, _):
         client = await _AsyncClient.connect(server.port)
         client.writer.write(_partial_frame(5 * MIB, 4 * MIB))
         (handler,) = server._connections
@@ -262,13 +258,11 @@ def test_a_closed_connection_releases_its_partial_frame(tmp_path: Path) -> None:
         gc.collect()
         await _eventually(lambda: watched() is None)  # and nothing holds the handler
 
-    asyncio.run(_with_server(tmp_path, body))
-
 
 # -- logging -------------------------------------------------------------------------------
 
 
-def test_a_repeated_client_mistake_is_one_warning_per_connection(
+async def test_a_repeated_client_mistake_is_one_warning_per_connection(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     topic = "persistent://public/default/mistakes"
     metadata, payload = build_message(SingleMessage(b"x", sequence_id=0), producer_name="p",
@@ -291,7 +285,8 @@ def test_a_repeated_client_mistake_is_one_warning_per_connection(
         client.send(pb.CommandPing())
         await client.expect(T.PONG)
 
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+    caplog.set_level(logging.DEBUG, logger="magnetar.broker")
+    async with _serving(tmp_path) as (server, service):
         for _ in range(2):
             client = await _AsyncClient.connect(server.port)
             await mistakes(client)
@@ -299,8 +294,6 @@ def test_a_repeated_client_mistake_is_one_warning_per_connection(
         # a request whose answer cannot be sent does nothing either
         assert service.schemas.get(TopicName.parse(topic)) is None
 
-    with caplog.at_level(logging.DEBUG, logger="magnetar.broker"):
-        asyncio.run(_with_server(tmp_path, body))
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("not sending CommandGetOrCreateSchemaResponse" in m for m in warnings) == 2

@@ -72,8 +72,8 @@ def _run(argv: list[str], cwd: Path, what: str) -> subprocess.CompletedProcess[s
 
 
 def test_the_readme_has_the_examples_this_file_runs() -> None:
-    assert len(_blocks("python")) == 2
-    assert len(_blocks("sh")) == 3
+    assert len(_blocks("python")) == 4
+    assert len(_blocks("sh")) == 4
     assert {lang for lang, _ in _BLOCK.findall(README.read_text())} == {"python", "sh"}
 
 
@@ -103,7 +103,8 @@ def test_sh_example_runs_as_written(index: int, tmp_path: Path) -> None:
 def _run_script(commands: list[str], directory: Path) -> None:
     """Run the commands with bash; a final `magnetar standalone` is started on free ports,
     used with the official client and stopped."""
-    prelude = ['set -euo pipefail', 'magnetar() { "$MAGNETAR_PYTHON" -m magnetar.broker.cli "$@"; }']
+    prelude = ['set -euo pipefail',
+               'magnetar() { "$MAGNETAR_PYTHON" -m magnetar.broker.cli "$@"; }']
     *before, last = commands
     if not last.startswith("magnetar standalone"):
         _bash([*prelude, *commands], directory)
@@ -161,9 +162,9 @@ def _tail(directory: Path) -> str:
 def _produce_over_tls_with_a_token(directory: Path, tls_port: int) -> None:
     """A token from the README's secret key, over the README's TLS listener."""
     token = subprocess.run(
-        [sys.executable, "-m", "magnetar.broker.cli", "tokens", "create", "--secret-key", "secret.key",
-         "--subject", "alice"], cwd=directory, env=_env(), capture_output=True, text=True,
-        timeout=EXAMPLE_DEADLINE_S, check=True).stdout.strip()
+        [sys.executable, "-m", "magnetar.broker.cli", "tokens", "create", "--secret-key",
+         "secret.key", "--subject", "alice"], cwd=directory, env=_env(), capture_output=True,
+        text=True, timeout=EXAMPLE_DEADLINE_S, check=True).stdout.strip()
     client = pulsar.Client(f"pulsar+ssl://{HOST}:{tls_port}",
                            authentication=pulsar.AuthenticationToken(token),
                            tls_trust_certs_file_path=str(directory / "ca.pem"),

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -81,23 +82,25 @@ class _AsyncClient:
         return event
 
 
-async def _with_server(tmp_path: Path, body: Callable[[BrokerServer, BrokerService],
-                                                        Awaitable[None]],
-                       **options: object) -> None:
+@asynccontextmanager
+async def _serving(tmp_path: Path, **options: object,
+                   ) -> AsyncIterator[tuple[BrokerServer, BrokerService]]:
+    """A started service on the storage in `tmp_path / "data"` and its server on a free
+    loopback port (`options` go to `serve`); shut down and closed on the way out."""
     storage = Storage.open(tmp_path / "data")
     service = BrokerService(storage, BrokerConfig())
     await service.start(maintenance=False)
     server = await serve(service, "127.0.0.1", 0, **options)  # type: ignore[arg-type]
     try:
-        await body(server, service)
+        yield server, service
     finally:
         await server.shutdown(grace_s=DEADLINE_S)
         await service.close()
         storage.close()
 
 
-def test_broker_pings_and_closes_a_silent_connection(tmp_path: Path) -> None:
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+async def test_broker_pings_and_closes_a_silent_connection(tmp_path: Path) -> None:
+    async with _serving(tmp_path, keepalive_interval_s=KEEPALIVE_S) as (server, _):
         client = await _AsyncClient.connect(server.port)
         await client.expect(T.PING)
         client.send(pb.CommandPong())
@@ -108,8 +111,6 @@ def test_broker_pings_and_closes_a_silent_connection(tmp_path: Path) -> None:
         await client.close()
         await _eventually(lambda: server.connection_count == 0)
 
-    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=KEEPALIVE_S))
-
 
 async def _eventually(condition: Callable[[], bool]) -> bool:
     end = time.monotonic() + DEADLINE_S
@@ -119,10 +120,10 @@ async def _eventually(condition: Callable[[], bool]) -> bool:
     return True
 
 
-def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None:
+async def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None:
     topic = "persistent://public/default/in-flight"
 
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+    async with _serving(tmp_path, keepalive_interval_s=0) as (server, service):
         client = await _AsyncClient.connect(server.port)
         client.send(pb.CommandProducer(topic=topic, producer_id=0, request_id=0))
         await client.expect(T.PRODUCER_SUCCESS)
@@ -140,8 +141,6 @@ def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None:
         assert receipts == list(range(len(receipts)))
         stored = service.topics[topic].managed_ledger.number_of_entries  # type: ignore[union-attr]
         assert stored == len(receipts), "every persisted SEND was receipted before the close"
-
-    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=0))
 
 
 def test_server_error_codes() -> None:
@@ -177,11 +176,13 @@ def test_config_overrides() -> None:
 def test_standalone_command_line() -> None:
     args = build_parser().parse_args(["standalone", "--data-dir", "d", "--port", "0",
                                       "--config", "a=b", "--config", "c=d"])
-    assert (args.data_dir, args.host, args.port, args.http_port) == ("d", "127.0.0.1", 0, 8080)
+    # A flag not given is None: the setting comes from --config-file, MAGNETAR_<key> or its
+    # default (tests/test_config_file.py).
+    assert (args.data_dir, args.host, args.port, args.http_port) == ("d", None, 0, None)
     assert args.config == ["a=b", "c=d"]
 
 
-def test_stop_http_closes_and_waits() -> None:
+async def test_stop_http_closes_and_waits() -> None:
     calls: list[str] = []
 
     class Handle:
@@ -191,6 +192,6 @@ def test_stop_http_closes_and_waits() -> None:
         def wait_closed(self) -> None:
             calls.append("wait_closed")
 
-    asyncio.run(stop_http(Handle()))
-    asyncio.run(stop_http(None))
+    await stop_http(Handle())
+    await stop_http(None)
     assert calls == ["close", "wait_closed"]

@@ -71,8 +71,12 @@ def test_standalone_help_explains_the_server_options(capsys: pytest.CaptureFixtu
     assert "maxPendingPublishRequestsPerConnection" in text
     assert "--shutdown-grace-s" in text
     args = build_parser().parse_args(["standalone", "--data-dir", "d"])
-    assert args.keepalive_interval_s == KEEPALIVE_INTERVAL_S_DEFAULT
-    assert args.max_pending_sends == PENDING_SENDS_MAX_DEFAULT
+    assert (args.keepalive_interval_s, args.max_pending_sends) == (None, None)  # not given
+    from magnetar.broker.cli._config_file import build, merge
+
+    options = build(merge(), data_dir_needed=False)  # the settings' defaults
+    assert options.keepalive_interval_s == KEEPALIVE_INTERVAL_S_DEFAULT
+    assert options.pending_sends_max == PENDING_SENDS_MAX_DEFAULT
     args = build_parser().parse_args(["standalone", "--data-dir", "d",
                                       "--keepalive-interval-s", "2.5", "--max-pending-sends", "7"])
     assert (args.keepalive_interval_s, args.max_pending_sends) == (2.5, 7)

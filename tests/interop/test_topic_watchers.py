@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from magnetar.broker import BrokerService
-from magnetar.broker.wire._server import BrokerServer
 from magnetar.broker.wire._topic_watchers import WATCHERS_PER_CONNECTION_MAX
 from magnetar.codec import Frame, pb
 
-from .test_server import DEADLINE_S, _AsyncClient, _with_server
+from .test_server import DEADLINE_S, _AsyncClient, _serving
 
 pytestmark = pytest.mark.interop
 
@@ -57,12 +55,12 @@ async def _listed_hash(client: _AsyncClient, pattern: str) -> tuple[list[str], s
     return list(reply.topics), reply.topics_hash
 
 
-def test_watcher_lists_then_follows_creates_and_deletes(tmp_path: Path) -> None:
+async def test_watcher_lists_then_follows_creates_and_deletes(tmp_path: Path) -> None:
     existing = "persistent://public/default/watched-a"
     other = "persistent://public/default/unwatched"
     created = "persistent://public/default/watched-b"
 
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+    async with _serving(tmp_path, keepalive_interval_s=0) as (server, service):
         await service.create_topic(existing)
         await service.create_topic(other)
         client, connected = await _connect(server.port, watchers=True)
@@ -99,12 +97,10 @@ def test_watcher_lists_then_follows_creates_and_deletes(tmp_path: Path) -> None:
         await _nothing_pending(client)  # closed: no update
         await client.close()
 
-    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=0))
 
-
-def test_java_client_watches_without_declaring_and_a_hash_match_sends_no_list(
+async def test_java_client_watches_without_declaring_and_a_hash_match_sends_no_list(
         tmp_path: Path) -> None:
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+    async with _serving(tmp_path, keepalive_interval_s=0) as (server, service):
         await service.create_topic("persistent://public/default/watched-x")
         # The Java client learns of watchers from CONNECTED and declares nothing itself.
         client, _ = await _connect(server.port, watchers=False,
@@ -116,11 +112,9 @@ def test_java_client_watches_without_declaring_and_a_hash_match_sends_no_list(
         assert (list(reply.topic), reply.topics_hash) == ([], digest)
         await client.close()
 
-    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=0))
 
-
-def test_bad_patterns_and_the_watcher_limit_are_errors(tmp_path: Path) -> None:
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+async def test_bad_patterns_and_the_watcher_limit_are_errors(tmp_path: Path) -> None:
+    async with _serving(tmp_path, keepalive_interval_s=0) as (server, service):
         client, _ = await _connect(server.port, watchers=True)
         bad = await _watch(client, 1, 1, "persistent://public/default/(unclosed")
         assert (bad.type, bad.body.error) == (T.ERROR, pb.InvalidTopicName), bad.command
@@ -139,11 +133,9 @@ def test_bad_patterns_and_the_watcher_limit_are_errors(tmp_path: Path) -> None:
             assert time.monotonic() < end, "watchers outlived their connection"
             await asyncio.sleep(0.01)
 
-    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=0))
 
-
-def test_a_cpp_style_client_never_gets_watcher_frames(tmp_path: Path) -> None:
-    async def body(server: BrokerServer, service: BrokerService) -> None:
+async def test_a_cpp_style_client_never_gets_watcher_frames(tmp_path: Path) -> None:
+    async with _serving(tmp_path, keepalive_interval_s=0) as (server, service):
         client, _ = await _connect(server.port, watchers=False)
         refused = await _watch(client, 1, 1)
         assert (refused.type, refused.body.error) == (T.ERROR, pb.NotAllowedError)
@@ -153,4 +145,3 @@ def test_a_cpp_style_client_never_gets_watcher_frames(tmp_path: Path) -> None:
         await client.expect(T.SUCCESS)
         await client.close()
 
-    asyncio.run(_with_server(tmp_path, body, keepalive_interval_s=0))

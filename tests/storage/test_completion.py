@@ -116,46 +116,37 @@ def test_completes_only_once() -> None:
     assert pending.result(0) == 1
 
 
-def test_await_while_another_thread_completes() -> None:
-    async def main() -> list[int]:
-        pendings: list[Completion[int]] = [Completion() for _ in range(50)]
-        started = threading.Event()
+async def test_await_while_another_thread_completes() -> None:
+    pendings: list[Completion[int]] = [Completion() for _ in range(50)]
+    started = threading.Event()
 
-        def complete_all() -> None:
-            started.wait(10)
-            for number, pending in enumerate(pendings):
-                pending.set_result(number)
+    def complete_all() -> None:
+        started.wait(10)
+        for number, pending in enumerate(pendings):
+            pending.set_result(number)
 
-        thread = threading.Thread(target=complete_all)
-        thread.start()
-        try:
-            gathered = asyncio.gather(*(_await(p) for p in pendings))
-            await asyncio.sleep(0)  # let every await register before completing
-            started.set()
-            return await asyncio.wait_for(gathered, timeout=10)
-        finally:
-            thread.join(10)
-
-    assert asyncio.run(main()) == list(range(50))
+    thread = threading.Thread(target=complete_all)
+    thread.start()
+    try:
+        gathered = asyncio.gather(*(_await(p) for p in pendings))
+        await asyncio.sleep(0)  # let every await register before completing
+        started.set()
+        assert await asyncio.wait_for(gathered, timeout=10) == list(range(50))
+    finally:
+        thread.join(10)
 
 
-def test_await_raises_the_error() -> None:
-    async def main() -> None:
-        pending: Completion[int] = Completion()
-        loop = asyncio.get_running_loop()
-        loop.call_soon(lambda: threading.Thread(
-            target=pending.set_exception, args=(StorageFailedError("sync failed"),)).start())
-        with pytest.raises(StorageFailedError, match="sync failed"):
-            await asyncio.wait_for(_await(pending), timeout=10)
-
-    asyncio.run(main())
+async def test_await_raises_the_error() -> None:
+    pending: Completion[int] = Completion()
+    loop = asyncio.get_running_loop()
+    loop.call_soon(lambda: threading.Thread(
+        target=pending.set_exception, args=(StorageFailedError("sync failed"),)).start())
+    with pytest.raises(StorageFailedError, match="sync failed"):
+        await asyncio.wait_for(_await(pending), timeout=10)
 
 
-def test_await_of_a_done_completion_does_not_suspend() -> None:
-    async def main() -> int:
-        return await Completion.resolved(11)
-
-    assert asyncio.run(main()) == 11
+async def test_await_of_a_done_completion_does_not_suspend() -> None:
+    assert await Completion.resolved(11) == 11
 
 
 async def _await(pending: Completion[int]) -> int:

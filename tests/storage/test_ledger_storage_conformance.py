@@ -7,7 +7,6 @@ completions (blocking and awaited), and a full disk that clears."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import threading
 from collections.abc import Callable, Iterator
@@ -217,15 +216,10 @@ def test_adds_from_threads_get_dense_ids_and_complete_in_order(impl: Impl) -> No
     assert store.last_add_confirmed(ledger) == 99
 
 
-def test_completions_can_be_awaited_from_asyncio(impl: Impl) -> None:
+async def test_completions_can_be_awaited_from_asyncio(impl: Impl) -> None:
     store = impl.store
-
-    async def scenario() -> tuple[int, int]:
-        ledger = await store.create_ledger()
-        return ledger, await store.add_entry(ledger, b"async")
-
-    ledger, entry_id = asyncio.run(scenario())
-    assert entry_id == 0
+    ledger = await store.create_ledger()
+    assert await store.add_entry(ledger, b"async") == 0
     assert store.read_entry(ledger, 0) == b"async"
 
 

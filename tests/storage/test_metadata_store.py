@@ -212,14 +212,10 @@ def test_later_journaled_batch_wins(store: Storage) -> None:
     store.close()
 
 
-def test_journaled_ops_from_asyncio(tmp_path: Path) -> None:
+async def test_journaled_ops_from_asyncio(tmp_path: Path) -> None:
     store = Storage.open(tmp_path, small_config())
-
-    async def main() -> list[int]:
-        return list(await asyncio.gather(*(
-            _apply(store, [(b"async/%03d" % i, b"%d" % i)]) for i in range(50))))
-
-    assert asyncio.run(main()) == [0] * 50
+    assert list(await asyncio.gather(*(
+        _apply(store, [(b"async/%03d" % i, b"%d" % i)]) for i in range(50)))) == [0] * 50
     assert len(store.metadata.scan(b"async/")) == 50
     store.close()
     with Storage.open(tmp_path, small_config()) as reopened:

@@ -447,16 +447,11 @@ def test_write_cache_pressure_triggers_checkpoints(tmp_path: Path) -> None:
         assert reopened.check().ok
 
 
-def test_asyncio_awaits_completions(tmp_path: Path) -> None:
+async def test_asyncio_awaits_completions(tmp_path: Path) -> None:
     store = Storage.open(tmp_path, small_config())
-
-    async def main() -> tuple[int, list[int]]:
-        ledger = await store.create_ledger({"from": "asyncio"})
-        ids = await asyncio.gather(*(_add(store, ledger, b"%d" % i) for i in range(200)))
-        fenced = await store.fence(ledger)
-        return ledger, [fenced, *ids]
-
-    ledger, (fenced, *ids) = asyncio.run(main())
+    ledger = await store.create_ledger({"from": "asyncio"})
+    ids = await asyncio.gather(*(_add(store, ledger, b"%d" % i) for i in range(200)))
+    fenced = await store.fence(ledger)
     assert ids == list(range(200))
     assert fenced == 199
     assert store.read_entries(ledger, 0, 199) == [b"%d" % i for i in range(200)]

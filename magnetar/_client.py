@@ -1,0 +1,440 @@
+"""The synchronous API: `Client`, `Producer`, `Consumer`, `Reader`, shaped like the official
+`pulsar` client's.
+
+Each object is a thin handle: every call checks its arguments here (`_options.py`), then runs
+the matching coroutine of the core on the client's loop thread (`LoopThread.run`) and waits for
+it -- except on the hot paths, where a round trip per message would cost more than the work:
+`send_async` queues to the loop without waiting (`_sender.py`), `acknowledge(message)` is
+queued the same way, and `receive` reads ahead (one round trip brings up to `READ_AHEAD_MAX`
+queued messages). `send_async`'s callbacks run on the loop thread, so they must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import datetime
+import functools
+import logging
+import re
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from magnetar.codec import MessageId
+
+from ._auth import AuthenticationToken
+from ._core import ClientCore, ClientSettings, parse_service_url
+from ._errors import AlreadyClosed, InvalidConfiguration
+from ._group import ConsumerGroup
+from ._loop import LoopThread, register_for_exit, unregister_for_exit
+from ._message import Message
+from ._options import (
+    check_properties,
+    consumer_options,
+    delay_ms,
+    out_message,
+    producer_options,
+    reader_options,
+)
+from ._producer import OutMessage
+from ._routing import ProducerSet
+from ._sender import AsyncSender, SendCallback
+from ._tcp_connection import TlsSettings
+
+if TYPE_CHECKING:
+    from magnetar.broker import BrokerConfig
+
+__all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Reader",
+           "SendCallback"]
+
+log = logging.getLogger(__name__)
+
+READ_AHEAD_MAX = 100  # messages one receive() round trip may bring to the caller's thread
+
+T = TypeVar("T")
+_IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
+                                  "concurrent_lookup_requests", "log_conf_file_path",
+                                  "stats_interval_in_seconds", "use_tls", "logger",
+                                  "listener_name"})
+
+
+def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
+    """The client's keyword arguments, checked (shared with `magnetar.asyncio.Client`)."""
+    authentication = kwargs.pop("authentication", None)
+    if authentication is not None and not isinstance(authentication, AuthenticationToken):
+        raise InvalidConfiguration("authentication must be a magnetar.AuthenticationToken "
+                                   "(token authentication is the one supported)")
+    unknown = set(kwargs) - _IGNORED_CLIENT_ARGS - {
+        "operation_timeout_seconds", "connection_timeout_ms", "tls_trust_certs_file_path",
+        "tls_allow_insecure_connection", "tls_validate_hostname", "broker_config"}
+    if unknown:
+        raise TypeError(f"Client() got unexpected keyword argument(s): {sorted(unknown)}")
+    return ClientSettings(
+        operation_timeout_s=float(kwargs.get("operation_timeout_seconds", 30)),
+        connection_timeout_s=kwargs.get("connection_timeout_ms", 10000) / 1000,
+        tls=TlsSettings(kwargs.get("tls_trust_certs_file_path"),
+                        bool(kwargs.get("tls_allow_insecure_connection", False)),
+                        bool(kwargs.get("tls_validate_hostname", False))),
+        broker_config=kwargs.get("broker_config"), authentication=authentication)
+
+
+class Client:
+    """A client: `Client("pulsar://host:6650")` over TCP, or `Client("./data")` /
+    `Client("file:///abs/data")` with the broker in this process on that data directory.
+
+    Raises:
+        InvalidUrl: the service URL is not usable. ConnectError: the broker cannot be
+            reached, or the data directory is locked by another process.
+        InvalidConfiguration: a bad argument, or a data directory that is not one.
+    """
+
+    def __init__(self, service_url: str, *, broker_config: BrokerConfig | None = None,
+                 **kwargs: Any):
+        target = parse_service_url(service_url)
+        self.service_url = service_url
+        self._settings = client_settings(dict(kwargs, broker_config=broker_config))
+        self._listeners: concurrent.futures.ThreadPoolExecutor | None = None
+        self._thread = LoopThread("magnetar-client")
+        try:
+            self._core = self._thread.run(ClientCore.open(target, self._settings))
+        except BaseException:
+            self._thread.stop()
+            raise
+        register_for_exit(self)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._core.closed:
+            coro.close()
+            raise AlreadyClosed(f"the client of {self.service_url} is closed")
+        return self._thread.run(coro)
+
+    def create_producer(self, topic: str, **kwargs: Any) -> Producer:
+        """A producer; arguments as the official client's `create_producer`."""
+        options = producer_options(topic, **kwargs)
+        core = self._run(self._core.create_producer(options))
+        config = options.config
+        slots = min(config.max_pending_messages * len(core.cores),
+                    max(config.max_pending_messages, options.pending_across_partitions))
+        return Producer(self, core, slots, config.block_if_queue_full)
+
+    def subscribe(self, topic: str | list[str] | re.Pattern[str], subscription_name: str,
+                  **kwargs: Any) -> Consumer:
+        """A consumer; arguments as the official client's `subscribe`. With a
+        `message_listener(consumer, message)`, messages go to it on the client's listener
+        thread, one at a time, and `receive` is not to be used."""
+        listener = kwargs.pop("message_listener", None)
+        if listener is not None and not callable(listener):
+            raise InvalidConfiguration("message_listener must be callable(consumer, message)")
+        batch_policy = kwargs.pop("batch_receive_policy", None)
+        if batch_policy is not None and not isinstance(batch_policy, ConsumerBatchReceivePolicy):
+            raise InvalidConfiguration("batch_receive_policy must be a "
+                                       "ConsumerBatchReceivePolicy")
+        options = consumer_options(topic, subscription_name, **kwargs)
+        consumer = Consumer(self, self._run(self._core.subscribe(options)), batch_policy)
+        if listener is not None:
+            consumer._listening = self._thread.submit(
+                _listen(consumer, listener, self._listener_pool()))
+        return consumer
+
+    def _listener_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._listeners is None:
+            self._listeners = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="magnetar-listener")
+        return self._listeners
+
+    def create_reader(self, topic: str, start_message_id: MessageId, **kwargs: Any) -> Reader:
+        """A reader from `start_message_id` (exclusive unless start_message_id_inclusive)."""
+        options = reader_options(topic, start_message_id, **kwargs)
+        return Reader(self, self._run(self._core.subscribe(options)))
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        from ._group import complete_topic_name
+
+        return self._run(self._core.partitions(complete_topic_name(topic)))
+
+    def close(self) -> None:
+        """Close everything this client opened; for a data directory, the broker too."""
+        self._close(None)
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def close_for_exit(self, timeout_s: float) -> None:
+        self._close(timeout_s)
+
+    def _close(self, timeout_s: float | None) -> None:
+        unregister_for_exit(self)
+        if not self._thread.alive:
+            return
+        try:
+            if not self._core.closed:
+                self._thread.run(self._core.close(), timeout_s)
+        finally:
+            self._thread.stop()
+            if self._listeners is not None:
+                self._listeners.shutdown(wait=False)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Producer:
+    """A producer (see `Client.create_producer`)."""
+
+    def __init__(self, client: Client, core: ProducerSet, slots: int, block: bool):
+        self._client = client
+        self._core = core
+        self._sender = AsyncSender(client._thread, core, slots, block)
+
+    def topic(self) -> str:
+        return self._core.topic
+
+    def producer_name(self) -> str:
+        return self._core.producer_name
+
+    def last_sequence_id(self) -> int:
+        return self._core.last_sequence_id
+
+    def is_connected(self) -> bool:
+        return not self._core.closed and not self._client._core.closed
+
+    def send(self, content: bytes | None, **kwargs: Any) -> MessageId:
+        """Send and wait until the broker stored it; arguments as the official `send`."""
+        return self._client._run(_send_and_wait(self._core, out_message(content, **kwargs)))
+
+    def send_async(self, content: bytes | None, callback: SendCallback | None,
+                   **kwargs: Any) -> None:
+        """Queue a message and return; `callback(error, message_id)` runs on the client's
+        thread once the broker answered (error None on success) or the message was refused.
+        Blocks only while the queue is full and `block_if_queue_full` is set.
+
+        Raises:
+            ProducerQueueIsFull: the queue is full and blocking is off.
+            AlreadyClosed: the client is closed."""
+        message = out_message(content, **kwargs)
+        if self._client._core.closed:
+            raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
+        self._sender.send_async(message, callback)
+
+    def flush(self) -> None:
+        self._client._run(_after(self._sender.idle(), self._core.flush()))
+
+    def close(self) -> None:
+        self._client._run(_after(self._sender.idle(), self._core.close()))
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _send_and_wait(core: ProducerSet, message: OutMessage) -> MessageId:
+    return await (await core.send(message))
+
+
+async def _after(first: Coroutine[Any, Any, None], then: Coroutine[Any, Any, None]) -> None:
+    await first
+    await then
+
+
+class Consumer:
+    """A consumer (see `Client.subscribe`)."""
+
+    def __init__(self, client: Client, group: ConsumerGroup,
+                 batch_policy: ConsumerBatchReceivePolicy | None = None):
+        self._client = client
+        self._group = group
+        self._batch_policy = batch_policy or ConsumerBatchReceivePolicy()
+        self._listening: concurrent.futures.Future[None] | None = None
+        self._local: collections.deque[tuple[Message, int]] = collections.deque()
+        self._read_ahead = max(1, min(READ_AHEAD_MAX, group.config.receiver_queue_size // 2))
+
+    def topic(self) -> str:
+        return self._group.topic
+
+    def subscription_name(self) -> str:
+        return self._group.config.subscription
+
+    def consumer_name(self) -> str:
+        return self._group.config.consumer_name
+
+    def is_connected(self) -> bool:
+        return not self._group.closed and not self._client._core.closed
+
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        """The next message; raises `Timeout` after `timeout_millis`.
+
+        Read-ahead: one round trip to the loop brings the next message and up to
+        `READ_AHEAD_MAX - 1` more already queued; later calls take those without a round trip.
+        A message whose consumer was closed by the broker or redelivered everything since
+        (its generation moved) is dropped here: the broker sends it again."""
+        if self._group.closed:
+            raise AlreadyClosed(f"consumer {self.subscription_name()!r} on {self.topic()} is "
+                                f"closed")
+        message = self._next_read_ahead()
+        if message is not None:
+            return message
+        batch = self._client._run(self._group.receive_some(timeout_millis, self._read_ahead))
+        self._local.extend(batch[1:])
+        return batch[0][0]
+
+    def _next_read_ahead(self) -> Message | None:
+        while self._local:
+            try:
+                message, generation = self._local.popleft()
+            except IndexError:  # another thread took the last one
+                return None
+            if message.owner.generation == generation:
+                return message
+        return None
+
+    def batch_receive(self) -> list[Message]:
+        """Messages up to the batch receive policy's limits (what arrived by its timeout)."""
+        policy = self._batch_policy
+        taken: list[Message] = []
+        while policy.max_num_message <= 0 or len(taken) < policy.max_num_message:
+            message = self._next_read_ahead()
+            if message is None:
+                break
+            taken.append(message)
+        if policy.max_num_message > 0 and len(taken) >= policy.max_num_message:
+            return taken
+        rest = policy.max_num_message - len(taken) if policy.max_num_message > 0 else 0
+        size = policy.max_num_bytes - sum(len(m.data()) for m in taken) \
+            if policy.max_num_bytes > 0 else 0
+        if policy.max_num_bytes > 0 and size <= 0:
+            return taken
+        return taken + self._client._run(self._group.batch_receive(
+            rest, size, policy.timeout_ms))
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge a message (or a message id). A Message's ack is queued to the loop
+        without waiting for it (acks are grouped there anyway); an id is resolved first."""
+        if isinstance(message, Message) and message.owner is not None and \
+                getattr(message.owner, "group", None) is self._group:
+            if self._group.closed or self._client._core.closed:
+                raise AlreadyClosed(f"consumer on {self._group.topic} is closed")
+            self._client._thread.call(functools.partial(self._group.acknowledge, message))
+            return
+        self._client._run(_call(self._group.acknowledge, message))
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        self._client._run(_call(self._group.acknowledge_cumulative, message))
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        self._client._run(_call(self._group.negative_acknowledge, message))
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._local.clear()
+        self._client._run(self._group.redeliver_unacknowledged_messages())
+
+    def reconsume_later(self, message: Message, delay: int | datetime.timedelta,
+                        properties: dict[str, str] | None = None) -> None:
+        """Deliver `message` again after `delay` (ms or a timedelta) through the retry topic;
+        past the maximum it goes to the dead-letter topic. Needs `retry_enable=True`."""
+        self._client._run(self._group.reconsume_later(
+            message, delay_ms(delay), check_properties(properties)))
+
+    def seek(self, target: MessageId | int) -> None:
+        """Move the subscription to a message id or a publish time (ms since the epoch)."""
+        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
+        timeout = self._client._settings.operation_timeout_s
+        self._local.clear()
+        self._client._run(self._group.seek(target, timeout))
+
+    def get_last_message_id(self) -> MessageId:
+        child = self._group.only_child("get_last_message_id")
+        return self._client._run(child.transport.last_message_id(child.consumer_id))[0]
+
+    def unsubscribe(self) -> None:
+        self._client._run(self._group.unsubscribe())
+
+    def close(self) -> None:
+        self._client._run(self._group.close())
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Reader:
+    """A reader (see `Client.create_reader`)."""
+
+    def __init__(self, client: Client, group: ConsumerGroup):
+        self._client = client
+        self._group = group
+
+    def topic(self) -> str:
+        return self._group.topic
+
+    def is_connected(self) -> bool:
+        return not self._group.closed and not self._client._core.closed
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        return self._client._run(self._group.receive(timeout_millis))
+
+    def has_message_available(self) -> bool:
+        return self._client._run(self._group.has_message_available())
+
+    def seek(self, target: MessageId | int) -> None:
+        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
+        self._client._run(self._group.seek(target, self._client._settings.operation_timeout_s))
+
+    def close(self) -> None:
+        self._client._run(self._group.close())
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ConsumerBatchReceivePolicy:
+    """The official client's batch receive policy: `batch_receive` returns at
+    `max_num_message` messages, `max_num_bytes` bytes, or after `timeout_ms`, whichever comes
+    first (non-positive limits are off; one must be on)."""
+
+    def __init__(self, max_num_message: int = -1, max_num_bytes: int = 10 * 1024 * 1024,
+                 timeout_ms: int = 100):
+        if max_num_message <= 0 and max_num_bytes <= 0 and timeout_ms <= 0:
+            raise InvalidConfiguration("at least one of max_num_message, max_num_bytes and "
+                                       "timeout_ms must be positive")
+        self.max_num_message = max_num_message
+        self.max_num_bytes = max_num_bytes
+        self.timeout_ms = timeout_ms
+
+
+async def _listen(consumer: Consumer, listener: Callable[[Consumer, Message], None],
+                  pool: concurrent.futures.Executor) -> None:
+    """Hand each message to `listener` on the listener thread, one at a time, until the
+    consumer closes. A listener's exception is logged, and the next message follows."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            message = await consumer._group.receive()
+        except AlreadyClosed:
+            return
+        await loop.run_in_executor(pool, _call_listener, listener, consumer, message)
+
+
+def _call_listener(listener: Callable[[Consumer, Message], None], consumer: Consumer,
+                   message: Message) -> None:
+    try:
+        listener(consumer, message)
+    except Exception:
+        log.exception("the message listener of %s failed on %s", consumer.topic(), message)
+
+
+async def _call(function: Callable[[T], None], argument: T) -> None:
+    """Run a plain core method on the loop (the core's state is only touched there)."""
+    function(argument)

@@ -1,0 +1,488 @@
+"""The producer core: one producer on one topic (or one partition), over a `Transport`.
+
+Theory of operation
+-------------------
+Everything here runs on the client's loop. `send` takes an `OutMessage` and returns a future
+that resolves with the message's `MessageId` once the broker has stored it durably (or fails
+with a `PulsarException`). In between:
+
+1. Slots. Each message holds one slot of the pending queue (`max_pending_messages`) until its
+   receipt; a chunked message holds one per chunk. When the queue is full `send` raises
+   `ProducerQueueIsFull`, or with `block_if_queue_full` waits for room.
+2. Sequence ids. Without a user-given id, ids run on from the last one: the first is
+   `initial_sequence_id + 1`, else the broker's `last_sequence_id + 1` for a named producer it
+   knows (deduplication resumes across restarts), else 0.
+3. Batching (`batching_enabled`, never for delayed messages): messages go into codec's
+   `BatchContainer` (or `KeyBasedBatchContainer`), which closes a batch by count, bytes, or
+   the `batching_max_publish_delay_ms` timer armed here. A message whose user-given sequence
+   id is not above the last one pushed closes the open batch first, so a possible duplicate
+   never shares an entry with new messages.
+4. Entries. A closed batch or a single message becomes metadata plus payload
+   (`codec.build_batch` / `build_message`, compressed as configured). Larger than the broker's
+   `max_message_size`: with `chunking_enabled` it is cut into chunks (`codec.split_into_chunks`),
+   each sent on its own; otherwise the message fails with `MessageTooBig`.
+5. Receipts. Each entry is an `_Op` handed to `Transport.send`; its future's outcome completes
+   the messages' futures (a batch's message i gets batch index i). `last_sequence_id` follows
+   the highest id stored.
+6. Send timeout. A timer looks at the oldest op every so often; once it is `send_timeout_millis`
+   old, every pending op and the open batch fail with `Timeout` (the broker may still store
+   them; deduplication makes a resend safe).
+
+`flush` closes the open batch and waits for every op pending at the call. `close` flushes,
+waits, then closes the producer on the broker; later sends raise `AlreadyClosed`.
+
+Reconnection. When the broker drops the producer (its connection broke, the topic was
+unloaded), ops keep their entries; those that fail while the producer is disconnected stay
+queued, and new ones wait. `_reconnect` re-creates the producer under the name the broker gave
+it, with backoff while the error may pass, then sends every unanswered op again in order
+(the broker's deduplication, when on, drops those it had stored). A lasting refusal --
+fenced, terminated, deleted -- closes the producer and fails its pending sends with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from magnetar.codec import (
+    Batch,
+    BatchContainer,
+    KeyBasedBatchContainer,
+    MessageId,
+    SingleMessage,
+    build_batch,
+    build_message,
+    chunk_payload_size_bytes,
+    pb,
+    split_into_chunks,
+)
+
+from ._enums import BatchingType, CompressionType
+from ._errors import (
+    AlreadyClosed,
+    BrokerMetadataError,
+    BrokerPersistenceError,
+    ConnectError,
+    InvalidConfiguration,
+    MessageTooBig,
+    NotConnected,
+    ProducerBusy,
+    ProducerQueueIsFull,
+    PulsarException,
+    ServiceUnitNotReady,
+    Timeout,
+)
+from ._transport import ProducerOpened, ProducerRequest, Transport
+
+__all__ = ["OutMessage", "ProducerConfig", "ProducerCore"]
+
+SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
+RECONNECT_BACKOFF_S_MIN: Final = 0.05
+RECONNECT_BACKOFF_S_MAX: Final = 2.0
+# Errors after which re-creating the producer may succeed later (the broker is restarting,
+# the topic is moving, the old producer is still registered).
+_PASSING_ERRORS: Final = (ConnectError, NotConnected, Timeout, ServiceUnitNotReady,
+                          ProducerBusy, BrokerMetadataError, BrokerPersistenceError)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """The producer settings the core uses (defaults as the official Python client's)."""
+
+    producer_name: str = ""
+    initial_sequence_id: int | None = None
+    send_timeout_ms: int = 30_000
+    compression_type: CompressionType = CompressionType.NONE
+    max_pending_messages: int = 1000
+    block_if_queue_full: bool = False
+    batching_enabled: bool = False
+    batching_max_messages: int = 1000
+    batching_max_allowed_size_in_bytes: int = 128 * 1024
+    batching_max_publish_delay_ms: int = 10
+    batching_type: BatchingType = BatchingType.Default
+    chunking_enabled: bool = False
+    access_mode: str = "Shared"
+    properties: Mapping[str, str] = field(default_factory=dict)
+    initial_subscription_name: str = ""  # created with the topic (dead-letter producers)
+
+    def __post_init__(self) -> None:
+        if self.batching_enabled and self.chunking_enabled:
+            raise InvalidConfiguration("batching and chunking cannot both be enabled")
+        if self.max_pending_messages < 1:
+            raise InvalidConfiguration("max_pending_messages must be at least 1")
+        if self.send_timeout_ms < 0:
+            raise InvalidConfiguration("send_timeout_millis must not be negative")
+        if self.batching_enabled and self.batching_max_messages < 1:
+            raise InvalidConfiguration("batching_max_messages must be at least 1")
+
+
+@dataclass(frozen=True)
+class OutMessage:
+    """One message to send, as the application gave it."""
+
+    payload: bytes | None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    partition_key: str | None = None
+    ordering_key: bytes | None = None
+    event_time: int = 0
+    sequence_id: int | None = None
+    deliver_at_ms: int | None = None
+
+    def single(self, sequence_id: int) -> SingleMessage:
+        return SingleMessage(payload=self.payload, properties=self.properties,
+                             partition_key=self.partition_key, ordering_key=self.ordering_key,
+                             event_time=self.event_time, sequence_id=sequence_id)
+
+
+@dataclass(eq=False)
+class _Op:
+    """One entry in flight (a message, a batch, or one chunk)."""
+
+    sequence_id: int
+    highest_sequence_id: int
+    slots: int
+    results: list[asyncio.Future[MessageId]]  # one per message; empty for non-last chunks
+    created_s: float
+    batch_size: int = 0  # > 0 for batches: message i gets batch index i
+    done: bool = False
+    metadata: pb.MessageMetadata | None = None  # kept for a resend after a reconnection
+    payload: bytes = b""
+    num_messages: int = 1
+    in_flight: bool = False  # handed to the transport and not answered yet
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ProducerCore:
+    """One producer on one topic or partition (see the module comment)."""
+
+    def __init__(self, transport: Transport, producer_id: int, topic: str, partition: int,
+                 config: ProducerConfig):
+        self.transport = transport
+        self.producer_id = producer_id
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self.producer_name = config.producer_name
+        self.last_sequence_id = -1
+        self._next_sequence_id = 0
+        self._last_pushed = -1
+        self._slots_used = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._ops: dict[_Op, None] = {}  # in flight, oldest first
+        self._container: BatchContainer | KeyBasedBatchContainer | None = None
+        self._batch_results: dict[int, asyncio.Future[MessageId]] = {}
+        self._batch_timer: asyncio.TimerHandle | None = None
+        self._timeout_timer: asyncio.TimerHandle | None = None
+        self._closed_reason: str | None = None
+        self._connected = False
+        self._reconnecting: asyncio.Task[None] | None = None
+        if config.batching_enabled:
+            kind = KeyBasedBatchContainer if config.batching_type is BatchingType.KeyBased \
+                else BatchContainer
+            self._container = kind(
+                batch_messages_max=config.batching_max_messages,
+                batch_size_bytes_max=config.batching_max_allowed_size_in_bytes,
+                batch_delay_ms_max=config.batching_max_publish_delay_ms)
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    async def _create(self, name: str) -> ProducerOpened:
+        opened = await self.transport.create_producer(
+            self.producer_id,
+            ProducerRequest(topic=self.topic, producer_name=name,
+                            access_mode=self.config.access_mode,
+                            properties=dict(self.config.properties),
+                            initial_subscription_name=self.config.initial_subscription_name),
+            self)
+        self._connected = True
+        return opened
+
+    async def start(self) -> None:
+        """Create the producer on the broker and pick the first sequence id."""
+        opened = await self._create(self.config.producer_name)
+        self.producer_name = opened.producer_name
+        initial = self.config.initial_sequence_id
+        if initial is not None:
+            self.last_sequence_id = initial
+        elif opened.last_sequence_id >= 0:
+            self.last_sequence_id = opened.last_sequence_id
+        self._next_sequence_id = self.last_sequence_id + 1
+        self._last_pushed = self.last_sequence_id
+
+    def on_closed(self, reason: str) -> None:
+        """The broker dropped this producer (ProducerEvents): re-create it in the background;
+        sends failing meanwhile are sent again once it is back."""
+        self._connected = False
+        if self._closed_reason is None and self._reconnecting is None:
+            log.info("producer %s on %s closed by the broker (%s); reconnecting",
+                     self.producer_name, self.topic, reason)
+            self._reconnecting = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """Re-create the producer under the same name (with backoff while the error may pass),
+        then resend what was not answered, in order. A lasting refusal (fenced, topic
+        terminated or deleted) closes the producer and fails its pending sends."""
+        delay_s = RECONNECT_BACKOFF_S_MIN
+        try:
+            while self._closed_reason is None:
+                try:
+                    await self._create(self.producer_name)
+                    break
+                except PulsarException as exc:
+                    if not isinstance(exc, _PASSING_ERRORS):
+                        self._closed_reason = f"closed by the broker ({exc})"
+                        self._fail_all(exc)
+                        return
+                await asyncio.sleep(delay_s)  # backoff between attempts
+                delay_s = min(delay_s * 2, RECONNECT_BACKOFF_S_MAX)
+            for op in list(self._ops):
+                if not op.in_flight and not op.done:
+                    self._send_op(op)
+        finally:
+            self._reconnecting = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_reason is not None
+
+    def _check_open(self) -> None:
+        if self._closed_reason is not None:
+            raise AlreadyClosed(f"producer {self.producer_name!r} on {self.topic} is "
+                                f"{self._closed_reason}")
+
+    async def flush(self) -> None:
+        """Send the open batch and wait for every op pending now (failures are the sends')."""
+        self._send_batches(self._drain_container())
+        pending = [f for op in self._ops for f in op.results]
+        if pending:
+            await asyncio.wait(pending)
+
+    async def close(self) -> None:
+        """Flush, then close on the broker. Idempotent."""
+        if self._closed_reason is None:
+            try:
+                await self.flush()
+            finally:
+                self._closed_reason = "closed"
+                self._cancel_timers()
+                if self._reconnecting is not None:
+                    self._reconnecting.cancel()
+                await self.transport.close_producer(self.producer_id)
+        self._fail_all(AlreadyClosed(f"producer on {self.topic} is closed"))
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._batch_timer, self._timeout_timer):
+            if timer is not None:
+                timer.cancel()
+        self._batch_timer = self._timeout_timer = None
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send(self, message: OutMessage) -> asyncio.Future[MessageId]:
+        """Queue one message (waiting for room if so configured).
+
+        Returns:
+            A future for its id.
+
+        Raises:
+            AlreadyClosed, ProducerQueueIsFull, MessageTooBig: nothing was queued.
+        """
+        self._check_open()
+        result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        if self._container is not None and message.deliver_at_ms is None:
+            await self._reserve(1)
+            sequence_id = self._assign(message.sequence_id)
+            if sequence_id <= self._last_pushed:
+                self._send_batches(self._drain_container())
+            self._last_pushed = max(self._last_pushed, sequence_id)
+            self._batch_results[sequence_id] = result
+            self._send_batches(self._container.add(message.single(sequence_id), _now_ms()))
+            self._arm_batch_timer()
+            return result
+        metadata, payload = build_message(
+            message.single(0), producer_name=self.producer_name, publish_time=_now_ms(),
+            compression=int(self.config.compression_type))
+        if message.deliver_at_ms is not None:
+            metadata.deliver_at_time = message.deliver_at_ms
+        pieces = self._pieces(metadata, payload)
+        await self._reserve(len(pieces))
+        sequence_id = self._assign(message.sequence_id)
+        self._last_pushed = max(self._last_pushed, sequence_id)
+        metadata.sequence_id = sequence_id
+        chunks = split_into_chunks(metadata, payload, chunk_size_bytes=self._chunk_size(
+            metadata)) if len(pieces) > 1 else [(metadata, payload)]
+        for index, (chunk_metadata, chunk_payload) in enumerate(chunks):
+            last = index == len(chunks) - 1
+            self._dispatch(_Op(sequence_id, sequence_id, 1, [result] if last else [],
+                               time.monotonic()), chunk_metadata, chunk_payload, 1)
+        return result
+
+    def _chunk_size(self, metadata: pb.MessageMetadata) -> int:
+        return chunk_payload_size_bytes(metadata, self.transport.max_message_size)
+
+    def _pieces(self, metadata: pb.MessageMetadata, payload: bytes) -> list[None]:
+        """One item per entry the message needs (one, or one per chunk)."""
+        limit = self.transport.max_message_size
+        if len(payload) <= limit:
+            return [None]
+        if not self.config.chunking_enabled:
+            raise MessageTooBig(f"message of {len(payload)} bytes exceeds the maximum of "
+                                f"{limit} on {self.topic} (enable chunking to send it)")
+        size = self._chunk_size(metadata)
+        return [None] * (-(-len(payload) // size))
+
+    def _assign(self, user_sequence_id: int | None) -> int:
+        if user_sequence_id is not None:
+            return user_sequence_id
+        sequence_id = self._next_sequence_id
+        self._next_sequence_id += 1
+        return sequence_id
+
+    async def _reserve(self, slots: int) -> None:
+        limit = self.config.max_pending_messages
+        while self._slots_used + slots > limit and self._slots_used > 0:
+            if not self.config.block_if_queue_full:
+                raise ProducerQueueIsFull(
+                    f"producer {self.producer_name!r} on {self.topic} has "
+                    f"{self._slots_used} of {limit} pending messages")
+            self._room.clear()
+            await self._room.wait()
+            self._check_open()
+        self._slots_used += slots
+
+    def _release(self, slots: int) -> None:
+        self._slots_used -= slots
+        assert self._slots_used >= 0
+        self._room.set()
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def _arm_batch_timer(self) -> None:
+        container = self._container
+        if container is None or self._batch_timer is not None or container.deadline_ms is None:
+            return
+        delay_s = max(0.0, (container.deadline_ms - _now_ms()) / 1000)
+        self._batch_timer = asyncio.get_running_loop().call_later(delay_s, self._batch_due)
+
+    def _batch_due(self) -> None:
+        self._batch_timer = None
+        if self._container is not None:
+            self._send_batches(self._container.expire(_now_ms()))
+            self._arm_batch_timer()
+
+    def _drain_container(self) -> list[Batch]:
+        return self._container.flush() if self._container is not None else []
+
+    def _send_batches(self, batches: list[Batch]) -> None:
+        for batch in batches:
+            count = len(batch.messages)
+            results = self._take_batch_results(batch)
+            metadata, payload = build_batch(
+                batch.messages, producer_name=self.producer_name, publish_time=_now_ms(),
+                compression=int(self.config.compression_type))
+            metadata.highest_sequence_id = batch.highest_sequence_id
+            op = _Op(batch.sequence_id, batch.highest_sequence_id, count, results,
+                     time.monotonic(), batch_size=count)
+            if len(payload) > self.transport.max_message_size:
+                self._finish(op, MessageTooBig(
+                    f"batch of {len(payload)} bytes exceeds the maximum of "
+                    f"{self.transport.max_message_size} on {self.topic}"))
+                continue
+            self._dispatch(op, metadata, payload, count)
+
+    def _take_batch_results(self, batch: Batch) -> list[asyncio.Future[MessageId]]:
+        """The futures of a closed batch's messages. A key-based container regroups messages
+        by key, so they are found by sequence id (unique within the open batches: a repeated
+        or lower id closes them first)."""
+        return [self._batch_results.pop(m.sequence_id or 0) for m in batch.messages]
+
+    # -- ops -------------------------------------------------------------------------------
+
+    def _dispatch(self, op: _Op, metadata: pb.MessageMetadata, payload: bytes,
+                  num_messages: int) -> None:
+        op.metadata, op.payload, op.num_messages = metadata, payload, num_messages
+        self._ops[op] = None
+        if self._connected:
+            self._send_op(op)
+        self._arm_timeout_timer()
+
+    def _send_op(self, op: _Op) -> None:
+        assert op.metadata is not None
+        op.in_flight = True
+        future = self.transport.send(self.producer_id, op.sequence_id, op.highest_sequence_id,
+                                     op.num_messages, op.metadata, op.payload)
+        future.add_done_callback(lambda done: self._receipt(op, done))
+
+    def _receipt(self, op: _Op, done: asyncio.Future[tuple[int, int]]) -> None:
+        op.in_flight = False
+        if op.done:
+            return  # failed by the send timeout already
+        if done.cancelled():
+            self._finish(op, AlreadyClosed(f"send on {self.topic} was cancelled"))
+            return
+        error = done.exception()
+        if error is not None and not self._connected and self._closed_reason is None:
+            return  # lost with the producer: sent again once it is re-created
+        if error is not None:
+            self._finish(op, error if isinstance(error, PulsarException) else
+                         PulsarException(f"send on {self.topic}: {error}"))
+            return
+        ledger_id, entry_id = done.result()
+        self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
+        self._finish(op, None, ledger_id, entry_id)
+
+    def _finish(self, op: _Op, error: BaseException | None, ledger_id: int = -1,
+                entry_id: int = -1) -> None:
+        op.done = True
+        self._ops.pop(op, None)
+        self._release(op.slots)
+        for index, result in enumerate(op.results):
+            if result.done():
+                continue
+            if error is not None:
+                result.set_exception(error)
+            elif op.batch_size:
+                result.set_result(MessageId(ledger_id, entry_id, self.partition, index,
+                                            op.batch_size))
+            else:
+                result.set_result(MessageId(ledger_id, entry_id, self.partition))
+
+    def _fail_all(self, error: PulsarException) -> None:
+        for op in list(self._ops):
+            self._finish(op, error)
+        for result in self._batch_results.values():
+            if not result.done():
+                result.set_exception(error)
+        self._batch_results.clear()
+        if self._container is not None:
+            self._container.flush()
+
+    def _arm_timeout_timer(self) -> None:
+        timeout_s = self.config.send_timeout_ms / 1000
+        if not timeout_s or self._timeout_timer is not None:
+            return
+        self._timeout_timer = asyncio.get_running_loop().call_later(
+            min(timeout_s, SEND_TIMEOUT_CHECK_S_MAX), self._check_timeout)
+
+    def _check_timeout(self) -> None:
+        self._timeout_timer = None
+        if not self._ops:
+            return
+        oldest = next(iter(self._ops))
+        timeout_s = self.config.send_timeout_ms / 1000
+        if time.monotonic() - oldest.created_s >= timeout_s:
+            count = len(self._ops)
+            self._fail_all(Timeout(f"{count} message(s) on {self.topic} got no receipt within "
+                                   f"{self.config.send_timeout_ms} ms"))
+            return
+        self._arm_timeout_timer()

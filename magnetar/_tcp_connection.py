@@ -1,0 +1,333 @@
+"""One binary-protocol connection to a broker: `BrokerConnection`, over `codec.Connection`.
+
+Theory of operation
+-------------------
+Each `BrokerConnection` runs one reader task: it feeds received bytes to its sans-IO
+`codec.Connection` and routes each frame -- responses by request id to the waiting future,
+SEND_RECEIPT/SEND_ERROR to the producer's queue of sends in order, MESSAGE to the consumer's
+events, CLOSE_PRODUCER/CLOSE_CONSUMER to the broker-close callbacks, PING to a PONG. Writes go
+straight to the stream writer; `write` awaits nothing, so SENDs leave in call order.
+
+When a connection breaks its producers are told first (their sends failing now are sent again
+once they are re-created), then every request waiting on it fails with `ConnectError` and its
+sends with `NotConnected`; its consumers are told last, and resubscribe through a fresh lookup
+(`_consumer.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
+
+from google.protobuf.message import Message as ProtoMessage
+
+from magnetar.codec import (
+    NEED_DATA,
+    ChecksumMismatch,
+    Connection,
+    ConnectionClosed,
+    Frame,
+    ProtocolError,
+    Role,
+    base_command,
+    pb,
+)
+
+from ._auth import AuthenticationToken
+from ._errors import (
+    ConnectError,
+    InvalidUrl,
+    NotConnected,
+    PulsarException,
+    Timeout,
+    error_for_code,
+)
+from ._transport import ConsumerEvents, Incoming, ProducerEvents
+
+__all__ = ["BrokerConnection", "ConnectionOwner", "TlsSettings", "parse_address", "signed"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION: Final = 19
+CLIENT_VERSION: Final = "magnetar"
+READ_BYTES_MAX: Final = 256 * 1024
+_T = pb.BaseCommand
+
+
+class ConnectionOwner(Protocol):
+    """What a connection needs from the transport that pools it."""
+
+    tls: TlsSettings
+    operation_timeout_s: float
+    authentication: AuthenticationToken | None
+
+    def forget(self, connection: BrokerConnection) -> None: ...
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    trust_certs_file: str | None = None
+    allow_insecure: bool = False
+    validate_hostname: bool = False
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.trust_certs_file)
+        if self.allow_insecure or not self.validate_hostname:
+            context.check_hostname = False
+        if self.allow_insecure:
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+
+def parse_address(url: str) -> tuple[str, int, bool]:
+    """(host, port, tls) of a `pulsar://` or `pulsar+ssl://` URL.
+
+    Raises:
+        InvalidUrl: another scheme, no host, or a bad port.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("pulsar", "pulsar+ssl"):
+        raise InvalidUrl(f"unsupported service URL {url!r}: use pulsar://host:port, "
+                         f"pulsar+ssl://host:port, or a data directory")
+    tls = parts.scheme == "pulsar+ssl"
+    try:
+        port = parts.port or (6651 if tls else 6650)
+    except ValueError:
+        raise InvalidUrl(f"bad port in service URL {url!r}") from None
+    if not parts.hostname:
+        raise InvalidUrl(f"no host in service URL {url!r}")
+    return parts.hostname, port, tls
+
+
+class BrokerConnection:
+    """One connection to one broker (see the module comment)."""
+
+    def __init__(self, owner: ConnectionOwner, url: str):
+        self.owner = owner
+        self.url = url
+        self.host, self.port, self.tls = parse_address(url)
+        self.conn = Connection(Role.CLIENT)
+        self.max_message_size = 5 * 1024 * 1024
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._requests: dict[int, asyncio.Future[Frame]] = {}
+        self.sends: dict[int, deque[tuple[int, asyncio.Future[tuple[int, int]]]]] = {}
+        self.producers: dict[int, ProducerEvents] = {}
+        self.consumers: dict[int, ConsumerEvents] = {}
+        self.closed = False
+
+    async def open(self, timeout_s: float) -> None:
+        """Connect and complete the handshake.
+
+        Raises:
+            ConnectError: the broker cannot be reached or refused the connection.
+        """
+        context = self.owner.tls.context() if self.tls else None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=context), timeout_s)
+        except (OSError, TimeoutError) as exc:
+            raise ConnectError(f"cannot connect to {self.url}: {exc or 'timed out'}") from None
+        self._writer = writer
+        waiter: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._requests[-1] = waiter  # the handshake's answer
+        self._reader_task = asyncio.ensure_future(self._read(reader))
+        connect = pb.CommandConnect(client_version=CLIENT_VERSION,
+                                    protocol_version=PROTOCOL_VERSION)
+        auth = self.owner.authentication
+        if auth is not None:
+            connect.auth_method_name = auth.method
+            connect.auth_data = auth.token().encode()
+        self.write(connect)
+        try:
+            frame = await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            self.close()
+            raise ConnectError(f"no CONNECTED from {self.url} within {timeout_s} s") from None
+        except PulsarException as exc:
+            self.close()
+            raise ConnectError(f"{self.url} refused the connection: {exc}") from None
+        connected = frame.command.connected
+        if connected.HasField("max_message_size"):
+            self.max_message_size = connected.max_message_size
+
+    def write(self, body: ProtoMessage, metadata: pb.MessageMetadata | None = None,
+              payload: bytes = b"") -> None:
+        if self.closed or self._writer is None:
+            raise NotConnected(f"the connection to {self.url} is closed")
+        try:
+            data = self.conn.send(base_command(body), metadata, payload)
+        except ProtocolError as exc:
+            raise PulsarException(f"cannot send to {self.url}: {exc}") from None
+        self._writer.write(data)
+
+    async def request(self, body: Any, where: str) -> Frame:
+        """Send a command carrying `request_id` and wait for its answer.
+
+        Raises:
+            The mapped broker error; `Timeout` after the operation timeout; `ConnectError`.
+        """
+        request_id = body.request_id
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = future
+        try:
+            self.write(body)
+            return await asyncio.wait_for(future, self.owner.operation_timeout_s)
+        except TimeoutError:
+            raise Timeout(f"{where}: no answer from {self.url} within "
+                          f"{self.owner.operation_timeout_s} s") from None
+        except PulsarException as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        finally:
+            self._requests.pop(request_id, None)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                data = await reader.read(READ_BYTES_MAX)
+                self.conn.receive_data(data)
+                while (event := self.conn.next_event()) is not NEED_DATA:
+                    if isinstance(event, ConnectionClosed):
+                        return
+                    if isinstance(event, Frame):
+                        self._route(event)
+                    elif isinstance(event, ChecksumMismatch):
+                        log.warning("a frame from %s failed its checksum", self.url)
+                if not data:
+                    return
+        except (OSError, ProtocolError) as exc:
+            log.info("connection to %s failed: %s", self.url, exc)
+        finally:
+            self._lost()
+
+    def _route(self, frame: Frame) -> None:
+        command = frame.command
+        kind = command.type
+        if kind == _T.MESSAGE:
+            self._message(frame)
+        elif kind == _T.SEND_RECEIPT:
+            receipt = command.send_receipt
+            self._send_done(receipt.producer_id, receipt.sequence_id,
+                            (receipt.message_id.ledgerId, receipt.message_id.entryId), None)
+        elif kind == _T.SEND_ERROR:
+            error = command.send_error
+            self._send_done(error.producer_id, error.sequence_id, None,
+                            error_for_code(error.error, error.message, f"send to {self.url}"))
+        elif kind == _T.PING:
+            self.write(pb.CommandPong())
+        elif kind == _T.AUTH_CHALLENGE:
+            self._answer_challenge()
+        elif kind == _T.CONNECTED:
+            self._resolve(-1, frame)
+        elif kind == _T.CLOSE_PRODUCER:
+            events = self.producers.pop(command.close_producer.producer_id, None)
+            if events is not None:
+                events.on_closed("CLOSE_PRODUCER from the broker")
+        elif kind == _T.CLOSE_CONSUMER:
+            consumer = self.consumers.pop(command.close_consumer.consumer_id, None)
+            if consumer is not None:
+                consumer.on_closed("CLOSE_CONSUMER from the broker")
+        elif kind == _T.PRODUCER_SUCCESS and not command.producer_success.producer_ready:
+            pass  # WaitForExclusive: a second PRODUCER_SUCCESS follows once it is admitted
+        else:
+            request_id = getattr(frame.body, "request_id", None)
+            if kind == _T.ERROR:
+                refusal = command.error
+                self._fail(refusal.request_id, error_for_code(refusal.error, refusal.message,
+                                                              self.url))
+            elif request_id is not None:
+                self._resolve(request_id, frame)
+
+    def _answer_challenge(self) -> None:
+        """AUTH_CHALLENGE: present the (current) token again."""
+        auth = self.owner.authentication
+        if auth is None:
+            log.warning("%s asked for credentials, and the client has none", self.url)
+            return
+        self.write(pb.CommandAuthResponse(
+            client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION,
+            response=pb.AuthData(auth_method_name=auth.method,
+                                 auth_data=auth.token().encode())))
+
+    def _resolve(self, request_id: int, frame: Frame) -> None:
+        future = self._requests.get(request_id)
+        if future is not None and not future.done():
+            future.set_result(frame)
+
+    def _fail(self, request_id: int, error: PulsarException) -> None:
+        future = self._requests.get(request_id, self._requests.get(-1))
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    def _send_done(self, producer_id: int, sequence_id: int, ids: tuple[int, int] | None,
+                   error: PulsarException | None) -> None:
+        queue = self.sends.get(producer_id)
+        if not queue:
+            return
+        # Receipts come in send order (a chunked message's chunks share a sequence id).
+        if queue[0][0] != sequence_id:
+            log.warning("receipt for sequence id %s from %s does not match the oldest send "
+                        "(%s); ignored", sequence_id, self.url, queue[0][0])
+            return
+        _, future = queue.popleft()
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            assert ids is not None
+            ledger, entry = ids
+            future.set_result((signed(ledger), signed(entry)))
+
+    def _message(self, frame: Frame) -> None:
+        message = frame.command.message
+        events = self.consumers.get(message.consumer_id)
+        if events is None or frame.metadata is None:
+            return
+        message_id = message.message_id
+        events.on_message(Incoming(
+            signed(message_id.ledgerId), signed(message_id.entryId), message_id.partition,
+            message.redelivery_count, list(message.ack_set) or None,
+            message.consumer_epoch if message.HasField("consumer_epoch") else None,
+            frame.metadata, frame.payload))
+
+    def _lost(self) -> None:
+        if self.closed and not self._requests and not self.consumers and not self.producers:
+            return
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        self.owner.forget(self)
+        producers, consumers = list(self.producers.values()), list(self.consumers.values())
+        self.producers.clear()
+        self.consumers.clear()
+        for producer in producers:  # first: their sends failing now are sent again later
+            producer.on_closed("connection lost")
+        error = ConnectError(f"the connection to {self.url} was lost")
+        for future in self._requests.values():
+            if not future.done():
+                future.set_exception(error)
+        for queue in self.sends.values():
+            for _, send in queue:
+                if not send.done():
+                    send.set_exception(NotConnected(f"the connection to {self.url} was lost"))
+        self.sends.clear()
+        for consumer in consumers:
+            consumer.on_closed("connection lost")
+
+    def close(self) -> None:
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None and not self._reader_task.done():
+            self._reader_task.cancel()
+
+
+def signed(value: int) -> int:
+    """A uint64 from the wire as the signed long Pulsar means."""
+    return value - (1 << 64) if value >= 1 << 63 else value

@@ -1,0 +1,119 @@
+"""Basic and TLS authentication providers, several providers at once and the anonymous role
+(security/_basic.py, security/_auth.py), with real password files."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from magnetar.broker._config import BrokerConfig
+from magnetar.broker._errors import AuthenticationError, ConfigurationError
+from magnetar.broker.security._auth import AuthenticationService
+from magnetar.broker.security._basic import (
+    BasicAuthenticationProvider,
+    md5_crypt,
+    peer_common_name,
+    read_basic_auth_conf,
+)
+from magnetar.broker.security._jwt import encode_token
+
+SECRET = b"providers-test-secret-key-32byte"
+# `openssl passwd -apr1 -salt abcdefgh secret` printed this.
+APR1_SECRET = "$apr1$abcdefgh$h9FWgUz3n9YxylKLlR5SQ/"
+
+
+def _conf(path: Path) -> Path:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    path.write_text(f"# users\nbob:{hashed}\n\nann:{APR1_SECRET}\n")
+    return path
+
+
+def test_md5_crypt_matches_openssl() -> None:
+    assert md5_crypt(b"secret", "abcdefgh") == APR1_SECRET
+
+
+def test_basic_provider_checks_bcrypt_and_apr1(tmp_path: Path) -> None:
+    provider = BasicAuthenticationProvider(read_basic_auth_conf(str(_conf(tmp_path / "p"))))
+    assert provider.authenticate(b"bob:s3cret").role == "bob"
+    assert provider.authenticate(b"bob:s3cret").role == "bob"  # the remembered check
+    assert provider.authenticate(b"ann:secret").role == "ann"
+    for bad in (b"bob:wrong", b"ann:wrong", b"nobody:s3cret"):
+        with pytest.raises(AuthenticationError, match="Unknown user or invalid password"):
+            provider.authenticate(bad)
+    with pytest.raises(AuthenticationError, match="not 'user:password'"):
+        provider.authenticate(b"no-colon")
+
+
+def test_basic_conf_forms_and_errors(tmp_path: Path) -> None:
+    path = _conf(tmp_path / "p")
+    as_base64 = base64.b64encode(path.read_bytes()).decode()
+    for source in (str(path), f"file://{path}", f"data:;base64,{as_base64}", as_base64):
+        assert set(read_basic_auth_conf(source)) == {"bob", "ann"}
+    bad = tmp_path / "bad"
+    bad.write_text("carol:plaintext-password\n")
+    with pytest.raises(ConfigurationError, match=r"line 1 .*only bcrypt") as caught:
+        read_basic_auth_conf(str(bad))
+    assert "plaintext-password" not in str(caught.value)
+    bad.write_text("just-a-name\n")
+    with pytest.raises(ConfigurationError, match="line 1: not 'user:hash'"):
+        read_basic_auth_conf(str(bad))
+    with pytest.raises(ConfigurationError, match="neither a readable file nor base64"):
+        read_basic_auth_conf("/no/such/file!")
+
+
+def test_peer_common_name() -> None:
+    cert = {"subject": ((("countryName", "NL"),), (("commonName", "client-app"),))}
+    assert peer_common_name(cert) == "client-app"
+    assert peer_common_name({}) is None
+    assert peer_common_name(None) is None  # no verified certificate
+
+
+def _service(tmp_path: Path, anonymous: str = "") -> AuthenticationService:
+    key = tmp_path / "secret.key"
+    key.write_bytes(SECRET)
+    config = BrokerConfig(authentication_enabled=True,
+                          authentication_providers=("token", "basic", "tls"),
+                          token_secret_key=str(key), basic_auth_conf=str(_conf(tmp_path / "p")),
+                          anonymous_user_role=anonymous)
+    service = AuthenticationService.from_config(config)
+    assert service is not None
+    return service
+
+
+def test_several_providers_chosen_by_method(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    assert service.authenticate("token", encode_token({"sub": "t"}, SECRET).encode()).role == "t"
+    assert service.authenticate("basic", b"bob:s3cret").role == "bob"
+    assert service.authenticate("tls", b"", tls_common_name="client").role == "client"
+    with pytest.raises(AuthenticationError, match="no verified client certificate"):
+        service.authenticate("tls", b"")
+    with pytest.raises(AuthenticationError, match="authentication is required"):
+        service.authenticate("none", b"")
+    basic = "Basic " + base64.b64encode(b"bob:s3cret").decode()
+    assert service.authenticate_http(basic).role == "bob"
+    assert service.authenticate_http(None, tls_common_name="client").role == "client"
+    with pytest.raises(AuthenticationError, match="Unknown user"):
+        service.authenticate_http("Basic " + base64.b64encode(b"bob:nope").decode())
+
+
+def test_anonymous_role(tmp_path: Path) -> None:
+    service = _service(tmp_path, anonymous="anon")
+    for method in ("", "none", "athenz"):  # no credentials, or a method not enabled
+        principal = service.authenticate(method, b"")
+        assert (principal.role, principal.method) == ("anon", "anonymous")
+    assert service.authenticate_http(None).role == "anon"
+    with pytest.raises(AuthenticationError):  # bad credentials are not anonymous
+        service.authenticate("basic", b"bob:nope")
+
+
+def test_unknown_provider_and_missing_conf(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="kerberos"):
+        AuthenticationService.from_config(BrokerConfig(
+            authentication_enabled=True, authentication_providers=("kerberos",)))
+    with pytest.raises(ConfigurationError, match="needs basic_auth_conf"):
+        AuthenticationService.from_config(BrokerConfig(
+            authentication_enabled=True, authentication_providers=("basic",)))
+
