@@ -98,6 +98,13 @@ from magnetar.storage import (
 
 from .._config import BrokerConfig
 from .._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
+from ._completions import (
+    after_earlier_callbacks,
+    call_soon,
+    delete_in_background,
+    delete_storage_ledger,
+    on_loop,
+)
 from ._cursor import ManagedCursor, cursor_prefix
 from ._loader import EntryLoader, Run, collect, default_loader
 from ._position import (
@@ -271,7 +278,7 @@ class ManagedLedger:
                  Position(*terminated) if terminated else None, loader)
         ml._write_record()
         for ledger_id in dropped + orphans:
-            await _delete_storage_ledger(storage, ledger_id)
+            await delete_storage_ledger(storage, ledger_id)
         if orphans:
             log.info("ml %s: deleted orphan ledgers %s", name, orphans)
         for key, value in storage.metadata.scan(cursor_prefix(name)):
@@ -531,7 +538,7 @@ class ManagedLedger:
         submitted_ns = time.perf_counter_ns()
 
         def bounce(finished: Completion[int]) -> None:
-            _call_soon(loop, self._on_add_done, ledger, size, finished, done, submitted_ns)
+            call_soon(loop, self._on_add_done, ledger, size, finished, done, submitted_ns)
 
         completion.add_done_callback(bounce)
         return done
@@ -549,7 +556,7 @@ class ManagedLedger:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000.0
         while True:
-            space = _on_loop(loop, self.storage.cache_space())
+            space = on_loop(loop, self.storage.cache_space())
             try:
                 await asyncio.wait_for(space, max(0.0, deadline - loop.time()))
             except TimeoutError:
@@ -612,7 +619,7 @@ class ManagedLedger:
         assert self._submit_lock.locked()
         old = self._ledgers[-1]
         try:
-            last = await _after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
+            last = await after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
             new_id = await self.storage.create_ledger({"ml": self.name})
         except StorageFullError as error:
             log.warning("ml %s: rollover of ledger %d failed, retried by the next add: %s",
@@ -637,7 +644,7 @@ class ManagedLedger:
         if old.entries == 0:  # only after failed adds: the list keeps no empty ledger
             self._ledgers.pop()
             self._ids.pop()
-            _delete_in_background(self.storage, old.ledger_id)
+            delete_in_background(self.storage, old.ledger_id)
             if self._last_confirmed.ledger_id == old.ledger_id:
                 self._last_confirmed = Position(new_id, -1)
         self._ledgers.append(_Ledger(new_id))
@@ -870,7 +877,7 @@ class ManagedLedger:
         del self._ids[:len(doomed)]
         self._write_record()
         for ledger_id in doomed:
-            _delete_in_background(self.storage, ledger_id)
+            delete_in_background(self.storage, ledger_id)
         log.info("ml %s: trimmed ledgers %s", self.name, doomed)
         return doomed
 
@@ -911,7 +918,7 @@ class ManagedLedger:
 
     async def _close_current_ledger(self) -> None:
         current = self._ledgers[-1]
-        last = await _after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
+        last = await after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
         assert last + 1 == current.entries or self._add_failed
         current.timestamp_ms = self._now_ms()
         empty = current.entries == 0 and len(self._ledgers) > 1
@@ -920,7 +927,7 @@ class ManagedLedger:
             self._ids.pop()
         self._write_record()
         if empty:
-            await _delete_storage_ledger(self.storage, current.ledger_id)
+            await delete_storage_ledger(self.storage, current.ledger_id)
 
     async def delete(self) -> None:
         """Delete the cursors, the ML record and every ledger, in that order (a crash
@@ -935,7 +942,7 @@ class ManagedLedger:
             with self.storage.metadata.transaction() as txn:
                 txn.delete(ml_key(self.name))
             for ledger_id in list(self._ids):
-                await _delete_storage_ledger(self.storage, ledger_id)
+                await delete_storage_ledger(self.storage, ledger_id)
 
 
 async def _recover_last_ledger(storage: LedgerStorage, ledger: _Ledger, now_ms: int) -> None:
@@ -961,61 +968,3 @@ def _ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
         last = min(first + RECOVERY_READ_ENTRIES_MAX, entries) - 1
         size += sum(len(data) for data in storage.read_entries(ledger_id, first, last))
     return size
-
-
-async def _delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
-    try:
-        await storage.delete_ledger(ledger_id)
-    except LedgerNotFoundError:
-        pass
-
-
-def _delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
-    """Delete a storage ledger without waiting; a failure leaves an orphan that the next
-    open of the ML removes."""
-    try:
-        completion = storage.delete_ledger(ledger_id)
-    except StorageError as error:
-        log.warning("could not delete ledger %d: %s", ledger_id, error)
-        return
-
-    def report(finished: Completion[int]) -> None:
-        error = finished.exception()
-        if error is not None:
-            log.warning("deleting ledger %d failed: %s", ledger_id, error)
-
-    completion.add_done_callback(report)
-
-
-async def _after_earlier_callbacks(completion: Completion[int]) -> int:
-    """Await a storage completion through the event loop even when it is already done, so
-    that the add confirmations the storage bounced onto the loop before it (`_submit`) have
-    run first: a close must see the entry count of every add it waited for. (Awaiting a
-    `Completion` that is already done does not yield to the loop.)"""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-    completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
-    await waiter
-    return completion.result()
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop, completion: Completion[Any]) -> asyncio.Future[None]:
-    """A loop future finished (with None) once a storage completion is, whatever its
-    outcome."""
-    waiter: asyncio.Future[None] = loop.create_future()
-    completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
-    return waiter
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],
-               *args: object) -> None:
-    """Run `callback` on `loop` from a storage thread (ignored once the loop is closed)."""
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass
