@@ -271,6 +271,11 @@ class _Run:
         summary.attempted_acks_redelivered += verification.attempted_acks_redelivered
         summary.resends += verification.resends
         summary.resends_dropped += verification.resends_dropped
+        summary.retried_verified += verification.retried_verified
+        summary.dead_lettered_verified += verification.dead_lettered_verified
+        summary.retry_duplicates += verification.retry_duplicates
+        for state, count in verification.retry_states.items():
+            summary.retry_states[state] = summary.retry_states.get(state, 0) + count
 
     def _finish(self, modes: dict[str, _Mode]) -> None:
         summary = self.summary
@@ -285,6 +290,9 @@ class _Run:
               f"{summary.receipted_acks_verified}; acks without one redelivered (allowed): "
               f"{summary.attempted_acks_redelivered}; resends: {summary.resends}, dropped as "
               f"duplicates: {summary.resends_dropped}", file=self.out)
+        states = ", ".join(f"{count} {state}" for state, count in summary.retry_states.items())
+        print(f"crashtest broker: subscription retry, acknowledged publishes: {states or 'none'}; "
+              f"found in two generations (allowed): {summary.retry_duplicates}", file=self.out)
         if summary.powerloss_iterations:
             crashes = ", ".join(f"{k} {v}" for k, v in sorted(summary.crashes.items()))
             print(f"crashtest broker: powerloss crashes by cause: {crashes}", file=self.out)
