@@ -145,11 +145,11 @@ class RetryConsumer:
             consumer.acknowledge(message)
 
     def stop(self) -> None:
-        """End the thread and close the client (what is pending fails)."""
+        """End the thread and shut the client down at once (what is pending fails)."""
         self._stop.set()
         if self.client is not None:
             with contextlib.suppress(magnetar.PulsarException):
-                self.client.close()
+                self.client.shutdown()
         if self._thread is not None:
             self._thread.join()
 
