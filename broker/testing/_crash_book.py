@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 __all__ = [
+    "EXAMPLES_MAX",
     "RETRY_SUBSCRIPTION",
     "SUBSCRIPTIONS",
     "AckBook",

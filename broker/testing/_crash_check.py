@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pulsar
 
 from ._crash_book import (
+    EXAMPLES_MAX,
     RETRY_SUBSCRIPTION,
     SUBSCRIPTIONS,
     AckBook,

@@ -266,7 +266,7 @@ def _drain(client: pulsar.Client, topic: str, subscription: str, seed: int, book
     the last copy was due (or `deadline_s`), without acknowledging."""
     consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
                                 receiver_queue_size=1000)
-    copies = []
+    copies: list[tuple[MessageKey, dict[str, str]]] = []
     deadline = time.monotonic() + deadline_s
     try:
         while time.monotonic() < deadline:
