@@ -347,7 +347,7 @@ class ProducerCommands:
             out += self._receipt_bytes(state.producer_id, head)
         assert self.pending_sends >= 0
         if out and not self.view.closed:
-            self.view.write(bytes(out))
+            self.view.write_soon(bytes(out))
         if not state.pending:
             state.drained.set()
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
