@@ -210,6 +210,8 @@ class ConnectionHandler:
                 self._dispatch(event)
                 if self.closed:
                     return
+            if self.producers.unsent:
+                self.producers.flush_sends()
         except ProtocolError as exc:
             log.warning("closing the connection of %s: %s", self.peer, exc.reason)
             self.close()
@@ -221,6 +223,8 @@ class ConnectionHandler:
         if isinstance(event, ChecksumMismatch):
             self.producers.on_corrupt_send(event)
             return
+        if event.type != T.SEND and self.producers.unsent:
+            self.producers.flush_sends()  # commands take effect in the order they came
         handler = self._dispatch_table.get(event.type)
         if handler is None:
             raise CloseConnection(f"unexpected {T.Type.Name(event.type)}")
