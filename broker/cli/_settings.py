@@ -372,6 +372,12 @@ _LEDGERS: Final = (
        "how often TTLs are applied", scale=60),
     _b("backlogQuotaCheckIntervalInSeconds", "backlog_quota_check_interval_s", "s", "how "
        "often backlog quotas are checked"),
+    _b("brokerServiceCompactionThresholdInBytes", "broker_service_compaction_threshold_bytes",
+       "bytes", "a topic is compacted once this much is not compacted yet (the "
+       "compactionThreshold policy's default; 0: never)"),
+    _b("brokerServiceCompactionMonitorIntervalInSeconds",
+       "broker_service_compaction_monitor_interval_s", "s", "how often compaction thresholds "
+       "are checked"),
     _b("backlogQuotaDefaultLimitBytes", "backlog_quota_default_limit_bytes", "bytes",
        "default backlog quota by size (-1: none)"),
     _b("backlogQuotaDefaultLimitSecond", "backlog_quota_default_limit_s", "s", "default "

@@ -40,6 +40,7 @@ from .._rates import RateMeter
 from .._tasks import spawn
 from ..ledger._cursor import ManagedCursor
 from ..ledger._position import Position, ack_set_words_max, unacked_in_ack_set
+from ._compacted_read import CompactedReads
 from ._consumer import Consumer, SubscribeSpec
 from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 from ._dispatch_key_shared import KeySharedDispatcher
@@ -76,6 +77,7 @@ class Subscription:
         self.msg_out_counter = 0  # messages dispatched by this subscription, ever
         self.bytes_out_counter = 0
         self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
+        self.compacted = CompactedReads(self)  # read_compacted consumers' reads
 
     # -- what the dispatcher asks ----------------------------------------------------------
 
@@ -124,6 +126,7 @@ class Subscription:
         return self.cursor.get_ack_set(position)
 
     def rewind(self) -> None:
+        self.compacted.restart()
         self.cursor.rewind()
 
     def redelivery_count(self, position: Position) -> int:
@@ -172,7 +175,12 @@ class Subscription:
         whether anything was read at all)."""
         if self.delayed is not None and self.delayed.should_pause_all_deliveries():
             return [], False
-        raw = self.cursor.read_entries(max_entries, self.config.dispatcher_max_read_size_bytes)
+        raw = self.compacted.read(max_entries)
+        if raw == []:
+            return [], False  # a compacted read is under way; it kicks when it lands
+        if raw is None:
+            raw = self.cursor.read_entries(max_entries,
+                                           self.config.dispatcher_max_read_size_bytes)
         entries = [EntryInfo(Position(*p), data) for p, data in raw]
         return self._filter(entries, honour_delay), bool(raw)
 
@@ -235,6 +243,9 @@ class Subscription:
         if spec.sub_type not in enabled and not self.topic.name.is_system_topic:
             raise NotAllowedError(
                 f"Topic[{self.topic_name}] doesn't support {spec.sub_type} sub type!")
+        if spec.read_compacted and spec.sub_type not in ("Exclusive", "Failover"):
+            raise NotAllowedError("Read compacted can only be used with exclusive or failover "
+                                  "persistent subscriptions")
         dispatcher = self._dispatcher_for(spec)
         if dispatcher.consumers:
             if dispatcher.sub_type == "Exclusive":
@@ -242,6 +253,9 @@ class Subscription:
             limit = self.topic.policies.max_consumers_per_subscription
             if limit > 0 and len(dispatcher.consumers) >= limit:
                 raise ConsumerBusyError("Subscription reached max consumers limit")
+        if spec.read_compacted != self.compacted.enabled:
+            self.compacted.enabled = spec.read_compacted
+            self.compacted.restart()
         dispatcher.add_consumer(consumer)
 
     def _dispatcher_for(self, spec: SubscribeSpec) -> Dispatcher:
@@ -437,6 +451,7 @@ class Subscription:
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset(position, ack_set)
+            self.compacted.restart()
             self._after_reset()
 
     async def reset_cursor_by_time(self, timestamp_ms: int) -> None:
@@ -444,6 +459,7 @@ class Subscription:
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset_by_time(timestamp_ms, entry_publish_time)
+            self.compacted.restart()
             self._after_reset()
 
     @contextlib.asynccontextmanager
