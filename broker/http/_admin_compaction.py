@@ -12,8 +12,16 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..topics._topic import PersistentTopic
-from ._rest import TOPIC_PATH, RestError, _not_found, _ok, _persistent, _service, _targets, \
-    _topic_name
+from ._rest import (
+    TOPIC_PATH,
+    RestError,
+    _not_found,
+    _ok,
+    _persistent,
+    _service,
+    _targets,
+    _topic_name,
+)
 
 __all__ = ["add_compaction_routes"]
 
