@@ -226,7 +226,9 @@ class TopicCompaction:
                old: CompactedLedger | None) -> None:
         self.view = CompactedLedger(self._storage, ledger_id, entries, horizon)
         self.runs += 1
-        self.topic.compacted_view_changed()
+        for subscription in self.topic.all_subscriptions():
+            if subscription.compacted.enabled:
+                subscription.kick()  # reads the new view
         if old is not None and old.ledger_id != ledger_id:
             spawn(_delete_ledger(self._storage, old.ledger_id), self.topic.background,
                   f"deleting compacted ledger {old.ledger_id}")

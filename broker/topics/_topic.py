@@ -384,17 +384,9 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
         """The topic's background tasks (cancelled when it closes)."""
         return self._background
 
-    # -- compaction (`_compaction.py`) -----------------------------------------------------
-
     @property
     def compacted_view(self) -> CompactedLedger | None:
         return self.compaction.view
-
-    def compacted_view_changed(self) -> None:
-        """A compaction switched the view: wake the subscriptions that read it."""
-        for subscription in self.all_subscriptions():
-            if subscription.compacted.enabled:
-                subscription.kick()
 
     # -- subscriptions ---------------------------------------------------------------------
 
