@@ -18,6 +18,12 @@ at or before the first position: a new subscription at the earliest position, a 
 EARLIEST) starts at the beginning of the compacted view, which may hold keys whose ledgers
 were trimmed. A rewind (redelivery, reconnect) or a reset starts over (`restart`).
 
+A batch the compactor rewrote flags the messages it dropped `compacted_out` (Pulsar's
+format, which the Java client skips); the C++ client (and so the official Python client)
+ignores that flag, so each such entry is also delivered with an ack set (`live_mask`) in which
+the dropped indexes count as acknowledged: every client then skips them, and the batch keeps
+its indexes (acknowledgements of its messages mean what they meant in the topic).
+
 Reads may touch the disk, so they run off the event loop (`asyncio.to_thread`), one at a
 time, at most `COMPACTED_FETCH_ENTRIES_MAX` entries ahead: `read` returns what a finished
 fetch brought for the position the subscription has reached, or starts a fetch and returns
@@ -31,6 +37,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from magnetar.codec import ProtocolError, parse_entry, unpack_messages
 from magnetar.storage import CorruptionError, LedgerNotFoundError, NoSuchEntryError
 
 from ..ledger._compacted import CompactedLedger
@@ -39,12 +46,35 @@ from ..ledger._position import Position
 if TYPE_CHECKING:
     from ._subscription import Subscription
 
-__all__ = ["COMPACTED_FETCH_ENTRIES_MAX", "CompactedReads"]
+__all__ = ["COMPACTED_FETCH_ENTRIES_MAX", "CompactedReads", "live_mask"]
 
 log = logging.getLogger(__name__)
 
 COMPACTED_FETCH_ENTRIES_MAX = 100  # entries one fetch reads ahead from the compacted ledger
 FETCH_RETRY_DELAY_S = 1.0  # after a read error that may pass
+
+Fetched = list[tuple[Position, bytes, int | None]]  # (position, entry, live_mask)
+
+
+def live_mask(entry: bytes) -> int | None:
+    """For a batch with `compacted_out` messages: the bitmask of its other messages (bit i
+    set: index i is delivered); None for any other entry."""
+    try:
+        parsed = parse_entry(entry, verify_checksum=False)
+        if not parsed.metadata.HasField("num_messages_in_batch"):
+            return None
+        messages = unpack_messages(parsed.metadata, parsed.payload)
+    except ProtocolError:
+        return None
+    if not any(message.compacted_out for message in messages):
+        return None
+    return sum(1 << i for i, message in enumerate(messages) if not message.compacted_out)
+
+
+def _fetch_entries(view: CompactedLedger, at: Position, max_bytes: int) -> Fetched:
+    """A worker thread's read: entries of the view from `at`, with their live masks."""
+    return [(position, entry, live_mask(entry))
+            for position, entry in view.read_from(at, COMPACTED_FETCH_ENTRIES_MAX, max_bytes)]
 
 
 class CompactedReads:
@@ -55,9 +85,10 @@ class CompactedReads:
         self.enabled = False  # a consumer asked for read_compacted
         self._fresh = True  # nothing read since the start or the last restart
         self._next: Position | None = None  # the next original position to read
-        self._buffer: list[tuple[Position, bytes]] = []
+        self._buffer: Fetched = []
+        self.masks: dict[Position, int] = {}  # live masks of the entries `read` returned last
         self._buffer_key: tuple[Position, CompactedLedger] | None = None
-        self._fetching: asyncio.Future[list[tuple[Position, bytes]]] | None = None
+        self._fetching: asyncio.Future[Fetched] | None = None
         self._generation = 0
 
     def restart(self) -> None:
@@ -82,6 +113,7 @@ class CompactedReads:
         """Entries of the compacted view for the dispatcher ([] while a fetch runs), or
         None when the subscription reads the topic itself."""
         view = self._view()
+        self.masks = {}
         if view is None:
             return None
         if self._next is None:
@@ -95,7 +127,8 @@ class CompactedReads:
             last = taken[-1][0]
             self._next = Position(last.ledger_id, last.entry_id + 1)
             self._buffer_key = (self._next, view)
-            return taken
+            self.masks = {position: mask for position, _, mask in taken if mask is not None}
+            return [(position, entry) for position, entry, _ in taken]
         if self._fetching is None:
             self._fetch(view, self._next)
         return []
@@ -104,10 +137,10 @@ class CompactedReads:
         generation = self._generation
         max_bytes = self.sub.config.dispatcher_max_read_size_bytes
         self._fetching = asyncio.ensure_future(asyncio.to_thread(
-            view.read_from, at, COMPACTED_FETCH_ENTRIES_MAX, max_bytes))
+            _fetch_entries, view, at, max_bytes))
         self._fetching.add_done_callback(lambda done: self._landed(done, view, at, generation))
 
-    def _landed(self, done: asyncio.Future[list[tuple[Position, bytes]]],
+    def _landed(self, done: asyncio.Future[Fetched],
                 view: CompactedLedger, at: Position, generation: int) -> None:
         self._fetching = None
         dispatcher = self.sub.dispatcher

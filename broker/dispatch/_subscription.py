@@ -39,7 +39,13 @@ from .._errors import ConsumerBusyError, NotAllowedError, SubscriptionBusyError
 from .._rates import RateMeter
 from .._tasks import spawn
 from ..ledger._cursor import ManagedCursor
-from ..ledger._position import Position, ack_set_words_max, unacked_in_ack_set
+from ..ledger._position import (
+    Position,
+    ack_set_to_int,
+    ack_set_words_max,
+    int_to_ack_set,
+    unacked_in_ack_set,
+)
 from ._compacted_read import CompactedReads
 from ._consumer import Consumer, SubscribeSpec
 from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
@@ -123,7 +129,11 @@ class Subscription:
         return self.cursor.is_acked(position)
 
     def ack_set_for(self, position: Position) -> list[int] | None:
-        return self.cursor.get_ack_set(position)
+        words = self.cursor.get_ack_set(position)
+        live = self.compacted.masks.get(position)  # a compacted batch: dropped = acked
+        if live is None:
+            return words
+        return int_to_ack_set(live if words is None else live & ack_set_to_int(words))
 
     def rewind(self) -> None:
         self.compacted.restart()

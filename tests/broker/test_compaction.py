@@ -74,9 +74,9 @@ class EntrySink(RecordingSink):
         found = []
         for _, entry in self.entries:
             parsed = parse_entry(entry, verify_checksum=False)
-            for message in unpack_messages(parsed.metadata, parsed.payload):
-                if not message.compacted_out:
-                    found.append((message.partition_key, message.payload or b""))
+            found.extend((message.partition_key, message.payload or b"")
+                         for message in unpack_messages(parsed.metadata, parsed.payload)
+                         if not message.compacted_out)
         return found
 
 
