@@ -177,3 +177,22 @@ def test_threshold_compaction_survives_sigkill(broker_factory: BrokerFactory) ->
         assert time.monotonic() - began < COMPACTION_DEADLINE_S
     finally:
         again.close()
+
+
+def test_the_cli_compacts_and_reports_the_status(broker: InProcessBroker,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from magnetar.broker.cli._main import main
+
+    topic = _topic()
+    client = new_client(broker.url)
+    try:
+        client.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
+        populate(client, topic, batched=False)
+    finally:
+        client.close()
+    common = ["--admin-url", broker.admin.url]
+    assert main(["topics", "compaction-status", topic, *common]) == 0
+    assert "NOT_RUN" in capsys.readouterr().out
+    assert main(["topics", "compact", topic, *common]) == 0
+    assert main(["topics", "compaction-status", "-w", topic, *common]) == 0
+    assert f"Compaction status of {topic}: SUCCESS" in capsys.readouterr().out
