@@ -30,6 +30,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     magnetar.spark.register(session)
