@@ -36,8 +36,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BrokerHost", "Endpoints", "HostAddress", "LocalBroker", "ask_host", "host",
-           "serve", "stop_brokers"]
+from magnetar._standalone import StandaloneBroker
+
+__all__ = ["BrokerHost", "Endpoints", "HostAddress", "ask_host", "host", "serve",
+           "stop_brokers"]
 
 log = logging.getLogger(__name__)
 
@@ -63,61 +65,18 @@ class HostAddress:
     token: str
 
 
-class LocalBroker:
-    """A broker on one data directory, serving on free loopback ports in this process.
+def _start_broker(data_dir: str) -> tuple[StandaloneBroker, Endpoints]:
+    """A broker on `data_dir` and its endpoints.
 
     Raises:
         magnetar.ConnectError: another process holds the directory.
         magnetar.InvalidConfiguration: the path is not a usable data directory.
     """
-
-    def __init__(self, data_dir: str):
-        from magnetar._loop import LoopThread
-
-        self.data_dir = data_dir
-        self._thread = LoopThread("magnetar-spark-broker")
-        try:
-            self._state: dict[str, Any] = self._thread.run(self._start())
-        except BaseException:
-            self._thread.stop()
-            raise
-        self.endpoints = Endpoints(self._state["server"].url, self._state["admin"].url)
-
-    async def _start(self) -> dict[str, Any]:
-        from magnetar._embedded import EmbeddedTransport
-        from magnetar.broker import serve as serve_protocol
-        from magnetar.broker import start_admin
-
-        transport = await EmbeddedTransport.open(self.data_dir)
-        try:
-            server = await serve_protocol(transport.service, HOST, 0)
-            try:
-                admin = await start_admin(transport.service, HOST, 0, broker_url=server.url)
-            except BaseException:
-                await server.shutdown()
-                raise
-        except BaseException:
-            await transport.close()
-            raise
-        return {"transport": transport, "server": server, "admin": admin}
-
-    async def _stop(self) -> None:
-        try:
-            await self._state["server"].shutdown()
-            await self._state["admin"].close()
-        finally:
-            await self._state["transport"].close()
-
-    def stop(self) -> None:
-        """Stop serving and close the broker and its storage (idempotent)."""
-        if self._thread.alive:
-            try:
-                self._thread.run(self._stop())
-            finally:
-                self._thread.stop()
+    broker = StandaloneBroker(data_dir, thread_name="magnetar-spark-broker")
+    return broker, Endpoints(broker.service_url, broker.admin_url)
 
 
-_brokers: dict[str, LocalBroker] = {}
+_brokers: dict[str, tuple[StandaloneBroker, Endpoints]] = {}
 _brokers_lock = threading.Lock()
 
 
@@ -125,21 +84,21 @@ def serve(data_dir: str) -> Endpoints:
     """The endpoints of this process's broker on `data_dir`, started on first use.
 
     Raises:
-        magnetar.ConnectError / InvalidConfiguration: as `LocalBroker`.
+        magnetar.ConnectError / InvalidConfiguration: as `_start_broker`.
     """
     path = os.path.realpath(data_dir)
     with _brokers_lock:
-        broker = _brokers.get(path)
-        if broker is None:
-            broker = _brokers[path] = LocalBroker(path)
-    return broker.endpoints
+        served = _brokers.get(path)
+        if served is None:
+            served = _brokers[path] = _start_broker(path)
+    return served[1]
 
 
 def stop_brokers() -> None:
     """Stop every broker `serve` started in this process (and the control server)."""
     global _host
     with _brokers_lock:
-        brokers = list(_brokers.values())
+        brokers = [broker for broker, _ in _brokers.values()]
         _brokers.clear()
         server, _host = _host, None
     if server is not None:
