@@ -194,8 +194,8 @@ WING_RANK: dict[str, int] = {
     "topics": 4,
     "wire": 5,
     "http": 5,
-    "cli": 6,
     "testing": 6,
+    "cli": 7,  # the outermost shell: `magnetar crashtest broker` runs broker/testing's harness
 }
 
 # Private modules of storage/codec that broker may import, with the reason. Empty: broker

@@ -59,6 +59,7 @@ from .._names import TopicName, matches_topics_pattern
 from .._namespaces import NamespaceRegistry
 from .._tasks import log_task_failure
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
+from ..ledger._loader import EntryLoader
 from ..ledger._managed_ledger import ml_key
 from ..schemas._schemas import SchemaRegistry
 from ._nonpersistent_topic import NonPersistentTopic
@@ -137,11 +138,16 @@ class BrokerService:
     """
 
     def __init__(self, storage: LedgerStorage, config: BrokerConfig | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, loader: EntryLoader | None = None):
+        """`loader`: the worker for reads that need the disk (default: one built from the
+        config's `managed_ledger_read_*_max` limits)."""
         self.config = config or BrokerConfig()
         check_entry_fits_storage(self.config, storage.config.entry_size_bytes_max)
         self.storage = storage
         self.clock = clock
+        self.loader = loader or EntryLoader(
+            self.config.managed_ledger_read_loads_in_flight_max,
+            self.config.managed_ledger_read_loaded_bytes_max)
         self.namespaces = NamespaceRegistry(storage.metadata, self.config)
         self.schemas = SchemaRegistry(storage.metadata, self.namespaces, clock)
         self.topics: dict[str, Topic] = {}
@@ -178,6 +184,7 @@ class BrokerService:
             except Exception as exc:  # keep closing the others
                 log.error("closing %s failed: %s", topic.name, exc)
         self.topics.clear()
+        self.loader.close()
 
     @property
     def storage_full(self) -> bool:

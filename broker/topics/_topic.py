@@ -165,7 +165,8 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
     @classmethod
     async def load(cls, service: BrokerService, name: TopicName) -> PersistentTopic:
         ml_config = ManagedLedgerConfig.from_broker_config(service.config)
-        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config)
+        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config,
+                                      loader=service.loader)
         topic = cls(service, name, ml)
         topic.apply_policies()
         for cursor_name, cursor in ml.cursors.items():

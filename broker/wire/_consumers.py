@@ -437,6 +437,8 @@ class ConsumerCommands:
             raise NotAllowedError("Seek needs a message id or a publish time")
 
     def on_get_last_message_id(self, frame: Frame) -> None:
+        """Answered at once when the last entry is in the storage's memory; otherwise its
+        read goes to the loader and the answer follows (the loop never reads the disk)."""
         request = frame.command.getLastMessageId
         state = self._live_consumer(request.consumer_id)
         if state is None:
@@ -444,14 +446,31 @@ class ConsumerCommands:
             return
         try:
             reply = self._last_message_id(state, request.request_id)
+        except _NeedsLoad as load:
+            self.view.spawn(self._answer_after_load(state, request.request_id, load.position))
+            return
         except Exception as exc:
             self.view.error(request.request_id, exc)
             return
         self.view.send(reply)
 
+    async def _answer_after_load(self, state: _ConsumerState, request_id: int,
+                                 position: Position) -> None:
+        topic = state.topic
+        assert isinstance(topic, PersistentTopic)
+        try:
+            loaded = await topic.managed_ledger.read_entries_async(position, 1, 1)
+            reply = self._last_message_id(state, request_id, dict(loaded))
+        except Exception as exc:
+            self.view.error(request_id, exc)
+            return
+        self.view.send(reply)
+
     @staticmethod
     def _last_message_id(state: _ConsumerState, request_id: int,
+                         loaded: dict[Position, bytes] | None = None,
                          ) -> pb.CommandGetLastMessageIdResponse:
+        """Raises `_NeedsLoad` when the last entry is neither in `loaded` nor in memory."""
         topic = state.topic
         if not isinstance(topic, PersistentTopic):
             raise NotAllowedError("GetLastMessageId is not supported on non-persistent topics")
@@ -472,7 +491,13 @@ class ConsumerCommands:
             # The last entry's ledger may be trimmed already (nothing retains it): the position
             # still stands, without the batch index only its entry could tell.
             if ml.is_valid_position(last):
-                entry = EntryInfo(last, ml.read_entry(last))
+                data = (loaded or {}).get(last)
+                if data is None:
+                    cached = ml.read_cached(ml.plan_runs(last, 1), 1)
+                    if not cached:
+                        raise _NeedsLoad(last)
+                    data = cached[0][1]
+                entry = EntryInfo(last, data)
                 # A stored count is a client's claim: clamped, so a bad one cannot fail it.
                 if entry.metadata.HasField("num_messages_in_batch"):
                     last_id.batch_index = entry.batch_size - 1
@@ -534,3 +559,11 @@ def _last_compacted(subscription: object, last: Position) -> tuple[Position, int
     info = EntryInfo(position, entry)
     batch = info.batch_size - 1 if info.metadata.HasField("num_messages_in_batch") else -1
     return position, batch
+
+
+class _NeedsLoad(Exception):  # an outcome, not an error
+    """The last entry needs the disk: answer after loading it (`position`)."""
+
+    def __init__(self, position: Position):
+        super().__init__(f"{position} needs a load")
+        self.position = position
