@@ -64,6 +64,8 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "ttl_duration_default_s": (0, None),
     "message_expiry_check_interval_s": (0, None),
     "backlog_quota_check_interval_s": (0, None),
+    "broker_service_compaction_threshold_bytes": (0, None),
+    "broker_service_compaction_monitor_interval_s": (1, None),
     "backlog_quota_default_limit_bytes": (-1, None),
     "backlog_quota_default_limit_s": (-1, None),
     "token_allowed_clock_skew_s": (0, None),
@@ -161,6 +163,8 @@ class BrokerConfig:
     ttl_duration_default_s: int = 0
     message_expiry_check_interval_s: int = 300
     backlog_quota_check_interval_s: int = 60
+    broker_service_compaction_threshold_bytes: int = 0  # compactionThreshold's default
+    broker_service_compaction_monitor_interval_s: int = 60  # how often thresholds are checked
     backlog_quota_default_limit_bytes: int = -1
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"

@@ -39,7 +39,14 @@ from .._errors import ConsumerBusyError, NotAllowedError, SubscriptionBusyError
 from .._rates import RateMeter
 from .._tasks import spawn
 from ..ledger._cursor import ManagedCursor
-from ..ledger._position import Position, ack_set_words_max, unacked_in_ack_set
+from ..ledger._position import (
+    Position,
+    ack_set_to_int,
+    ack_set_words_max,
+    int_to_ack_set,
+    unacked_in_ack_set,
+)
+from ._compacted_read import CompactedReads
 from ._consumer import Consumer, SubscribeSpec
 from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 from ._dispatch_key_shared import KeySharedDispatcher
@@ -78,6 +85,7 @@ class Subscription:
         self.msg_out_counter = 0  # messages dispatched by this subscription, ever
         self.bytes_out_counter = 0
         self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
+        self.compacted = CompactedReads(self)  # read_compacted consumers' reads
 
     # -- what the dispatcher asks ----------------------------------------------------------
 
@@ -123,9 +131,14 @@ class Subscription:
         return self.cursor.is_acked(position)
 
     def ack_set_for(self, position: Position) -> list[int] | None:
-        return self.cursor.get_ack_set(position)
+        words = self.cursor.get_ack_set(position)
+        live = self.compacted.masks.get(position)  # a compacted batch: dropped = acked
+        if live is None:
+            return words
+        return int_to_ack_set(live if words is None else live & ack_set_to_int(words))
 
     def rewind(self) -> None:
+        self.compacted.restart()
         self.cursor.rewind()
 
     def redelivery_count(self, position: Position) -> int:
@@ -178,7 +191,11 @@ class Subscription:
         """
         if self.delayed is not None and self.delayed.should_pause_all_deliveries():
             return [], False
-        raw = self.reads.read_new(max_entries, self.config.dispatcher_max_read_size_bytes)
+        raw = self.compacted.read(max_entries)
+        if raw == []:
+            return [], False  # a compacted read is under way; it kicks when it lands
+        if raw is None:
+            raw = self.reads.read_new(max_entries, self.config.dispatcher_max_read_size_bytes)
         entries = [EntryInfo(Position(*p), data) for p, data in raw]
         return self._filter(entries, honour_delay), bool(raw)
 
@@ -244,6 +261,9 @@ class Subscription:
         if spec.sub_type not in enabled and not self.topic.name.is_system_topic:
             raise NotAllowedError(
                 f"Topic[{self.topic_name}] doesn't support {spec.sub_type} sub type!")
+        if spec.read_compacted and spec.sub_type not in ("Exclusive", "Failover"):
+            raise NotAllowedError("Read compacted can only be used with exclusive or failover "
+                                  "persistent subscriptions")
         dispatcher = self._dispatcher_for(spec)
         if dispatcher.consumers:
             if dispatcher.sub_type == "Exclusive":
@@ -251,6 +271,9 @@ class Subscription:
             limit = self.topic.policies.max_consumers_per_subscription
             if limit > 0 and len(dispatcher.consumers) >= limit:
                 raise ConsumerBusyError("Subscription reached max consumers limit")
+        if spec.read_compacted != self.compacted.enabled:
+            self.compacted.enabled = spec.read_compacted
+            self.compacted.restart()
         dispatcher.add_consumer(consumer)
 
     def _dispatcher_for(self, spec: SubscribeSpec) -> Dispatcher:
@@ -447,6 +470,7 @@ class Subscription:
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset(position, ack_set)
+            self.compacted.restart()
             self._after_reset()
 
     async def reset_cursor_by_time(self, timestamp_ms: int) -> None:
@@ -454,6 +478,7 @@ class Subscription:
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset_by_time(timestamp_ms, entry_publish_time)
+            self.compacted.restart()
             self._after_reset()
 
     @contextlib.asynccontextmanager

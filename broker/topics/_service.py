@@ -22,7 +22,8 @@ per-interval histograms, every `stats_update_frequency_s`: `_stats_interval.py`)
 time-based retention trimming,
 message TTL, backlog quotas (producer hold/exception disconnect producers;
 consumer_backlog_eviction skips the slowest cursor), dedup snapshots by time and purging of
-inactive producers' dedup state. Each task honours its own interval. While the disk is full
+inactive producers' dedup state, compaction of topics whose `compactionThreshold` is reached
+(`_compaction.py`). Each task honours its own interval. While the disk is full
 (`storage_full`: publishes are refused, see `_topic.py`), every
 `storage_full_check_interval_s` it asks the storage to resume writes in a worker thread
 (`Storage.try_resume_writes`); once there is room, writes resume without a restart.
@@ -508,6 +509,9 @@ class BrokerService:
                 done["producers_disconnected"] += dropped
         for topic in topics:
             await self._dedup_housekeeping(topic, now)
+        if force or self._due("compaction", config.broker_service_compaction_monitor_interval_s,
+                              now):
+            done["compactions"] = sum(topic.compaction.maybe_trigger() for topic in topics)
         return done
 
     def update_stats(self, now: float | None = None) -> None:

@@ -37,10 +37,12 @@ from magnetar.codec import Frame, MessageId, pb, strip_broker_entry_metadata
 
 from .._errors import ConsumerNotFoundError, NotAllowedError
 from .._names import TopicName, check_subscription_name
+from ..dispatch._compacted_read import live_mask
 from ..dispatch._consumer import Consumer, Delivery, SubscribeSpec
 from ..dispatch._entry import EntryInfo
 from ..dispatch._nonpersistent import NonPersistentSubscription
 from ..dispatch._subscription import Subscription
+from ..ledger._compacted import decode_compacted_entry
 from ..ledger._position import Position
 from ..schemas._schemas import StoredSchema
 from ..security._authz import SUBSCRIBE_REFUSED
@@ -477,7 +479,13 @@ class ConsumerCommands:
         partition = topic.name.partition_index
         last_id = id_data(-1, -1, partition)
         last_id.batch_index = -1
-        if last.entry_id >= 0:
+        subscription = state.subscription
+        compacted = _last_compacted(subscription, last)
+        if compacted is not None:  # nothing live after the horizon: the view's last message
+            if compacted[0].entry_id >= 0:
+                last_id = id_data(compacted[0].ledger_id, compacted[0].entry_id, partition)
+                last_id.batch_index = compacted[1]
+        elif last.entry_id >= 0:
             last_id = id_data(last.ledger_id, last.entry_id, partition)
             last_id.batch_index = -1
             # The last entry's ledger may be trimmed already (nothing retains it): the position
@@ -497,7 +505,6 @@ class ConsumerCommands:
         # Every subscription of a persistent topic answers its mark-delete position, readers'
         # non-durable ones included: the C++ client's has_message_available() for a reader at
         # `latest` compares it with the last id (and says False when it is missing).
-        subscription = state.subscription
         if isinstance(subscription, Subscription):
             mark = subscription.cursor.mark_delete_position
             if mark.ledger_id >= 0:
@@ -529,6 +536,29 @@ class ConsumerCommands:
         subscription = state.subscription
         reply.msgBacklog = subscription.backlog() if isinstance(subscription, Subscription) else 0
         self.view.send(reply)
+
+
+def _last_compacted(subscription: object, last: Position) -> tuple[Position, int] | None:
+    """For a read_compacted subscription whose topic has nothing after the compaction
+    horizon: the (position, batch index) of the compacted view's last message ((-1, -1) when
+    the view is empty), which is what such a consumer can receive last (Pulsar answers it so
+    that `has_message_available` is not left waiting for a message compacted out). None
+    otherwise."""
+    if not isinstance(subscription, Subscription) or not subscription.compacted.enabled:
+        return None
+    view = subscription.topic.compacted_view
+    if view is None or last > view.horizon:
+        return None
+    if view.entries == 0:
+        return Position(-1, -1), -1
+    position, entry = decode_compacted_entry(view.storage.read_entry(view.ledger_id,
+                                                                     view.entries - 1))
+    mask = live_mask(entry)
+    if mask is not None:
+        return position, mask.bit_length() - 1
+    info = EntryInfo(position, entry)
+    batch = info.batch_size - 1 if info.metadata.HasField("num_messages_in_batch") else -1
+    return position, batch
 
 
 class _NeedsLoad(Exception):  # an outcome, not an error
