@@ -148,6 +148,9 @@ class Journal:
         self._lock = threading.Condition()
         self._queue: deque[JournalRequest] = deque()
         self._queue_bytes = 0
+        # `room_for_adds` waiters: at most one per writer that saw a full queue (a managed
+        # ledger waits once), finished when the writer takes a batch or the journal stops.
+        self._room_waiters: list[Completion[None]] = []
         self._sync_queue: deque[_Batch] = deque()
         self._sync_busy = False
         self._failed: StorageFailedError | None = None
@@ -275,6 +278,37 @@ class Journal:
             self._queue_bytes += len(request.payload)
             self._lock.notify_all()
 
+    @property
+    def add_requests_max(self) -> int:
+        """Queued requests beyond which `has_room_for_adds` says no: the queue's limit less a
+        tenth kept for the records that must not wait behind adds (cursor updates, ledger
+        closes), so that an event loop's `submit` of one never blocks."""
+        limit = self._config.journal_queue_requests_max
+        return max(1, limit - limit // 10)
+
+    def has_room_for_adds(self) -> bool:
+        """Whether an add may be queued now without `submit` waiting (never blocks)."""
+        with self._lock:
+            return len(self._queue) < self.add_requests_max
+
+    def room_for_adds(self) -> Completion[None]:
+        """Finishes once `has_room_for_adds` may say yes again: the writer took a batch, or
+        the journal failed or is closing (the next add then raises). Never blocks."""
+        with self._lock:
+            if (len(self._queue) < self.add_requests_max or self._failed is not None
+                    or self._closing):
+                return Completion.resolved(None)
+            waiter: Completion[None] = Completion()
+            self._room_waiters.append(waiter)
+            return waiter
+
+    def _wake_room_waiters(self) -> None:
+        """Finish the `room_for_adds` waiters (lock held; their callbacks only hand work to
+        an event loop)."""
+        waiters, self._room_waiters = self._room_waiters, []
+        for waiter in waiters:
+            waiter.set_result(None)
+
     def try_lead(self) -> bool:
         """Write and sync what is queued in the caller's own thread, if the journal is
         otherwise idle; returns True if it did.
@@ -335,6 +369,8 @@ class Journal:
             taken.append(request)
         self._queue_bytes -= size
         self._lock.notify_all()
+        if self._room_waiters and len(self._queue) < self.add_requests_max:
+            self._wake_room_waiters()
         return taken
 
     def _writer_loop(self) -> None:
@@ -516,6 +552,7 @@ class Journal:
             self._queue.clear()
             self._sync_queue.clear()
             self._lock.notify_all()
+            self._wake_room_waiters()
         if first:
             log.error("journal failed, refusing further writes: %s", error)
         self._fail_requests(requests + pending, self._failed or error)
@@ -529,6 +566,7 @@ class Journal:
         with self._lock:
             self._closing = True
             self._lock.notify_all()
+            self._wake_room_waiters()
         if self._threads:
             for thread in self._threads:
                 thread.join()
@@ -588,6 +626,7 @@ class Journal:
                 self._failed = StorageFailedError("journal abandoned")
             self._closing = True
             self._lock.notify_all()
+            self._wake_room_waiters()
         for thread in self._threads:
             thread.join()
         self._segment.handle.close()

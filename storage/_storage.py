@@ -428,7 +428,7 @@ class Storage:
         """
         deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
         while True:
-            added = self.try_add_entry(ledger_id, data)
+            added = self._try_add(ledger_id, data, journal_may_wait=True)
             if added is not None:
                 return added
             if not self.config.background_threads:
@@ -444,13 +444,20 @@ class Storage:
                     self._check_writable()
 
     def try_add_entry(self, ledger_id: int, data: bytes) -> Completion[int] | None:
-        """`add_entry` that never waits for cache space: None (nothing written) while the
-        write cache is full and its other half is still being flushed; `cache_space()`
-        tells when to try again. Takes the storage lock only for in-memory work.
+        """`add_entry` that never waits: None (nothing written) while the write cache is
+        full and its other half is still being flushed, or while the journal's queue is
+        full (`Journal.has_room_for_adds`); `cache_space()` tells when to try again. Takes
+        the storage lock only for in-memory work.
 
         Raises:
             As `add_entry`, but never for a full cache.
         """
+        return self._try_add(ledger_id, data, journal_may_wait=False)
+
+    def _try_add(self, ledger_id: int, data: bytes,
+                 journal_may_wait: bool) -> Completion[int] | None:
+        """One add unless the cache is full (None); a full journal queue gives None too
+        unless `journal_may_wait` (a thread's add waits in `Journal.submit`)."""
         if len(data) > self.config.entry_size_bytes_max:
             raise EntryTooLargeError(
                 f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
@@ -459,6 +466,9 @@ class Storage:
         with self.lock:
             self._check_writable()
             ledger = self._writable_ledger(ledger_id)
+            assert self.journal is not None
+            if not journal_may_wait and not self.journal.has_room_for_adds():
+                return None
             if self.cache.active_full():
                 self._checkpoint_wanted.set()
                 if self.cache.flushing is not None:
@@ -476,9 +486,13 @@ class Storage:
         return completion
 
     def cache_space(self) -> Completion[None]:
-        """Finishes once `try_add_entry` may accept an entry again: the flushing half is
-        written out, or the engine stopped or closed (the next try then raises). Already
-        finished when there is room now. Never blocks."""
+        """Finishes once `try_add_entry` may accept an entry again: the journal's writer
+        took a batch from its full queue, the flushing half is written out, or the engine
+        stopped or closed (the next try then raises). Already finished when there is room
+        now. Never blocks."""
+        journal = self.journal
+        if journal is not None and not journal.has_room_for_adds():
+            return journal.room_for_adds()
         with self.lock:
             if not self._cache_waits() or self.failed is not None or self.closed:
                 return Completion.resolved(None)

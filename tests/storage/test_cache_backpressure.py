@@ -53,3 +53,39 @@ def test_a_full_cache_refuses_try_add_and_signals_space_when_the_flush_ends(
     finally:
         fs.release("sync")
         store.close()
+
+
+def test_a_full_journal_queue_refuses_try_add_and_signals_room_when_the_writer_moves(
+        tmp_path: Path) -> None:
+    """The journal's queue is bounded (`journal_queue_requests_max`); an event loop's add
+    must not wait in `Journal.submit` for room: `try_add_entry` refuses once the queue holds
+    `add_requests_max` requests (a tenth stays for cursor updates and ledger closes) and
+    `cache_space` finishes when the writer takes a batch."""
+    fs = SimFileSystem(seed=6)
+    store = Storage.open(tmp_path, small_config(journal_queue_requests_max=20), fs=fs)
+    try:
+        ledger = store.create_ledger().result(WAIT_SECONDS_MAX)
+        assert store.journal is not None
+        room = store.journal.add_requests_max
+        assert room == 18
+        fs.hold("write", ".jnl")  # the writer stalls on its next journal write
+        first = store.try_add_entry(ledger, b"first")
+        assert first is not None
+        wait_until(lambda: fs.held("write") > 0, "the journal writer to stall")
+        accepted = [first]
+        for _ in range(room):
+            added = store.try_add_entry(ledger, b"e")
+            assert added is not None, "refused before the queue was full"
+            accepted.append(added)
+        assert store.try_add_entry(ledger, b"refused") is None  # returns at once
+        space = store.cache_space()
+        assert not space.done()
+        closed = store.close_ledger(ledger)  # a record that must not wait behind adds
+        assert not closed.done()
+        fs.release("write")
+        assert space.result(WAIT_SECONDS_MAX) is None
+        assert [c.result(WAIT_SECONDS_MAX) for c in accepted] == list(range(room + 1))
+        assert closed.result(WAIT_SECONDS_MAX) == room
+    finally:
+        fs.release("write")
+        store.close()
