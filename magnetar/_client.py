@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from magnetar.codec import MessageId
+from magnetar.codec import MessageId as CodecMessageId
 
 from ._auth import AuthenticationToken
 from ._core import ClientCore, ClientSettings, parse_service_url
@@ -29,6 +29,7 @@ from ._errors import AlreadyClosed, InvalidConfiguration
 from ._group import ConsumerGroup
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
+from ._message_id import MessageId, codec_id
 from ._options import (
     check_properties,
     consumer_options,
@@ -143,7 +144,8 @@ class Client:
                 max_workers=1, thread_name_prefix="magnetar-listener")
         return self._listeners
 
-    def create_reader(self, topic: str, start_message_id: MessageId, **kwargs: Any) -> Reader:
+    def create_reader(self, topic: str, start_message_id: MessageId | CodecMessageId,
+                      **kwargs: Any) -> Reader:
         """A reader from `start_message_id` (exclusive unless start_message_id_inclusive)."""
         options = reader_options(topic, start_message_id, **kwargs)
         return Reader(self, self._run(self._core.subscribe(options)))
@@ -208,8 +210,9 @@ class Producer:
 
     def send_async(self, content: bytes | None, callback: SendCallback | None,
                    **kwargs: Any) -> None:
-        """Queue a message and return; `callback(error, message_id)` runs on the client's
-        thread once the broker answered (error None on success) or the message was refused.
+        """Queue a message and return; `callback(result, message_id)` runs on the client's
+        thread once the broker answered (`Result.Ok`, and the id) or the message was refused
+        (the failure's `Result`, and None), as in the official client.
         Blocks only while the queue is full and `block_if_queue_full` is set.
 
         Raises:
@@ -234,7 +237,7 @@ class Producer:
 
 
 async def _send_and_wait(core: ProducerSet, message: OutMessage) -> MessageId:
-    return await (await core.send(message))
+    return MessageId.wrap(await (await core.send(message)))
 
 
 async def _after(first: Coroutine[Any, Any, None], then: Coroutine[Any, Any, None]) -> None:
@@ -312,7 +315,7 @@ class Consumer:
         return taken + self._client._run(self._group.batch_receive(
             rest, size, policy.timeout_ms))
 
-    def acknowledge(self, message: Message | MessageId) -> None:
+    def acknowledge(self, message: Message | MessageId | CodecMessageId) -> None:
         """Acknowledge a message (or a message id). A Message's ack is queued to the loop
         without waiting for it (acks are grouped there anyway); an id is resolved first."""
         if isinstance(message, Message) and message.owner is not None and \
@@ -323,10 +326,12 @@ class Consumer:
             return
         self._client._run(_call(self._group.acknowledge, message))
 
-    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+    def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
+                               ) -> None:
         self._client._run(_call(self._group.acknowledge_cumulative, message))
 
-    def negative_acknowledge(self, message: Message | MessageId) -> None:
+    def negative_acknowledge(self, message: Message | MessageId | CodecMessageId,
+                             ) -> None:
         self._client._run(_call(self._group.negative_acknowledge, message))
 
     def redeliver_unacknowledged_messages(self) -> None:
@@ -340,9 +345,10 @@ class Consumer:
         self._client._run(self._group.reconsume_later(
             message, delay_ms(delay), check_properties(properties)))
 
-    def seek(self, target: MessageId | int) -> None:
+    def seek(self, target: MessageId | CodecMessageId | int) -> None:
         """Move the subscription to a message id or a publish time (ms since the epoch)."""
-        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+        target = codec_id(target)
+        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
             raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
         timeout = self._client._settings.operation_timeout_s
         self._local.clear()
@@ -350,7 +356,8 @@ class Consumer:
 
     def get_last_message_id(self) -> MessageId:
         child = self._group.only_child("get_last_message_id")
-        return self._client._run(child.transport.last_message_id(child.consumer_id))[0]
+        return MessageId.wrap(
+            self._client._run(child.transport.last_message_id(child.consumer_id))[0])
 
     def unsubscribe(self) -> None:
         self._client._run(self._group.unsubscribe())
@@ -384,8 +391,9 @@ class Reader:
     def has_message_available(self) -> bool:
         return self._client._run(self._group.has_message_available())
 
-    def seek(self, target: MessageId | int) -> None:
-        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+    def seek(self, target: MessageId | CodecMessageId | int) -> None:
+        target = codec_id(target)
+        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
             raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
         self._client._run(self._group.seek(target, self._client._settings.operation_timeout_s))
 

@@ -309,10 +309,10 @@ class TopicConsumer:
 
     def taken(self, message: Message) -> None:
         """The application took `message` from the queue: a permit back, ack-timeout tracking."""
-        self.last_dequeued = message.message_id()
+        self.last_dequeued = message.codec_id
         self.give_permits(1)
         if self.config.ack_timeout_ms:
-            key = (message.message_id().ledger_id, message.message_id().entry_id)
+            key = (message.codec_id.ledger_id, message.codec_id.entry_id)
             self._unacked.setdefault(key, time.monotonic() + self.config.ack_timeout_ms / 1000)
             self._arm_tracker()
 

@@ -28,8 +28,10 @@ from collections.abc import Callable
 
 from magnetar.codec import MessageId
 
+from ._enums import Result
 from ._errors import ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread
+from ._message_id import MessageId as ClientMessageId
 from ._producer import OutMessage
 from ._routing import ProducerSet
 
@@ -37,7 +39,8 @@ __all__ = ["AsyncSender", "SendCallback"]
 
 log = logging.getLogger(__name__)
 
-SendCallback = Callable[[PulsarException | None, MessageId | None], None]
+# The official shape: `callback(result, message_id)`; the id is None unless `Result.Ok`.
+SendCallback = Callable[[Result, ClientMessageId | None], None]
 
 
 class AsyncSender:
@@ -111,8 +114,11 @@ class AsyncSender:
         self._slots.release()
         if callback is None:
             return
+        if error is not None:
+            log.debug("send_async on %s failed: %s", self._core.topic, error)
         try:
-            callback(error, message_id)
+            callback(Result.of(error),
+                     None if message_id is None else ClientMessageId.wrap(message_id))
         except Exception:  # the application's callback must not break the client
             log.exception("a send_async callback on %s failed", self._core.topic)
 
