@@ -15,7 +15,6 @@ import asyncio
 import collections
 import concurrent.futures
 import datetime
-import functools
 import logging
 import re
 from collections.abc import Callable, Coroutine
@@ -25,7 +24,7 @@ from magnetar.codec import MessageId as CodecMessageId
 
 from ._auth import AuthenticationToken
 from ._core import ClientCore, ClientSettings, parse_service_url
-from ._errors import AlreadyClosed, InvalidConfiguration
+from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
 from ._group import ConsumerGroup
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
@@ -255,6 +254,8 @@ class Consumer:
         self._batch_policy = batch_policy or ConsumerBatchReceivePolicy()
         self._listening: concurrent.futures.Future[None] | None = None
         self._local: collections.deque[tuple[Message, int]] = collections.deque()
+        self._acks: collections.deque[Message] = collections.deque()  # to hand to the loop
+        self._acks_scheduled = False
         self._read_ahead = max(1, min(READ_AHEAD_MAX, group.config.receiver_queue_size // 2))
 
     def topic(self) -> str:
@@ -322,9 +323,23 @@ class Consumer:
                 getattr(message.owner, "group", None) is self._group:
             if self._group.closed or self._client._core.closed:
                 raise AlreadyClosed(f"consumer on {self._group.topic} is closed")
-            self._client._thread.call(functools.partial(self._group.acknowledge, message))
+            self._acks.append(message)
+            if not self._acks_scheduled:  # one hand-off per burst (see `_drain_acks`)
+                self._acks_scheduled = True
+                self._client._thread.call(self._drain_acks)
             return
         self._client._run(_call(self._group.acknowledge, message))
+
+    def _drain_acks(self) -> None:
+        """Apply the queued acks (on the loop). The flag drops before the deque is read, so an
+        ack appended after the last read schedules another drain; order is kept."""
+        self._acks_scheduled = False
+        while self._acks:
+            message = self._acks.popleft()
+            try:
+                self._group.acknowledge(message)
+            except PulsarException as exc:  # closed meanwhile: the broker redelivers it
+                log.debug("ack of %s on %s dropped: %s", message, self._group.topic, exc)
 
     def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
                                ) -> None:

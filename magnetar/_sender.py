@@ -4,23 +4,26 @@ Theory of operation
 -------------------
 A blocking call into the client's loop costs a thread switch each way; `send_async` is the
 call applications make in a tight loop, so it does not wait for the loop at all. The caller's
-thread takes a slot from a semaphore of `slots` (waiting for one with `block_if_queue_full`,
-else raising `ProducerQueueIsFull` at once), appends the message to a deque, and schedules a
-drain on the loop unless one is scheduled already. The drain task hands the queued messages to
-the producer core in order; a message the core refuses (too big, producer closed) reports its
-error through the callback. A slot is freed when the message's callback runs.
+thread takes a slot of `slots` (`_Slots`: waiting for one with `block_if_queue_full`, else
+raising `ProducerQueueIsFull` at once), appends the message to a deque, and schedules a
+drain on the loop unless one is scheduled already -- one thread switch per burst, not per
+message. The drain hands the queued messages to the producer core in order, each with a
+`_Receipt` (the core's result sink: it calls back directly, without a future per message);
+only a message that must wait for room in the core's own queue costs an await. A message the
+core refuses (too big, producer closed) reports its error through the callback. Slots come
+back when callbacks ran, in bulk: once per loop iteration, not once per message.
 
-No lock is shared with the loop: the deque's append and popleft are atomic, and at most one
-drain runs at a time (`_draining`, touched only on the loop). The flag `_scheduled` may let two
-drains be scheduled; the second finds the first running and returns, and the running one
-loops until the deque is empty, so every message is drained exactly once, in order.
-`idle` (awaited by `flush` and `close`) returns once the deque is empty and no drain runs.
+No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
+and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
+`_scheduled` may let two drains be scheduled; the second finds the first running and returns,
+and the running one loops until the deque is empty, so every message is drained exactly once,
+in order. `idle` (awaited by `flush` and `close`) returns once the deque is empty and no drain
+runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections import deque
@@ -43,14 +46,64 @@ log = logging.getLogger(__name__)
 SendCallback = Callable[[Result, ClientMessageId | None], None]
 
 
+class _Slots:
+    """A counting limit the caller's thread takes from one at a time and the loop gives back
+    in bulk (a semaphore whose release of n is one lock round, not n)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+
+    def take(self, block: bool) -> bool:
+        """One slot; False when none is free and `block` is off."""
+        with self._lock:
+            while self._used >= self.limit:
+                if not block:
+                    return False
+                self._room.wait()
+            self._used += 1
+            return True
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self._used -= count
+            assert self._used >= 0
+            self._room.notify(count)
+
+
+class _Receipt:
+    """The core's result sink for one `send_async` message (see `ResultSink`)."""
+
+    __slots__ = ("_callback", "_finished", "_sender")
+
+    def __init__(self, sender: AsyncSender, callback: SendCallback | None):
+        self._sender = sender
+        self._callback = callback
+        self._finished = False
+
+    def done(self) -> bool:
+        return self._finished
+
+    def set_result(self, result: MessageId, /) -> None:
+        self._finished = True
+        self._sender._finished(self._callback, None, result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._finished = True
+        self._sender._finished(self._callback, exception if isinstance(
+            exception, PulsarException) else PulsarException(str(exception)), None)
+
+
 class AsyncSender:
     """The non-blocking `send_async` of one producer (see the module comment)."""
 
     def __init__(self, thread: LoopThread, core: ProducerSet, slots: int, block: bool):
         self._thread = thread
         self._core = core
-        self._slots = threading.BoundedSemaphore(slots)
-        self._slots_max = slots
+        self._slots = _Slots(slots)
+        self._slots_done = 0  # loop only: slots to give back at the end of this loop turn
         self._block = block
         self._queue: deque[tuple[OutMessage, SendCallback | None]] = deque()
         self._scheduled = False
@@ -64,10 +117,11 @@ class AsyncSender:
         Raises:
             ProducerQueueIsFull: `slots` messages are pending and blocking is off.
         """
-        if not self._slots.acquire(blocking=self._block):
+        if not self._slots.take(self._block):
+            limit = self._slots.limit
             raise ProducerQueueIsFull(
                 f"producer {self._core.producer_name!r} on {self._core.topic} has "
-                f"{self._slots_max} of {self._slots_max} pending messages")
+                f"{limit} of {limit} pending messages")
         self._queue.append((message, callback))
         if not self._scheduled:
             self._scheduled = True
@@ -87,31 +141,23 @@ class AsyncSender:
                 if not self._queue:
                     return
                 message, callback = self._queue.popleft()
+                receipt = _Receipt(self, callback)
                 try:
-                    future = await self._core.send(message)
+                    waiting = self._core.offer(message, receipt)
+                    if waiting is not None:
+                        await waiting
                 except PulsarException as exc:
                     self._finished(callback, exc, None)
-                    continue
-                future.add_done_callback(functools.partial(self._settled, callback))
         finally:
             self._draining = False
             if self._idle is not None:
                 self._idle.set()
 
-    def _settled(self, callback: SendCallback | None, done: asyncio.Future[MessageId]) -> None:
-        if done.cancelled():
-            self._finished(callback, PulsarException("the send was cancelled"), None)
-            return
-        error = done.exception()
-        if error is not None:
-            self._finished(callback, error if isinstance(error, PulsarException)
-                           else PulsarException(str(error)), None)
-        else:
-            self._finished(callback, None, done.result())
-
     def _finished(self, callback: SendCallback | None, error: PulsarException | None,
                   message_id: MessageId | None) -> None:
-        self._slots.release()
+        if not self._slots_done:
+            asyncio.get_running_loop().call_soon(self._give_slots)
+        self._slots_done += 1
         if callback is None:
             return
         if error is not None:
@@ -121,6 +167,10 @@ class AsyncSender:
                      None if message_id is None else ClientMessageId.wrap(message_id))
         except Exception:  # the application's callback must not break the client
             log.exception("a send_async callback on %s failed", self._core.topic)
+
+    def _give_slots(self) -> None:
+        count, self._slots_done = self._slots_done, 0
+        self._slots.give(count)
 
     async def idle(self) -> None:
         """Until every message queued before the call was handed to the core (loop)."""
