@@ -39,7 +39,7 @@ from ._options import (
 )
 from ._producer import OutMessage
 from ._routing import ProducerSet
-from ._sender import AsyncSender, SendCallback
+from ._sender import AsyncSender, SendCallback, SendWaiter
 from ._tcp_connection import TlsSettings
 
 if TYPE_CHECKING:
@@ -204,8 +204,23 @@ class Producer:
         return not self._core.closed and not self._client._core.closed
 
     def send(self, content: bytes | None, **kwargs: Any) -> MessageId:
-        """Send and wait until the broker stored it; arguments as the official `send`."""
-        return self._client._run(_send_and_wait(self._core, out_message(content, **kwargs)))
+        """Send and wait until the broker stored it; arguments as the official `send`.
+
+        The message goes the way `send_async`'s do (in order with them), and the caller waits
+        for its outcome.
+
+        Raises:
+            PulsarException: the send failed (`Timeout`, `MessageTooBig`, ...).
+            RuntimeError: called from a callback on the client's own thread."""
+        message = out_message(content, **kwargs)
+        if self._client._core.closed:
+            raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
+        if self._client._thread.on_loop():
+            raise RuntimeError("a blocking magnetar call was made from the client's own loop "
+                               "(a callback); use send_async or the asyncio API there")
+        waiter = SendWaiter()
+        self._sender.send_async(message, waiter)
+        return MessageId.wrap(waiter.wait())
 
     def send_async(self, content: bytes | None, callback: SendCallback | None,
                    **kwargs: Any) -> None:

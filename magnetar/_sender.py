@@ -32,18 +32,46 @@ from collections.abc import Callable
 from magnetar.codec import MessageId
 
 from ._enums import Result
-from ._errors import ProducerQueueIsFull, PulsarException
+from ._errors import AlreadyClosed, ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread
 from ._message_id import MessageId as ClientMessageId
 from ._producer import OutMessage
 from ._routing import ProducerSet
 
-__all__ = ["AsyncSender", "SendCallback"]
+__all__ = ["AsyncSender", "SendCallback", "SendWaiter"]
 
 log = logging.getLogger(__name__)
 
 # The official shape: `callback(result, message_id)`; the id is None unless `Result.Ok`.
 SendCallback = Callable[[Result, ClientMessageId | None], None]
+
+
+class SendWaiter:
+    """What the synchronous `send` waits on instead of a callback: the outcome with the
+    exception itself, handed over through a lock (no task or future per send)."""
+
+    __slots__ = ("_error", "_lock", "_message_id")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._error: PulsarException | None = None
+        self._message_id: MessageId | None = None
+
+    def finish(self, error: PulsarException | None, message_id: MessageId | None) -> None:
+        self._error, self._message_id = error, message_id
+        self._lock.release()
+
+    def wait(self) -> MessageId:
+        """The message's id once stored (caller's thread).
+
+        Raises:
+            PulsarException: the send failed (what the core failed it with)."""
+        self._lock.acquire()
+        if self._error is not None:
+            raise self._error
+        assert self._message_id is not None
+        return self._message_id
 
 
 class _Slots:
@@ -78,7 +106,7 @@ class _Receipt:
 
     __slots__ = ("_callback", "_finished", "_sender")
 
-    def __init__(self, sender: AsyncSender, callback: SendCallback | None):
+    def __init__(self, sender: AsyncSender, callback: SendCallback | SendWaiter | None):
         self._sender = sender
         self._callback = callback
         self._finished = False
@@ -105,18 +133,21 @@ class AsyncSender:
         self._slots = _Slots(slots)
         self._slots_done = 0  # loop only: slots to give back at the end of this loop turn
         self._block = block
-        self._queue: deque[tuple[OutMessage, SendCallback | None]] = deque()
+        self._queue: deque[tuple[OutMessage, SendCallback | SendWaiter | None]] = deque()
         self._scheduled = False
         self._draining = False  # loop only
         self._idle: asyncio.Event | None = None  # loop only, made on first use
         self._task: asyncio.Task[None] | None = None
 
-    def send_async(self, message: OutMessage, callback: SendCallback | None) -> None:
+    def send_async(self, message: OutMessage, callback: SendCallback | SendWaiter | None) -> None:
         """Queue `message` (caller's thread).
 
         Raises:
             ProducerQueueIsFull: `slots` messages are pending and blocking is off.
+            AlreadyClosed: the loop is gone (a closed client, or a forked child).
         """
+        if not self._thread.alive:
+            raise AlreadyClosed("the client's event loop is not running (closed, or forked)")
         if not self._slots.take(self._block):
             limit = self._slots.limit
             raise ProducerQueueIsFull(
@@ -153,12 +184,15 @@ class AsyncSender:
             if self._idle is not None:
                 self._idle.set()
 
-    def _finished(self, callback: SendCallback | None, error: PulsarException | None,
+    def _finished(self, callback: SendCallback | SendWaiter | None, error: PulsarException | None,
                   message_id: MessageId | None) -> None:
         if not self._slots_done:
             asyncio.get_running_loop().call_soon(self._give_slots)
         self._slots_done += 1
         if callback is None:
+            return
+        if isinstance(callback, SendWaiter):
+            callback.finish(error, message_id)
             return
         if error is not None:
             log.debug("send_async on %s failed: %s", self._core.topic, error)
