@@ -13,14 +13,15 @@ Equality, ordering and hashing are the codec id's (ledger, entry, partition, bat
 
 from __future__ import annotations
 
-from typing import ClassVar, TypeVar, overload
+import dataclasses
+from typing import ClassVar, Final, TypeVar, overload
 
 from magnetar.codec import MessageId as CodecMessageId
 from magnetar.codec import RemoteProtocolError
 
 from ._errors import InvalidConfiguration
 
-__all__ = ["MessageId", "codec_id"]
+__all__ = ["MessageId", "codec_id", "trusted_id"]
 
 T = TypeVar("T")
 
@@ -143,3 +144,26 @@ def codec_id(value: T) -> T: ...
 def codec_id(value: object) -> object:
     """The codec id of a client id; anything else unchanged (for the callers' own checks)."""
     return value._id if isinstance(value, MessageId) else value
+
+
+_FIELDS: Final = ("ledger_id", "entry_id", "partition", "batch_index", "batch_size",
+                  "first_chunk")
+assert tuple(f.name for f in dataclasses.fields(CodecMessageId)) == _FIELDS
+_SET = tuple(getattr(CodecMessageId, name).__set__ for name in _FIELDS)
+_new = object.__new__
+
+
+def trusted_id(ledger_id: int, entry_id: int, partition: int, batch_index: int = -1,
+               batch_size: int = 0) -> CodecMessageId:
+    """A codec id built without its range checks, for values the client core took from a
+    broker's answer or computed itself (the hot paths: a receipt's or a delivery's ids). Equal
+    to `CodecMessageId(...)` of the same values; about a third of its cost."""
+    made = _new(CodecMessageId)
+    set_ledger, set_entry, set_partition, set_index, set_size, set_first = _SET
+    set_ledger(made, ledger_id)
+    set_entry(made, entry_id)
+    set_partition(made, partition)
+    set_index(made, batch_index)
+    set_size(made, batch_size)
+    set_first(made, None)
+    return made

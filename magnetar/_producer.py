@@ -76,6 +76,7 @@ from ._errors import (
     ServiceUnitNotReady,
     Timeout,
 )
+from ._message_id import trusted_id
 from ._transport import ProducerOpened, ProducerRequest, Transport
 
 __all__ = ["OutMessage", "ProducerConfig", "ProducerCore", "ResultSink"]
@@ -505,10 +506,10 @@ class ProducerCore:
             if error is not None:
                 result.set_exception(error)
             elif op.batch_size:
-                result.set_result(MessageId(ledger_id, entry_id, self.partition, index,
-                                            op.batch_size))
+                result.set_result(trusted_id(ledger_id, entry_id, self.partition, index,
+                                             op.batch_size))
             else:
-                result.set_result(MessageId(ledger_id, entry_id, self.partition))
+                result.set_result(trusted_id(ledger_id, entry_id, self.partition))
 
     def _fail_all(self, error: PulsarException) -> None:
         for op in list(self._ops):

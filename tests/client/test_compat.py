@@ -72,3 +72,14 @@ def test_ids_of_either_class_seek_and_acknowledge(client: magnetar.Client, topic
     assert reader.read_next(RECEIVE_MS).data() == b"m1"
     reader.close()
     consumer.close()
+
+
+def test_trusted_ids_equal_checked_ones() -> None:
+    from magnetar._message_id import trusted_id
+
+    for values in ((1, 2, -1, -1, 0), (5, 7, 2, 3, 10), ((1 << 63) - 1, 0, 0, 0, 1)):
+        fast, checked = trusted_id(*values), codec.MessageId(*values)
+        assert fast == checked
+        assert hash(fast) == hash(checked)
+        assert (fast.batch_size, fast.first_chunk) == (checked.batch_size, None)
+        assert fast.serialize() == checked.serialize()
