@@ -7,18 +7,20 @@ call applications make in a tight loop, so it does not wait for the loop at all.
 thread takes a slot of `slots` (`_Slots`: waiting for one with `block_if_queue_full`, else
 raising `ProducerQueueIsFull` at once), appends the message to a deque, and schedules a
 drain on the loop unless one is scheduled already -- one thread switch per burst, not per
-message. The drain hands the queued messages to the producer core in order, each with a
-`_Receipt` (the core's result sink: it calls back directly, without a future per message);
-only a message that must wait for room in the core's own queue costs an await. A message the
-core refuses (too big, producer closed) reports its error through the callback. Slots come
-back when callbacks ran, in bulk: once per loop iteration, not once per message.
+message. The drain hands the queued messages to the producer core in order, right in that
+callback, each with a `_Receipt` (the core's result sink: it calls back directly, without a
+future per message); only a message that must wait for room in the core's own queue starts a
+drain task, which waits and goes on from there. A message the core refuses (too big, producer
+closed) reports its error through the callback. Slots come back when callbacks ran, in bulk:
+once per loop iteration, not once per message. The synchronous `send` queues the same way with
+a `SendWaiter` for a callback, so sends and send_asyncs keep their order.
 
 No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
 and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
-`_scheduled` may let two drains be scheduled; the second finds the first running and returns,
-and the running one loops until the deque is empty, so every message is drained exactly once,
-in order. `idle` (awaited by `flush` and `close`) returns once the deque is empty and no drain
-runs.
+`_scheduled` may let two drains be scheduled; the second finds the deque empty or a drain
+task running and returns, and the running one loops until the deque is empty, so every
+message is drained exactly once, in order. `idle` (awaited by `flush` and `close`) returns
+once the deque is empty and no drain task runs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from magnetar.codec import MessageId
 
@@ -44,6 +47,11 @@ log = logging.getLogger(__name__)
 
 # The official shape: `callback(result, message_id)`; the id is None unless `Result.Ok`.
 SendCallback = Callable[[Result, ClientMessageId | None], None]
+
+
+def _as_pulsar(error: BaseException) -> PulsarException:
+    return error if isinstance(error, PulsarException) else PulsarException(
+        f"{type(error).__name__}: {error}")
 
 
 class SendWaiter:
@@ -120,8 +128,7 @@ class _Receipt:
 
     def set_exception(self, exception: BaseException, /) -> None:
         self._finished = True
-        self._sender._finished(self._callback, exception if isinstance(
-            exception, PulsarException) else PulsarException(str(exception)), None)
+        self._sender._finished(self._callback, _as_pulsar(exception), None)
 
 
 class AsyncSender:
@@ -159,26 +166,46 @@ class AsyncSender:
             self._thread.call(self._start_drain)
 
     def _start_drain(self) -> None:
-        if not self._draining:
-            self._draining = True  # before the task runs: a second call starts no second one
-            if self._idle is not None:
-                self._idle.clear()
-            self._task = asyncio.ensure_future(self._drain())
+        """Hand the queued messages to the core right here while it has room; only a message
+        that must wait for room starts a drain task (which goes on from it)."""
+        if self._draining:
+            return
+        while True:
+            self._scheduled = False
+            if not self._queue:
+                return
+            message, callback = self._queue.popleft()
+            try:
+                waiting = self._core.offer(message, _Receipt(self, callback))
+            except Exception as exc:  # refused (a custom router's failure included)
+                self._finished(callback, _as_pulsar(exc), None)
+                continue
+            if waiting is not None:
+                self._draining = True  # before the task runs: no second drain starts
+                if self._idle is not None:
+                    self._idle.clear()
+                self._task = asyncio.ensure_future(self._drain(waiting, callback))
+                return
 
-    async def _drain(self) -> None:
+    async def _drain(self, waiting: Coroutine[Any, Any, None] | None,
+                     callback: SendCallback | SendWaiter | None) -> None:
+        """Wait for room for one message (`waiting`), then go on as `_start_drain` does."""
         try:
             while True:
+                if waiting is not None:
+                    try:
+                        await waiting
+                    except Exception as exc:
+                        self._finished(callback, _as_pulsar(exc), None)
                 self._scheduled = False
                 if not self._queue:
                     return
                 message, callback = self._queue.popleft()
-                receipt = _Receipt(self, callback)
                 try:
-                    waiting = self._core.offer(message, receipt)
-                    if waiting is not None:
-                        await waiting
-                except PulsarException as exc:
-                    self._finished(callback, exc, None)
+                    waiting = self._core.offer(message, _Receipt(self, callback))
+                except Exception as exc:
+                    self._finished(callback, _as_pulsar(exc), None)
+                    waiting = None
         finally:
             self._draining = False
             if self._idle is not None:
@@ -208,10 +235,11 @@ class AsyncSender:
 
     async def idle(self) -> None:
         """Until every message queued before the call was handed to the core (loop)."""
-        if self._idle is None:
-            self._idle = asyncio.Event()
-        while self._draining or self._queue:
+        while True:
+            self._start_drain()  # nothing while a drain task runs
             if not self._draining:
-                self._start_drain()
+                return  # the queue is empty: `_start_drain` returns only so, or draining
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            self._idle.clear()
             await self._idle.wait()
-

@@ -83,3 +83,20 @@ def test_trusted_ids_equal_checked_ones() -> None:
         assert hash(fast) == hash(checked)
         assert (fast.batch_size, fast.first_chunk) == (checked.batch_size, None)
         assert fast.serialize() == checked.serialize()
+
+
+def test_a_failing_router_fails_the_send_not_the_producer(partitioned_client: magnetar.Client,
+                                                          topic: str) -> None:
+    def router(message: magnetar.Message, partitions: int) -> int:
+        if message.data() == b"bad":
+            raise ZeroDivisionError("the router broke")
+        return 0
+
+    producer = partitioned_client.create_producer(topic, message_router=router)
+    results: list[Result] = []
+    producer.send_async(b"bad", lambda result, _mid: results.append(result))
+    producer.flush()
+    assert results == [Result.UnknownError]
+    with pytest.raises(magnetar.PulsarException, match="the router broke"):
+        producer.send(b"bad")
+    assert producer.send(b"good").partition() == 0  # the producer goes on
