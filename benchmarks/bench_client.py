@@ -349,17 +349,9 @@ def _run_queue_system(system: str, scale: ClientScale, scratch: str,
     for workload in WORKLOADS:
         step(f"{system} {workload}")
         path = tempfile.mkdtemp(prefix=f"{system}-", dir=scratch)
-        with contextlib.suppress(_persistqueue_empty()):
-            cell, synchronous = _queue_cell(system, workload, path, scale.cell_seconds)
-            cells.append(cell)
+        cell, synchronous = _queue_cell(system, workload, path, scale.cell_seconds)
+        cells.append(cell)
     return cells, synchronous
-
-
-def _persistqueue_empty() -> type[BaseException]:
-    from persistqueue.exceptions import Empty  # type: ignore[import-untyped]
-
-    assert issubclass(Empty, BaseException)
-    return Empty
 
 
 # -- the run --------------------------------------------------------------------------------
