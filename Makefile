@@ -16,7 +16,7 @@ $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,bench,crashtest]'
+	$(BIN)/pip install --quiet -e '.[test,bench,crashtest,spark]'
 	touch $@
 
 # `make run` starts the standalone broker (pulsar://127.0.0.1:6650) with its data in ./data.

@@ -49,6 +49,8 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "managed_ledger_min_ledger_rollover_time_s": (0, None),
     "managed_ledger_max_unacked_ranges_to_persist": (0, None),
     "managed_ledger_max_redelivery_counts_to_persist": (0, None),
+    "managed_ledger_read_loads_in_flight_max": (1, None),
+    "managed_ledger_read_loaded_bytes_max": (1, None),
     "broker_deduplication_entries_interval": (1, None),
     "broker_deduplication_snapshot_interval_s": (0, None),
     "broker_deduplication_max_number_of_producers": (1, None),
@@ -62,6 +64,8 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "ttl_duration_default_s": (0, None),
     "message_expiry_check_interval_s": (0, None),
     "backlog_quota_check_interval_s": (0, None),
+    "broker_service_compaction_threshold_bytes": (0, None),
+    "broker_service_compaction_monitor_interval_s": (1, None),
     "backlog_quota_default_limit_bytes": (-1, None),
     "backlog_quota_default_limit_s": (-1, None),
     "token_allowed_clock_skew_s": (0, None),
@@ -132,6 +136,11 @@ class BrokerConfig:
     # Redelivery counts written with each cursor (the lowest positions; the rest are
     # memory-only and a crash loses them).
     managed_ledger_max_redelivery_counts_to_persist: int = 10_000
+    # Reads that need the disk run in worker threads, never on the event loop: at most this
+    # many at once, and a read starts only while the bytes the running ones may return stay
+    # within the second limit (one may always run).
+    managed_ledger_read_loads_in_flight_max: int = 4
+    managed_ledger_read_loaded_bytes_max: int = 64 * 1024 * 1024
 
     # Deduplication.
     broker_deduplication_enabled: bool = False
@@ -154,6 +163,8 @@ class BrokerConfig:
     ttl_duration_default_s: int = 0
     message_expiry_check_interval_s: int = 300
     backlog_quota_check_interval_s: int = 60
+    broker_service_compaction_threshold_bytes: int = 0  # compactionThreshold's default
+    broker_service_compaction_monitor_interval_s: int = 60  # how often thresholds are checked
     backlog_quota_default_limit_bytes: int = -1
     backlog_quota_default_limit_s: int = -1
     backlog_quota_default_retention_policy: str = "producer_request_hold"

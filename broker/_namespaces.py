@@ -80,6 +80,7 @@ class EffectivePolicies:
     max_consumers_per_topic: int
     max_consumers_per_subscription: int
     subscription_types_enabled: tuple[str, ...]
+    compaction_threshold_bytes: int  # the `__compaction` backlog that triggers one; 0: never
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -384,6 +385,8 @@ class NamespaceRegistry:
                                                      c.max_consumers_per_subscription)),
             subscription_types_enabled=tuple(p.get("subscription_types_enabled")
                                              or c.subscription_types_enabled),
+            compaction_threshold_bytes=int(p.get(
+                "compaction_threshold", c.broker_service_compaction_threshold_bytes)),
         )
 
     def schema_policy(self, topic: str, namespace: str) -> SchemaPolicy:

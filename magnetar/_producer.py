@@ -15,8 +15,9 @@ with a `PulsarException`). In between:
 3. Batching (`batching_enabled`, never for delayed messages): messages go into codec's
    `BatchContainer` (or `KeyBasedBatchContainer`), which closes a batch by count, bytes, or
    the `batching_max_publish_delay_ms` timer armed here. A message whose user-given sequence
-   id is not above the last one pushed closes the open batch first, so a possible duplicate
-   never shares an entry with new messages.
+   id is not above the last one pushed closes the open batch first, and the next new message
+   closes that one, so a possible duplicate never shares an entry with new messages (the
+   broker judges an entry by its lowest id: a batch starting with a duplicate is dropped whole).
 4. Entries. A closed batch or a single message becomes metadata plus payload
    (`codec.build_batch` / `build_message`, compressed as configured). Larger than the broker's
    `max_message_size`: with `chunking_enabled` it is cut into chunks (`codec.split_into_chunks`),
@@ -188,6 +189,7 @@ class ProducerCore:
         self.last_sequence_id = -1
         self._next_sequence_id = 0
         self._last_pushed = -1
+        self._duplicate_batched = False  # the open batch may hold a possible duplicate
         self._slots_used = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -360,8 +362,10 @@ class ProducerCore:
         if entry is None:
             assert self._container is not None
             sequence_id = self._assign(message.sequence_id)
-            if sequence_id <= self._last_pushed:
+            possible_duplicate = sequence_id <= self._last_pushed
+            if possible_duplicate or self._duplicate_batched:
                 self._send_batches(self._drain_container())
+            self._duplicate_batched = possible_duplicate
             self._last_pushed = max(self._last_pushed, sequence_id)
             self._batch_results[sequence_id] = sink
             self._send_batches(self._container.add(message.single(sequence_id), _now_ms()))

@@ -18,6 +18,10 @@ failures, no disk) alike. Both promise the same behaviour, checked by one shared
   that fails after it was accepted fails its completion instead.
 * Reads return entries at or below the LAC only (`NoSuchEntryError` beyond), or raise
   `CorruptionError` for bytes that fail their checks.
+* `add_entry` may block while the write cache is full (back-pressure for threads);
+  `try_add_entry` refuses instead (None) and `cache_space` finishes when to try again.
+  `try_read_entries` serves a range from memory or says None (it would need the disk).
+  An event loop uses only these, and `read_entries` from a worker thread.
 * `full` is true while a full disk stopped the writes; `try_resume_writes` turns writes back
   on when there is room (adds that failed are gone, every acknowledged one is kept).
 
@@ -108,7 +112,16 @@ class LedgerStorage(Protocol):
         """A new ledger; the completion gives its id once the creation is durable."""
 
     def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
-        """Append an entry; the completion gives its entry id once durable."""
+        """Append an entry; the completion gives its entry id once durable. May block the
+        calling thread while the write cache is full: not from an event loop."""
+
+    def try_add_entry(self, ledger_id: int, data: bytes) -> Completion[int] | None:
+        """`add_entry` that never blocks: None (nothing written) while the write cache is
+        full; `cache_space` tells when to try again. Raises as `add_entry`."""
+
+    def cache_space(self) -> Completion[None]:
+        """Finishes (never fails) once `try_add_entry` may accept again, or the store stopped
+        accepting writes (the next try raises). Never blocks."""
 
     def fence(self, ledger_id: int) -> Completion[int]:
         """Refuse later adds; gives the last entry accepted before the fence."""
@@ -129,4 +142,9 @@ class LedgerStorage(Protocol):
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes: ...
 
     def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
-        """Entries `first`..`last` (inclusive), all at or below the LAC."""
+        """Entries `first`..`last` (inclusive), all at or below the LAC. May read the disk:
+        not from an event loop."""
+
+    def try_read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes] | None:
+        """`read_entries` from memory only: None when some entry would need the disk.
+        Never blocks on the disk. Raises as `read_entries`."""

@@ -48,7 +48,10 @@ later replay never revives a deleted ledger; the metadata deletes are journaled 
 writes resume, so that a replayed older put cannot bring a key back.
 
 Threads: callers may use a `Storage` from any number of threads and from asyncio (a
-`Completion` is awaitable). One lock guards the in-memory state; the journal has its
+`Completion` is awaitable). An event loop must not wait: it adds with `try_add_entry`
+(refused, not held, while the write cache is full; `cache_space` finishes when to try again)
+and reads with `try_read_entries` (memory only), sending reads that need the disk to a
+worker thread. One lock guards the in-memory state; the journal has its
 writer and syncer threads, and a checkpoint thread runs checkpoints and GC.
 """
 
@@ -143,6 +146,7 @@ class Storage:
         self.metadata = MetadataStore(self)
         self._resume_lock = threading.Lock()
         self._meta_deleted_while_full: list[bytes] = []
+        self._space_waiters: list[Completion[None]] = []  # `cache_space`; bounded by callers
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -207,6 +211,7 @@ class Storage:
         with self.lock:
             self.closed = True
             self.lock.notify_all()
+        self._wake_space_waiters()
         self._stop_background()
         if self.journal is not None:
             self.journal.close()
@@ -225,6 +230,7 @@ class Storage:
             if self.failed is None:
                 self.failed = StorageClosedError("storage abandoned")
             self.lock.notify_all()
+        self._wake_space_waiters()
         self._stop_background()
         if self.journal is not None:
             self.journal.abandon()
@@ -409,12 +415,41 @@ class Storage:
         """Append an entry; the completion gives its entry id once it is durable.
 
         Entry ids are dense from 0. Usable from any thread; `await` the completion from
-        asyncio.
+        asyncio. While the write cache is full and its other half is still being flushed,
+        this BLOCKS the calling thread (up to `write_cache_wait_ms_max`): an event loop
+        calls `try_add_entry` and awaits `cache_space` instead.
 
         Raises:
             EntryTooLargeError: above `entry_size_bytes_max`; nothing written.
             LedgerNotFoundError, LedgerFencedError, LedgerClosedError: nothing written.
             StorageFailedError, StorageClosedError: the engine accepts no writes.
+            StorageError: the cache stayed full for `write_cache_wait_ms_max` (or, without
+                background threads, nobody runs the checkpoint that would free it).
+        """
+        deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
+        while True:
+            added = self.try_add_entry(ledger_id, data)
+            if added is not None:
+                return added
+            if not self.config.background_threads:
+                raise StorageError("write cache is full; run a checkpoint")
+            with self.lock:
+                while self._cache_waits():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise StorageError(
+                            f"write cache full for {self.config.write_cache_wait_ms_max} ms "
+                            f"(write_cache_bytes_max={self.config.write_cache_bytes_max})")
+                    self.lock.wait(remaining)
+                    self._check_writable()
+
+    def try_add_entry(self, ledger_id: int, data: bytes) -> Completion[int] | None:
+        """`add_entry` that never waits for cache space: None (nothing written) while the
+        write cache is full and its other half is still being flushed; `cache_space()`
+        tells when to try again. Takes the storage lock only for in-memory work.
+
+        Raises:
+            As `add_entry`, but never for a full cache.
         """
         if len(data) > self.config.entry_size_bytes_max:
             raise EntryTooLargeError(
@@ -424,7 +459,10 @@ class Storage:
         with self.lock:
             self._check_writable()
             ledger = self._writable_ledger(ledger_id)
-            self._wait_for_cache_space(len(data))
+            if self.cache.active_full():
+                self._checkpoint_wanted.set()
+                if self.cache.flushing is not None:
+                    return None  # else the next checkpoint swaps; may overshoot by one
             entry_id = ledger.next_entry_id
             ledger.next_entry_id = entry_id + 1
             self.cache.put(ledger_id, entry_id, data)
@@ -436,6 +474,29 @@ class Storage:
                                                _IDS.pack(ledger_id, entry_id) + data,
                                                completion, ledger, entry_id))
         return completion
+
+    def cache_space(self) -> Completion[None]:
+        """Finishes once `try_add_entry` may accept an entry again: the flushing half is
+        written out, or the engine stopped or closed (the next try then raises). Already
+        finished when there is room now. Never blocks."""
+        with self.lock:
+            if not self._cache_waits() or self.failed is not None or self.closed:
+                return Completion.resolved(None)
+            waiter: Completion[None] = Completion()
+            self._space_waiters.append(waiter)
+            return waiter
+
+    def _cache_waits(self) -> bool:
+        """Whether an add would have to wait for cache space. Lock held."""
+        return self.cache.active_full() and self.cache.flushing is not None
+
+    def _wake_space_waiters(self) -> None:
+        """The cache may have room (a flush finished) or the engine stopped: finish every
+        `cache_space` waiter (outside the lock: their callbacks may call back in)."""
+        with self.lock:
+            waiters, self._space_waiters = self._space_waiters, []
+        for waiter in waiters:
+            waiter.set_result(None)
 
     def fence(self, ledger_id: int) -> Completion[int]:
         """Fence a ledger: later adds fail with LedgerFencedError (adds already accepted
@@ -535,26 +596,6 @@ class Storage:
         if self.closed:
             raise StorageClosedError(f"storage {self.data_dir} is closed")
 
-    def _wait_for_cache_space(self, size: int) -> None:
-        """Hold an add while the active cache half is full and the other is still being
-        flushed. Lock held."""
-        if not self.cache.active_full():
-            return
-        self._checkpoint_wanted.set()
-        if self.cache.flushing is None:
-            return  # the next checkpoint swaps; the half may overshoot by one entry
-        if not self.config.background_threads:
-            raise StorageError("write cache is full; run a checkpoint")
-        deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
-        while self.cache.active_full() and self.cache.flushing is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise StorageError(
-                    f"write cache full for {self.config.write_cache_wait_ms_max} ms "
-                    f"(write_cache_bytes_max={self.config.write_cache_bytes_max})")
-            self.lock.wait(remaining)
-            self._check_writable()
-
     # -- journal callbacks (run in the journal's threads) --------------------------------
 
     def _on_durable(self, requests: list[JournalRequest]) -> None:
@@ -579,6 +620,7 @@ class Storage:
                 self.failed = error
                 log.error("storage %s stops accepting writes: %s", self.data_dir, error)
             self.lock.notify_all()
+        self._wake_space_waiters()
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -603,6 +645,24 @@ class Storage:
         missing = [first + i for i, data in enumerate(found) if data is None]
         if missing:
             self._fill_from_entry_logs(ledger_id, missing, found, first)
+        return [data for data in found if data is not None]
+
+    def try_read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes] | None:
+        """`read_entries` served from memory only: None (nothing read) when some entry of
+        the range is not in the write cache and would have to come from the disk. Never
+        touches the disk; holds the storage lock for a dictionary lookup per entry.
+
+        Raises:
+            LedgerNotFoundError, NoSuchEntryError: as `read_entries`.
+        """
+        with self.lock:
+            ledger = self._ledger(ledger_id)
+            if first < 0 or last < first or last > ledger.lac:
+                raise NoSuchEntryError(
+                    f"ledger {ledger_id} has entries 0..{ledger.lac}; asked {first}..{last}")
+            found = self.cache.get_range(ledger_id, first, last)
+        if any(data is None for data in found):
+            return None
         return [data for data in found if data is not None]
 
     def _fill_from_entry_logs(self, ledger_id: int, missing: list[int],
@@ -640,7 +700,10 @@ class Storage:
             StorageFailedError: an entry-log write or sync failed; the engine then accepts
                 no writes (what was acknowledged stays recoverable from the journal).
         """
-        self.checkpointer.checkpoint()
+        try:
+            self.checkpointer.checkpoint()
+        finally:
+            self._wake_space_waiters()  # the flushed half is free (or the engine failed)
 
     def gc(self) -> dict[str, int]:
         """Drop entry logs with no live data and compact mostly-dead ones. Returns

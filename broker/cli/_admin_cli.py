@@ -58,6 +58,7 @@ from ._admin_http import (
     parse_size_bytes,
 )
 from ._client_cli import add_client_commands
+from ._compaction_cli import add_compaction_commands
 from ._topics_cli import add_topic_policy_commands
 
 # AdminHttpError and the parsers are `_admin_http`'s, listed here too: the commands' module.
@@ -261,6 +262,7 @@ def _add_topics(sub: SubParsers) -> None:
                        help="also show each partition's stats")
     _add_subscription_commands(commands, topic)
     add_topic_policy_commands(commands)
+    add_compaction_commands(commands)
 
 
 def _namespace_topics(suffix: str) -> Callable[[argparse.Namespace], str]:

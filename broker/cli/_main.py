@@ -35,6 +35,7 @@ EXIT_USAGE = 2  # the command line asked for something invalid
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 PORT_MAX = 65535
 EXTRA_CRASHTEST = "crashtest"  # pyproject.toml's extra for `magnetar crashtest`: tqdm
+CRASHTEST_ITERATIONS_DEFAULT = {"storage": 100, "broker": 20}  # a broker crash takes seconds
 EXTRA_BENCH = "bench"  # ... for `magnetar bench storage`: tqdm, and matplotlib for --plot
 
 
@@ -154,16 +155,47 @@ def _missing_extra(command: str, modules: Sequence[str], extra: str) -> bool:
 def _cmd_crashtest(args: argparse.Namespace) -> int:
     if _missing_extra("magnetar crashtest", ["tqdm"], EXTRA_CRASHTEST):
         return EXIT_USAGE
+    if args.target == "broker":
+        return _crashtest_broker(args)
+    if args.data_dir is None:
+        print("magnetar crashtest: the following arguments are required: --data-dir (see "
+              "magnetar crashtest --help)", file=sys.stderr)
+        return EXIT_USAGE
     from magnetar.storage.testing.crashtest import CrashTestOptions, run_crashtest
 
     options = CrashTestOptions(
         data_dir=args.data_dir,
-        iterations=args.iterations,
+        iterations=args.iterations or CRASHTEST_ITERATIONS_DEFAULT["storage"],
         seed=args.seed,
         mode=args.mode,
         progress=not args.no_progress,
     )
     summary = run_crashtest(options)
+    return 0 if summary.violations == 0 else 1
+
+
+def _crashtest_broker(args: argparse.Namespace) -> int:
+    """`magnetar crashtest broker`: in --data-dir, or in a temporary directory that is
+    removed after a run without violations (and kept, and named, after one with)."""
+    import shutil
+    import tempfile
+
+    from magnetar.broker.testing.crashtest import BrokerCrashTestOptions, run_broker_crashtest
+
+    data_dir = args.data_dir or tempfile.mkdtemp(prefix="magnetar-crashtest-broker-")
+    options = BrokerCrashTestOptions(
+        data_dir=data_dir,
+        iterations=args.iterations or CRASHTEST_ITERATIONS_DEFAULT["broker"],
+        seed=args.seed,
+        mode=args.mode,
+        progress=not args.no_progress,
+    )
+    summary = run_broker_crashtest(options)
+    if args.data_dir is None:
+        if summary.violations == 0:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        else:
+            print(f"magnetar crashtest broker: data directories kept in {data_dir}")
     return 0 if summary.violations == 0 else 1
 
 
@@ -369,19 +401,30 @@ def _add_storage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def _add_crashtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     crash = sub.add_parser(
         "crashtest",
-        help="crash the storage engine over and over and verify nothing acknowledged is lost",
-        description="Crash-recovery harness. 'kill' runs a writer in a child process and "
-        "SIGKILLs it at a random moment; 'powerloss' runs in-process over a fault-injecting "
-        "file layer that drops, tears or corrupts unsynced writes at each crash point. After "
+        help="crash the storage engine or the whole broker over and over and verify nothing "
+        "acknowledged is lost",
+        description="Crash-recovery harness. 'storage' (the default) crashes the storage "
+        "engine: 'kill' runs a writer in a child process and SIGKILLs it at a random moment; "
+        "'powerloss' runs in-process over a fault-injecting file layer that drops, tears or "
+        "corrupts unsynced writes at each crash point. 'broker' crashes the whole broker under "
+        "a workload of the official client (deduplicated batched and unbatched producers, "
+        "Shared and Key_Shared consumers, negative acks, delayed messages, acks with "
+        "receipts): 'kill' SIGKILLs a standalone broker process, 'powerloss' runs the broker "
+        "in-process over the fault-injecting file layer; after each crash it restarts the "
+        "broker and checks acknowledged messages, acks, cursors and deduplication. After "
         "every crash the data directory is reopened and verified. Prints the seed; the same "
-        "seed replays the same workload. Exits 1 on any violation.",
+        "seed replays the same workload and crash plan. Exits 1 on any violation.",
         epilog=f"Needs the {EXTRA_CRASHTEST!r} extra: pip install 'magnetar[{EXTRA_CRASHTEST}]'.",
     )
-    crash.add_argument("--data-dir", required=True, help="scratch directory (its "
-                       "crashtest-* subdirectories are replaced; refused while a broker or "
-                       "another run holds its lock)")
-    crash.add_argument("--iterations", type=_positive_int, default=100,
-                       help="crashes to run (default 100)")
+    crash.add_argument("target", nargs="?", choices=["storage", "broker"], default="storage",
+                       help="what to crash (default storage)")
+    crash.add_argument("--data-dir", default=None, help="scratch directory (its "
+                       "crashtest-* or broker-* subdirectories are replaced; refused while a "
+                       "broker or another run holds its lock); needed for storage; for broker "
+                       "the default is a temporary directory, removed after a clean run")
+    crash.add_argument("--iterations", type=_positive_int, default=None,
+                       help=f"crashes to run (default {CRASHTEST_ITERATIONS_DEFAULT['storage']}"
+                       f"; broker: {CRASHTEST_ITERATIONS_DEFAULT['broker']})")
     crash.add_argument("--seed", type=int, default=None, help="workload seed (default: random)")
     crash.add_argument("--mode", choices=["kill", "powerloss", "both"], default="both",
                        help="which crashes to simulate (default both)")
@@ -425,10 +468,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sub)
     _add_crashtest(sub)
     _add_bench(sub)
-    from . import _admin_cli, _permissions_cli, _tokens_cli  # produce, topics, ...; tokens
+    from . import (  # produce, consume, topics, ...; permissions; perf; tokens
+        _admin_cli,
+        _perf_cli,
+        _permissions_cli,
+        _tokens_cli,
+    )
 
     _admin_cli.add_commands(sub)
     _permissions_cli.add_permission_commands(sub)
+    _perf_cli.add_perf_command(sub)
     _tokens_cli.add_tokens_command(sub)
     return parser
 

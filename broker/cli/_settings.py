@@ -333,6 +333,10 @@ _DISPATCH: Final = (
 )
 
 _LEDGERS: Final = (
+    _b("managedLedgerReadLoadsInFlightMax", "managed_ledger_read_loads_in_flight_max", "loads",
+       "cold reads (disk) in flight at once in the read worker", pulsar=False),
+    _b("managedLedgerReadLoadedBytesMax", "managed_ledger_read_loaded_bytes_max", "bytes",
+       "bytes of entries the read worker holds loaded at once", pulsar=False),
     _b("managedLedgerMaxEntriesPerLedger", "managed_ledger_max_entries_per_ledger",
        "entries", "entries before a topic's ledger rolls over"),
     _b("managedLedgerMaxSizePerLedgerMbytes", "managed_ledger_max_size_per_ledger_bytes",
@@ -372,6 +376,12 @@ _LEDGERS: Final = (
        "how often TTLs are applied", scale=60),
     _b("backlogQuotaCheckIntervalInSeconds", "backlog_quota_check_interval_s", "s", "how "
        "often backlog quotas are checked"),
+    _b("brokerServiceCompactionThresholdInBytes", "broker_service_compaction_threshold_bytes",
+       "bytes", "a topic is compacted once this much is not compacted yet (the "
+       "compactionThreshold policy's default; 0: never)"),
+    _b("brokerServiceCompactionMonitorIntervalInSeconds",
+       "broker_service_compaction_monitor_interval_s", "s", "how often compaction thresholds "
+       "are checked"),
     _b("backlogQuotaDefaultLimitBytes", "backlog_quota_default_limit_bytes", "bytes",
        "default backlog quota by size (-1: none)"),
     _b("backlogQuotaDefaultLimitSecond", "backlog_quota_default_limit_s", "s", "default "

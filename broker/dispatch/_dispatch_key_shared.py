@@ -230,12 +230,12 @@ class KeySharedDispatcher(SharedDispatcher):
         replay = [] if self._skip_replay_once else self._replay_candidates(limit)
         self._skip_replay_once = False
         if replay:
-            entries = self.sub.read_positions(replay)
-            for position in replay:
+            entries, done = self.sub.read_positions(replay)
+            for position in done:
                 self.replay.discard(position)
                 self._replay_removed(position)
             sent = self._dispatch_batch(entries, normal=False)
-            if sent > 0 or len(entries) < len(replay):
+            if sent > 0 or len(entries) < len(done):
                 return True
             self._skip_replay_once = self._should_look_ahead(entries)
             return self._skip_replay_once

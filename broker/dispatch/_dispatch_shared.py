@@ -223,10 +223,10 @@ class SharedDispatcher(Dispatcher):
         limit = min(permits, self.sub.config.dispatcher_max_read_batch_size)
         if self.replay:
             positions = [self.replay[i] for i in range(min(limit, len(self.replay)))]
-            entries = self.sub.read_positions(positions)
-            for position in positions:
+            entries, done = self.sub.read_positions(positions)
+            for position in done:
                 self.replay.discard(position)
-            progressed = bool(positions)
+            progressed = bool(done)
         else:
             entries, progressed = self.sub.read_new(limit, honour_delay=True)
         self.distribute(entries)

@@ -24,6 +24,12 @@ loop to other work.
 for partially acknowledged batches and the redelivery count), charges the consumer's
 permits in messages, and hands them to the consumer's sink.
 
+Reads that need the disk: a subscription serves a round's read from the storage's memory
+when it can; otherwise it hands the read to the managed ledger's loader (worker threads) and
+the round raises `ReadPending` before it changed anything. When the load has finished the
+subscription kicks the dispatcher, and the round runs again and finds the entries loaded
+(see `Subscription.read_new`: one read in flight per subscription, results re-validated).
+
 Read failures: a round that cannot read its entries never dies silently inside the loop.
 Stored data that fails its checks or is missing below the last confirmed entry
 (`CorruptionError`, `NoSuchEntryError`) cannot be read by any later round either: the
@@ -51,13 +57,19 @@ from ._entry import EntryInfo
 if TYPE_CHECKING:
     from ._subscription import Subscription
 
-__all__ = ["Dispatcher", "SingleActiveConsumerDispatcher", "failover_ring_choice"]
+__all__ = ["Dispatcher", "ReadPending", "SingleActiveConsumerDispatcher", "failover_ring_choice"]
 
 log = logging.getLogger(__name__)
 
 ROUNDS_PER_TURN_MAX = 16
 DISPATCH_RETRY_DELAY_S = 1.0  # after a storage error that may pass (not a corruption)
 FAILOVER_RING_POINTS = 100
+
+
+class ReadPending(Exception):  # an outcome, not an error
+    """The round's read needs the disk: it was handed to the loader (or one is already in
+    flight for the subscription). The round ends without progress; the subscription kicks
+    the dispatcher when the load has finished, and the same round runs again."""
 
 
 class Dispatcher:
@@ -100,6 +112,8 @@ class Dispatcher:
             for _ in range(ROUNDS_PER_TURN_MAX):
                 if not self.dispatch_round():
                     return
+        except ReadPending:
+            return
         except (CorruptionError, NoSuchEntryError) as exc:
             self.sub.read_failed(exc)
             return

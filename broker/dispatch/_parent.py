@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .._config import BrokerConfig
     from .._names import TopicName
     from .._namespaces import EffectivePolicies
+    from ..ledger._compacted import CompactedLedger
     from ..ledger._managed_ledger import ManagedLedger
     from ._subscription import Subscription
 
@@ -51,6 +52,10 @@ class SubscriptionParent(Protocol):
 
     @property
     def fenced(self) -> bool: ...
+
+    @property
+    def compacted_view(self) -> CompactedLedger | None:
+        """The topic's compacted view in force (None before any compaction)."""
 
     def messages_out(self, messages: int, size: int) -> None:
         """Count `messages` messages of `size` bytes dispatched."""

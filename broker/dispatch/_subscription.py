@@ -39,13 +39,21 @@ from .._errors import ConsumerBusyError, NotAllowedError, SubscriptionBusyError
 from .._rates import RateMeter
 from .._tasks import spawn
 from ..ledger._cursor import ManagedCursor
-from ..ledger._position import Position, ack_set_words_max, unacked_in_ack_set
+from ..ledger._position import (
+    Position,
+    ack_set_to_int,
+    ack_set_words_max,
+    int_to_ack_set,
+    unacked_in_ack_set,
+)
+from ._compacted_read import CompactedReads
 from ._consumer import Consumer, SubscribeSpec
 from ._delayed import DelayedAdd, InMemoryDelayedDeliveryTracker
 from ._dispatch_key_shared import KeySharedDispatcher
 from ._dispatch_shared import SharedDispatcher
 from ._dispatcher import Dispatcher, SingleActiveConsumerDispatcher
 from ._entry import EntryInfo
+from ._reads import SubscriptionReads
 
 if TYPE_CHECKING:
     from .._config import BrokerConfig
@@ -67,6 +75,7 @@ class Subscription:
         self.name = name
         self.cursor = cursor
         self.dispatcher: Dispatcher | None = None
+        self.reads = SubscriptionReads(cursor, self.kick)
         self.delayed: InMemoryDelayedDeliveryTracker | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._reset_done: asyncio.Event | None = None  # set while a reset runs
@@ -76,6 +85,7 @@ class Subscription:
         self.msg_out_counter = 0  # messages dispatched by this subscription, ever
         self.bytes_out_counter = 0
         self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
+        self.compacted = CompactedReads(self)  # read_compacted consumers' reads
 
     # -- what the dispatcher asks ----------------------------------------------------------
 
@@ -121,9 +131,14 @@ class Subscription:
         return self.cursor.is_acked(position)
 
     def ack_set_for(self, position: Position) -> list[int] | None:
-        return self.cursor.get_ack_set(position)
+        words = self.cursor.get_ack_set(position)
+        live = self.compacted.masks.get(position)  # a compacted batch: dropped = acked
+        if live is None:
+            return words
+        return int_to_ack_set(live if words is None else live & ack_set_to_int(words))
 
     def rewind(self) -> None:
+        self.compacted.restart()
         self.cursor.rewind()
 
     def redelivery_count(self, position: Position) -> int:
@@ -169,22 +184,33 @@ class Subscription:
 
     def read_new(self, max_entries: int, *, honour_delay: bool) -> tuple[list[EntryInfo], bool]:
         """Read entries past the cursor's read position; returns (entries to dispatch,
-        whether anything was read at all)."""
+        whether anything was read at all).
+
+        Raises:
+            ReadPending: the read went to the loader (see `_reads.py`); nothing changed.
+        """
         if self.delayed is not None and self.delayed.should_pause_all_deliveries():
             return [], False
-        raw = self.cursor.read_entries(max_entries, self.config.dispatcher_max_read_size_bytes)
+        raw = self.compacted.read(max_entries)
+        if raw == []:
+            return [], False  # a compacted read is under way; it kicks when it lands
+        if raw is None:
+            raw = self.reads.read_new(max_entries, self.config.dispatcher_max_read_size_bytes)
         entries = [EntryInfo(Position(*p), data) for p, data in raw]
         return self._filter(entries, honour_delay), bool(raw)
 
-    def read_positions(self, positions: list[Position]) -> list[EntryInfo]:
-        """Read specific entries (replay), skipping acknowledged ones."""
-        entries = []
-        ml = self.topic.managed_ledger
-        for position in positions:
-            if self.cursor.is_acked(position) or position > ml.last_confirmed_position:
-                continue
-            entries.append(EntryInfo(position, ml.read_entry(position)))
-        return self._filter(entries, honour_delay=False)
+    def read_positions(self, positions: list[Position]) -> tuple[list[EntryInfo],
+                                                                 list[Position]]:
+        """Read specific entries (replay), skipping acknowledged ones: (entries to dispatch,
+        the positions dealt with, which leave the replay queue; the others stay).
+
+        Raises:
+            ReadPending: the read went to the loader (see `_reads.py`); nothing changed.
+        """
+        raw, done = self.reads.read_positions(positions,
+                                              self.config.dispatcher_max_read_size_bytes)
+        entries = [EntryInfo(position, data) for position, data in raw]
+        return self._filter(entries, honour_delay=False), done
 
     def _filter(self, entries: list[EntryInfo], honour_delay: bool) -> list[EntryInfo]:
         tags = self.tags
@@ -235,6 +261,9 @@ class Subscription:
         if spec.sub_type not in enabled and not self.topic.name.is_system_topic:
             raise NotAllowedError(
                 f"Topic[{self.topic_name}] doesn't support {spec.sub_type} sub type!")
+        if spec.read_compacted and spec.sub_type not in ("Exclusive", "Failover"):
+            raise NotAllowedError("Read compacted can only be used with exclusive or failover "
+                                  "persistent subscriptions")
         dispatcher = self._dispatcher_for(spec)
         if dispatcher.consumers:
             if dispatcher.sub_type == "Exclusive":
@@ -242,6 +271,9 @@ class Subscription:
             limit = self.topic.policies.max_consumers_per_subscription
             if limit > 0 and len(dispatcher.consumers) >= limit:
                 raise ConsumerBusyError("Subscription reached max consumers limit")
+        if spec.read_compacted != self.compacted.enabled:
+            self.compacted.enabled = spec.read_compacted
+            self.compacted.restart()
         dispatcher.add_consumer(consumer)
 
     def _dispatcher_for(self, spec: SubscribeSpec) -> Dispatcher:
@@ -325,9 +357,9 @@ class Subscription:
                     whole.append(position)
                     if self.cursor.get_ack_set(position) is not None:
                         remaining[(ledger_id, entry_id)] = self._unacked_in_batch(
-                            position, self._batch_size(consumer, position))
+                            position, await self._batch_size(consumer, position))
                 continue
-            size = self._checked_batch_size(consumer, position, ack_set)
+            size = await self._checked_batch_size(consumer, position, ack_set)
             before = self._unacked_in_batch(position, size)
             await self.cursor.delete_batch_index(position, ack_set, size)
             if self.cursor.is_acked(position):
@@ -362,7 +394,7 @@ class Subscription:
             log.debug("ignoring a cumulative ack of %s at or below the mark-delete %s on %s",
                       position, mark_delete, self.name)
             return
-        size = self._checked_batch_size(consumer, position, ack_set) if ack_set else None
+        size = await self._checked_batch_size(consumer, position, ack_set) if ack_set else None
         await self.cursor.mark_delete(position, ack_set=ack_set, batch_size=size)
         self._after_ack(consumer, [], 0, moved=True)
 
@@ -376,14 +408,15 @@ class Subscription:
                 self.dispatcher.mark_delete_moved()
         self.topic.acks_changed()
 
-    def _batch_size(self, consumer: Consumer | None, position: Position) -> int:
+    async def _batch_size(self, consumer: Consumer | None, position: Position) -> int:
         if consumer is not None and consumer.pending_acks is not None:
             found = consumer.pending_acks.get(position.ledger_id, position.entry_id)
             if found is not None:
                 return int(found.batch_size)
-        return EntryInfo(position, self.topic.managed_ledger.read_entry(position)).batch_size
+        data = await self.topic.managed_ledger.read_entry_async(position)
+        return EntryInfo(position, data).batch_size
 
-    def _checked_batch_size(self, consumer: Consumer | None, position: Position,
+    async def _checked_batch_size(self, consumer: Consumer | None, position: Position,
                             ack_set: list[int]) -> int:
         """The batch size of the entry an ack set refers to, once the ack set is found to fit
         it -- before any work in proportion to the ack set's length.
@@ -393,7 +426,7 @@ class Subscription:
             NotAllowedError: the ack set has more words than the batch has messages.
             (Nothing changed.)
         """
-        size = self._batch_size(consumer, position)
+        size = await self._batch_size(consumer, position)
         if len(ack_set) > ack_set_words_max(size):
             raise NotAllowedError(
                 f"Ack set of {len(ack_set)} words for {position}, a batch of {size} messages "
@@ -432,11 +465,12 @@ class Subscription:
         """
         ml = self.topic.managed_ledger
         if ack_set and ml.is_valid_position(position):  # no more words than the batch needs
-            size = EntryInfo(position, ml.read_entry(position)).batch_size
+            size = EntryInfo(position, await ml.read_entry_async(position)).batch_size
             ack_set = ack_set[:ack_set_words_max(size)]
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset(position, ack_set)
+            self.compacted.restart()
             self._after_reset()
 
     async def reset_cursor_by_time(self, timestamp_ms: int) -> None:
@@ -444,6 +478,7 @@ class Subscription:
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset_by_time(timestamp_ms, entry_publish_time)
+            self.compacted.restart()
             self._after_reset()
 
     @contextlib.asynccontextmanager
@@ -487,7 +522,7 @@ class Subscription:
         cutoff = self.now_ms() - ttl_s * 1000  # expired: now > publish time + ttl (§7.2)
         newest = self._expired_closed_ledgers_end(cutoff)
         start = self.cursor.mark_delete_position if newest is None else newest
-        found = ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
+        found = await ml.find_newest_matching(lambda data: entry_publish_time(data) < cutoff,
                                         start=ml.next_valid_position(start))
         newest = found or newest
         if newest is None or newest <= self.cursor.mark_delete_position:
@@ -519,6 +554,7 @@ class Subscription:
         return int(self.cursor.backlog())
 
     def close(self) -> None:
+        self.reads.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
         for task in list(self._background):

@@ -36,6 +36,7 @@ no locking. Paths, query parameters and JSON field names are Pulsar's:
 * topic-level policies under `…/{topic}/` (`retention`, `messageTTL`, `maxProducers`, ...):
   `_admin_topic_policies`; message inspection (`…/subscription/{sub}/position/{n}`,
   `examinemessage`, `ledger/{l}/entry/{e}`, `lastMessageId`): `_admin_messages`;
+  compaction (`PUT|GET …/{topic}/compaction`): `_admin_compaction`;
 * HTTP lookup for clients given an `http://` service URL (`_lookup_http.py`): `/lookup/v2/topic/…`
   and `…/partitions?checkAllowAutoCreation=true`.
 
@@ -86,6 +87,7 @@ from ..security._auth import AuthenticationService
 from ..topics._service import BrokerService
 from ._admin_auth import Middleware
 from ._admin_brokers import add_broker_routes
+from ._admin_compaction import add_compaction_routes
 from ._admin_messages import add_message_routes
 from ._admin_namespaces import add_namespace_routes
 from ._admin_schemas import add_schema_routes
@@ -160,6 +162,7 @@ def admin_app(service: BrokerService, *, consumer_metrics: bool = False,
     add_broker_routes(r)
     add_namespace_routes(r)
     add_topic_routes(r)
+    add_compaction_routes(r)
     add_topic_policy_routes(r)
     add_message_routes(r)
     add_subscription_routes(r)

@@ -135,6 +135,8 @@ RULES: Final[tuple[tuple[str, str, Rule], ...]] = (
     ("GET", _TOPIC + r"/(examinemessage|ledger/\{ledger\}/entry/\{entry\}|lastMessageId)$",
      Rule(TOPIC, "PEEK_MESSAGES", "consume")),
     ("", _TOPIC + r"/terminate", Rule(TOPIC, "TERMINATE")),
+    # Pulsar's TopicOperation.COMPACT: no produce/consume grant allows it.
+    ("", _TOPIC + r"/compaction$", Rule(TOPIC, "COMPACT")),
     ("", _TOPIC + r"/unload$", Rule(TOPIC, "UNLOAD")),
     ("GET", _TOPIC + r"/(stats|internalStats|partitioned-stats|partitioned-internalStats)$",
      Rule(TOPIC, "GET_STATS", "lookup")),

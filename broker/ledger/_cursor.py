@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from magnetar.storage import Completion
 
+from ._loader import Run, collect
 from ._position import (
     LATEST,
     InvalidPositionError,
@@ -96,7 +97,8 @@ class ManagedCursor:
         self.durable = durable
         self.mark_delete_position = mark_delete
         self.persisted_mark_delete_position = mark_delete
-        self.read_position = ml.next_valid_position(mark_delete)
+        self.read_epoch = 0  # bumped by every change of the read position
+        self._read_position = ml.next_valid_position(mark_delete)
         self.individually_deleted = RangeSet(ml)
         self.batch_deleted: dict[Position, int] = {}
         self.properties: dict[str, int] = {}
@@ -225,37 +227,54 @@ class ManagedCursor:
 
     # -- reading -------------------------------------------------------------------------
 
+    @property
+    def read_position(self) -> Position:
+        """The next entry to dispatch; every change bumps `read_epoch`."""
+        return self._read_position
+
+    @read_position.setter
+    def read_position(self, position: Position) -> None:
+        self._read_position = position
+        self.read_epoch += 1
+
+    def plan_read(self, max_entries: int) -> list[Run]:
+        """The runs (`_loader.py`) of the next `max_entries` unacknowledged entries from the
+        read position, around individually deleted ones. Memory only."""
+        ml = self.ml
+        runs: list[Run] = []
+        wanted = max_entries
+        at = self.read_position
+        while wanted > 0:
+            at = self._skip_deleted(at)
+            if at > ml.last_confirmed_position:
+                break
+            limit = wanted
+            hole = self.individually_deleted.next_range_from(at)
+            if hole is not None:
+                limit = min(limit, ml.entries_between(at, ml.previous_position(hole[0])))
+            planned = ml.plan_runs(at, limit)
+            runs.extend(planned)
+            wanted -= sum(last - first + 1 for _, first, last in planned)
+            at = ml.next_position(Position(planned[-1][0], planned[-1][2]))
+        return runs
+
+    def advance_past(self, position: Position) -> None:
+        """Entries up to `position` were read: continue after it."""
+        self.read_position = self.ml.next_position(position)
+        assert self.read_position > self.mark_delete_position
+
     def read_entries(self, max_entries: int,
                      max_bytes: int = READ_BYTES_DEFAULT_MAX) -> list[tuple[Position, bytes]]:
         """Read from the read position, skipping individually deleted entries, and move the
-        read position past what was returned.
+        read position past what was returned. May read the disk: for threads and tests
+        (a subscription plans, reads the cache and loads off the loop instead).
 
         Returns at most `max_entries` entries within `max_bytes` (but at least one when any
         is available).
         """
-        ml = self.ml
-        found: list[tuple[Position, bytes]] = []
-        total = 0
-        at = self.read_position
-        while len(found) < max_entries:
-            at = self._skip_deleted(at)
-            if at > ml.last_confirmed_position:
-                break
-            limit = max_entries - len(found)
-            hole = self.individually_deleted.next_range_from(at)
-            if hole is not None:
-                limit = min(limit, ml.entries_between(at, ml.previous_position(hole[0])))
-            batch = ml.read_entries(at, limit, max_bytes - total if found else max_bytes)
-            if found and len(batch[0][1]) > max_bytes - total:
-                break
-            found.extend(batch)
-            total += sum(len(data) for _, data in batch)
-            at = ml.next_position(batch[-1][0])
-            if total >= max_bytes:
-                break
+        found = collect(self.ml.storage.read_entries, self.plan_read(max_entries), max_bytes)
         if found:
-            self.read_position = ml.next_position(found[-1][0])
-        assert self.read_position > self.mark_delete_position
+            self.advance_past(found[-1][0])
         return found
 
     def rewind(self) -> None:
@@ -471,7 +490,7 @@ class ManagedCursor:
     async def reset_by_time(self, timestamp_ms: int,
                             entry_timestamp: Callable[[bytes], int]) -> None:
         """Reset to the first entry whose timestamp is >= `timestamp_ms` (§4.7)."""
-        await self.reset(self.ml.find_position_by_time(timestamp_ms, entry_timestamp))
+        await self.reset(await self.ml.find_position_by_time(timestamp_ms, entry_timestamp))
 
     # -- properties ----------------------------------------------------------------------
 

@@ -24,12 +24,16 @@ write the record; only then delete the dropped ledgers and the orphans. Then rec
 durable cursor stored under `b"cursor/" + N + b"\\x00"`.
 
 Adds. `add_entry` takes the ML's submit lock (an `asyncio.Lock`, FIFO), rolls over first when
-the current ledger is full, hands the entry to `storage.add_entry` (which assigns the entry id at
-once), releases the lock and waits for durability. So concurrent adds get positions in call
-order. The storage completes adds in order; each completion is bounced onto the event loop,
-where it advances the ledger's entry count and size and `last_confirmed_position`, resolves the
-add, and calls the `on_entries_added` hooks. After its add is durable, an add that filled the
-ledger rolls over at once (Pulsar closes a full ledger right away, so it can be trimmed).
+the current ledger is full, hands the entry to `storage.try_add_entry` (which assigns the entry
+id at once), releases the lock and waits for durability. The event loop never waits on the
+storage: while its write cache is full, `try_add_entry` refuses and the add awaits the storage's
+`cache_space` signal on the loop, holding the submit lock, so this ML's later adds queue behind
+it (back-pressure reaches its producers) while the loop serves everything else. So
+concurrent adds get positions in call order. The storage completes adds in order; each
+completion is bounced onto the event loop, where it advances the ledger's entry count and
+size and `last_confirmed_position`, resolves the add, and calls the `on_entries_added` hooks.
+After its add is durable, an add that filled the ledger rolls over at once (Pulsar closes a
+full ledger right away, so it can be trimmed).
 
 A failed add (the storage refused or failed it: a full disk) leaves the current ledger in
 doubt, as in Pulsar, where a failed add closes the ledger: the next add first rolls over, and
@@ -46,7 +50,12 @@ the confirmations of those adds have been applied first), create the next one, r
 (metadata first), then trim. A crash between the steps leaves an orphan ledger that the next
 open deletes.
 
-Reads are synchronous (storage reads are local) and stop at `last_confirmed_position`.
+Reads stop at `last_confirmed_position` and never touch the disk on the event loop: a read is
+planned as runs of entries (`plan_runs`), served from the storage's memory when it can
+(`read_cached`) and otherwise loaded by the bounded `EntryLoader` in worker threads (`load`;
+see `_loader.py`). `read_entries`/`read_entry` read synchronously: for threads, and for rare
+single-entry reads on the loop (an admin lookup, a message-age backlog-quota check, the
+newest entry's index when a topic with the index interceptor loads).
 
 Trimming (broker semantics §7.1, storage §9.3). Candidates are the closed ledgers strictly below
 the ledger of the slowest durable cursor's *persisted* mark-delete position (the next ledger when
@@ -89,7 +98,15 @@ from magnetar.storage import (
 
 from .._config import BrokerConfig
 from .._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
+from ._completions import (
+    after_earlier_callbacks,
+    call_soon,
+    delete_in_background,
+    delete_storage_ledger,
+    on_loop,
+)
 from ._cursor import ManagedCursor, cursor_prefix
+from ._loader import EntryLoader, Run, collect, default_loader
 from ._position import (
     InvalidPositionError,
     ManagedLedgerClosedError,
@@ -107,7 +124,6 @@ __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerCon
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-READ_CHUNK_ENTRIES_MAX = 64  # entries fetched from storage per call when reading
 RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
 
 InitialPosition = Literal["latest", "earliest"]
@@ -195,8 +211,10 @@ class ManagedLedger:
 
     def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
-                 properties: dict[str, str], terminated: Position | None = None):
+                 properties: dict[str, str], terminated: Position | None = None,
+                 loader: EntryLoader | None = None):
         """Internal: use `ManagedLedger.open`."""
+        self.loader = loader or default_loader()
         assert ledgers, "an open managed ledger always has a current ledger"
         self.storage = storage
         self.name = name
@@ -228,7 +246,8 @@ class ManagedLedger:
     @classmethod
     async def open(cls, storage: LedgerStorage, name: str,
                    config: ManagedLedgerConfig | None = None,
-                   clock: Callable[[], float] = time.time) -> ManagedLedger:
+                   clock: Callable[[], float] = time.time,
+                   loader: EntryLoader | None = None) -> ManagedLedger:
         """Open (creating if needed) and recover the managed ledger `name`.
 
         Args:
@@ -236,6 +255,7 @@ class ManagedLedger:
             name: the ML name (the topic's persistence name).
             config: settings; the defaults when None.
             clock: wall-clock seconds (ledger ages and timestamps).
+            loader: the worker for reads that need the disk (default: the process's).
 
         Raises:
             StorageError: the storage failed; nothing was changed in the record.
@@ -255,10 +275,10 @@ class ManagedLedger:
         terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
                  dict(record.get("properties", {})),
-                 Position(*terminated) if terminated else None)
+                 Position(*terminated) if terminated else None, loader)
         ml._write_record()
         for ledger_id in dropped + orphans:
-            await _delete_storage_ledger(storage, ledger_id)
+            await delete_storage_ledger(storage, ledger_id)
         if orphans:
             log.info("ml %s: deleted orphan ledgers %s", name, orphans)
         for key, value in storage.metadata.scan(cursor_prefix(name)):
@@ -480,7 +500,7 @@ class ManagedLedger:
             self._check_writable()
             if self._add_failed or self._current_is_full():
                 await self._rollover()
-            done = self._submit(bytes(data))
+            done = await self._submit(bytes(data))
             self._last_add = done
             ledger = self._ledgers[-1]
             filled = self._current_is_full()
@@ -502,10 +522,15 @@ class ManagedLedger:
                 f"managed ledger {self.name} is fenced after a failed rollover: "
                 f"{self._fenced}") from self._fenced
 
-    def _submit(self, data: bytes) -> asyncio.Future[Position]:
+    async def _submit(self, data: bytes) -> asyncio.Future[Position]:
+        """Hand the entry to the storage; returns the future of its durable position.
+        Submit lock held. While the storage's write cache is full, waits for space on the
+        loop (so only the adds of this ML wait; see `_add_when_cache_has_space`)."""
         loop = asyncio.get_running_loop()
         ledger = self._ledgers[-1]
-        completion = self.storage.add_entry(ledger.ledger_id, data)
+        completion = self.storage.try_add_entry(ledger.ledger_id, data)
+        if completion is None:
+            completion = await self._add_when_cache_has_space(ledger.ledger_id, data)
         self._submitted_entries += 1
         self._submitted_bytes += len(data)
         done: asyncio.Future[Position] = loop.create_future()
@@ -513,10 +538,33 @@ class ManagedLedger:
         submitted_ns = time.perf_counter_ns()
 
         def bounce(finished: Completion[int]) -> None:
-            _call_soon(loop, self._on_add_done, ledger, size, finished, done, submitted_ns)
+            call_soon(loop, self._on_add_done, ledger, size, finished, done, submitted_ns)
 
         completion.add_done_callback(bounce)
         return done
+
+    async def _add_when_cache_has_space(self, ledger_id: int, data: bytes) -> Completion[int]:
+        """Back-pressure without blocking the loop: await the storage's `cache_space` and try
+        again, for at most the storage's `write_cache_wait_ms_max` (as a blocking add would
+        wait).
+
+        Raises:
+            StorageError: the cache stayed full that long; nothing was written.
+            The storage's refusals (`try_add_entry`): nothing was written.
+        """
+        wait_ms = self.storage.config.write_cache_wait_ms_max
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000.0
+        while True:
+            space = on_loop(loop, self.storage.cache_space())
+            try:
+                await asyncio.wait_for(space, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise StorageError(f"write cache full for {wait_ms} ms; the add of ml "
+                                   f"{self.name} was refused") from None
+            completion = self.storage.try_add_entry(ledger_id, data)
+            if completion is not None:
+                return completion
 
     def _on_add_done(self, ledger: _Ledger, size: int, finished: Completion[int],
                      done: asyncio.Future[Position], submitted_ns: int) -> None:
@@ -571,7 +619,7 @@ class ManagedLedger:
         assert self._submit_lock.locked()
         old = self._ledgers[-1]
         try:
-            last = await _after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
+            last = await after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
             new_id = await self.storage.create_ledger({"ml": self.name})
         except StorageFullError as error:
             log.warning("ml %s: rollover of ledger %d failed, retried by the next add: %s",
@@ -596,7 +644,7 @@ class ManagedLedger:
         if old.entries == 0:  # only after failed adds: the list keeps no empty ledger
             self._ledgers.pop()
             self._ids.pop()
-            _delete_in_background(self.storage, old.ledger_id)
+            delete_in_background(self.storage, old.ledger_id)
             if self._last_confirmed.ledger_id == old.ledger_id:
                 self._last_confirmed = Position(new_id, -1)
         self._ledgers.append(_Ledger(new_id))
@@ -611,32 +659,58 @@ class ManagedLedger:
 
     # -- reads ---------------------------------------------------------------------------
 
+    def plan_runs(self, start: Position, max_entries: int) -> list[Run]:
+        """The runs (`_loader.py`) of the first `max_entries` confirmed entries at or after
+        `start`, crossing ledgers. Memory only."""
+        runs: list[Run] = []
+        wanted = max_entries
+        at = self.first_entry_at_or_after(start)
+        while wanted > 0 and at <= self._last_confirmed:
+            count = min(wanted, self.ledger_entries(at.ledger_id) - at.entry_id)
+            assert count > 0
+            runs.append((at.ledger_id, at.entry_id, at.entry_id + count - 1))
+            wanted -= count
+            at = self.next_position(Position(at.ledger_id, at.entry_id + count - 1))
+        return runs
+
     def read_entries(self, start: Position, max_entries: int,
                      max_bytes: int) -> list[tuple[Position, bytes]]:
         """Confirmed entries from the first one at or after `start`, crossing ledgers.
 
         Returns at most `max_entries` entries, stopping before the one that would take the
-        total above `max_bytes` — but always at least one when any is available.
+        total above `max_bytes` — but always at least one when any is available. May read
+        the disk: for threads (tests, checks); the event loop uses `read_cached`/`load`.
 
         Raises:
             CorruptionError, NoSuchEntryError: from the storage read.
         """
         assert max_entries >= 0
-        found: list[tuple[Position, bytes]] = []
-        total = 0
-        at = self.first_entry_at_or_after(start)
-        while len(found) < max_entries and at <= self._last_confirmed:
-            available = self.ledger_entries(at.ledger_id) - at.entry_id
-            count = min(max_entries - len(found), available, READ_CHUNK_ENTRIES_MAX)
-            assert count > 0
-            datas = self.storage.read_entries(at.ledger_id, at.entry_id, at.entry_id + count - 1)
-            for offset, data in enumerate(datas):
-                if found and total + len(data) > max_bytes:
-                    return found
-                found.append((Position(at.ledger_id, at.entry_id + offset), data))
-                total += len(data)
-            at = self.next_position(found[-1][0])
-        return found
+        return collect(self.storage.read_entries, self.plan_runs(start, max_entries),
+                       max_bytes)
+
+    def read_cached(self, runs: list[Run], max_bytes: int) -> list[tuple[Position, bytes]]:
+        """The longest prefix of `runs` (within `max_bytes`) the storage serves from memory;
+        never touches the disk, so the loop may call it.
+
+        Raises:
+            LedgerNotFoundError, NoSuchEntryError: the runs are not (or no longer) entries.
+        """
+        return collect(self.storage.try_read_entries, runs, max_bytes)
+
+    def load(self, runs: list[Run], max_bytes: int) -> asyncio.Future[list[tuple[Position, bytes]]]:
+        """Read `runs` (within `max_bytes`) in the loader's worker threads; the future gives
+        the entries or the storage's error (CorruptionError, NoSuchEntryError, ...)."""
+        return self.loader.load(self.storage, runs, max_bytes)
+
+    async def read_entries_async(self, start: Position, max_entries: int,
+                                 max_bytes: int) -> list[tuple[Position, bytes]]:
+        """`read_entries` for the event loop: from memory when it can, else loaded off the
+        loop."""
+        runs = self.plan_runs(start, max_entries)
+        found = self.read_cached(runs, max_bytes)
+        if len(found) == sum(last - first + 1 for _, first, last in runs):
+            return found
+        return await self.load(runs, max_bytes)
 
     def read_entry(self, position: Position) -> bytes:
         """One confirmed entry.
@@ -648,19 +722,30 @@ class ManagedLedger:
             raise InvalidPositionError(f"{position} is not an entry of {self.name}")
         return self.storage.read_entry(position.ledger_id, position.entry_id)
 
-    def find_newest_matching(self, predicate: Callable[[bytes], bool],
-                             start: Position | None = None) -> Position | None:
+    async def read_entry_async(self, position: Position) -> bytes:
+        """One confirmed entry, from memory or loaded off the loop.
+
+        Raises:
+            InvalidPositionError: not a confirmed entry of this ML.
+        """
+        if not self.is_valid_position(position):
+            raise InvalidPositionError(f"{position} is not an entry of {self.name}")
+        found = await self.read_entries_async(position, 1, 1)
+        return found[0][1]
+
+    async def find_newest_matching(self, predicate: Callable[[bytes], bool],
+                                   start: Position | None = None) -> Position | None:
         """The newest entry (from `start`, default the first) for which `predicate` holds,
-        assuming it holds for a prefix of the entries (binary search, ~log2(n) reads).
-        None when it does not hold for the first one."""
+        assuming it holds for a prefix of the entries (binary search, ~log2(n) reads, each
+        from memory or loaded off the loop). None when it does not hold for the first one."""
         first = self.first_entry_at_or_after(start or self.first_position())
         count = self.entries_between(first, self._last_confirmed)
-        if count == 0 or not predicate(self.read_entry(first)):
+        if count == 0 or not predicate(await self.read_entry_async(first)):
             return None
         low, high = 0, count - 1  # predicate holds at `low`
         while low < high:
             middle = (low + high + 1) // 2
-            if predicate(self.read_entry(self._nth_from(first, middle))):
+            if predicate(await self.read_entry_async(self._nth_from(first, middle))):
                 low = middle
             else:
                 high = middle - 1
@@ -669,12 +754,13 @@ class ManagedLedger:
     def _nth_from(self, first: Position, offset: int) -> Position:
         return first if offset == 0 else self.position_after_n(first, offset)
 
-    def find_position_by_time(self, timestamp_ms: int, entry_timestamp: Callable[[bytes], int],
-                              start: Position | None = None) -> Position:
+    async def find_position_by_time(self, timestamp_ms: int,
+                                    entry_timestamp: Callable[[bytes], int],
+                                    start: Position | None = None) -> Position:
         """Where a seek by time lands (§4.7): right after the newest entry whose timestamp is
         below `timestamp_ms`, or the first entry when none is. Timestamps must rise."""
-        newest = self.find_newest_matching(lambda data: entry_timestamp(data) < timestamp_ms,
-                                           start)
+        newest = await self.find_newest_matching(
+            lambda data: entry_timestamp(data) < timestamp_ms, start)
         if newest is None:
             return self.first_entry_at_or_after(start or self.first_position())
         return self.next_valid_position(newest)
@@ -791,7 +877,7 @@ class ManagedLedger:
         del self._ids[:len(doomed)]
         self._write_record()
         for ledger_id in doomed:
-            _delete_in_background(self.storage, ledger_id)
+            delete_in_background(self.storage, ledger_id)
         log.info("ml %s: trimmed ledgers %s", self.name, doomed)
         return doomed
 
@@ -832,7 +918,7 @@ class ManagedLedger:
 
     async def _close_current_ledger(self) -> None:
         current = self._ledgers[-1]
-        last = await _after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
+        last = await after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
         assert last + 1 == current.entries or self._add_failed
         current.timestamp_ms = self._now_ms()
         empty = current.entries == 0 and len(self._ledgers) > 1
@@ -841,7 +927,7 @@ class ManagedLedger:
             self._ids.pop()
         self._write_record()
         if empty:
-            await _delete_storage_ledger(self.storage, current.ledger_id)
+            await delete_storage_ledger(self.storage, current.ledger_id)
 
     async def delete(self) -> None:
         """Delete the cursors, the ML record and every ledger, in that order (a crash
@@ -856,7 +942,7 @@ class ManagedLedger:
             with self.storage.metadata.transaction() as txn:
                 txn.delete(ml_key(self.name))
             for ledger_id in list(self._ids):
-                await _delete_storage_ledger(self.storage, ledger_id)
+                await delete_storage_ledger(self.storage, ledger_id)
 
 
 async def _recover_last_ledger(storage: LedgerStorage, ledger: _Ledger, now_ms: int) -> None:
@@ -882,53 +968,3 @@ def _ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
         last = min(first + RECOVERY_READ_ENTRIES_MAX, entries) - 1
         size += sum(len(data) for data in storage.read_entries(ledger_id, first, last))
     return size
-
-
-async def _delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
-    try:
-        await storage.delete_ledger(ledger_id)
-    except LedgerNotFoundError:
-        pass
-
-
-def _delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
-    """Delete a storage ledger without waiting; a failure leaves an orphan that the next
-    open of the ML removes."""
-    try:
-        completion = storage.delete_ledger(ledger_id)
-    except StorageError as error:
-        log.warning("could not delete ledger %d: %s", ledger_id, error)
-        return
-
-    def report(finished: Completion[int]) -> None:
-        error = finished.exception()
-        if error is not None:
-            log.warning("deleting ledger %d failed: %s", ledger_id, error)
-
-    completion.add_done_callback(report)
-
-
-async def _after_earlier_callbacks(completion: Completion[int]) -> int:
-    """Await a storage completion through the event loop even when it is already done, so
-    that the add confirmations the storage bounced onto the loop before it (`_submit`) have
-    run first: a close must see the entry count of every add it waited for. (Awaiting a
-    `Completion` that is already done does not yield to the loop.)"""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-    completion.add_done_callback(lambda _: _call_soon(loop, _wake, waiter))
-    await waiter
-    return completion.result()
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],
-               *args: object) -> None:
-    """Run `callback` on `loop` from a storage thread (ignored once the loop is closed)."""
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass

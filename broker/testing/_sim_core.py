@@ -39,6 +39,7 @@ from .._config import BrokerConfig
 from .._errors import ConsumerBusyError, PersistenceError
 from ..dispatch._consumer import Consumer, Delivery, SubscribeSpec
 from ..dispatch._subscription import Subscription
+from ..ledger._loader import EntryLoader
 from ..topics._dedup import DEDUP_UNKNOWN_MESSAGE
 from ..topics._service import BrokerService
 from ..topics._topic import PersistentTopic, ProducerSpec
@@ -84,7 +85,9 @@ class _Node:
                  broker_config: BrokerConfig, clock: Callable[[], float]):
         self.fs = fs
         self.storage = Storage.open(directory, storage_config, fs=fs)
-        self.service = BrokerService(self.storage, broker_config, clock=clock)
+        # Pumped (replayable) runs load cold reads in later loop callbacks, not in threads.
+        loader = None if storage_config.background_threads else EntryLoader(on_loop=True)
+        self.service = BrokerService(self.storage, broker_config, clock=clock, loader=loader)
         self.pump_error: BaseException | None = None
         self._pumping = not storage_config.background_threads
         self._pump_task: asyncio.Task[None] | None = None

@@ -35,7 +35,8 @@ async def recover_dedup(ml: ManagedLedger, config: BrokerConfig, now_ms: float,
     last = ml.last_confirmed_position
     replayed = 0
     while position <= last:
-        batch = ml.read_entries(position, REPLAY_BATCH_ENTRIES, REPLAY_BATCH_BYTES_MAX)
+        batch = await ml.read_entries_async(position, REPLAY_BATCH_ENTRIES,
+                                            REPLAY_BATCH_BYTES_MAX)
         if not batch:
             break
         for entry_position, data in batch:

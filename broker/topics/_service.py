@@ -22,7 +22,8 @@ per-interval histograms, every `stats_update_frequency_s`: `_stats_interval.py`)
 time-based retention trimming,
 message TTL, backlog quotas (producer hold/exception disconnect producers;
 consumer_backlog_eviction skips the slowest cursor), dedup snapshots by time and purging of
-inactive producers' dedup state. Each task honours its own interval. While the disk is full
+inactive producers' dedup state, compaction of topics whose `compactionThreshold` is reached
+(`_compaction.py`). Each task honours its own interval. While the disk is full
 (`storage_full`: publishes are refused, see `_topic.py`), every
 `storage_full_check_interval_s` it asks the storage to resume writes in a worker thread
 (`Storage.try_resume_writes`); once there is room, writes resume without a restart.
@@ -58,6 +59,7 @@ from .._names import TopicName, matches_topics_pattern
 from .._namespaces import NamespaceRegistry
 from .._tasks import log_task_failure
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
+from ..ledger._loader import EntryLoader
 from ..ledger._managed_ledger import ml_key
 from ..schemas._schemas import SchemaRegistry
 from ._nonpersistent_topic import NonPersistentTopic
@@ -136,11 +138,16 @@ class BrokerService:
     """
 
     def __init__(self, storage: LedgerStorage, config: BrokerConfig | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, loader: EntryLoader | None = None):
+        """`loader`: the worker for reads that need the disk (default: one built from the
+        config's `managed_ledger_read_*_max` limits)."""
         self.config = config or BrokerConfig()
         check_entry_fits_storage(self.config, storage.config.entry_size_bytes_max)
         self.storage = storage
         self.clock = clock
+        self.loader = loader or EntryLoader(
+            self.config.managed_ledger_read_loads_in_flight_max,
+            self.config.managed_ledger_read_loaded_bytes_max)
         self.namespaces = NamespaceRegistry(storage.metadata, self.config)
         self.schemas = SchemaRegistry(storage.metadata, self.namespaces, clock)
         self.topics: dict[str, Topic] = {}
@@ -177,6 +184,7 @@ class BrokerService:
             except Exception as exc:  # keep closing the others
                 log.error("closing %s failed: %s", topic.name, exc)
         self.topics.clear()
+        self.loader.close()
 
     @property
     def storage_full(self) -> bool:
@@ -501,6 +509,9 @@ class BrokerService:
                 done["producers_disconnected"] += dropped
         for topic in topics:
             await self._dedup_housekeeping(topic, now)
+        if force or self._due("compaction", config.broker_service_compaction_monitor_interval_s,
+                              now):
+            done["compactions"] = sum(topic.compaction.maybe_trigger() for topic in topics)
         return done
 
     def update_stats(self, now: float | None = None) -> None:

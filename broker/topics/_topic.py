@@ -77,11 +77,13 @@ from .._rates import BucketsWindow, RateMeter
 from .._tasks import spawn
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ..dispatch._subscription import Subscription
+from ..ledger._compacted import COMPACTION_CURSOR_NAME, CompactedLedger
 from ..ledger._cursor import ManagedCursor
 from ..ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ..ledger._position import Position
 from ._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess
 from ._backlog import BacklogQuotas
+from ._compaction import TopicCompaction
 from ._dedup import (
     DEDUP_CURSOR_NAME,
     DEDUP_UNKNOWN_MESSAGE,
@@ -112,6 +114,7 @@ __all__ = ["PersistentTopic", "Producer", "ProducerSpec", "PublishResult"]
 log = logging.getLogger(__name__)
 
 RESERVED_SUBSCRIPTION_PREFIXES = ("pulsar.repl",)
+SYSTEM_CURSOR_NAMES = (DEDUP_CURSOR_NAME, COMPACTION_CURSOR_NAME)  # not subscriptions
 
 
 def _now_ms() -> float:
@@ -152,6 +155,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
         self.entry_size_window = BucketsWindow(ml.entry_size_bytes)
         self._publish_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
+        self.compaction = TopicCompaction(self, None)  # the real one comes with `load`
         ml.on_entries_added.append(self._entries_added)
 
     @property
@@ -161,12 +165,14 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
     @classmethod
     async def load(cls, service: BrokerService, name: TopicName) -> PersistentTopic:
         ml_config = ManagedLedgerConfig.from_broker_config(service.config)
-        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config)
+        ml = await ManagedLedger.open(service.storage, name.persistence_name, ml_config,
+                                      loader=service.loader)
         topic = cls(service, name, ml)
         topic.apply_policies()
         for cursor_name, cursor in ml.cursors.items():
-            if cursor_name != DEDUP_CURSOR_NAME:
+            if cursor_name not in SYSTEM_CURSOR_NAMES:
                 topic.subscriptions[cursor_name] = Subscription(topic, cursor_name, cursor)
+        topic.compaction = await TopicCompaction.load(topic)
         await topic._recover_dedup()
         return topic
 
@@ -374,6 +380,15 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
     def _spawn(self, work: Any) -> None:
         spawn(work, self._background, f"topic {self.name}")
 
+    @property
+    def background(self) -> set[asyncio.Task[Any]]:
+        """The topic's background tasks (cancelled when it closes)."""
+        return self._background
+
+    @property
+    def compacted_view(self) -> CompactedLedger | None:
+        return self.compaction.view
+
     # -- subscriptions ---------------------------------------------------------------------
 
     def _non_durable_subscriptions(self) -> list[Subscription]:
@@ -391,7 +406,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
             raise NotAllowedError(f"Topic {self.name} cannot be read: {self.failure}")
         if not spec.subscription:
             raise NotAllowedError("Empty subscription name")
-        if spec.subscription == DEDUP_CURSOR_NAME or \
+        if spec.subscription in SYSTEM_CURSOR_NAMES or \
                 spec.subscription.startswith(RESERVED_SUBSCRIPTION_PREFIXES):
             raise NotAllowedError("Subscription with reserved subscription name attempted")
         limit = self.policies.max_consumers_per_topic
@@ -430,6 +445,8 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
         existing = self.subscriptions.get(name)
         if existing is not None:
             return existing
+        if name in SYSTEM_CURSOR_NAMES:
+            raise NotAllowedError("Subscription with reserved subscription name attempted")
         created = name not in self.managed_ledger.cursors
         cursor = await self.managed_ledger.open_cursor(
             name, "earliest" if initial_position == "earliest" else "latest")
@@ -578,4 +595,5 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
             subscription.close()
         for task in list(self._background):
             task.cancel()
+        await self.compaction.delete()
         await self.managed_ledger.delete()

@@ -37,10 +37,12 @@ from magnetar.codec import Frame, MessageId, pb, strip_broker_entry_metadata
 
 from .._errors import ConsumerNotFoundError, NotAllowedError
 from .._names import TopicName, check_subscription_name
+from ..dispatch._compacted_read import live_mask
 from ..dispatch._consumer import Consumer, Delivery, SubscribeSpec
 from ..dispatch._entry import EntryInfo
 from ..dispatch._nonpersistent import NonPersistentSubscription
 from ..dispatch._subscription import Subscription
+from ..ledger._compacted import decode_compacted_entry
 from ..ledger._position import Position
 from ..schemas._schemas import StoredSchema
 from ..security._authz import SUBSCRIBE_REFUSED
@@ -435,6 +437,8 @@ class ConsumerCommands:
             raise NotAllowedError("Seek needs a message id or a publish time")
 
     def on_get_last_message_id(self, frame: Frame) -> None:
+        """Answered at once when the last entry is in the storage's memory; otherwise its
+        read goes to the loader and the answer follows (the loop never reads the disk)."""
         request = frame.command.getLastMessageId
         state = self._live_consumer(request.consumer_id)
         if state is None:
@@ -442,14 +446,31 @@ class ConsumerCommands:
             return
         try:
             reply = self._last_message_id(state, request.request_id)
+        except _NeedsLoad as load:
+            self.view.spawn(self._answer_after_load(state, request.request_id, load.position))
+            return
         except Exception as exc:
             self.view.error(request.request_id, exc)
             return
         self.view.send(reply)
 
+    async def _answer_after_load(self, state: _ConsumerState, request_id: int,
+                                 position: Position) -> None:
+        topic = state.topic
+        assert isinstance(topic, PersistentTopic)
+        try:
+            loaded = await topic.managed_ledger.read_entries_async(position, 1, 1)
+            reply = self._last_message_id(state, request_id, dict(loaded))
+        except Exception as exc:
+            self.view.error(request_id, exc)
+            return
+        self.view.send(reply)
+
     @staticmethod
     def _last_message_id(state: _ConsumerState, request_id: int,
+                         loaded: dict[Position, bytes] | None = None,
                          ) -> pb.CommandGetLastMessageIdResponse:
+        """Raises `_NeedsLoad` when the last entry is neither in `loaded` nor in memory."""
         topic = state.topic
         if not isinstance(topic, PersistentTopic):
             raise NotAllowedError("GetLastMessageId is not supported on non-persistent topics")
@@ -458,13 +479,25 @@ class ConsumerCommands:
         partition = topic.name.partition_index
         last_id = id_data(-1, -1, partition)
         last_id.batch_index = -1
-        if last.entry_id >= 0:
+        subscription = state.subscription
+        compacted = _last_compacted(subscription, last)
+        if compacted is not None:  # nothing live after the horizon: the view's last message
+            if compacted[0].entry_id >= 0:
+                last_id = id_data(compacted[0].ledger_id, compacted[0].entry_id, partition)
+                last_id.batch_index = compacted[1]
+        elif last.entry_id >= 0:
             last_id = id_data(last.ledger_id, last.entry_id, partition)
             last_id.batch_index = -1
             # The last entry's ledger may be trimmed already (nothing retains it): the position
             # still stands, without the batch index only its entry could tell.
             if ml.is_valid_position(last):
-                entry = EntryInfo(last, ml.read_entry(last))
+                data = (loaded or {}).get(last)
+                if data is None:
+                    cached = ml.read_cached(ml.plan_runs(last, 1), 1)
+                    if not cached:
+                        raise _NeedsLoad(last)
+                    data = cached[0][1]
+                entry = EntryInfo(last, data)
                 # A stored count is a client's claim: clamped, so a bad one cannot fail it.
                 if entry.metadata.HasField("num_messages_in_batch"):
                     last_id.batch_index = entry.batch_size - 1
@@ -472,7 +505,6 @@ class ConsumerCommands:
         # Every subscription of a persistent topic answers its mark-delete position, readers'
         # non-durable ones included: the C++ client's has_message_available() for a reader at
         # `latest` compares it with the last id (and says False when it is missing).
-        subscription = state.subscription
         if isinstance(subscription, Subscription):
             mark = subscription.cursor.mark_delete_position
             if mark.ledger_id >= 0:
@@ -504,3 +536,34 @@ class ConsumerCommands:
         subscription = state.subscription
         reply.msgBacklog = subscription.backlog() if isinstance(subscription, Subscription) else 0
         self.view.send(reply)
+
+
+def _last_compacted(subscription: object, last: Position) -> tuple[Position, int] | None:
+    """For a read_compacted subscription whose topic has nothing after the compaction
+    horizon: the (position, batch index) of the compacted view's last message ((-1, -1) when
+    the view is empty), which is what such a consumer can receive last (Pulsar answers it so
+    that `has_message_available` is not left waiting for a message compacted out). None
+    otherwise."""
+    if not isinstance(subscription, Subscription) or not subscription.compacted.enabled:
+        return None
+    view = subscription.topic.compacted_view
+    if view is None or last > view.horizon:
+        return None
+    if view.entries == 0:
+        return Position(-1, -1), -1
+    position, entry = decode_compacted_entry(view.storage.read_entry(view.ledger_id,
+                                                                     view.entries - 1))
+    mask = live_mask(entry)
+    if mask is not None:
+        return position, mask.bit_length() - 1
+    info = EntryInfo(position, entry)
+    batch = info.batch_size - 1 if info.metadata.HasField("num_messages_in_batch") else -1
+    return position, batch
+
+
+class _NeedsLoad(Exception):  # an outcome, not an error
+    """The last entry needs the disk: answer after loading it (`position`)."""
+
+    def __init__(self, position: Position):
+        super().__init__(f"{position} needs a load")
+        self.position = position

@@ -129,6 +129,7 @@ __all__ = [
     "entry_size",
     "kill_config",
     "ledger_metadata",
+    "lock_scratch_dir",
     "meta_value",
     "meta_version",
     "payload_digest",
@@ -153,14 +154,14 @@ def run_crashtest(options: CrashTestOptions) -> CrashTestSummary:
             lock; nothing was written there.
         OSError: the scratch directory cannot be created or cleared.
     """
-    lock = _lock_scratch_dir(options.data_dir)
+    lock = lock_scratch_dir(options.data_dir)
     try:
         return _run_locked(options)
     finally:
         lock.release()
 
 
-def _lock_scratch_dir(data_dir: str) -> LockHandle:
+def lock_scratch_dir(data_dir: str) -> LockHandle:
     """Take the OS lock of `data_dir` (its `LOCK` file, as `Storage.open` does), so the
     harness never writes into a directory a broker or another run holds, and none opens it
     while the harness runs.

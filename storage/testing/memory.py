@@ -29,6 +29,12 @@ Scripted failures:
   and `try_resume_writes` returns False until `set_disk_full(False)`; then it undoes every
   write that never became durable (the failed adds' entry ids are handed out again) and
   accepts writes again.
+* `fill_cache()` / `free_cache()`: while the "write cache" is full, `try_add_entry` returns
+  None, `add_entry` blocks (up to `write_cache_wait_ms_max`, then `StorageError`) and
+  `cache_space()` stays unfinished until `free_cache()` (or a failure, or `close`).
+* `cold_reads(True)`: `try_read_entries` answers None, as if nothing were cached; with
+  `hold_reads()`, `read_entries` blocks (in whatever thread calls it) until
+  `release_reads()`; `reads_held` counts the reads waiting there.
 * `corrupt_entry(ledger_id, entry_id)`: reads covering that entry raise `CorruptionError`.
 * `fail_next_reads(n, error)`: the next n reads raise `error` (a read error that may pass).
 
@@ -199,6 +205,12 @@ class InMemoryLedgerStorage:
         self._disk_full = False
         self._corrupt: set[tuple[int, int]] = set()
         self._refuse_reads: list[StorageError | OSError] = []
+        self._cache_full = False
+        self._space_waiters: list[Completion[None]] = []
+        self._cold = False
+        self._reads_open = threading.Event()
+        self._reads_open.set()
+        self.reads_held = 0
         self.metadata = InMemoryMetadata(self)
         self.failed: StorageError | None = None
         self.closed = False
@@ -258,6 +270,30 @@ class InMemoryLedgerStorage:
         with self._lock:
             self._refuse_reads.extend([error] * count)
 
+    def fill_cache(self) -> None:
+        """The write cache is full from now on (see the module comment)."""
+        with self._lock:
+            self._cache_full = True
+
+    def free_cache(self) -> None:
+        """The write cache has room again: waiting adds go on, `cache_space` finishes."""
+        with self._lock:
+            self._cache_full = False
+            self._wake.notify_all()
+        self._wake_space_waiters()
+
+    def cold_reads(self, cold: bool) -> None:
+        """Whether `try_read_entries` answers None (nothing cached)."""
+        with self._lock:
+            self._cold = cold
+
+    def hold_reads(self) -> None:
+        """`read_entries` blocks until `release_reads`."""
+        self._reads_open.clear()
+
+    def release_reads(self) -> None:
+        self._reads_open.set()
+
     def corrupt_entry(self, ledger_id: int, entry_id: int) -> None:
         """Reads covering this entry raise `CorruptionError`."""
         with self._lock:
@@ -290,6 +326,8 @@ class InMemoryLedgerStorage:
             self._stopping = True
             self._wake.notify_all()
             worker = self._worker
+        self._wake_space_waiters()
+        self._reads_open.set()
         while self._finish_one():
             pass
         if worker is not None and worker is not threading.current_thread():
@@ -315,7 +353,21 @@ class InMemoryLedgerStorage:
         return completion
 
     def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
-        """Raises like `Storage.add_entry`; plus the errors `fail_next_adds` scripted."""
+        """Raises like `Storage.add_entry`; plus the errors `fail_next_adds` scripted. Blocks
+        while the scripted cache is full, as `Storage.add_entry` does."""
+        added = self.try_add_entry(ledger_id, data)
+        if added is not None:
+            return added
+        wait_s = self.config.write_cache_wait_ms_max / 1000.0
+        with self._lock:
+            if not self._wake.wait_for(lambda: not self._cache_full or self.failed is not None
+                                       or self.closed, wait_s):
+                raise StorageError(f"write cache full for {self.config.write_cache_wait_ms_max}"
+                                   " ms (scripted)")
+        return self.add_entry(ledger_id, data)
+
+    def try_add_entry(self, ledger_id: int, data: bytes) -> Completion[int] | None:
+        """`add_entry` that answers None while the scripted cache is full."""
         if len(data) > self.config.entry_size_bytes_max:
             raise EntryTooLargeError(
                 f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
@@ -324,6 +376,8 @@ class InMemoryLedgerStorage:
         with self._lock:
             self._check_writable()
             ledger = self._writable_ledger(ledger_id)
+            if self._cache_full:
+                return None
             if self._refuse_adds:
                 raise self._refuse_adds.pop(0)
             entry_id = len(ledger.entries)
@@ -340,6 +394,20 @@ class InMemoryLedgerStorage:
             completion = self._queue(entry_id, durable, undo)
         self._drain()
         return completion
+
+    def cache_space(self) -> Completion[None]:
+        with self._lock:
+            if not self._cache_full or self.failed is not None or self.closed:
+                return Completion.resolved(None)
+            waiter: Completion[None] = Completion()
+            self._space_waiters.append(waiter)
+            return waiter
+
+    def _wake_space_waiters(self) -> None:
+        with self._lock:
+            waiters, self._space_waiters = self._space_waiters, []
+        for waiter in waiters:
+            waiter.set_result(None)
 
     def fence(self, ledger_id: int) -> Completion[int]:
         with self._lock:
@@ -401,7 +469,23 @@ class InMemoryLedgerStorage:
 
     def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
         """Raises like `Storage.read_entries`; `CorruptionError` for `corrupt_entry`, and
-        the errors `fail_next_reads` scripted."""
+        the errors `fail_next_reads` scripted. Blocks while reads are held."""
+        if not self._reads_open.is_set():
+            with self._lock:
+                self.reads_held += 1
+            self._reads_open.wait()
+            with self._lock:
+                self.reads_held -= 1
+        return self._read(ledger_id, first, last)
+
+    def try_read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes] | None:
+        """Everything is in memory: the entries, unless `cold_reads` says None (after the
+        same checks as `read_entries`)."""
+        entries = self._read(ledger_id, first, last)
+        with self._lock:
+            return None if self._cold else entries
+
+    def _read(self, ledger_id: int, first: int, last: int) -> list[bytes]:
         with self._lock:
             if self._refuse_reads:
                 raise self._refuse_reads.pop(0)
@@ -486,10 +570,12 @@ class InMemoryLedgerStorage:
                     if self.failed is None:
                         self.failed = error
                     self._undo_on_resume.extend(p.undo for p in failed)
+                    self._wake.notify_all()
                 else:
                     pending = self._pending.pop(0)
                     pending.on_durable()
             if error is not None:
+                self._wake_space_waiters()
                 for item in failed:
                     item.completion.set_exception(error)
             else:

@@ -21,6 +21,11 @@ Scripted disk errors: `fail_writes(errno_code, after=n)` and `fail_syncs(...)` m
 n+1-th and later writes (or syncs) raise `OSError(errno_code)` — ENOSPC, EIO — without a
 crash.
 
+Holds: `hold(kind, where)` makes every later operation of that kind ("write", "sync",
+"read") on a path containing `where` wait, in the thread that makes it, until
+`release(kind)`; `held(kind)` counts the operations waiting. A test can thereby keep a
+checkpoint's entry-log sync or a cold read in progress as long as it needs to.
+
 Everything is driven by the seed and by operation counts, so a run that drives the engine
 from one thread (`StorageConfig(background_threads=False)`) replays exactly.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import threading
 from dataclasses import dataclass, field
 
 from .._fs import OsFile, OsFileSystem, OsLock
@@ -95,6 +101,7 @@ class SimFile:
 
     def pread(self, size: int, offset: int) -> bytes:
         self._sim.check_alive(self.path)
+        self._sim.wait_if_held("read", self.path)
         return self._real.pread(size, offset)
 
     def size(self) -> int:
@@ -134,6 +141,9 @@ class SimFileSystem:
         self._files: dict[str, _FileState] = {}
         self._created: dict[str, list[str]] = {}
         self._fail: dict[str, tuple[int, int]] = {}  # kind -> (errno, ops left before)
+        self._holds: dict[str, tuple[str, threading.Event]] = {}  # kind -> (where, gate)
+        self._held: dict[str, int] = {}
+        self._holds_lock = threading.Lock()
 
     # -- crash control --------------------------------------------------------------------
 
@@ -151,6 +161,7 @@ class SimFileSystem:
 
     def tick(self, kind: str, path: str) -> None:
         self.check_alive(path)
+        self.wait_if_held(kind, path)
         self.ops += 1
         if self.crash_at_op is not None and self.ops >= self.crash_at_op:
             self.crash(f"operation {self.ops} ({kind} {os.path.basename(path)})")
@@ -178,6 +189,32 @@ class SimFileSystem:
 
     def heal(self) -> None:
         self._fail.clear()
+
+    def hold(self, kind: str, where: str = "") -> None:
+        """Operations of `kind` on paths containing `where` wait until `release(kind)`."""
+        with self._holds_lock:
+            self._holds[kind] = (where, threading.Event())
+
+    def release(self, kind: str) -> None:
+        with self._holds_lock:
+            found = self._holds.pop(kind, None)
+        if found is not None:
+            found[1].set()
+
+    def held(self, kind: str) -> int:
+        """How many operations of `kind` are waiting in a hold now."""
+        with self._holds_lock:
+            return self._held.get(kind, 0)
+
+    def wait_if_held(self, kind: str, path: str) -> None:
+        with self._holds_lock:
+            found = self._holds.get(kind)
+            if found is None or found[0] not in path:
+                return
+            self._held[kind] = self._held.get(kind, 0) + 1
+        found[1].wait()
+        with self._holds_lock:
+            self._held[kind] -= 1
 
     # -- bookkeeping ---------------------------------------------------------------------
 

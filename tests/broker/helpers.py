@@ -203,7 +203,7 @@ SETTLE_YIELDS_MAX = 5000
 async def settle(service: BrokerService | None = None) -> None:
     """Let the loop run what is pending, for assertions that something did *not* happen:
     at least `SETTLE_YIELDS_MIN` yields, and more while a loaded topic's dispatcher still
-    has a round scheduled."""
+    has a round scheduled or a subscription's read is loading."""
     for spins in range(SETTLE_YIELDS_MAX):
         await asyncio.sleep(0)
         if spins >= SETTLE_YIELDS_MIN and not _dispatch_pending(service):
@@ -217,6 +217,9 @@ def _dispatch_pending(service: BrokerService | None) -> bool:
         for subscription in getattr(topic, "all_subscriptions", list)():
             dispatcher = subscription.dispatcher
             if dispatcher is not None and dispatcher._scheduled:
+                return True
+            reads = getattr(subscription, "reads", None)
+            if reads is not None and reads.in_flight is not None:
                 return True
     return False
 

@@ -349,16 +349,16 @@ def _stamp(data: bytes) -> int:
 async def test_find_newest_matching_and_position_by_time(env: Env) -> None:
     ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=3))
     positions = [await ml.add_entry(_stamped(1000 * (i + 1))) for i in range(10)]
-    assert ml.find_newest_matching(lambda d: _stamp(d) <= 4000) == positions[3]
-    assert ml.find_newest_matching(lambda d: _stamp(d) < 0) is None
-    assert ml.find_newest_matching(lambda d: True) == positions[-1]
-    assert ml.find_newest_matching(lambda d: _stamp(d) <= 4000,
-                                   start=positions[5]) is None
+    assert await ml.find_newest_matching(lambda d: _stamp(d) <= 4000) == positions[3]
+    assert await ml.find_newest_matching(lambda d: _stamp(d) < 0) is None
+    assert await ml.find_newest_matching(lambda d: True) == positions[-1]
+    assert await ml.find_newest_matching(lambda d: _stamp(d) <= 4000,
+                                         start=positions[5]) is None
     # Seek by time: the first entry whose timestamp is >= T.
-    assert ml.find_position_by_time(4500, _stamp) == positions[4]
-    assert ml.find_position_by_time(4000, _stamp) == positions[3]
-    assert ml.find_position_by_time(1, _stamp) == positions[0]
-    assert ml.find_position_by_time(99_999, _stamp) == ml.write_position()
+    assert await ml.find_position_by_time(4500, _stamp) == positions[4]
+    assert await ml.find_position_by_time(4000, _stamp) == positions[3]
+    assert await ml.find_position_by_time(1, _stamp) == positions[0]
+    assert await ml.find_position_by_time(99_999, _stamp) == ml.write_position()
 
 
 # -- trimming and retention ----------------------------------------------------------------

@@ -63,6 +63,24 @@ def test_dedup_across_an_embedded_restart(tmp_path: Path) -> None:
         assert [m.data() for m in drain(consumer, 6)] == [f"m{i}".encode() for i in range(6)]
 
 
+def test_a_batched_resend_keeps_the_new_messages_after_the_duplicates(tmp_path: Path) -> None:
+    """A producer resending ids 0..9 of which the broker stored 0..5 (a retried job): the
+    first new message must not share a batch with the last duplicate (the broker judges a
+    batch by its lowest id and would drop 6..9 with it)."""
+    data, topic = tmp_path / "data", "persistent://public/default/dedup-batched"
+    config = BrokerConfig(broker_deduplication_enabled=True)
+    with magnetar.Client(str(data), broker_config=config) as client:
+        for count in (6, 10):
+            producer = client.create_producer(topic, producer_name="p", batching_enabled=True,
+                                              batching_max_publish_delay_ms=60_000)
+            for i in range(count):
+                producer.send_async(f"m{i}".encode(), None, sequence_id=i)
+            producer.flush()
+            producer.close()
+        consumer = client.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+        assert [m.data() for m in drain(consumer, 10)] == [f"m{i}".encode() for i in range(10)]
+
+
 def test_a_second_process_is_told_who_owns_the_directory(tmp_path: Path) -> None:
     data = tmp_path / "data"
     owner = _python(f"""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Callable
 
 import pulsar
@@ -306,3 +308,25 @@ def test_has_message_available_after_the_last_ledger_is_trimmed(
         assert reader.read_next(RECEIVE_MS).data() == b"m-0"
     finally:
         client.close()
+
+
+def test_last_message_id_after_a_restart_is_loaded_off_the_loop(
+        broker_factory: BrokerFactory) -> None:
+    """After a clean restart the last entry is only in the entry logs: GetLastMessageId
+    loads it in the broker's read worker and still names the batch's last index."""
+    process = broker_factory()
+    topic = f"persistent://public/default/last-id-{uuid.uuid4().hex[:8]}"
+    with contextlib.closing(new_client(process.url)) as client:
+        producer = client.create_producer(topic, batching_enabled=True,
+                                          batching_max_publish_delay_ms=50)
+        for i in range(5):
+            producer.send_async(f"b-{i}".encode(), None)
+        producer.flush()
+    process.restart()
+    with contextlib.closing(new_client(process.url)) as client:
+        consumer = client.subscribe(topic, "last",
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        last = consumer.get_last_message_id()
+        received = [consumer.receive(RECEIVE_MS) for _ in range(5)]
+        assert (last.ledger_id(), last.entry_id(), last.batch_index()) == (
+            received[-1].message_id().ledger_id(), received[-1].message_id().entry_id(), 4)

@@ -378,6 +378,42 @@ def test_a_ledger_can_be_deleted_while_the_disk_is_full(impl: Impl) -> None:
         store.ledger_info(doomed)
 
 
+def test_try_add_entry_adds_like_add_entry_while_the_cache_has_room(impl: Impl) -> None:
+    store = impl.store
+    ledger = new_ledger(store)
+    assert store.cache_space().result(WAIT_S) is None  # room now: already finished
+    completions = [store.try_add_entry(ledger, b"t%d" % i) for i in range(3)]
+    assert all(c is not None for c in completions)
+    assert [done(c) for c in completions if c is not None] == [0, 1, 2]
+    assert store.read_entries(ledger, 0, 2) == [b"t0", b"t1", b"t2"]
+    with pytest.raises(EntryTooLargeError):
+        store.try_add_entry(ledger, b"x" * (store.config.entry_size_bytes_max + 1))
+    with pytest.raises(LedgerNotFoundError):
+        store.try_add_entry(ledger + 100, b"x")
+
+
+def test_try_read_entries_answers_from_memory_or_not_at_all(impl: Impl) -> None:
+    """None (it would need the disk) or exactly what `read_entries` gives; the same range
+    checks either way."""
+    store = impl.store
+    ledger = new_ledger(store)
+    datas = fill(store, ledger, 0, 4)
+    found = store.try_read_entries(ledger, 1, 3)
+    assert found is None or found == datas[1:4]
+    with pytest.raises(NoSuchEntryError):
+        store.try_read_entries(ledger, 2, 4)
+    with pytest.raises(LedgerNotFoundError):
+        store.try_read_entries(ledger + 100, 0, 0)
+
+
+def test_cache_space_finishes_when_the_store_stops(impl: Impl) -> None:
+    store = impl.store
+    impl.close()
+    assert store.cache_space().result(WAIT_S) is None
+    with pytest.raises(StorageClosedError):
+        store.try_add_entry(1, b"x")
+
+
 def test_a_closed_store_refuses_writes(impl: Impl) -> None:
     store = impl.store
     ledger = new_ledger(store)

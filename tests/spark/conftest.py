@@ -1,0 +1,59 @@
+"""One SparkSession (local[2], two attempts per task) and one served data directory for all
+Spark tests; each test uses topics of its own."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import magnetar
+import magnetar.spark
+
+pytestmark = pytest.mark.spark
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers need this venv's pyarrow
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2,2]").appName("magnetar-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    magnetar.spark.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+        magnetar.spark.stop_brokers()
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> str:
+    return str(tmp_path_factory.mktemp("spark-data"))
+
+
+@pytest.fixture(scope="session")
+def client(data_dir: str) -> Iterator[magnetar.Client]:
+    """A client of the broker the driver serves on `data_dir` (the Spark tasks' broker)."""
+    endpoints = magnetar.spark.serve(data_dir)
+    with magnetar.Client(endpoints.service_url) as c:
+        yield c
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"persistent://public/default/spark-{os.getpid()}-{next(_names)}"
