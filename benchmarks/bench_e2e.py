@@ -29,6 +29,11 @@ batching off, how many receipted sends fit in one bare fsync's time -- above 1 t
 group commit shares a sync among sends), and MB/s over the sequential bandwidth. MB means 2**20
 bytes.
 
+Side by side (`e2e_peers.py`): the issue-14 workloads at 1 KB -- batched publish, batched
+consume + ack, unbatched publish, unbatched consume + ack, sync publish -- against this
+broker and against pulsar-lite (the `bench` extra's peer, its own binary) in the same run;
+ratios Magnetar / pulsar-lite, and sync publish over the raw fsync rate.
+
     python benchmarks/bench_e2e.py --quick --json e2e.json --plot e2e.png
     python benchmarks/bench_e2e.py --dir /data
 """
@@ -55,8 +60,10 @@ from typing import Any
 
 # Runnable from a checkout without installing: the repository root holds the packages.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # e2e_peers beside it
 
 import pulsar  # type: ignore[import-untyped]
+from e2e_peers import plot_side_by_side, render_side_by_side, run_workloads, running_pulsar_lite
 from tqdm import tqdm
 
 from magnetar.storage.testing._bench_measure import _best_limits, _run_limits
@@ -149,6 +156,7 @@ class Cell:
 class _E2EResults:
     storage: _Results = field(default_factory=_Results)
     cells: list[Cell] = field(default_factory=list)
+    side_by_side: list[Any] = field(default_factory=list)  # e2e_peers.Workload
 
 
 # -- the broker subprocess ------------------------------------------------------------------
@@ -390,7 +398,7 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
     load_before = os.getloadavg()
     cells = [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING]
     with (_quiet_storage_log(), _scratch_dir(options.directory) as scratch,
-          tqdm(total=len(cells) + 2, disable=not options.progress, file=sys.stderr,
+          tqdm(total=len(cells) + 4, disable=not options.progress, file=sys.stderr,
                unit="step") as bar):
         bar.set_description("disk limits")
         _run_limits(scale.storage, scratch, results.storage, "start")
@@ -400,6 +408,15 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
                 bar.set_description(f"{size} B {_batching_name(batching)}")
                 results.cells.append(_run_cell(broker.url, scale, size, batching))
                 bar.update()
+            bar.set_description("side by side: Magnetar")
+            results.side_by_side += run_workloads("magnetar", broker.url, scale.publish_seconds,
+                                                  scale.consume_messages)
+            bar.update()
+        bar.set_description("side by side: pulsar-lite")
+        with running_pulsar_lite(scratch) as peer:
+            results.side_by_side += run_workloads("pulsar-lite", peer.url, scale.publish_seconds,
+                                                  scale.consume_messages)
+        bar.update()
         bar.set_description("disk limits again")
         _run_limits(scale.storage, scratch, results.storage, "end")
         bar.update()
@@ -451,6 +468,7 @@ def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
                     "load_before": list(load_before), "load_after": list(os.getloadavg())},
         "limits": dataclasses.asdict(limits),
         "cells": [dataclasses.asdict(c) for c in results.cells],
+        "side_by_side": [dataclasses.asdict(w) for w in results.side_by_side],
     }
 
 
@@ -490,7 +508,8 @@ def render_table(document: dict[str, Any]) -> str:
                "latency at msg/s", "p50 ms", "p99 ms", "consume msg/s", "MB/s"]
     return "\n\n".join([header, _render_limits(document),
                         "Official client through the broker\n"
-                        + _table(headers, rows, "llrrrrrrrrr")])
+                        + _table(headers, rows, "llrrrrrrrrr"),
+                        render_side_by_side(document, _table)])
 
 
 # -- the chart ------------------------------------------------------------------------------
@@ -501,9 +520,10 @@ def write_plot(document: dict[str, Any], path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(13, 5.5), dpi=100)
+    figure = Figure(figsize=(19, 5.5), dpi=100)
     FigureCanvasAgg(figure)
-    rates, latency = figure.subplots(1, 2)
+    rates, latency, side = figure.subplots(1, 3)
+    plot_side_by_side(side, document)
     cells = document["cells"]
     labels = [f"{_cell_name(c)}\n{_batching_name(c['batching'])}" for c in cells]
     _bars(rates, labels, [("publish", [c["publish_per_s"] for c in cells]),

@@ -8,6 +8,7 @@ message ids and hashes. No sockets, no threads, no asyncio in this package.
 | `_frames.py`       | the events: `Frame`, `ChecksumMismatch`, `ConnectionClosed`        |
 | `_framer.py`       | one frame's byte layout, CRC32C, stored entries                    |
 | `_connection.py`   | `Connection`: the sans-IO state machine                            |
+| `_receipts.py`     | SEND_RECEIPT frames built without the protobuf runtime             |
 | `_compression.py`  | NONE, LZ4, ZLIB, ZSTD, SNAPPY as Pulsar's clients write them       |
 | `_batching.py`     | batch payloads and the default and key-based batch containers      |
 | `_chunking.py`     | splitting large messages and reassembling them                     |
@@ -96,6 +97,7 @@ from ._hashing import (
 )
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._proto import pulsar_api_pb2 as pb
+from ._receipts import send_receipt_frame
 
 __all__ = [
     "BATCH_DELAY_MS_MAX_DEFAULT",
@@ -170,6 +172,7 @@ __all__ = [
     "parse_entry",
     "pb",
     "prefix_broker_entry_metadata",
+    "send_receipt_frame",
     "split_broker_entry_metadata",
     "split_into_chunks",
     "sticky_key",

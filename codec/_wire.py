@@ -16,7 +16,6 @@ int64 is written as its 64-bit two's complement, so it always takes 10.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, cast
 
@@ -112,11 +111,15 @@ def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
 
 
 # A checker per message type that raises TypeError when a string inside is not `str`. It is
-# built once per type from the descriptor: `attrgetter` fetches all string fields in one call and
-# `"".join` refuses a `bytes` among them, which keeps this check cheap on the hot path (the
-# metadata of every SEND and MESSAGE).
+# built once per type from the descriptor: a plan names what to do with each string or
+# message field, and the check walks only the fields the message has (`ListFields`, one call
+# into the runtime), so its cost follows what was sent, not how many fields the type declares
+# (BaseCommand declares one per command); `"".join` refuses a `bytes` among the strings. This
+# keeps the check cheap on the hot path (every command, and the metadata of every SEND and
+# MESSAGE).
 _Checker = Callable[[Any], None]
 _CHECKERS: dict[str, _Checker | None] = {}
+_STRING, _STRINGS, _MESSAGE, _MESSAGES = range(4)
 
 
 def _checker(descriptor: Any) -> _Checker | None:
@@ -124,33 +127,34 @@ def _checker(descriptor: Any) -> _Checker | None:
     if descriptor.full_name in _CHECKERS:
         return _CHECKERS[descriptor.full_name]
     _CHECKERS[descriptor.full_name] = None  # breaks recursion (MessageIdData holds itself)
-    strings: list[str] = []
-    repeated_strings: list[str] = []
-    children: list[tuple[str, bool, _Checker]] = []
+    plan: dict[str, tuple[int, _Checker | None]] = {}
     for field in descriptor.fields:
         if field.type == FieldDescriptor.TYPE_STRING:
-            (repeated_strings if field.is_repeated else strings).append(field.name)
+            plan[field.name] = (_STRINGS if field.is_repeated else _STRING, None)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             child = _checker(field.message_type)
             if child is not None:
-                children.append((field.name, field.is_repeated, child))
-    if not (strings or repeated_strings or children):
+                plan[field.name] = (_MESSAGES if field.is_repeated else _MESSAGE, child)
+    if not plan:
         return None
-    get_strings = operator.attrgetter(*strings) if strings else None
     join = "".join
+    steps = plan.get
 
     def check(message: Any) -> None:
-        if get_strings is not None:
-            values = get_strings(message)
-            join(values if len(strings) > 1 else (values,))
-        for name in repeated_strings:
-            join(getattr(message, name))
-        for name, repeated, child in children:
-            if repeated:
-                for item in getattr(message, name):
-                    child(item)
-            elif message.HasField(name):
-                child(getattr(message, name))
+        for field, value in message.ListFields():
+            step = steps(field.name)
+            if step is None:
+                continue
+            kind, child = step
+            if kind == _STRING:
+                join((value,))
+            elif kind == _STRINGS:
+                join(value)
+            elif kind == _MESSAGE:
+                child(value)  # type: ignore[misc]
+            else:
+                for item in value:
+                    child(item)  # type: ignore[misc]
 
     _CHECKERS[descriptor.full_name] = check
     return check

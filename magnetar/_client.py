@@ -159,18 +159,20 @@ class Client:
         self._close(None)
 
     def shutdown(self) -> None:
-        self.close()
+        """Close at once: as `close`, but nothing pending is flushed (it fails with
+        AlreadyClosed), as the official client's `shutdown`."""
+        self._close(None, immediate=True)
 
     def close_for_exit(self, timeout_s: float) -> None:
         self._close(timeout_s)
 
-    def _close(self, timeout_s: float | None) -> None:
+    def _close(self, timeout_s: float | None, immediate: bool = False) -> None:
         unregister_for_exit(self)
         if not self._thread.alive:
             return
         try:
             if not self._core.closed:
-                self._thread.run(self._core.close(), timeout_s)
+                self._thread.run(self._core.close(immediate), timeout_s)
         finally:
             self._thread.stop()
             if self._listeners is not None:

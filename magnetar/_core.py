@@ -125,11 +125,13 @@ class ClientCore:
         count = await self.transport.partitioned_metadata(topic)
         return [topic] if count == 0 else [f"{topic}-partition-{i}" for i in range(count)]
 
-    async def close(self) -> None:
-        """Close producers (flushed), consumers and the transport. Idempotent."""
+    async def close(self, immediate: bool = False) -> None:
+        """Close producers (flushed, unless `immediate`: then what they hold fails),
+        consumers and the transport. Idempotent."""
         if self.closed:
             return
         self.closed = True
+        self.transport.immediate_close = immediate
         try:
             await asyncio.gather(*(p.close() for p in self.producers), return_exceptions=True)
             await asyncio.gather(*(c.close() for c in self.consumers), return_exceptions=True)

@@ -118,6 +118,7 @@ class EmbeddedTransport:
 
     def __init__(self, data_dir: str, storage: Storage, service: BrokerService):
         self.data_dir = data_dir
+        self.immediate_close = False
         self.storage = storage
         self.service = service
         self._producers: dict[int, tuple[PersistentTopic | NonPersistentTopic, Producer]] = {}

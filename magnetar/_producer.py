@@ -287,10 +287,12 @@ class ProducerCore:
             await asyncio.wait(pending)
 
     async def close(self) -> None:
-        """Flush, then close on the broker. Idempotent."""
+        """Flush (unless the client shuts down at once), then close on the broker; what is
+        still pending then fails with AlreadyClosed. Idempotent."""
         if self._closed_reason is None:
             try:
-                await self.flush()
+                if not self.transport.immediate_close:
+                    await self.flush()
             finally:
                 self._closed_reason = "closed"
                 self._cancel_timers()

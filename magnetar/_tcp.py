@@ -55,6 +55,7 @@ class TcpTransport:
                  connection_timeout_s: float,
                  authentication: AuthenticationToken | None = None):
         self.authentication = authentication
+        self.immediate_close = False
         self.http: HttpLookup | None = None
         if url.startswith(("http://", "https://")):
             self.http = HttpLookup(url, tls.context() if url.startswith("https://") else None,

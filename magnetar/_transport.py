@@ -97,7 +97,11 @@ class ProducerEvents(Protocol):
 
 
 class Transport(Protocol):
-    """What the client core calls (see the module comment). Errors are `PulsarException`s."""
+    """What the client core calls (see the module comment). Errors are `PulsarException`s.
+    `immediate_close`: the client is shutting down at once (producers close without
+    flushing; what they still hold fails)."""
+
+    immediate_close: bool
 
     @property
     def max_message_size(self) -> int: ...

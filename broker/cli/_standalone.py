@@ -47,6 +47,7 @@ import socket
 import ssl
 import time
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
+EVENT_LOOP_ENV: Final = "MAGNETAR_EVENT_LOOP"  # "asyncio" (the default) or "uvloop"
 
 
 @dataclass(frozen=True)
@@ -343,10 +345,32 @@ async def _serve_until(service: BrokerService, options: StandaloneOptions, stop:
         await stop_http(http)
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """The standard event loop; uvloop's when `MAGNETAR_EVENT_LOOP=uvloop` and it is
+    installed (opt-in for now: on 2 loaded cores it published unbatched 1 KB 10-25% faster in
+    3 of 4 alternated runs, issue 14; the default once the suite has run under it).
+
+    Raises:
+        ConfigurationError: the variable names another loop, or uvloop is not installed.
+    """
+    choice = os.environ.get(EVENT_LOOP_ENV, "asyncio")
+    if choice == "asyncio":
+        return asyncio.new_event_loop
+    if choice != "uvloop":
+        raise ConfigurationError(f"{EVENT_LOOP_ENV}={choice}: expected asyncio or uvloop")
+    try:
+        import uvloop
+    except ImportError:
+        raise ConfigurationError(f"{EVENT_LOOP_ENV}=uvloop: uvloop is not installed") from None
+    return uvloop.new_event_loop
+
+
 def run_standalone(options: StandaloneOptions) -> int:
     """`magnetar standalone`: run until SIGTERM/SIGINT; returns the exit status."""
     try:
-        return asyncio.run(serve_standalone(options))
+        factory = event_loop_factory()
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(serve_standalone(options))
     except (DataDirLockedError, CorruptionError, ConfigurationError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_FAILED

@@ -15,8 +15,8 @@ from typing import Any
 
 from magnetar.storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError
 
-__all__ = ["after_earlier_callbacks", "call_soon", "delete_in_background",
-           "delete_storage_ledger", "on_loop"]
+__all__ = ["add_when_cache_has_space", "after_earlier_callbacks", "call_soon",
+           "delete_in_background", "delete_storage_ledger", "in_order_on_loop", "on_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,49 @@ async def after_earlier_callbacks(completion: Completion[int]) -> int:
     completion.add_done_callback(lambda _: call_soon(loop, _wake, waiter))
     await waiter
     return completion.result()
+
+
+async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int, data: bytes,
+                                   name: str) -> Completion[int]:
+    """Back-pressure without blocking the loop: await the storage's `cache_space` and try
+    the add again, for at most the storage's `write_cache_wait_ms_max` (as a blocking add
+    would wait). `name`: the managed ledger's, for the error.
+
+    Raises:
+        StorageError: the cache stayed full that long; nothing was written.
+        The storage's refusals (`try_add_entry`): nothing was written.
+    """
+    wait_ms = storage.config.write_cache_wait_ms_max
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_ms / 1000.0
+    while True:
+        space = on_loop(loop, storage.cache_space())
+        try:
+            await asyncio.wait_for(space, max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise StorageError(f"write cache full for {wait_ms} ms; the add of ml "
+                               f"{name} was refused") from None
+        completion = storage.try_add_entry(ledger_id, data)
+        if completion is not None:
+            return completion
+
+
+def in_order_on_loop(loop: asyncio.AbstractEventLoop, completions: list[Completion[int]],
+                     confirm: Callable[[int], None]) -> None:
+    """Call `confirm(i)` on `loop` for each of `completions` in order, once each is done: one
+    hand-off to the loop when the last completes (the storage completes a ledger's adds in
+    order); one that is not done by then is waited for all the same."""
+
+    def run(start: int) -> None:
+        for index in range(start, len(completions)):
+            if not completions[index].done():
+                resume = index  # the loop ends here
+                completions[index].add_done_callback(
+                    lambda _: call_soon(loop, run, resume))  # noqa: B023
+                return
+            confirm(index)
+
+    completions[-1].add_done_callback(lambda _: call_soon(loop, run, 0))
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, completion: Completion[Any]) -> asyncio.Future[None]:

@@ -29,9 +29,11 @@ id at once), releases the lock and waits for durability. The event loop never wa
 storage: while its write cache is full, `try_add_entry` refuses and the add awaits the storage's
 `cache_space` signal on the loop, holding the submit lock, so this ML's later adds queue behind
 it (back-pressure reaches its producers) while the loop serves everything else. So
-concurrent adds get positions in call order. The storage completes adds in order; each
-completion is bounced onto the event loop, where it advances the ledger's entry count and
-size and `last_confirmed_position`, resolves the add, and calls the `on_entries_added` hooks.
+concurrent adds get positions in call order; `add_entries` hands a group over under one hold
+of the lock (a connection's SENDs of one socket read). The storage completes adds in order;
+a run of adds is bounced onto the event loop once, when its last add completes, where each
+add in turn advances the ledger's entry count and size and `last_confirmed_position`,
+resolves the add, and calls the `on_entries_added` hooks.
 After its add is durable, an add that filled the ledger rolls over at once (Pulsar closes a
 full ledger right away, so it can be trimmed).
 
@@ -83,9 +85,9 @@ import json
 import logging
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from magnetar.storage import (
     Buckets,
@@ -99,11 +101,11 @@ from magnetar.storage import (
 from .._config import BrokerConfig
 from .._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
 from ._completions import (
+    add_when_cache_has_space,
     after_earlier_callbacks,
-    call_soon,
     delete_in_background,
     delete_storage_ledger,
-    on_loop,
+    in_order_on_loop,
 )
 from ._cursor import ManagedCursor, cursor_prefix
 from ._loader import EntryLoader, Run, collect, default_loader
@@ -182,6 +184,15 @@ class LedgerRecord:
     entries: int
     size_bytes: int
     timestamp_ms: int  # close time; 0 for the current ledger
+
+
+class _Add(NamedTuple):
+    """One entry handed to the storage, until its completion is confirmed on the loop."""
+
+    size: int
+    completion: Completion[int]
+    done: asyncio.Future[Position]
+    submitted_ns: int
 
 
 class _Ledger:
@@ -495,23 +506,42 @@ class ManagedLedger:
             ManagedLedgerTerminatedError: the ML is terminated; nothing written.
             StorageError: the storage refused or failed the add (see `storage.add_entry`).
         """
+        outcome = (await self.add_entries([bytes(data)]))[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def add_entries(self, entries: Sequence[bytes]) -> list[Position | BaseException]:
+        """Append entries in order, as `add_entry` each, under one hold of the submit lock;
+        returns each one's durable position or what `add_entry` would have raised for it
+        (entries after one that could not be handed over get its error; not written).
+
+        Raises:
+            As `add_entry`, before anything is written.
+        """
+        assert entries
         self._check_writable()
         async with self._submit_lock:
             self._check_writable()
             if self._add_failed or self._current_is_full():
                 await self._rollover()
-            done = await self._submit(bytes(data))
-            self._last_add = done
+            dones, error = await self._submit(entries)
+            self._last_add = dones[-1] if dones else self._last_add
             ledger = self._ledgers[-1]
             filled = self._current_is_full()
-        position = await done
+        for done in dones:  # confirmed in order: mostly only the last is waited for
+            if not done.done():
+                await asyncio.wait([done])
+        outcomes: list[Position | BaseException] = [
+            done.exception() or done.result() for done in dones]
+        outcomes += [error] * (len(entries) - len(dones))  # type: ignore[list-item]
         # Only the add that filled the ledger rolls it over once durable, and only when no
         # one else holds the submit lock (a later add rolling over, or a close): waiting
         # for it would make this add return after later ones, and publishes must return
         # in order (send receipts, dedup's persisted sequence ids).
         if filled and self._ledgers[-1] is ledger and not self._submit_lock.locked():
             await self.rollover_if_full()
-        return position
+        return outcomes
 
     def _check_writable(self) -> None:
         self._check_open()
@@ -522,49 +552,48 @@ class ManagedLedger:
                 f"managed ledger {self.name} is fenced after a failed rollover: "
                 f"{self._fenced}") from self._fenced
 
-    async def _submit(self, data: bytes) -> asyncio.Future[Position]:
-        """Hand the entry to the storage; returns the future of its durable position.
-        Submit lock held. While the storage's write cache is full, waits for space on the
-        loop (so only the adds of this ML wait; see `_add_when_cache_has_space`)."""
+    async def _submit(self, entries: Sequence[bytes],
+                      ) -> tuple[list[asyncio.Future[Position]], Exception | None]:
+        """Hand the entries to the storage in order (submit lock held; a full ledger rolls
+        over between runs); returns the futures of the durable positions of those handed
+        over and the error that stopped the handing over (None: none did)."""
         loop = asyncio.get_running_loop()
+        dones: list[asyncio.Future[Position]] = []
+        try:
+            while len(dones) < len(entries):
+                if dones and (self._add_failed or self._current_is_full()):
+                    await self._rollover()
+                await self._submit_run(loop, entries, dones)
+        except Exception as exc:
+            return dones, exc
+        return dones, None
+
+    async def _submit_run(self, loop: asyncio.AbstractEventLoop, entries: Sequence[bytes],
+                          dones: list[asyncio.Future[Position]]) -> None:
+        """Hand over entries from `len(dones)` on into the current ledger, until it is full
+        or the cache is (after the first entry: else it waits for space on the loop, so only
+        this ML's adds wait); the run is bounced to the loop as one."""
         ledger = self._ledgers[-1]
-        completion = self.storage.try_add_entry(ledger.ledger_id, data)
-        if completion is None:
-            completion = await self._add_when_cache_has_space(ledger.ledger_id, data)
-        self._submitted_entries += 1
-        self._submitted_bytes += len(data)
-        done: asyncio.Future[Position] = loop.create_future()
-        size = len(data)
-        submitted_ns = time.perf_counter_ns()
-
-        def bounce(finished: Completion[int]) -> None:
-            call_soon(loop, self._on_add_done, ledger, size, finished, done, submitted_ns)
-
-        completion.add_done_callback(bounce)
-        return done
-
-    async def _add_when_cache_has_space(self, ledger_id: int, data: bytes) -> Completion[int]:
-        """Back-pressure without blocking the loop: await the storage's `cache_space` and try
-        again, for at most the storage's `write_cache_wait_ms_max` (as a blocking add would
-        wait).
-
-        Raises:
-            StorageError: the cache stayed full that long; nothing was written.
-            The storage's refusals (`try_add_entry`): nothing was written.
-        """
-        wait_ms = self.storage.config.write_cache_wait_ms_max
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000.0
-        while True:
-            space = on_loop(loop, self.storage.cache_space())
-            try:
-                await asyncio.wait_for(space, max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                raise StorageError(f"write cache full for {wait_ms} ms; the add of ml "
-                                   f"{self.name} was refused") from None
-            completion = self.storage.try_add_entry(ledger_id, data)
-            if completion is not None:
-                return completion
+        run: list[_Add] = []
+        try:
+            while len(dones) < len(entries) and not (run and self._current_is_full()):
+                data = entries[len(dones)]
+                completion = self.storage.try_add_entry(ledger.ledger_id, data)
+                if completion is None:
+                    if run:
+                        break  # what is handed over goes first
+                    completion = await add_when_cache_has_space(
+                        self.storage, ledger.ledger_id, data, self.name)
+                self._submitted_entries += 1
+                self._submitted_bytes += len(data)
+                done: asyncio.Future[Position] = loop.create_future()
+                run.append(_Add(len(data), completion, done, time.perf_counter_ns()))
+                dones.append(done)
+        finally:
+            if run:
+                in_order_on_loop(loop, [add.completion for add in run], lambda index: self.
+                                 _on_add_done(ledger, run[index].size, run[index].completion,
+                                              run[index].done, run[index].submitted_ns))
 
     def _on_add_done(self, ledger: _Ledger, size: int, finished: Completion[int],
                      done: asyncio.Future[Position], submitted_ns: int) -> None:

@@ -250,9 +250,27 @@ class AuthenticationService:
         header, the verified client certificate ("tls") or the anonymous role. `method` is
         the `X-Pulsar-Auth-Method-Name` header, when the client sent one.
 
+        Without the method header, credentials no provider accepts get the anonymous role
+        when there is one, as Pulsar's HTTP authentication does.
+
         Raises:
-            AuthenticationError: nothing usable was sent, or the credentials are bad.
+            AuthenticationError: nothing usable was sent, or the credentials are bad (and
+                there is no anonymous role, or the method was named).
         """
+        try:
+            return self._authenticate_http(authorization, tls_common_name, method)
+        except AuthenticationError as exc:
+            # Pulsar's HTTP authentication: without a method header, credentials no provider
+            # accepts leave the request anonymous when there is an anonymous role (the binary
+            # protocol, and a request naming its method, are refused instead).
+            if method is not None or self.anonymous_role is None:
+                raise
+            log.info("admin request with credentials no provider accepts (%s): anonymous role",
+                     exc.logged())
+            return Principal(self.anonymous_role, ANONYMOUS_METHOD)
+
+    def _authenticate_http(self, authorization: str | None, tls_common_name: str | None,
+                           method: str | None) -> Principal:
         scheme, _, value = (authorization or "").strip().partition(" ")
         scheme = scheme.lower()
         if method is None:

@@ -14,24 +14,36 @@ from dataclasses import dataclass, field
 from typing import IO
 
 __all__ = [
+    "EXAMPLES_MAX",
+    "RETRY_SUBSCRIPTION",
     "SUBSCRIPTIONS",
     "AckBook",
     "BrokerCrashTestOptions",
     "BrokerCrashTestSummary",
     "MessageKey",
     "Sent",
+    "examples",
     "message_key_of",
     "message_payload",
 ]
 
 VIOLATIONS_LISTED_MAX = 200  # violations printed (all are counted)
+EXAMPLES_MAX = 5  # message keys named in one violation line
 PAYLOAD_FILLER_BYTES_MAX = 300  # a message is its key's text plus up to this many bytes
 MODES = ("kill", "powerloss", "both")
 
 # The subscriptions every iteration's topic has: (name, type). `receipt` is acknowledged by
-# the harness's own protocol consumer, which asks for ack receipts; the others by the official
-# client, whose Python API cannot ask for them (its acks are "attempted").
-SUBSCRIPTIONS = (("shared", "Shared"), ("key-shared", "Key_Shared"), ("receipt", "Shared"))
+# the harness's own protocol consumer, which asks for ack receipts; `retry` by our own client
+# (`magnetar`), which retries some messages through its retry topic (`_crash_retry`); the
+# others by the official client, whose Python API cannot ask for receipts (its acks are
+# "attempted").
+SUBSCRIPTIONS = (("shared", "Shared"), ("key-shared", "Key_Shared"), ("receipt", "Shared"),
+                 ("retry", "Shared"))
+RETRY_SUBSCRIPTION = "retry"
+# What the `retry` subscription's consumer did with one generation of a message (0: the
+# original on the topic; g >= 1: its copy with RECONSUMETIMES g): "ack" (an attempted ack),
+# "reconsume" (reconsume_later called), "reconsumed" (reconsume_later returned).
+RetryAction = str
 
 MessageKey = tuple[str, int]  # (producer name, sequence id)
 
@@ -69,7 +81,10 @@ class BrokerCrashTestSummary:
     acknowledged with a receipt found still in force; `attempted_acks_redelivered` the
     official client's acks (sent without a receipt) whose message came again, which the
     durability promise allows; `resends_dropped` the resends of messages already stored
-    that deduplication dropped (a resend of a message not yet stored is stored)."""
+    that deduplication dropped (a resend of a message not yet stored is stored);
+    `retried_verified` the acknowledged publishes that `reconsume_later` sent through the retry
+    topic and that were found where the promise says (`_crash_retry`), `dead_lettered_verified`
+    those of them found in the dead-letter topic."""
 
     seed: int
     iterations: int = 0
@@ -80,13 +95,25 @@ class BrokerCrashTestSummary:
     attempted_acks_redelivered: int = 0
     resends: int = 0
     resends_dropped: int = 0
+    retried_verified: int = 0
+    dead_lettered_verified: int = 0
+    retry_states: dict[str, int] = field(default_factory=dict)  # see `RetryCheck`
+    retry_duplicates: int = 0
     violations: int = 0
     violation_messages: list[str] = field(default_factory=list)
     crashes: dict[str, int] = field(default_factory=dict)  # how powerloss crashes came
 
     def line(self) -> str:
         return (f"crashtest broker: {self.iterations} iterations, {self.acknowledged_verified} "
-                f"acknowledged messages verified, {self.violations} violations")
+                f"acknowledged messages verified ({self.retried_verified} retried, "
+                f"{self.dead_lettered_verified} dead-lettered), {self.violations} violations")
+
+
+def examples(keys: list[MessageKey] | set[MessageKey]) -> str:
+    """A few of `keys`, for a violation line."""
+    shown = sorted(keys)[:EXAMPLES_MAX]
+    more = ", ..." if len(keys) > EXAMPLES_MAX else ""
+    return ", ".join(f"{p}:{s}" for p, s in shown) + more
 
 
 def message_payload(seed: int, key: MessageKey) -> bytes:
@@ -127,6 +154,10 @@ class AckBook:
         self.receipted_acks: set[MessageKey] = set()  # on the `receipt` subscription
         self.receipted_positions: set[tuple[int, int]] = set()  # their (ledger, entry)
         self.errors: list[str] = []  # what the workload saw that the broker must never do
+        # the `retry` subscription: (key, generation) -> what was done; each key's original id
+        self.retry_actions: dict[tuple[MessageKey, int], set[RetryAction]] = {}
+        self.origin_ids: dict[MessageKey, str] = {}
+        self.retry_due_ms = 0  # when the last copy sent to the retry topic is due
 
     def sending(self, key: MessageKey, deliver_at_ms: int = 0) -> None:
         with self.lock:
@@ -141,6 +172,20 @@ class AckBook:
     def acked(self, subscription: str, key: MessageKey) -> None:
         with self.lock:
             self.attempted_acks[subscription].add(key)
+
+    def retry_acted(self, key: MessageKey, generation: int, action: RetryAction,
+                    due_ms: int = 0) -> None:
+        """The `retry` consumer did `action` to generation `generation` of `key` (an ack or
+        reconsume of the original counts as an attempted ack on the topic)."""
+        with self.lock:
+            self.retry_actions.setdefault((key, generation), set()).add(action)
+            self.retry_due_ms = max(self.retry_due_ms, due_ms)
+            if generation == 0:
+                self.attempted_acks[RETRY_SUBSCRIPTION].add(key)
+
+    def origin(self, key: MessageKey, message_id: str) -> None:
+        with self.lock:
+            self.origin_ids.setdefault(key, message_id)
 
     def receipted(self, position: tuple[int, int], keys: list[MessageKey]) -> None:
         """The ack of the entry at `position`, holding `keys`, came back with a receipt."""

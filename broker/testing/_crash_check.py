@@ -15,7 +15,17 @@ from dataclasses import dataclass, field
 
 import pulsar
 
-from ._crash_book import SUBSCRIPTIONS, AckBook, MessageKey, message_key_of, message_payload
+from ._crash_book import (
+    EXAMPLES_MAX,
+    RETRY_SUBSCRIPTION,
+    SUBSCRIPTIONS,
+    AckBook,
+    MessageKey,
+    examples,
+    message_key_of,
+    message_payload,
+)
+from ._crash_retry import check_retry_flow
 from ._crash_workload import PRODUCERS, new_client
 
 __all__ = ["Verification", "verify_after_restart"]
@@ -25,7 +35,6 @@ RESEND_DEADLINE_S = 30.0
 READ_TIMEOUT_MS = 5000
 DRAIN_DEADLINE_S = 30.0  # for a subscription to deliver everything it must
 QUIET_MS = 300  # a drain ends when nothing more came for this long (after what it must)
-EXAMPLES_MAX = 5  # message keys named in one violation line
 
 
 @dataclass
@@ -38,16 +47,14 @@ class Verification:
     attempted_acks_redelivered: int = 0
     resends: int = 0
     resends_dropped: int = 0
+    retried_verified: int = 0
+    dead_lettered_verified: int = 0
+    retry_states: dict[str, int] = field(default_factory=dict)
+    retry_duplicates: int = 0
 
     def violation(self, keys: list[MessageKey] | set[MessageKey], what: str) -> None:
         if keys:
-            self.violations.append((len(keys), f"{what}: {len(keys)} ({_examples(keys)})"))
-
-
-def _examples(keys: list[MessageKey] | set[MessageKey]) -> str:
-    shown = sorted(keys)[:EXAMPLES_MAX]
-    more = ", ..." if len(keys) > EXAMPLES_MAX else ""
-    return ", ".join(f"{p}:{s}" for p, s in shown) + more
+            self.violations.append((len(keys), f"{what}: {len(keys)} ({examples(keys)})"))
 
 
 def verify_after_restart(url: str, topic: str, seed: int, book: AckBook, rng: random.Random,
@@ -62,10 +69,17 @@ def verify_after_restart(url: str, topic: str, seed: int, book: AckBook, rng: ra
         resent = _check_dedup_and_resend(client, topic, seed, book, rng, result)
         stored = _read_topic(client, topic, seed, result)
         _check_stored(stored, book, resent, result)
-        for name, kind in SUBSCRIPTIONS:
-            _drain(client, topic, name, kind, book, result, drain_deadline_s)
+        on_topic = {name: _drain(client, topic, name, kind, book, result, drain_deadline_s)
+                    for name, kind in SUBSCRIPTIONS}
+        retry = check_retry_flow(client, topic, seed, book, on_topic[RETRY_SUBSCRIPTION],
+                                 QUIET_MS, drain_deadline_s)
     finally:
         client.close()
+    result.violations += retry.violations
+    result.retried_verified = retry.retried
+    result.dead_lettered_verified = retry.dead_lettered
+    result.retry_states = retry.states
+    result.retry_duplicates = retry.duplicates
     return result
 
 
@@ -163,11 +177,11 @@ def _check_stored(stored: dict[MessageKey, int], book: AckBook, resent: set[Mess
 
 
 def _drain(client: pulsar.Client, topic: str, name: str, kind: str, book: AckBook,
-           result: Verification, deadline_s: float) -> None:
+           result: Verification, deadline_s: float) -> set[MessageKey]:
     """Attach a consumer to subscription `name` (without acknowledging anything) and receive
     until every message it must deliver came and nothing more comes for `QUIET_MS`: each
     acknowledged publish not acknowledged on it; never a message acknowledged with a
-    receipt."""
+    receipt. Returns the messages delivered."""
     acked = book.acked_on(name)
     receipted = set(book.receipted_acks) if name == "receipt" else set()
     receipted_at = set(book.receipted_positions) if name == "receipt" else set()
@@ -201,3 +215,4 @@ def _drain(client: pulsar.Client, topic: str, name: str, kind: str, book: AckBoo
                              f"undone (delivered again)")
     result.receipted_acks_verified += len(receipted - undone)
     result.attempted_acks_redelivered += len(seen & (acked - receipted))
+    return seen

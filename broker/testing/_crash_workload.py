@@ -9,8 +9,9 @@ On one topic, with deduplication on in the broker:
   `deliver_after` up to `delay_ms_max`);
 * official consumers on the `shared` (Shared) and `key-shared` (Key_Shared) subscriptions,
   each on its own thread, acknowledging what they receive and negatively acknowledging some
-  of it (redelivered after `NACK_DELAY_MS`); and the protocol consumer with ack receipts on
-  `receipt` (`_crash_receipts`).
+  of it (redelivered after `NACK_DELAY_MS`); the protocol consumer with ack receipts on
+  `receipt` (`_crash_receipts`); and our own client's consumer on `retry`, which retries a
+  seeded subset through the retry topic and dead-letters some (`_crash_retry`).
 
 Every send records its message in the `AckBook` before it goes out, and its send callback
 records whether the broker acknowledged it. The harness thread sends (`step`, paced so no
@@ -29,8 +30,16 @@ import time
 
 import pulsar
 
-from ._crash_book import SUBSCRIPTIONS, AckBook, MessageKey, message_key_of, message_payload
+from ._crash_book import (
+    RETRY_SUBSCRIPTION,
+    SUBSCRIPTIONS,
+    AckBook,
+    MessageKey,
+    message_key_of,
+    message_payload,
+)
 from ._crash_receipts import ReceiptConsumer
+from ._crash_retry import RetryConsumer
 
 __all__ = ["PRODUCERS", "Workload", "new_client"]
 
@@ -74,6 +83,7 @@ class Workload:
         self.threads: list[threading.Thread] = []
         self.receipts = ReceiptConsumer(port, topic, "receipt", book,
                                         random.Random(rng.getrandbits(32)))
+        self.retry = RetryConsumer(url, topic, seed, book, random.Random(rng.getrandbits(32)))
         self.next_sequence: dict[str, int] = {}
         self.producers: dict[str, pulsar.Producer] = {}
 
@@ -81,7 +91,7 @@ class Workload:
         """Subscribe (every subscription exists before the first send) and create the
         producers. Raises pulsar's errors or RuntimeError when the broker refuses."""
         for name, kind in SUBSCRIPTIONS:
-            if name == "receipt":
+            if name in ("receipt", RETRY_SUBSCRIPTION):
                 continue
             consumer = self.client.subscribe(
                 self.topic, name, consumer_type=getattr(pulsar.ConsumerType, kind.replace(
@@ -94,6 +104,7 @@ class Workload:
                                       name=f"crashtest-{name}", daemon=True)
             self.threads.append(thread)
         self.receipts.start()
+        self.retry.start()
         for thread in self.threads:
             thread.start()
         for name in PRODUCERS:
@@ -174,6 +185,7 @@ class Workload:
         """End every thread and shut the client down at once (nothing is flushed)."""
         self._stop.set()
         self.receipts.stop()
+        self.retry.stop()
         with contextlib.suppress(pulsar.PulsarException):
             self.client.shutdown()
         for thread in self.threads:

@@ -6,7 +6,9 @@ Each iteration runs a realistic workload against a broker through the official
 `pulsar-client` in the harness process (`_crash_workload`: batched and unbatched named
 producers with deduplication on, explicit and client-assigned sequence ids, delayed
 messages; Shared and Key_Shared consumers acknowledging and negatively acknowledging; a
-protocol consumer whose acks come back with receipts, `_crash_receipts`), crashes the
+protocol consumer whose acks come back with receipts, `_crash_receipts`; our own client
+(`magnetar`) on a `retry` subscription, retrying a seeded subset of messages through the
+retry topic with `reconsume_later` and dead-lettering some, `_crash_retry`), crashes the
 broker at a moment the seeded generator picks, restarts it on the same data directory and
 checks what it recovered (`_crash_check`). Each mode keeps one data directory for all its
 iterations (every start is a crash recovery; the broker restarted for the checks runs the
@@ -35,7 +37,13 @@ The checks, after each restart (what the durability contract promises; see READM
 * each subscription, drained without acknowledging: every acknowledged publish not
   acknowledged there is delivered (delayed ones once due): its cursor kept it;
 * the `receipt` subscription: no message whose ack came back with a receipt is delivered
-  again (the ack's cursor change was durable before the receipt).
+  again (the ack's cursor change was durable before the receipt);
+* the `retry` subscription (`_crash_retry`): `reconsume_later` stores the copy before it
+  acknowledges the message, so every acknowledged publish ends acknowledged (on the topic
+  or after retries), still on the topic, in the retry topic or in the dead-letter topic --
+  possibly in two generations (a crash between the copy and the ack: a duplicate, allowed),
+  never in none; each copy found was asked for and carries the right REAL_TOPIC,
+  ORIGIN_MESSAGE_ID and RECONSUMETIMES. The run counts the states.
 
 An ack of the official client (Python API: no ack receipts; the C++ client groups acks) is
 only *attempted*: the message may come again after a crash; the run counts those
@@ -50,7 +58,7 @@ the plan, not the instant.
 
 Layout: `_crash_book` (options, summary, payloads, the book of acknowledgements),
 `_crash_brokers` (the broker in a subprocess or in process), `_crash_workload`,
-`_crash_receipts`, `_crash_check`, and this module (the run and its report).
+`_crash_receipts`, `_crash_retry`, `_crash_check`, and this module (the run and its report).
 """
 
 from __future__ import annotations
@@ -101,7 +109,8 @@ def run_broker_crashtest(options: BrokerCrashTestOptions) -> BrokerCrashTestSumm
 
     Prints `crashtest broker: seed <S>` first, a progress bar on stderr (unless
     `options.progress` is False), every violation as one line as it is found, and last
-    `crashtest broker: <N> iterations, <M> acknowledged messages verified, <V> violations`.
+    `crashtest broker: <N> iterations, <M> acknowledged messages verified (<R> retried, <D>
+    dead-lettered), <V> violations`.
 
     Returns:
         The summary; `violations` is 0 when nothing was wrong. A mode whose broker could not
@@ -271,6 +280,11 @@ class _Run:
         summary.attempted_acks_redelivered += verification.attempted_acks_redelivered
         summary.resends += verification.resends
         summary.resends_dropped += verification.resends_dropped
+        summary.retried_verified += verification.retried_verified
+        summary.dead_lettered_verified += verification.dead_lettered_verified
+        summary.retry_duplicates += verification.retry_duplicates
+        for state, count in verification.retry_states.items():
+            summary.retry_states[state] = summary.retry_states.get(state, 0) + count
 
     def _finish(self, modes: dict[str, _Mode]) -> None:
         summary = self.summary
@@ -285,6 +299,9 @@ class _Run:
               f"{summary.receipted_acks_verified}; acks without one redelivered (allowed): "
               f"{summary.attempted_acks_redelivered}; resends: {summary.resends}, dropped as "
               f"duplicates: {summary.resends_dropped}", file=self.out)
+        states = ", ".join(f"{count} {state}" for state, count in summary.retry_states.items())
+        print(f"crashtest broker: subscription retry, acknowledged publishes: {states or 'none'}; "
+              f"found in two generations (allowed): {summary.retry_duplicates}", file=self.out)
         if summary.powerloss_iterations:
             crashes = ", ".join(f"{k} {v}" for k, v in sorted(summary.crashes.items()))
             print(f"crashtest broker: powerloss crashes by cause: {crashes}", file=self.out)

@@ -31,6 +31,7 @@ from ._producer import (
     _ProducerHost,
     generated_producer_name,
 )
+from ._publishing import Send
 
 if TYPE_CHECKING:
     from .._config import BrokerConfig
@@ -102,6 +103,18 @@ class NonPersistentTopic(_ProducerHost):
             if not subscription.offer(entry, metadata, messages):
                 self.msg_drop_counter += messages
         return PublishResult(0, 0)
+
+    async def publish_many(self, producer: Producer, sends: list[Send],
+                           ) -> list[PublishResult | BaseException]:
+        """`publish` for each of a run of one producer's SENDs; each one's result or error."""
+        outcomes: list[PublishResult | BaseException] = []
+        for entry, sequence_id, highest_sequence_id, metadata in sends:
+            try:
+                outcomes.append(await self.publish(producer, entry, sequence_id,
+                                                   highest_sequence_id, metadata))
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
 
     async def subscribe(self, spec: SubscribeSpec, sink: ConsumerSink) -> Consumer:
         from ..dispatch._nonpersistent import NonPersistentSubscription

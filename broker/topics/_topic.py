@@ -57,19 +57,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from magnetar.codec import FRAME_PADDING_BYTES, pb
-
 from .._errors import (
-    BrokerError,
     ConsumerBusyError,
     DiskFullError,
     NotAllowedError,
-    PersistenceError,
     ProducerBusyError,
     ServiceNotReadyError,
     SubscriptionNotFoundError,
     TopicTerminatedError,
-    from_storage_error,
 )
 from .._names import TopicName
 from .._namespaces import EffectivePolicies
@@ -86,10 +81,7 @@ from ._backlog import BacklogQuotas
 from ._compaction import TopicCompaction
 from ._dedup import (
     DEDUP_CURSOR_NAME,
-    DEDUP_UNKNOWN_MESSAGE,
     DeduplicationState,
-    DedupResult,
-    highest_sequence_id_of,
 )
 from ._dedup_cursor import recover_dedup, write_dedup_snapshot
 from ._entry_metadata import EntryMetadataAppender, interceptors_of
@@ -97,11 +89,10 @@ from ._producer import (
     Producer,
     ProducerSpec,
     PublishResult,
-    _count_in,
-    _metadata_of,
     _ProducerHost,
     generated_producer_name,
 )
+from ._publishing import Publisher, Send
 
 if TYPE_CHECKING:
     from .._config import BrokerConfig
@@ -109,7 +100,7 @@ if TYPE_CHECKING:
 
 # Producer, ProducerSpec and PublishResult are `_producer`'s; listed here too, as this module
 # is where users of a topic find them.
-__all__ = ["PersistentTopic", "Producer", "ProducerSpec", "PublishResult"]
+__all__ = ["PersistentTopic", "Producer", "ProducerSpec", "PublishResult", "Send"]
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +113,7 @@ def _now_ms() -> float:
     return time.time() * 1000
 
 
-class PersistentTopic(BacklogQuotas, _ProducerHost):
+class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
     """A persistent topic (or one partition of a partitioned topic)."""
 
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
@@ -268,101 +259,6 @@ class PersistentTopic(BacklogQuotas, _ProducerHost):
 
     def last_sequence_id(self, producer: Producer) -> int:
         return self.dedup.last_sequence_id(producer.name) if self.dedup is not None else -1
-
-    # -- publishing ------------------------------------------------------------------------
-
-    async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
-                      highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
-                      ) -> PublishResult:
-        """Append one entry (a message or a batch) for a producer.
-
-        Args:
-            producer: the publishing producer.
-            entry: the entry bytes as sent.
-            sequence_id: the SEND's (lowest) sequence id.
-            highest_sequence_id: the SEND's stated highest id; below `sequence_id` when it
-                stated none, and then dedup derives it from the entry
-                (`highest_sequence_id_of`).
-            metadata: the entry's metadata when the caller has it parsed already.
-
-        Raises:
-            NotAllowedError: too large, or delayed beyond the maximum; nothing written.
-            PersistenceError: dedup cannot tell yet, or storage failed; nothing written
-                (on a storage failure the entry may or may not be durable).
-            DiskFullError: the disk is full; nothing acknowledged, the producer is closed.
-            TopicTerminatedError: the topic is terminated, closing, or the producer is
-                closed (or still waiting for exclusive access).
-        """
-        if producer.closed_on_full_disk:
-            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
-        if self.fenced or producer.closed or self.producers.get(producer.name) is not producer:
-            raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
-        metadata = metadata if metadata is not None else _metadata_of(entry)
-        self._check_message(entry, metadata)
-        dedup = self.dedup
-        last_chunk = not metadata.HasField("chunk_id") or \
-            metadata.chunk_id == metadata.num_chunks_from_msg - 1
-        if dedup is not None:
-            highest_sequence_id = highest_sequence_id_of(sequence_id, highest_sequence_id,
-                                                         metadata, entry)
-            verdict = dedup.check(producer.name, sequence_id, highest_sequence_id,
-                                  is_chunk_not_last=not last_chunk)
-            if verdict is DedupResult.DUP:
-                return PublishResult(-1, -1)
-            if verdict is DedupResult.UNKNOWN:
-                raise PersistenceError(DEDUP_UNKNOWN_MESSAGE)
-        stored = entry if self.entry_metadata is None else \
-            self.entry_metadata.prefix(entry, metadata)
-        try:
-            position = await self.managed_ledger.add_entry(stored)
-        except BrokerError:
-            raise
-        except Exception as exc:
-            if dedup is not None:
-                dedup.reset_pushed_to_persisted()
-            from magnetar.storage import StorageError, StorageFullError
-
-            if isinstance(exc, StorageFullError):
-                raise self._refuse_for_full_disk(producer, exc) from exc
-            if isinstance(exc, StorageError):
-                raise from_storage_error(exc) from exc
-            raise PersistenceError(f"write to {self.name} failed: {exc}") from exc
-        if dedup is not None and last_chunk:
-            dedup.record_persisted(producer.name, sequence_id, highest_sequence_id)
-            self._dedup_recorded = max(self._dedup_recorded, position)
-            # Every `entries_interval` entries; the time-based snapshot is maintenance's.
-            # Not once the topic is closing: `close` cancelled the background tasks and
-            # takes the last snapshot itself (a task spawned now would outlive the topic).
-            if not dedup.snapshot_running and not self.fenced and \
-                    dedup.entries_since_snapshot >= \
-                    self.config.broker_deduplication_entries_interval:
-                self._spawn(self._take_dedup_snapshot())
-        _count_in(self, producer, entry, metadata)
-        return PublishResult(position.ledger_id, position.entry_id)
-
-    def _refuse_for_full_disk(self, producer: Producer, error: Exception) -> DiskFullError:
-        """A publish failed on a full disk: close the producer (CLOSE_PRODUCER) instead of
-        answering SEND_ERROR, which the official client treats as a broken connection and
-        answers by resending forever. It reconnects, is refused with DiskFullError while the
-        disk is full, and fails its pending sends with that error."""
-        if not producer.closed:
-            log.warning("closing producer %s of %s: the disk is full (%s)", producer.name,
-                        self.name, error)
-            producer.closed_on_full_disk = True
-            self.remove_producer(producer)
-            producer.disconnect("the broker's disk is full")
-        return DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
-
-    def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
-        limit = self.config.max_message_size_bytes + FRAME_PADDING_BYTES
-        if len(entry) > limit:
-            raise NotAllowedError(f"Message of {len(entry)} bytes exceeds the maximum "
-                                  f"{self.config.max_message_size_bytes} on {self.name}")
-        max_delay = self.policies.delayed_delivery_max_delay_ms
-        if max_delay > 0 and metadata.HasField("deliver_at_time") and \
-                metadata.deliver_at_time - metadata.publish_time > max_delay:
-            raise NotAllowedError(
-                f"Exceeds max allowed delivery delay of {max_delay} milliseconds")
 
     def _entries_added(self, position: Position) -> None:
         for subscription in self.subscriptions.values():

@@ -136,6 +136,7 @@ class ConnectionHandler:
         self._resume_task: asyncio.Future[None] | None = None
         self.service = context.service
         self._write = write
+        self._soon: list[bytes] = []  # `write_soon`'s frames; at most one turn's receipts
         self._close_transport = close_transport
         self.peer = peer
         frame_max = self.service.config.max_message_size_bytes + FRAME_PADDING_BYTES
@@ -209,6 +210,8 @@ class ConnectionHandler:
                 self._dispatch(event)
                 if self.closed:
                     return
+            if self.producers.unsent:
+                self.producers.flush_sends()
         except ProtocolError as exc:
             log.warning("closing the connection of %s: %s", self.peer, exc.reason)
             self.close()
@@ -220,6 +223,8 @@ class ConnectionHandler:
         if isinstance(event, ChecksumMismatch):
             self.producers.on_corrupt_send(event)
             return
+        if event.type != T.SEND and self.producers.unsent:
+            self.producers.flush_sends()  # commands take effect in the order they came
         handler = self._dispatch_table.get(event.type)
         if handler is None:
             raise CloseConnection(f"unexpected {T.Type.Name(event.type)}")
@@ -239,6 +244,8 @@ class ConnectionHandler:
                            "not sending %s to %s: %s", type(body).__name__, self.peer,
                            exc.reason)
             return False
+        if self._soon:
+            self._flush_soon()
         self._write(data)
         return True
 
@@ -248,7 +255,26 @@ class ConnectionHandler:
 
     def write(self, data: bytes) -> None:
         """Write encoded frames to the socket."""
+        if self._soon:
+            self._flush_soon()
         self._write(data)
+
+    def write_soon(self, data: bytes) -> None:
+        """Write encoded frames at the end of this loop turn, with every other `write_soon`
+        of the turn in one transport write (the receipts of a group of completed SENDs).
+        A `send` or `write` meanwhile writes them first: frames leave in call order. The
+        buffer holds one turn's frames at most (bounded by `pending_sends_max` receipts)."""
+        if self.closed:
+            return
+        if not self._soon:
+            asyncio.get_running_loop().call_soon(self._flush_soon)
+        self._soon.append(data)
+
+    def _flush_soon(self) -> None:
+        if self._soon:
+            data = b"".join(self._soon)
+            self._soon.clear()
+            self._write(data)
 
     def check_write_room(self) -> None:
         """Back-pressure on deliveries: when more than `WRITE_BUFFER_BYTES_MAX` bytes wait in
@@ -365,6 +391,7 @@ class ConnectionHandler:
         if self.closed:
             return
         self.closed = True
+        self._flush_soon()  # what was written before the close leaves before it
         if self.auth is not None:
             self.auth.stop()
         if self._keepalive is not None:

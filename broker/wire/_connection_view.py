@@ -168,6 +168,10 @@ class ConnectionView(Protocol):
     def write(self, data: bytes) -> None:
         """Write encoded frames to the socket; never blocks."""
 
+    def write_soon(self, data: bytes) -> None:
+        """Write encoded frames at the end of this loop turn, together with the turn's other
+        `write_soon` frames (one transport write); earlier than any later `send`/`write`."""
+
     def check_write_room(self) -> None:
         """After writing deliveries: pause them while the socket's buffer is full."""
 

@@ -6,12 +6,14 @@ Theory of operation
 `ConnectionView` (`_connection_view.py`) and owns the connection's producers, keyed by the
 client's producer ids.
 
-Receipts. Every SEND starts its publish at once (the managed ledger assigns positions in call
-order; no await comes before `topic.publish`), and receipts leave in the order the SENDs
-arrived, per producer: each producer keeps a queue of pending sends, and a completed publish
-flushes the queue's completed head. The connection counts unanswered SENDs; at
-`ServerContext.pending_sends_max` the server stops reading (`wait_send_room`) until half of
-them are answered.
+Receipts. The SENDs of one socket read are gathered (`unsent`) and handed over at the end of
+the read, or before any other command: each run of one producer's SENDs is one task and one
+`topic.publish_many` (one managed-ledger add of the group; the managed ledger assigns
+positions in call order and no await comes before it), and receipts leave in the order the
+SENDs arrived, per producer, those completed in one loop turn in one write: each producer
+keeps a queue of pending sends, and a completed publish flushes the queue's completed head.
+The connection counts unanswered SENDs; at `ServerContext.pending_sends_max` the server stops
+reading (`wait_send_room`) until half of them are answered.
 
 Creation. A CLOSE_PRODUCER that arrives while the creation is still running waits for it,
 then undoes it; the receipts of earlier SENDs leave before its SUCCESS (wire reference §6.5).
@@ -41,9 +43,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from google.protobuf.message import Message
-
-from magnetar.codec import ChecksumMismatch, Frame, pb
+from magnetar.codec import ChecksumMismatch, Frame, pb, send_receipt_frame
 
 from .._errors import DiskFullError
 from .._names import TopicName, check_producer_name, check_subscription_name
@@ -60,7 +60,6 @@ from ._connection_view import (
     ConnectionView,
     authorize,
     carries_schema,
-    id_data,
     key_values,
     server_error,
 )
@@ -112,6 +111,9 @@ class ProducerCommands:
         self._producers: dict[int, _ProducerState] = {}
         self._closed_producers: OrderedDict[int, None] = OrderedDict()
         self.pending_sends = 0
+        # The SENDs of the socket read being handled, not yet handed to their topics (at most
+        # one read's frames: `flush_sends` runs at its end and before any other command).
+        self.unsent: list[tuple[_ProducerState, _PendingSend, Frame]] = []
         self._send_room = asyncio.Event()
         self._send_room.set()
 
@@ -126,6 +128,7 @@ class ProducerCommands:
 
     def release_all(self) -> None:
         """The connection closed: every producer leaves its topic; `wait_send_room` ends."""
+        self.unsent.clear()
         for state in list(self._producers.values()):
             self._release_producer(state)
         self._producers.clear()
@@ -302,26 +305,41 @@ class ProducerCommands:
             log.debug("refusing a SEND from %s: %s", self.view.peer, problem)
             self._finish_send(state, pending, error=(pb.NotAllowedError, problem))
             return
-        self.view.spawn(self._publish(state, pending, frame))
+        self.unsent.append((state, pending, frame))
 
-    async def _publish(self, state: _ProducerState, pending: _PendingSend, frame: Frame) -> None:
-        # No await before topic.publish: publishes must start in the order SENDs arrived.
+    def flush_sends(self) -> None:
+        """Hand the SENDs gathered so far to their topics: one task per run of one producer's
+        SENDs, spawned in arrival order."""
+        unsent, self.unsent = self.unsent, []
+        start = 0
+        for end in range(1, len(unsent) + 1):
+            if end == len(unsent) or unsent[end][0] is not unsent[start][0]:
+                self.view.spawn(self._publish(unsent[start][0], unsent[start:end]))
+                start = end
+
+    async def _publish(self, state: _ProducerState,
+                       run: list[tuple[_ProducerState, _PendingSend, Frame]]) -> None:
+        # No await before topic.publish_many: publishes must start in the order SENDs arrived.
         assert state.topic is not None
         assert state.producer is not None
+        sends = [(frame.entry, pending.sequence_id, pending.highest_sequence_id,
+                  frame.metadata) for _, pending, frame in run]
         try:
-            result = await state.topic.publish(state.producer, frame.entry, pending.sequence_id,
-                                               pending.highest_sequence_id, frame.metadata)
-        except DiskFullError as exc:
-            # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client fails
-            # the send itself once its reconnection is refused (see _topic.py).
-            log.debug("SEND of %s dropped: %s", self.view.peer, exc)
-            pending.dropped = True
-            self._finish_send(state, pending, error=server_error(exc))
+            outcomes = await state.topic.publish_many(state.producer, sends)
         except Exception as exc:
-            self.view.log_failure(exc)
-            self._finish_send(state, pending, error=server_error(exc))
-        else:
-            self._finish_send(state, pending, result=result)
+            outcomes = [exc] * len(run)
+        for (_, pending, _), outcome in zip(run, outcomes, strict=True):
+            if isinstance(outcome, DiskFullError):
+                # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client
+                # fails the send itself once its reconnection is refused (see _topic.py).
+                log.debug("SEND of %s dropped: %s", self.view.peer, outcome)
+                pending.dropped = True
+                self._finish_send(state, pending, error=server_error(outcome))
+            elif isinstance(outcome, BaseException):
+                self.view.log_failure(outcome)
+                self._finish_send(state, pending, error=server_error(outcome))
+            else:
+                self._finish_send(state, pending, result=outcome)
 
     def on_corrupt_send(self, event: ChecksumMismatch) -> None:
         send = event.command.send
@@ -347,26 +365,21 @@ class ProducerCommands:
             out += self._receipt_bytes(state.producer_id, head)
         assert self.pending_sends >= 0
         if out and not self.view.closed:
-            self.view.write(bytes(out))
+            self.view.write_soon(bytes(out))
         if not state.pending:
             state.drained.set()
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
             self._send_room.set()
 
     def _receipt_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
-        body: Message
-        if pending.dropped:
+        if pending.dropped or self.view.closed:
             return b""
         if pending.result is not None:
-            body = pb.CommandSendReceipt(
-                producer_id=producer_id, sequence_id=pending.sequence_id,
-                message_id=id_data(pending.result.ledger_id, pending.result.entry_id),
-                highest_sequence_id=max(pending.highest_sequence_id, pending.sequence_id))
-        else:
-            assert pending.error is not None
-            code, message = pending.error
-            body = pb.CommandSendError(producer_id=producer_id, sequence_id=pending.sequence_id,
-                                       error=code, message=message)  # type: ignore[arg-type]
-        if self.view.closed:
-            return b""
-        return self.view.encode(body)
+            return send_receipt_frame(  # the protobuf runtime's bytes, built faster
+                producer_id, pending.sequence_id, pending.result.ledger_id,
+                pending.result.entry_id, max(pending.highest_sequence_id, pending.sequence_id))
+        assert pending.error is not None
+        code, message = pending.error
+        return self.view.encode(pb.CommandSendError(
+            producer_id=producer_id, sequence_id=pending.sequence_id, error=code,  # type: ignore[arg-type]
+            message=message))

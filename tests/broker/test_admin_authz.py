@@ -163,7 +163,8 @@ async def test_authentication_failures_are_limited_per_connection(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
     async with _admin(tmp_path) as api:
-        guess = _basic("bob", "guess-hunter2")
+        # naming the method: without it, credentials no provider accepts would be anonymous
+        guess = {**_basic("bob", "guess-hunter2"), "X-Pulsar-Auth-Method-Name": "basic"}
         one = aiohttp.TCPConnector(limit=1)  # every request on one kept-alive connection
         async with aiohttp.ClientSession(connector=one) as session:
             guesser = Api(session, api.base)

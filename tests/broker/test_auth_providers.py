@@ -109,6 +109,24 @@ def test_anonymous_role(tmp_path: Path) -> None:
         service.authenticate("basic", b"bob:nope")
 
 
+def test_http_credentials_no_provider_accepts_are_anonymous_without_a_method(
+        tmp_path: Path) -> None:
+    """Pulsar's HTTP authentication: without `X-Pulsar-Auth-Method-Name`, credentials that no
+    provider accepts leave the request anonymous when there is an anonymous role; naming the
+    method, or having no anonymous role, still refuses them."""
+    bad_basic = "Basic " + base64.b64encode(b"bob:nope").decode()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    anonymous = _service(tmp_path / "a", anonymous="anon")
+    for header in (bad_basic, "Bearer x.y.z", "Digest abc", "Basic !!!"):
+        principal = anonymous.authenticate_http(header)
+        assert (principal.role, principal.method) == ("anon", "anonymous"), header
+    with pytest.raises(AuthenticationError, match="Unknown user"):
+        anonymous.authenticate_http(bad_basic, method="basic")
+    with pytest.raises(AuthenticationError, match="Unknown user"):
+        _service(tmp_path / "b").authenticate_http(bad_basic)
+
+
 def test_unknown_provider_and_missing_conf(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="kerberos"):
         AuthenticationService.from_config(BrokerConfig(

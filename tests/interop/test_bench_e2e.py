@@ -106,3 +106,19 @@ def test_the_table_shows_every_cell(tiny_run: TinyRun) -> None:
     for size in ("1 KB", "100 B"):
         assert printed.count(f"  {size} ") == 2  # batching off and on
     assert not list((out / "disk").iterdir()), "the scratch directory was left behind"
+
+
+def test_side_by_side_measures_both_brokers(tiny_run: TinyRun) -> None:
+    """Magnetar and pulsar-lite (the peer's own binary, started by the run) each did every
+    workload; a peer workload that stalled is flagged, never silently dropped."""
+    _, document, _, printed = tiny_run
+    peers = sys.modules["e2e_peers"]
+    runs = {(w["broker"], w["name"]): w for w in document["side_by_side"]}
+    assert set(runs) == {(b, n) for b in peers.BROKERS for n in peers.WORKLOADS}
+    for (broker, _), run in runs.items():
+        if broker == "magnetar" or not run["stalled"]:
+            assert not run["stalled"], run
+            _positive(run, "messages", "seconds", "per_s")
+    assert "Side by side with pulsar-lite" in printed
+    for name in peers.WORKLOADS:
+        assert f"  {name} " in printed

@@ -72,8 +72,8 @@ def _run(argv: list[str], cwd: Path, what: str) -> subprocess.CompletedProcess[s
 
 
 def test_the_readme_has_the_examples_this_file_runs() -> None:
-    assert len(_blocks("python")) == 4
-    assert len(_blocks("sh")) == 4
+    assert len(_blocks("python")) == 5
+    assert len(_blocks("sh")) == 5
     assert {lang for lang, _ in _BLOCK.findall(README.read_text())} == {"python", "sh"}
 
 
@@ -104,7 +104,11 @@ def _run_script(commands: list[str], directory: Path) -> None:
     """Run the commands with bash; a final `magnetar standalone` is started on free ports,
     used with the official client and stopped."""
     prelude = ['set -euo pipefail',
-               'magnetar() { "$MAGNETAR_PYTHON" -m magnetar.broker.cli "$@"; }']
+               'magnetar() { "$MAGNETAR_PYTHON" -m magnetar.broker.cli "$@"; }',
+               'python() { "$MAGNETAR_PYTHON" "$@"; }']
+    # the README's commands run from the repository root; these run in a scratch directory
+    commands = [command.replace("python tools/", f"python {REPO_ROOT}/tools/")
+                for command in commands]
     *before, last = commands
     if not last.startswith("magnetar standalone"):
         _bash([*prelude, *commands], directory)

@@ -1,0 +1,322 @@
+"""The side-by-side half of `bench_e2e.py`: the issue-14 workloads, run with the official client
+against Magnetar and against the peer broker pulsar-lite in the same run, on the same disk.
+
+Workloads (1 KB messages, one producer or one consumer, a fresh topic per broker):
+
+* **batched publish**: `send_async`, client batching of up to 1000 messages or 1 ms,
+  1000 messages pending, blocking when full; messages/s counted from the receipts.
+* **batched consume + ack**: `receive` + `acknowledge` of the backlog the batched publish left.
+* **unbatched publish**: the same without client batching.
+* **unbatched consume + ack**: the same on the unbatched backlog.
+* **sync publish**: `send` (one message in flight), for the same time.
+
+A workload that stops making progress (no receipt or no message within `STALL_S`) is recorded
+as stalled with what it completed, rather than ending the run.
+
+pulsar-lite is the binary the `pulsar-lite` wheel ships (`pulsar_lite/bin/pulsar-lite`), started
+on a free loopback port with its data in a temporary directory and its metrics endpoint off (a
+config file), stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pulsar  # type: ignore[import-untyped]
+
+HOST = "127.0.0.1"
+MESSAGE_BYTES = 1024
+IN_FLIGHT = 1000  # pending sends, at most (the client blocks when full)
+BATCH_MESSAGES = 1000
+BATCH_DELAY_MS = 1
+STALL_S = 10.0  # no receipt / no message for this long: the workload stalled
+STARTUP_DEADLINE_S = 30.0
+STOP_DEADLINE_S = 30.0
+WORKLOADS = ("batched publish", "batched consume + ack", "unbatched publish",
+             "unbatched consume + ack", "sync publish")
+BROKERS = ("magnetar", "pulsar-lite")
+
+
+@dataclass
+class Workload:
+    broker: str
+    name: str
+    messages: int = 0
+    seconds: float = 0.0
+    per_s: float = 0.0
+    stalled: bool = False
+
+    def finish(self, messages: int, seconds: float, stalled: bool = False) -> None:
+        self.messages = messages
+        self.seconds = seconds
+        self.per_s = messages / seconds if seconds > 0 else 0.0
+        self.stalled = stalled
+
+
+# -- pulsar-lite ----------------------------------------------------------------------------
+
+def pulsar_lite_binary() -> str:
+    """The broker binary the pulsar-lite wheel ships.
+
+    Raises:
+        RuntimeError: the package is not installed (it is in the `bench` extra).
+    """
+    spec = importlib.util.find_spec("pulsar_lite")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pulsar-lite is not installed: pip install -e '.[bench]'")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "bin", "pulsar-lite")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"the pulsar-lite binary is missing or not executable: {path}")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+class PulsarLiteProcess:
+    """pulsar-lite in a subprocess, its data and log in `directory`."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.port = _free_port()
+        self.log_path = os.path.join(directory, "pulsar-lite.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://{HOST}:{self.port}"
+
+    def start(self) -> None:
+        """Start it and wait until it accepts connections.
+
+        Raises:
+            RuntimeError: it exited or did not listen within `STARTUP_DEADLINE_S`.
+        """
+        config = os.path.join(self.directory, "pulsar-lite.toml")
+        with open(config, "w", encoding="utf-8") as out:
+            out.write("[metrics]\nenabled = false\n")  # else it listens on 0.0.0.0:8080
+        command = [pulsar_lite_binary(), "--config", config, "--addr", f"{HOST}:{self.port}",
+                   "--db-path", os.path.join(self.directory, "db"), "--log-level", "warn"]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=self.directory, stdout=log,
+                                            stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while not self._accepting():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"pulsar-lite did not listen within {STARTUP_DEADLINE_S} s")
+            time.sleep(0.05)
+
+    def _accepting(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"pulsar-lite exited with {self.process.returncode}; "
+                               f"see {self.log_path}")
+        try:
+            with socket.create_connection((HOST, self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM by PID and wait; SIGKILL if it does not exit within `STOP_DEADLINE_S`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=STOP_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=STOP_DEADLINE_S)
+
+
+@contextlib.contextmanager
+def running_pulsar_lite(scratch: str) -> Iterator[PulsarLiteProcess]:
+    peer = PulsarLiteProcess(tempfile.mkdtemp(prefix="pulsar-lite-", dir=scratch))
+    peer.start()
+    try:
+        yield peer
+    finally:
+        peer.stop()
+
+
+# -- the workloads --------------------------------------------------------------------------
+
+class _Receipts:
+    """Counts receipts of `send_async`; the client's own pending bound blocks the sender."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = 0
+        self.failed: list[str] = []
+        self.last_s = time.perf_counter()
+
+    def callback(self, result: Any, _message_id: Any) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            if result == pulsar.Result.Ok:
+                self.done += 1
+                self.last_s = now
+            else:
+                self.failed.append(str(result))
+
+    def wait_all(self, sent: int) -> bool:
+        """Wait for every receipt; False when none arrived for `STALL_S`."""
+        while True:
+            with self.lock:
+                if self.done + len(self.failed) >= sent:
+                    return True
+                quiet_s = time.perf_counter() - self.last_s
+            if quiet_s > STALL_S:
+                return False
+            time.sleep(0.005)
+
+
+def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Producer:
+    return client.create_producer(topic, batching_enabled=batching,
+                                  batching_max_messages=BATCH_MESSAGES,
+                                  batching_max_publish_delay_ms=BATCH_DELAY_MS,
+                                  block_if_queue_full=True, max_pending_messages=IN_FLIGHT,
+                                  send_timeout_millis=int(STALL_S * 3000))
+
+
+def _publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
+             result: Workload) -> None:
+    producer = _producer(client, topic, batching)
+    payload = os.urandom(MESSAGE_BYTES)
+    receipts = _Receipts()
+    sent = 0
+    started = time.perf_counter()
+    stop_at = started + seconds
+    while time.perf_counter() < stop_at:
+        producer.send_async(payload, receipts.callback)
+        sent += 1
+    complete = receipts.wait_all(sent)
+    result.finish(receipts.done, receipts.last_s - started, stalled=not complete)
+    if receipts.failed:
+        result.stalled = True
+    with contextlib.suppress(Exception):
+        producer.close()
+
+
+def _sync_publish(client: pulsar.Client, topic: str, seconds: float, result: Workload) -> None:
+    producer = _producer(client, topic, False)
+    payload = os.urandom(MESSAGE_BYTES)
+    sent = 0
+    started = time.perf_counter()
+    stop_at = started + seconds
+    stalled = False
+    try:
+        while time.perf_counter() < stop_at:
+            producer.send(payload)
+            sent += 1
+    except pulsar.Timeout:
+        stalled = True
+    result.finish(sent, time.perf_counter() - started, stalled=stalled)
+    producer.close()
+
+
+def _consume(client: pulsar.Client, topic: str, wanted: int, result: Workload) -> None:
+    started = time.perf_counter()
+    last = started
+    received = 0
+    consumer = client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive)
+    stalled = False
+    try:
+        for _ in range(wanted):
+            message = consumer.receive(timeout_millis=int(STALL_S * 1000))
+            consumer.acknowledge(message)
+            received += 1
+            last = time.perf_counter()
+    except pulsar.Timeout:
+        stalled = True
+    result.finish(received, last - started, stalled=stalled)
+    consumer.close()
+
+
+def run_workloads(broker: str, url: str, seconds: float, consume_max: int) -> list[Workload]:
+    """Every workload against the broker at `url`; one `Workload` each, in `WORKLOADS` order."""
+    results = {name: Workload(broker, name) for name in WORKLOADS}
+    client = pulsar.Client(url, operation_timeout_seconds=30,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    prefix = f"persistent://public/default/side-{broker}-{os.getpid()}"
+    try:
+        for kind in ("batched", "unbatched"):
+            topic = f"{prefix}-{kind}"
+            # The backlog subscription exists before the publish, so it keeps the messages.
+            client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
+                             initial_position=pulsar.InitialPosition.Earliest).close()
+            published = results[f"{kind} publish"]
+            _publish(client, topic, kind == "batched", seconds, published)
+            _consume(client, topic, min(consume_max, published.messages),
+                     results[f"{kind} consume + ack"])
+        _sync_publish(client, f"{prefix}-sync", seconds, results["sync publish"])
+    finally:
+        client.close()
+    return [results[name] for name in WORKLOADS]
+
+
+# -- the report -----------------------------------------------------------------------------
+
+def side_by_side_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per workload: each broker's messages/s, Magnetar over pulsar-lite, and for sync
+    publish Magnetar over the raw write+fdatasync rate."""
+    by_key = {(w["broker"], w["name"]): w for w in document["side_by_side"]}
+    fsync_per_s = document["limits"]["fsync_append_per_s"]
+    rows = []
+    for name in WORKLOADS:
+        ours, peer = by_key[("magnetar", name)], by_key[("pulsar-lite", name)]
+        rows.append({
+            "workload": name, "magnetar_per_s": ours["per_s"], "magnetar_stalled": ours["stalled"],
+            "peer_per_s": peer["per_s"], "peer_stalled": peer["stalled"],
+            "ratio": ours["per_s"] / peer["per_s"] if peer["per_s"] > 0 else None,
+            "vs_fsync": ours["per_s"] / fsync_per_s if name == "sync publish" else None})
+    return rows
+
+
+def _rate(per_s: float, stalled: bool) -> str:
+    return f"{per_s:,.0f}" + (" (stalled)" if stalled else "")
+
+
+def render_side_by_side(document: dict[str, Any],
+                        table: Callable[[list[str], list[list[str]], str], str]) -> str:
+    rows = [[r["workload"], _rate(r["magnetar_per_s"], r["magnetar_stalled"]),
+             _rate(r["peer_per_s"], r["peer_stalled"]),
+             "-" if r["ratio"] is None else f"{r['ratio']:.2f}",
+             "" if r["vs_fsync"] is None else f"{r['vs_fsync']:.2f}"]
+            for r in side_by_side_rows(document)]
+    headers = ["workload (1 KB)", "Magnetar msg/s", "pulsar-lite msg/s", "ratio", "x fsync"]
+    return ("Side by side with pulsar-lite (same run, same disk; ratio = Magnetar / "
+            "pulsar-lite)\n" + table(headers, rows, "lrrrr"))
+
+
+def plot_side_by_side(axes: Any, document: dict[str, Any]) -> None:
+    rows = side_by_side_rows(document)
+    width = 0.4
+    positions = range(len(rows))
+    axes.bar([i - width / 2 for i in positions], [r["magnetar_per_s"] for r in rows], width,
+             label="Magnetar")
+    axes.bar([i + width / 2 for i in positions], [r["peer_per_s"] for r in rows], width,
+             label="pulsar-lite")
+    axes.axhline(document["limits"]["fsync_append_per_s"], color="black", linestyle="--",
+                 label="raw fsync/s (growing file)")
+    axes.set_xticks(list(positions), [r["workload"].replace(" ", "\n", 1) for r in rows],
+                    fontsize="small")
+    axes.set_yscale("log")
+    axes.set_ylabel("messages/s (log)")
+    axes.set_title("1 KB, side by side with pulsar-lite")
+    axes.legend(fontsize="small")

@@ -1,0 +1,215 @@
+"""Publishing to a persistent topic: `Publisher`, the part of `PersistentTopic` that checks,
+deduplicates and appends SENDs (see `_topic.py`'s theory of operation, steps 1-4).
+
+A run of one producer's SENDs (`publish_many`, what one socket read delivered) is admitted one
+by one -- checks and dedup in order, so dedup sees each as pushed before the next -- then the
+admitted entries go to the managed ledger as one group (`ManagedLedger.add_entries`: one hold
+of its submit lock, one hand-off from the storage to the loop), and each outcome is recorded in
+order. `publish` is a run of one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from magnetar.codec import FRAME_PADDING_BYTES, pb
+
+from .._errors import (
+    BrokerError,
+    DiskFullError,
+    NotAllowedError,
+    PersistenceError,
+    TopicTerminatedError,
+    from_storage_error,
+)
+from .._names import TopicName
+from .._namespaces import EffectivePolicies
+from ..ledger._managed_ledger import ManagedLedger
+from ..ledger._position import Position
+from ._dedup import (
+    DEDUP_UNKNOWN_MESSAGE,
+    DeduplicationState,
+    DedupResult,
+    highest_sequence_id_of,
+)
+from ._entry_metadata import EntryMetadataAppender
+from ._producer import Producer, PublishResult, _count_in, _metadata_of
+
+if TYPE_CHECKING:
+    from ._service import BrokerService
+    from ._topic import PersistentTopic
+
+__all__ = ["Publisher", "Send"]
+
+log = logging.getLogger(__name__)
+
+# One SEND for `publish_many`: entry, sequence id, stated highest sequence id, metadata.
+Send = tuple[bytes, int, int, "pb.MessageMetadata | None"]
+
+
+class Publisher:
+    """Publishing for `PersistentTopic`, which sets these attributes and provides
+    `remove_producer`, `_spawn` and `_take_dedup_snapshot` (this is its last base, so theirs
+    win over the stubs here)."""
+
+    service: BrokerService
+    name: TopicName
+    producers: dict[str, Producer]
+    fenced: bool
+    dedup: DeduplicationState | None
+    entry_metadata: EntryMetadataAppender | None
+    managed_ledger: ManagedLedger
+    policies: EffectivePolicies
+    _dedup_recorded: Position
+
+    def remove_producer(self, producer: Producer) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, work: Any) -> None:
+        raise NotImplementedError
+
+    async def _take_dedup_snapshot(self) -> None:
+        raise NotImplementedError
+
+    async def publish(self, producer: Producer, entry: bytes, sequence_id: int,
+                      highest_sequence_id: int, metadata: pb.MessageMetadata | None = None,
+                      ) -> PublishResult:
+        """Append one entry (a message or a batch) for a producer.
+
+        Args:
+            producer: the publishing producer.
+            entry: the entry bytes as sent.
+            sequence_id: the SEND's (lowest) sequence id.
+            highest_sequence_id: the SEND's stated highest id; below `sequence_id` when it
+                stated none, and then dedup derives it from the entry
+                (`highest_sequence_id_of`).
+            metadata: the entry's metadata when the caller has it parsed already.
+
+        Raises:
+            NotAllowedError: too large, or delayed beyond the maximum; nothing written.
+            PersistenceError: dedup cannot tell yet, or storage failed; nothing written
+                (on a storage failure the entry may or may not be durable).
+            DiskFullError: the disk is full; nothing acknowledged, the producer is closed.
+            TopicTerminatedError: the topic is terminated, closing, or the producer is
+                closed (or still waiting for exclusive access).
+        """
+        outcome = (await self.publish_many(
+            producer, [(entry, sequence_id, highest_sequence_id, metadata)]))[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def publish_many(self, producer: Producer, sends: list[Send],
+                           ) -> list[PublishResult | BaseException]:
+        """`publish` for a run of one producer's SENDs (entry, sequence id, highest sequence
+        id, metadata), in order, with one managed-ledger add for those admitted; returns
+        each one's result or what `publish` would have raised for it."""
+        outcomes: list[PublishResult | BaseException | None] = [None] * len(sends)
+        admitted: list[tuple[int, bytes, int, bool, pb.MessageMetadata]] = []
+        for index, (entry, sequence_id, highest, metadata) in enumerate(sends):
+            try:
+                verdict = self._admit_send(producer, entry, sequence_id, highest, metadata)
+            except Exception as exc:
+                outcomes[index] = exc
+                continue
+            if verdict is None:
+                outcomes[index] = PublishResult(-1, -1)  # a duplicate: nothing written
+            else:
+                admitted.append((index, *verdict))
+        if admitted:
+            try:
+                positions = await self.managed_ledger.add_entries([a[1] for a in admitted])
+            except Exception as exc:
+                positions = [exc] * len(admitted)
+            for (index, _, highest, last_chunk, metadata), position in zip(
+                    admitted, positions, strict=True):
+                entry, sequence_id = sends[index][:2]
+                outcomes[index] = self._added(producer, position, entry, sequence_id,
+                                              highest, last_chunk, metadata)
+        assert all(outcome is not None for outcome in outcomes)
+        return outcomes  # type: ignore[return-value]
+
+    def _admit_send(self, producer: Producer, entry: bytes, sequence_id: int,
+               highest_sequence_id: int, metadata: pb.MessageMetadata | None,
+               ) -> tuple[bytes, int, bool, pb.MessageMetadata] | None:
+        """Publish's checks and dedup: the bytes to store, the highest sequence id, whether
+        it is a message's last chunk and the metadata; None for a duplicate. Raises as
+        `publish`."""
+        if producer.closed_on_full_disk:
+            raise DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
+        if self.fenced or producer.closed or self.producers.get(producer.name) is not producer:
+            raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
+        metadata = metadata if metadata is not None else _metadata_of(entry)
+        self._check_message(entry, metadata)
+        dedup = self.dedup
+        last_chunk = not metadata.HasField("chunk_id") or \
+            metadata.chunk_id == metadata.num_chunks_from_msg - 1
+        if dedup is not None:
+            highest_sequence_id = highest_sequence_id_of(sequence_id, highest_sequence_id,
+                                                         metadata, entry)
+            verdict = dedup.check(producer.name, sequence_id, highest_sequence_id,
+                                  is_chunk_not_last=not last_chunk)
+            if verdict is DedupResult.DUP:
+                return None
+            if verdict is DedupResult.UNKNOWN:
+                raise PersistenceError(DEDUP_UNKNOWN_MESSAGE)
+        stored = entry if self.entry_metadata is None else \
+            self.entry_metadata.prefix(entry, metadata)
+        return stored, highest_sequence_id, last_chunk, metadata
+
+    def _added(self, producer: Producer, position: Position | BaseException, entry: bytes,
+               sequence_id: int, highest_sequence_id: int, last_chunk: bool,
+               metadata: pb.MessageMetadata) -> PublishResult | BaseException:
+        """An admitted entry's add finished (`position`, or its error): dedup records it;
+        the publish's result, or the error `publish` raises."""
+        dedup = self.dedup
+        if isinstance(position, BaseException):
+            if isinstance(position, BrokerError):
+                return position
+            if dedup is not None:
+                dedup.reset_pushed_to_persisted()
+            from magnetar.storage import StorageError, StorageFullError
+
+            if isinstance(position, StorageFullError):
+                return self._refuse_for_full_disk(producer, position)
+            if isinstance(position, StorageError):
+                return from_storage_error(position)
+            return PersistenceError(f"write to {self.name} failed: {position}")
+        if dedup is not None and last_chunk:
+            dedup.record_persisted(producer.name, sequence_id, highest_sequence_id)
+            self._dedup_recorded = max(self._dedup_recorded, position)
+            # Every `entries_interval` entries; the time-based snapshot is maintenance's.
+            # Not once the topic is closing: `close` cancelled the background tasks and
+            # takes the last snapshot itself (a task spawned now would outlive the topic).
+            if not dedup.snapshot_running and not self.fenced and \
+                    dedup.entries_since_snapshot >= \
+                    self.service.config.broker_deduplication_entries_interval:
+                self._spawn(self._take_dedup_snapshot())
+        _count_in(cast("PersistentTopic", self), producer, entry, metadata)
+        return PublishResult(position.ledger_id, position.entry_id)
+
+    def _refuse_for_full_disk(self, producer: Producer, error: Exception) -> DiskFullError:
+        """A publish failed on a full disk: close the producer (CLOSE_PRODUCER) instead of
+        answering SEND_ERROR, which the official client treats as a broken connection and
+        answers by resending forever. It reconnects, is refused with DiskFullError while the
+        disk is full, and fails its pending sends with that error."""
+        if not producer.closed:
+            log.warning("closing producer %s of %s: the disk is full (%s)", producer.name,
+                        self.name, error)
+            producer.closed_on_full_disk = True
+            self.remove_producer(producer)
+            producer.disconnect("the broker's disk is full")
+        return DiskFullError(f"Cannot publish to {self.name}: the broker's disk is full")
+
+    def _check_message(self, entry: bytes, metadata: pb.MessageMetadata) -> None:
+        limit = self.service.config.max_message_size_bytes + FRAME_PADDING_BYTES
+        if len(entry) > limit:
+            raise NotAllowedError(f"Message of {len(entry)} bytes exceeds the maximum "
+                                  f"{self.service.config.max_message_size_bytes} on {self.name}")
+        max_delay = self.policies.delayed_delivery_max_delay_ms
+        if max_delay > 0 and metadata.HasField("deliver_at_time") and \
+                metadata.deliver_at_time - metadata.publish_time > max_delay:
+            raise NotAllowedError(
+                f"Exceeds max allowed delivery delay of {max_delay} milliseconds")
+

@@ -1,0 +1,55 @@
+"""SEND_RECEIPT frames built without the protobuf runtime: the broker writes one per SEND,
+and building `BaseCommand(type=SEND_RECEIPT, send_receipt=...)` then serializing it cost more
+than the rest of a receipt's handling. The bytes are those the runtime produces (fields in
+number order, the same varints); tests/codec/test_receipts.py checks it byte for byte over
+arbitrary ids. Field numbers come from the descriptors, so they are defined once.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from ._proto import pulsar_api_pb2 as pb
+from ._wire import UINT64_MASK, encode_varint
+
+__all__ = ["send_receipt_frame"]
+
+_SIZES: Final = struct.Struct(">II")
+_RECEIPT_FIELDS: Final = pb.CommandSendReceipt.DESCRIPTOR.fields_by_name
+_ID_FIELDS: Final = pb.MessageIdData.DESCRIPTOR.fields_by_name
+_BODY_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["send_receipt"].number
+_TYPE_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["type"].number
+
+
+def _key(number: int, wire_type: int) -> bytes:
+    return encode_varint(number << 3 | wire_type)
+
+
+_VARINT, _BYTES = 0, 2
+_COMMAND_HEAD: Final = _key(_TYPE_FIELD, _VARINT) + encode_varint(pb.BaseCommand.SEND_RECEIPT) \
+    + _key(_BODY_FIELD, _BYTES)
+_PRODUCER: Final = _key(_RECEIPT_FIELDS["producer_id"].number, _VARINT)
+_SEQUENCE: Final = _key(_RECEIPT_FIELDS["sequence_id"].number, _VARINT)
+_MESSAGE_ID: Final = _key(_RECEIPT_FIELDS["message_id"].number, _BYTES)
+_HIGHEST: Final = _key(_RECEIPT_FIELDS["highest_sequence_id"].number, _VARINT)
+_LEDGER: Final = _key(_ID_FIELDS["ledgerId"].number, _VARINT)
+_ENTRY: Final = _key(_ID_FIELDS["entryId"].number, _VARINT)
+
+
+def send_receipt_frame(producer_id: int, sequence_id: int, ledger_id: int, entry_id: int,
+                       highest_sequence_id: int) -> bytes:
+    """The whole frame (size prefixes included) of
+    `CommandSendReceipt(producer_id, sequence_id, MessageIdData(ledgerId, entryId),
+    highest_sequence_id)`; negative ledger and entry ids go out as their uint64 form (a
+    duplicate's (-1, -1)). The ids must fit uint64 (asserted: they are the broker's own)."""
+    assert 0 <= producer_id <= UINT64_MASK
+    assert 0 <= sequence_id <= UINT64_MASK
+    assert 0 <= highest_sequence_id <= UINT64_MASK
+    message_id = (_LEDGER + encode_varint(ledger_id & UINT64_MASK)
+                  + _ENTRY + encode_varint(entry_id & UINT64_MASK))
+    body = b"".join((_PRODUCER, encode_varint(producer_id), _SEQUENCE, encode_varint(sequence_id),
+                     _MESSAGE_ID, encode_varint(len(message_id)), message_id,
+                     _HIGHEST, encode_varint(highest_sequence_id)))
+    command = b"".join((_COMMAND_HEAD, encode_varint(len(body)), body))
+    return _SIZES.pack(len(command) + 4, len(command)) + command
