@@ -42,17 +42,17 @@ from ._enums import (
     PartitionsRoutingMode,
     ProducerAccessMode,
     RegexSubscriptionMode,
+    Result,
 )
 from ._errors import *  # noqa: F403 -- the exception classes are public names
 from ._errors import __all__ as _ERRORS
 
 if TYPE_CHECKING:
-    from magnetar.codec import MessageId
-
     from ._auth import AuthenticationToken
     from ._client import Client, Consumer, ConsumerBatchReceivePolicy, Producer, Reader
     from ._dead_letter import ConsumerDeadLetterPolicy
     from ._message import Message
+    from ._message_id import MessageId
     from ._options import ConsumerKeySharedPolicy
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "ProducerAccessMode",
     "Reader",
     "RegexSubscriptionMode",
+    "Result",
     *[name for name in _ERRORS if name != "error_for_code"],
 ]
 
@@ -87,7 +88,7 @@ _LAZY: dict[str, str] = {
     "Producer": "._client",
     "Reader": "._client",
     "Message": "._message",
-    "MessageId": ".codec",
+    "MessageId": "._message_id",
 }
 
 

@@ -15,20 +15,20 @@ import asyncio
 import collections
 import concurrent.futures
 import datetime
-import functools
 import logging
 import re
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from magnetar.codec import MessageId
+from magnetar.codec import MessageId as CodecMessageId
 
 from ._auth import AuthenticationToken
 from ._core import ClientCore, ClientSettings, parse_service_url
-from ._errors import AlreadyClosed, InvalidConfiguration
+from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
 from ._group import ConsumerGroup
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
+from ._message_id import MessageId, codec_id
 from ._options import (
     check_properties,
     consumer_options,
@@ -39,7 +39,7 @@ from ._options import (
 )
 from ._producer import OutMessage
 from ._routing import ProducerSet
-from ._sender import AsyncSender, SendCallback
+from ._sender import AsyncSender, SendCallback, SendWaiter
 from ._tcp_connection import TlsSettings
 
 if TYPE_CHECKING:
@@ -143,7 +143,8 @@ class Client:
                 max_workers=1, thread_name_prefix="magnetar-listener")
         return self._listeners
 
-    def create_reader(self, topic: str, start_message_id: MessageId, **kwargs: Any) -> Reader:
+    def create_reader(self, topic: str, start_message_id: MessageId | CodecMessageId,
+                      **kwargs: Any) -> Reader:
         """A reader from `start_message_id` (exclusive unless start_message_id_inclusive)."""
         options = reader_options(topic, start_message_id, **kwargs)
         return Reader(self, self._run(self._core.subscribe(options)))
@@ -205,13 +206,29 @@ class Producer:
         return not self._core.closed and not self._client._core.closed
 
     def send(self, content: bytes | None, **kwargs: Any) -> MessageId:
-        """Send and wait until the broker stored it; arguments as the official `send`."""
-        return self._client._run(_send_and_wait(self._core, out_message(content, **kwargs)))
+        """Send and wait until the broker stored it; arguments as the official `send`.
+
+        The message goes the way `send_async`'s do (in order with them), and the caller waits
+        for its outcome.
+
+        Raises:
+            PulsarException: the send failed (`Timeout`, `MessageTooBig`, ...).
+            RuntimeError: called from a callback on the client's own thread."""
+        message = out_message(content, **kwargs)
+        if self._client._core.closed:
+            raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
+        if self._client._thread.on_loop():
+            raise RuntimeError("a blocking magnetar call was made from the client's own loop "
+                               "(a callback); use send_async or the asyncio API there")
+        waiter = SendWaiter()
+        self._sender.send_async(message, waiter)
+        return MessageId.wrap(waiter.wait())
 
     def send_async(self, content: bytes | None, callback: SendCallback | None,
                    **kwargs: Any) -> None:
-        """Queue a message and return; `callback(error, message_id)` runs on the client's
-        thread once the broker answered (error None on success) or the message was refused.
+        """Queue a message and return; `callback(result, message_id)` runs on the client's
+        thread once the broker answered (`Result.Ok`, and the id) or the message was refused
+        (the failure's `Result`, and None), as in the official client.
         Blocks only while the queue is full and `block_if_queue_full` is set.
 
         Raises:
@@ -236,7 +253,7 @@ class Producer:
 
 
 async def _send_and_wait(core: ProducerSet, message: OutMessage) -> MessageId:
-    return await (await core.send(message))
+    return MessageId.wrap(await (await core.send(message)))
 
 
 async def _after(first: Coroutine[Any, Any, None], then: Coroutine[Any, Any, None]) -> None:
@@ -254,6 +271,8 @@ class Consumer:
         self._batch_policy = batch_policy or ConsumerBatchReceivePolicy()
         self._listening: concurrent.futures.Future[None] | None = None
         self._local: collections.deque[tuple[Message, int]] = collections.deque()
+        self._acks: collections.deque[Message] = collections.deque()  # to hand to the loop
+        self._acks_scheduled = False
         self._read_ahead = max(1, min(READ_AHEAD_MAX, group.config.receiver_queue_size // 2))
 
     def topic(self) -> str:
@@ -314,21 +333,37 @@ class Consumer:
         return taken + self._client._run(self._group.batch_receive(
             rest, size, policy.timeout_ms))
 
-    def acknowledge(self, message: Message | MessageId) -> None:
+    def acknowledge(self, message: Message | MessageId | CodecMessageId) -> None:
         """Acknowledge a message (or a message id). A Message's ack is queued to the loop
         without waiting for it (acks are grouped there anyway); an id is resolved first."""
         if isinstance(message, Message) and message.owner is not None and \
                 getattr(message.owner, "group", None) is self._group:
             if self._group.closed or self._client._core.closed:
                 raise AlreadyClosed(f"consumer on {self._group.topic} is closed")
-            self._client._thread.call(functools.partial(self._group.acknowledge, message))
+            self._acks.append(message)
+            if not self._acks_scheduled:  # one hand-off per burst (see `_drain_acks`)
+                self._acks_scheduled = True
+                self._client._thread.call(self._drain_acks)
             return
         self._client._run(_call(self._group.acknowledge, message))
 
-    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+    def _drain_acks(self) -> None:
+        """Apply the queued acks (on the loop). The flag drops before the deque is read, so an
+        ack appended after the last read schedules another drain; order is kept."""
+        self._acks_scheduled = False
+        while self._acks:
+            message = self._acks.popleft()
+            try:
+                self._group.acknowledge(message)
+            except PulsarException as exc:  # closed meanwhile: the broker redelivers it
+                log.debug("ack of %s on %s dropped: %s", message, self._group.topic, exc)
+
+    def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
+                               ) -> None:
         self._client._run(_call(self._group.acknowledge_cumulative, message))
 
-    def negative_acknowledge(self, message: Message | MessageId) -> None:
+    def negative_acknowledge(self, message: Message | MessageId | CodecMessageId,
+                             ) -> None:
         self._client._run(_call(self._group.negative_acknowledge, message))
 
     def redeliver_unacknowledged_messages(self) -> None:
@@ -342,9 +377,10 @@ class Consumer:
         self._client._run(self._group.reconsume_later(
             message, delay_ms(delay), check_properties(properties)))
 
-    def seek(self, target: MessageId | int) -> None:
+    def seek(self, target: MessageId | CodecMessageId | int) -> None:
         """Move the subscription to a message id or a publish time (ms since the epoch)."""
-        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+        target = codec_id(target)
+        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
             raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
         timeout = self._client._settings.operation_timeout_s
         self._local.clear()
@@ -352,7 +388,8 @@ class Consumer:
 
     def get_last_message_id(self) -> MessageId:
         child = self._group.only_child("get_last_message_id")
-        return self._client._run(child.transport.last_message_id(child.consumer_id))[0]
+        return MessageId.wrap(
+            self._client._run(child.transport.last_message_id(child.consumer_id))[0])
 
     def unsubscribe(self) -> None:
         self._client._run(self._group.unsubscribe())
@@ -386,8 +423,9 @@ class Reader:
     def has_message_available(self) -> bool:
         return self._client._run(self._group.has_message_available())
 
-    def seek(self, target: MessageId | int) -> None:
-        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+    def seek(self, target: MessageId | CodecMessageId | int) -> None:
+        target = codec_id(target)
+        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
             raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
         self._client._run(self._group.seek(target, self._client._settings.operation_timeout_s))
 

@@ -55,6 +55,7 @@ from magnetar.codec import (
 from ._dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from ._errors import PulsarException
 from ._message import Message
+from ._message_id import trusted_id
 from ._transport import Incoming, KeySharedPolicy, SubscribeRequest, Transport
 
 if TYPE_CHECKING:
@@ -226,7 +227,7 @@ class TopicConsumer:
             self.give_permits(max(1, incoming.metadata.num_messages_in_batch))
             return
         metadata, payload = incoming.metadata, incoming.payload
-        entry_id = MessageId(incoming.ledger_id, incoming.entry_id, self.partition)
+        entry_id = trusted_id(incoming.ledger_id, incoming.entry_id, self.partition)
         chunk_ids: tuple[MessageId, ...] = ()
         if metadata.HasField("num_chunks_from_msg") and metadata.num_chunks_from_msg > 1:
             result = self._chunks.add(entry_id, metadata, payload, time.time() * 1000)
@@ -257,15 +258,16 @@ class TopicConsumer:
         acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else set()
         out: list[Message] = []
         skipped = 0
+        check_start = self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
         for single in messages:
             if batched:
-                message_id = MessageId(entry_id.ledger_id, entry_id.entry_id, self.partition,
-                                       single.batch_index, size)
+                message_id = trusted_id(entry_id.ledger_id, entry_id.entry_id, self.partition,
+                                        single.batch_index, size)
             else:
                 message_id = entry_id
             if single.batch_index in acked:
                 continue
-            if single.compacted_out or self._before_start(message_id):
+            if single.compacted_out or (check_start and self._before_start(message_id)):
                 skipped += 1
                 acked.add(single.batch_index)
                 continue
@@ -309,10 +311,10 @@ class TopicConsumer:
 
     def taken(self, message: Message) -> None:
         """The application took `message` from the queue: a permit back, ack-timeout tracking."""
-        self.last_dequeued = message.message_id()
+        self.last_dequeued = message.codec_id
         self.give_permits(1)
         if self.config.ack_timeout_ms:
-            key = (message.message_id().ledger_id, message.message_id().entry_id)
+            key = (message.codec_id.ledger_id, message.codec_id.entry_id)
             self._unacked.setdefault(key, time.monotonic() + self.config.ack_timeout_ms / 1000)
             self._arm_tracker()
 

@@ -147,7 +147,7 @@ class DeadLetters:
 def _dead_letter_copy(message: Message) -> OutMessage:
     properties = message.properties()
     properties.setdefault(REAL_TOPIC, message.topic_name())
-    properties.setdefault(ORIGIN_MESSAGE_ID, str(message.message_id()))
+    properties.setdefault(ORIGIN_MESSAGE_ID, str(message.codec_id))
     ordering = message.ordering_key()
     return OutMessage(payload=None if message.has_null_value() else message.data(),
                       properties=properties, partition_key=message.partition_key() or None,

@@ -17,6 +17,7 @@ __all__ = [
     "PartitionsRoutingMode",
     "ProducerAccessMode",
     "RegexSubscriptionMode",
+    "Result",
 ]
 
 
@@ -67,3 +68,64 @@ class RegexSubscriptionMode(enum.Enum):
 class KeySharedMode(enum.Enum):
     AutoSplit = "AUTO_SPLIT"
     Sticky = "STICKY"
+
+
+class Result(enum.IntEnum):
+    """An operation's outcome as the official client reports it (`send_async` callbacks):
+    the official names and the C++ client's values; every failure but `Ok` is also the name of
+    an exception class (`magnetar.Timeout`, ...) where the client raises it."""
+
+    Ok = 0
+    UnknownError = 1
+    InvalidConfiguration = 2
+    Timeout = 3
+    LookupError = 4
+    ConnectError = 5
+    ReadError = 6
+    AuthenticationError = 7
+    AuthorizationError = 8
+    ErrorGettingAuthenticationData = 9
+    BrokerMetadataError = 10
+    BrokerPersistenceError = 11
+    ChecksumError = 12
+    ConsumerBusy = 13
+    NotConnected = 14
+    AlreadyClosed = 15
+    InvalidMessage = 16
+    ConsumerNotInitialized = 17
+    ProducerNotInitialized = 18
+    ProducerBusy = 19
+    TooManyLookupRequestException = 20
+    InvalidTopicName = 21
+    InvalidUrl = 22
+    ServiceUnitNotReady = 23
+    OperationNotSupported = 24
+    ProducerBlockedQuotaExceededError = 25
+    ProducerBlockedQuotaExceededException = 26
+    ProducerQueueIsFull = 27
+    MessageTooBig = 28
+    TopicNotFound = 29
+    SubscriptionNotFound = 30
+    ConsumerNotFound = 31
+    UnsupportedVersionError = 32
+    TopicTerminated = 33
+    CryptoError = 34
+    IncompatibleSchema = 35
+    ConsumerAssignError = 36
+    CumulativeAcknowledgementNotAllowedError = 37
+    TransactionCoordinatorNotFoundError = 38
+    InvalidTxnStatusError = 39
+    NotAllowedError = 40
+    TransactionConflict = 41
+    TransactionNotFound = 42
+    ProducerFenced = 43
+    MemoryBufferIsFull = 44
+    Interrupted = 45
+
+    @classmethod
+    def of(cls, error: BaseException | None) -> Result:
+        """The result for an exception (`Ok` for None): the member named as its class, else
+        `UnknownError`."""
+        if error is None:
+            return cls.Ok
+        return cls.__members__.get(type(error).__name__, cls.UnknownError)

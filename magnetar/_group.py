@@ -38,6 +38,8 @@ from ._errors import (
     Timeout,
 )
 from ._message import Message
+from ._message_id import MessageId as ClientMessageId
+from ._message_id import codec_id
 from ._retry import RetryLetters
 from ._transport import Transport
 
@@ -268,15 +270,16 @@ class ConsumerGroup:
 
     # -- acks ------------------------------------------------------------------------------
 
-    def _owner(self, target: Message | MessageId) -> tuple[TopicConsumer, MessageId,
-                                                           tuple[MessageId, ...]]:
+    def _owner(self, target: Message | MessageId | ClientMessageId,
+               ) -> tuple[TopicConsumer, MessageId, tuple[MessageId, ...]]:
         self._check_open()
+        target = codec_id(target)
         if isinstance(target, Message):
             owner = target.owner
             if not isinstance(owner, TopicConsumer) or owner.group is not self:
-                raise OperationNotSupported(f"message {target.message_id()} was not received "
+                raise OperationNotSupported(f"message {target.codec_id} was not received "
                                             f"by this consumer on {self.topic}")
-            return owner, target.message_id(), target.chunk_ids
+            return owner, target.codec_id, target.chunk_ids
         if not isinstance(target, MessageId):
             raise InvalidConfiguration(f"expected a Message or a MessageId, not {target!r}")
         if len(self.children) == 1:
@@ -288,11 +291,11 @@ class ConsumerGroup:
         raise OperationNotSupported(f"cannot tell which topic of {self.topic} message id "
                                     f"{target} belongs to: acknowledge the Message instead")
 
-    def acknowledge(self, target: Message | MessageId) -> None:
+    def acknowledge(self, target: Message | MessageId | ClientMessageId) -> None:
         owner, message_id, chunks = self._owner(target)
         owner.acknowledge(message_id, chunks)
 
-    def acknowledge_cumulative(self, target: Message | MessageId) -> None:
+    def acknowledge_cumulative(self, target: Message | MessageId | ClientMessageId) -> None:
         if self.config.redelivers_by_id:
             raise CumulativeAcknowledgementNotAllowedError(
                 f"cumulative acks are not allowed on {self.config.sub_type} subscription "
@@ -300,7 +303,7 @@ class ConsumerGroup:
         owner, message_id, _ = self._owner(target)
         owner.acknowledge_cumulative(message_id)
 
-    def negative_acknowledge(self, target: Message | MessageId) -> None:
+    def negative_acknowledge(self, target: Message | MessageId | ClientMessageId) -> None:
         owner, message_id, chunks = self._owner(target)
         for chunk in chunks[:-1]:
             owner.negative_acknowledge(chunk)
@@ -312,8 +315,9 @@ class ConsumerGroup:
 
     # -- seek, last id, close --------------------------------------------------------------
 
-    async def seek(self, target: MessageId | int, timeout_s: float) -> None:
+    async def seek(self, target: MessageId | ClientMessageId | int, timeout_s: float) -> None:
         self._check_open()
+        target = codec_id(target)
         self._queue.clear()
         await asyncio.gather(*(c.seek(target, timeout_s) for c in self.children.values()))
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from magnetar.codec import MessageId
 
+from ._message_id import MessageId as ClientMessageId
+
 __all__ = ["Message"]
 
 
@@ -67,7 +69,13 @@ class Message:
     def event_timestamp(self) -> int:
         return self._event_time
 
-    def message_id(self) -> MessageId:
+    def message_id(self) -> ClientMessageId:
+        """The id, as the official client shapes it (`ledger_id()`, `serialize()`, ...)."""
+        return ClientMessageId.wrap(self._id)
+
+    @property
+    def codec_id(self) -> MessageId:
+        """The id as the client core and the codec handle it (internal)."""
         return self._id
 
     def topic_name(self) -> str:

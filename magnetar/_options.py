@@ -32,6 +32,8 @@ from ._enums import (
 )
 from ._errors import InvalidConfiguration
 from ._group import complete_topic_name
+from ._message_id import MessageId as ClientMessageId
+from ._message_id import codec_id
 from ._producer import OutMessage, ProducerConfig
 from ._routing import MessageRouter
 from ._transport import KeySharedPolicy
@@ -303,7 +305,8 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
                            regex_subscription_mode.value, float(pattern_auto_discovery_period))
 
 
-def reader_options(topic: str, start_message_id: MessageId, *, receiver_queue_size: int = 1000,
+def reader_options(topic: str, start_message_id: MessageId | ClientMessageId, *,
+                   receiver_queue_size: int = 1000,
                    reader_name: str | None = None, subscription_role_prefix: str | None = None,
                    is_read_compacted: bool = False, start_message_id_inclusive: bool = False,
                    schema: Any = None, reader_listener: Any = None,
@@ -315,6 +318,7 @@ def reader_options(topic: str, start_message_id: MessageId, *, receiver_queue_si
         raise InvalidConfiguration("schemas, reader listeners and encryption are not "
                                    "supported by the magnetar client yet")
     _check(topic, str, "topic")
+    start_message_id = codec_id(start_message_id)
     _check(start_message_id, MessageId, "start_message_id")
     _check(receiver_queue_size, int, "receiver_queue_size")
     prefix = f"{subscription_role_prefix}-" if subscription_role_prefix else ""

@@ -47,7 +47,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from magnetar.codec import (
     Batch,
@@ -77,9 +77,10 @@ from ._errors import (
     ServiceUnitNotReady,
     Timeout,
 )
+from ._message_id import trusted_id
 from ._transport import ProducerOpened, ProducerRequest, Transport
 
-__all__ = ["OutMessage", "ProducerConfig", "ProducerCore"]
+__all__ = ["OutMessage", "ProducerConfig", "ProducerCore", "ResultSink"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -141,6 +142,17 @@ class OutMessage:
                              event_time=self.event_time, sequence_id=sequence_id)
 
 
+class ResultSink(Protocol):
+    """Where one message's outcome goes: an `asyncio.Future`, or any object with the same three
+    methods (`send_async` passes one that calls back without a future's scheduling)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: MessageId, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
 @dataclass(eq=False)
 class _Op:
     """One entry in flight (a message, a batch, or one chunk)."""
@@ -148,7 +160,7 @@ class _Op:
     sequence_id: int
     highest_sequence_id: int
     slots: int
-    results: list[asyncio.Future[MessageId]]  # one per message; empty for non-last chunks
+    results: list[ResultSink]  # one per message; empty for non-last chunks
     created_s: float
     batch_size: int = 0  # > 0 for batches: message i gets batch index i
     done: bool = False
@@ -156,6 +168,7 @@ class _Op:
     payload: bytes = b""
     num_messages: int = 1
     in_flight: bool = False  # handed to the transport and not answered yet
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)  # flush calls
 
 
 def _now_ms() -> int:
@@ -182,7 +195,7 @@ class ProducerCore:
         self._room.set()
         self._ops: dict[_Op, None] = {}  # in flight, oldest first
         self._container: BatchContainer | KeyBasedBatchContainer | None = None
-        self._batch_results: dict[int, asyncio.Future[MessageId]] = {}
+        self._batch_results: dict[int, ResultSink] = {}
         self._batch_timer: asyncio.TimerHandle | None = None
         self._timeout_timer: asyncio.TimerHandle | None = None
         self._closed_reason: str | None = None
@@ -265,7 +278,11 @@ class ProducerCore:
     async def flush(self) -> None:
         """Send the open batch and wait for every op pending now (failures are the sends')."""
         self._send_batches(self._drain_container())
-        pending = [f for op in self._ops for f in op.results]
+        loop = asyncio.get_running_loop()
+        pending: list[asyncio.Future[None]] = []
+        for op in self._ops:
+            op.waiters.append(loop.create_future())
+            pending.append(op.waiters[-1])
         if pending:
             await asyncio.wait(pending)
 
@@ -301,27 +318,62 @@ class ProducerCore:
         Raises:
             AlreadyClosed, ProducerQueueIsFull, MessageTooBig: nothing was queued.
         """
-        self._check_open()
         result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        await self.send_to(message, result)
+        return result
+
+    async def send_to(self, message: OutMessage, sink: ResultSink) -> None:
+        """As `send`, the outcome going to `sink`."""
+        if not self.offer(message, sink):
+            entry = self._entry(message)
+            await self._reserve(1 if entry is None else len(entry[2]))
+            self._enqueue(message, sink, entry)
+
+    def offer(self, message: OutMessage, sink: ResultSink) -> bool:
+        """Queue `message` if its slots are free now, its outcome going to `sink`; False (and
+        nothing queued) when it would have to wait for room -- then `send_to` waits.
+
+        Raises:
+            AlreadyClosed, MessageTooBig: nothing was queued.
+        """
+        entry = self._entry(message)
+        slots = 1 if entry is None else len(entry[2])
+        if self._slots_used + slots > self.config.max_pending_messages and self._slots_used:
+            return False
+        self._slots_used += slots
+        self._enqueue(message, sink, entry)
+        return True
+
+    def _entry(self, message: OutMessage,
+               ) -> tuple[pb.MessageMetadata, bytes, list[None]] | None:
+        """None for a message that goes into the open batch, else its single entry's metadata,
+        payload and one item per entry it takes (chunks)."""
+        self._check_open()
         if self._container is not None and message.deliver_at_ms is None:
-            await self._reserve(1)
+            return None
+        metadata, payload = build_message(
+            message.single(0), producer_name=self.producer_name, publish_time=_now_ms(),
+            compression=int(self.config.compression_type))
+        if message.deliver_at_ms is not None:
+            metadata.deliver_at_time = message.deliver_at_ms
+        return metadata, payload, self._pieces(metadata, payload)
+
+    def _enqueue(self, message: OutMessage, sink: ResultSink,
+                 entry: tuple[pb.MessageMetadata, bytes, list[None]] | None) -> None:
+        """Put a message whose slots are taken into the batch or on the wire."""
+        if entry is None:
+            assert self._container is not None
             sequence_id = self._assign(message.sequence_id)
             possible_duplicate = sequence_id <= self._last_pushed
             if possible_duplicate or self._duplicate_batched:
                 self._send_batches(self._drain_container())
             self._duplicate_batched = possible_duplicate
             self._last_pushed = max(self._last_pushed, sequence_id)
-            self._batch_results[sequence_id] = result
+            self._batch_results[sequence_id] = sink
             self._send_batches(self._container.add(message.single(sequence_id), _now_ms()))
             self._arm_batch_timer()
-            return result
-        metadata, payload = build_message(
-            message.single(0), producer_name=self.producer_name, publish_time=_now_ms(),
-            compression=int(self.config.compression_type))
-        if message.deliver_at_ms is not None:
-            metadata.deliver_at_time = message.deliver_at_ms
-        pieces = self._pieces(metadata, payload)
-        await self._reserve(len(pieces))
+            return
+        metadata, payload, pieces = entry
         sequence_id = self._assign(message.sequence_id)
         self._last_pushed = max(self._last_pushed, sequence_id)
         metadata.sequence_id = sequence_id
@@ -329,9 +381,8 @@ class ProducerCore:
             metadata)) if len(pieces) > 1 else [(metadata, payload)]
         for index, (chunk_metadata, chunk_payload) in enumerate(chunks):
             last = index == len(chunks) - 1
-            self._dispatch(_Op(sequence_id, sequence_id, 1, [result] if last else [],
+            self._dispatch(_Op(sequence_id, sequence_id, 1, [sink] if last else [],
                                time.monotonic()), chunk_metadata, chunk_payload, 1)
-        return result
 
     def _chunk_size(self, metadata: pb.MessageMetadata) -> int:
         return chunk_payload_size_bytes(metadata, self.transport.max_message_size)
@@ -406,7 +457,7 @@ class ProducerCore:
                 continue
             self._dispatch(op, metadata, payload, count)
 
-    def _take_batch_results(self, batch: Batch) -> list[asyncio.Future[MessageId]]:
+    def _take_batch_results(self, batch: Batch) -> list[ResultSink]:
         """The futures of a closed batch's messages. A key-based container regroups messages
         by key, so they are found by sequence id (unique within the open batches: a repeated
         or lower id closes them first)."""
@@ -452,16 +503,19 @@ class ProducerCore:
         op.done = True
         self._ops.pop(op, None)
         self._release(op.slots)
+        for waiter in op.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         for index, result in enumerate(op.results):
             if result.done():
                 continue
             if error is not None:
                 result.set_exception(error)
             elif op.batch_size:
-                result.set_result(MessageId(ledger_id, entry_id, self.partition, index,
-                                            op.batch_size))
+                result.set_result(trusted_id(ledger_id, entry_id, self.partition, index,
+                                             op.batch_size))
             else:
-                result.set_result(MessageId(ledger_id, entry_id, self.partition))
+                result.set_result(trusted_id(ledger_id, entry_id, self.partition))
 
     def _fail_all(self, error: PulsarException) -> None:
         for op in list(self._ops):

@@ -70,7 +70,7 @@ class RetryLetters:
         """
         properties = message.properties()
         properties.setdefault(REAL_TOPIC, message.topic_name())
-        properties.setdefault(ORIGIN_MESSAGE_ID, str(message.message_id()))
+        properties.setdefault(ORIGIN_MESSAGE_ID, str(message.codec_id))
         properties.update(extra)
         try:
             times = int(properties.get(RECONSUMETIMES, "0")) + 1

@@ -24,14 +24,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 from magnetar.codec import MessageId, boost_hash
 
 from ._enums import PartitionsRoutingMode
 from ._errors import InvalidConfiguration
 from ._message import Message
-from ._producer import OutMessage, ProducerConfig, ProducerCore
+from ._producer import OutMessage, ProducerConfig, ProducerCore, ResultSink
 from ._transport import Transport
 
 __all__ = ["MessageRouter", "ProducerSet"]
@@ -122,6 +123,13 @@ class ProducerSet:
 
     async def send(self, message: OutMessage) -> asyncio.Future[MessageId]:
         return await self._choose(message).send(message)
+
+    def offer(self, message: OutMessage, sink: ResultSink,
+              ) -> Coroutine[Any, Any, None] | None:
+        """Queue `message` on its partition now if there is room (None); else the coroutine
+        that waits for room and queues it (see `ProducerCore.offer`)."""
+        core = self._choose(message)
+        return None if core.offer(message, sink) else core.send_to(message, sink)
 
     async def flush(self) -> None:
         await asyncio.gather(*(core.flush() for core in self.cores))

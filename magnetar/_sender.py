@@ -4,40 +4,131 @@ Theory of operation
 -------------------
 A blocking call into the client's loop costs a thread switch each way; `send_async` is the
 call applications make in a tight loop, so it does not wait for the loop at all. The caller's
-thread takes a slot from a semaphore of `slots` (waiting for one with `block_if_queue_full`,
-else raising `ProducerQueueIsFull` at once), appends the message to a deque, and schedules a
-drain on the loop unless one is scheduled already. The drain task hands the queued messages to
-the producer core in order; a message the core refuses (too big, producer closed) reports its
-error through the callback. A slot is freed when the message's callback runs.
+thread takes a slot of `slots` (`_Slots`: waiting for one with `block_if_queue_full`, else
+raising `ProducerQueueIsFull` at once), appends the message to a deque, and schedules a
+drain on the loop unless one is scheduled already -- one thread switch per burst, not per
+message. The drain hands the queued messages to the producer core in order, right in that
+callback, each with a `_Receipt` (the core's result sink: it calls back directly, without a
+future per message); only a message that must wait for room in the core's own queue starts a
+drain task, which waits and goes on from there. A message the core refuses (too big, producer
+closed) reports its error through the callback. Slots come back when callbacks ran, in bulk:
+once per loop iteration, not once per message. The synchronous `send` queues the same way with
+a `SendWaiter` for a callback, so sends and send_asyncs keep their order.
 
-No lock is shared with the loop: the deque's append and popleft are atomic, and at most one
-drain runs at a time (`_draining`, touched only on the loop). The flag `_scheduled` may let two
-drains be scheduled; the second finds the first running and returns, and the running one
-loops until the deque is empty, so every message is drained exactly once, in order.
-`idle` (awaited by `flush` and `close`) returns once the deque is empty and no drain runs.
+No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
+and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
+`_scheduled` may let two drains be scheduled; the second finds the deque empty or a drain
+task running and returns, and the running one loops until the deque is empty, so every
+message is drained exactly once, in order. `idle` (awaited by `flush` and `close`) returns
+once the deque is empty and no drain task runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from magnetar.codec import MessageId
 
-from ._errors import ProducerQueueIsFull, PulsarException
+from ._enums import Result
+from ._errors import AlreadyClosed, ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread
+from ._message_id import MessageId as ClientMessageId
 from ._producer import OutMessage
 from ._routing import ProducerSet
 
-__all__ = ["AsyncSender", "SendCallback"]
+__all__ = ["AsyncSender", "SendCallback", "SendWaiter"]
 
 log = logging.getLogger(__name__)
 
-SendCallback = Callable[[PulsarException | None, MessageId | None], None]
+# The official shape: `callback(result, message_id)`; the id is None unless `Result.Ok`.
+SendCallback = Callable[[Result, ClientMessageId | None], None]
+
+
+def _as_pulsar(error: BaseException) -> PulsarException:
+    return error if isinstance(error, PulsarException) else PulsarException(
+        f"{type(error).__name__}: {error}")
+
+
+class SendWaiter:
+    """What the synchronous `send` waits on instead of a callback: the outcome with the
+    exception itself, handed over through a lock (no task or future per send)."""
+
+    __slots__ = ("_error", "_lock", "_message_id")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._error: PulsarException | None = None
+        self._message_id: MessageId | None = None
+
+    def finish(self, error: PulsarException | None, message_id: MessageId | None) -> None:
+        self._error, self._message_id = error, message_id
+        self._lock.release()
+
+    def wait(self) -> MessageId:
+        """The message's id once stored (caller's thread).
+
+        Raises:
+            PulsarException: the send failed (what the core failed it with)."""
+        self._lock.acquire()
+        if self._error is not None:
+            raise self._error
+        assert self._message_id is not None
+        return self._message_id
+
+
+class _Slots:
+    """A counting limit the caller's thread takes from one at a time and the loop gives back
+    in bulk (a semaphore whose release of n is one lock round, not n)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+
+    def take(self, block: bool) -> bool:
+        """One slot; False when none is free and `block` is off."""
+        with self._lock:
+            while self._used >= self.limit:
+                if not block:
+                    return False
+                self._room.wait()
+            self._used += 1
+            return True
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self._used -= count
+            assert self._used >= 0
+            self._room.notify(count)
+
+
+class _Receipt:
+    """The core's result sink for one `send_async` message (see `ResultSink`)."""
+
+    __slots__ = ("_callback", "_finished", "_sender")
+
+    def __init__(self, sender: AsyncSender, callback: SendCallback | SendWaiter | None):
+        self._sender = sender
+        self._callback = callback
+        self._finished = False
+
+    def done(self) -> bool:
+        return self._finished
+
+    def set_result(self, result: MessageId, /) -> None:
+        self._finished = True
+        self._sender._finished(self._callback, None, result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._finished = True
+        self._sender._finished(self._callback, _as_pulsar(exception), None)
 
 
 class AsyncSender:
@@ -46,82 +137,109 @@ class AsyncSender:
     def __init__(self, thread: LoopThread, core: ProducerSet, slots: int, block: bool):
         self._thread = thread
         self._core = core
-        self._slots = threading.BoundedSemaphore(slots)
-        self._slots_max = slots
+        self._slots = _Slots(slots)
+        self._slots_done = 0  # loop only: slots to give back at the end of this loop turn
         self._block = block
-        self._queue: deque[tuple[OutMessage, SendCallback | None]] = deque()
+        self._queue: deque[tuple[OutMessage, SendCallback | SendWaiter | None]] = deque()
         self._scheduled = False
         self._draining = False  # loop only
         self._idle: asyncio.Event | None = None  # loop only, made on first use
         self._task: asyncio.Task[None] | None = None
 
-    def send_async(self, message: OutMessage, callback: SendCallback | None) -> None:
+    def send_async(self, message: OutMessage, callback: SendCallback | SendWaiter | None) -> None:
         """Queue `message` (caller's thread).
 
         Raises:
             ProducerQueueIsFull: `slots` messages are pending and blocking is off.
+            AlreadyClosed: the loop is gone (a closed client, or a forked child).
         """
-        if not self._slots.acquire(blocking=self._block):
+        if not self._thread.alive:
+            raise AlreadyClosed("the client's event loop is not running (closed, or forked)")
+        if not self._slots.take(self._block):
+            limit = self._slots.limit
             raise ProducerQueueIsFull(
                 f"producer {self._core.producer_name!r} on {self._core.topic} has "
-                f"{self._slots_max} of {self._slots_max} pending messages")
+                f"{limit} of {limit} pending messages")
         self._queue.append((message, callback))
         if not self._scheduled:
             self._scheduled = True
             self._thread.call(self._start_drain)
 
     def _start_drain(self) -> None:
-        if not self._draining:
-            self._draining = True  # before the task runs: a second call starts no second one
-            if self._idle is not None:
-                self._idle.clear()
-            self._task = asyncio.ensure_future(self._drain())
+        """Hand the queued messages to the core right here while it has room; only a message
+        that must wait for room starts a drain task (which goes on from it)."""
+        if self._draining:
+            return
+        while True:
+            self._scheduled = False
+            if not self._queue:
+                return
+            message, callback = self._queue.popleft()
+            try:
+                waiting = self._core.offer(message, _Receipt(self, callback))
+            except Exception as exc:  # refused (a custom router's failure included)
+                self._finished(callback, _as_pulsar(exc), None)
+                continue
+            if waiting is not None:
+                self._draining = True  # before the task runs: no second drain starts
+                if self._idle is not None:
+                    self._idle.clear()
+                self._task = asyncio.ensure_future(self._drain(waiting, callback))
+                return
 
-    async def _drain(self) -> None:
+    async def _drain(self, waiting: Coroutine[Any, Any, None] | None,
+                     callback: SendCallback | SendWaiter | None) -> None:
+        """Wait for room for one message (`waiting`), then go on as `_start_drain` does."""
         try:
             while True:
+                if waiting is not None:
+                    try:
+                        await waiting
+                    except Exception as exc:
+                        self._finished(callback, _as_pulsar(exc), None)
                 self._scheduled = False
                 if not self._queue:
                     return
                 message, callback = self._queue.popleft()
                 try:
-                    future = await self._core.send(message)
-                except PulsarException as exc:
-                    self._finished(callback, exc, None)
-                    continue
-                future.add_done_callback(functools.partial(self._settled, callback))
+                    waiting = self._core.offer(message, _Receipt(self, callback))
+                except Exception as exc:
+                    self._finished(callback, _as_pulsar(exc), None)
+                    waiting = None
         finally:
             self._draining = False
             if self._idle is not None:
                 self._idle.set()
 
-    def _settled(self, callback: SendCallback | None, done: asyncio.Future[MessageId]) -> None:
-        if done.cancelled():
-            self._finished(callback, PulsarException("the send was cancelled"), None)
-            return
-        error = done.exception()
-        if error is not None:
-            self._finished(callback, error if isinstance(error, PulsarException)
-                           else PulsarException(str(error)), None)
-        else:
-            self._finished(callback, None, done.result())
-
-    def _finished(self, callback: SendCallback | None, error: PulsarException | None,
+    def _finished(self, callback: SendCallback | SendWaiter | None, error: PulsarException | None,
                   message_id: MessageId | None) -> None:
-        self._slots.release()
+        if not self._slots_done:
+            asyncio.get_running_loop().call_soon(self._give_slots)
+        self._slots_done += 1
         if callback is None:
             return
+        if isinstance(callback, SendWaiter):
+            callback.finish(error, message_id)
+            return
+        if error is not None:
+            log.debug("send_async on %s failed: %s", self._core.topic, error)
         try:
-            callback(error, message_id)
+            callback(Result.of(error),
+                     None if message_id is None else ClientMessageId.wrap(message_id))
         except Exception:  # the application's callback must not break the client
             log.exception("a send_async callback on %s failed", self._core.topic)
 
+    def _give_slots(self) -> None:
+        count, self._slots_done = self._slots_done, 0
+        self._slots.give(count)
+
     async def idle(self) -> None:
         """Until every message queued before the call was handed to the core (loop)."""
-        if self._idle is None:
-            self._idle = asyncio.Event()
-        while self._draining or self._queue:
+        while True:
+            self._start_drain()  # nothing while a drain task runs
             if not self._draining:
-                self._start_drain()
+                return  # the queue is empty: `_start_drain` returns only so, or draining
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            self._idle.clear()
             await self._idle.wait()
-

@@ -5,8 +5,11 @@ Theory of operation
 Each `BrokerConnection` runs one reader task: it feeds received bytes to its sans-IO
 `codec.Connection` and routes each frame -- responses by request id to the waiting future,
 SEND_RECEIPT/SEND_ERROR to the producer's queue of sends in order, MESSAGE to the consumer's
-events, CLOSE_PRODUCER/CLOSE_CONSUMER to the broker-close callbacks, PING to a PONG. Writes go
-straight to the stream writer; `write` awaits nothing, so SENDs leave in call order.
+events, CLOSE_PRODUCER/CLOSE_CONSUMER to the broker-close callbacks, PING to a PONG. `write`
+awaits nothing, so SENDs leave in call order: it encodes the frame and appends it to the
+connection's outgoing buffer, which goes to the socket in one write at the end of the loop's
+turn (or at once past `WRITE_BUFFER_BYTES_MAX`) -- one system call for a burst of frames, not
+one per frame.
 
 When a connection breaks its producers are told first (their sends failing now are sent again
 once they are re-created), then every request waiting on it fails with `ConnectError` and its
@@ -56,6 +59,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION: Final = 19
 CLIENT_VERSION: Final = "magnetar"
 READ_BYTES_MAX: Final = 256 * 1024
+WRITE_BUFFER_BYTES_MAX: Final = 256 * 1024  # encoded frames held for one write, at most
 _T = pb.BaseCommand
 
 
@@ -114,6 +118,8 @@ class BrokerConnection:
         self.conn = Connection(Role.CLIENT)
         self.max_message_size = 5 * 1024 * 1024
         self._writer: asyncio.StreamWriter | None = None
+        self._out: list[bytes] = []  # encoded frames not yet written (see the module comment)
+        self._out_bytes = 0
         self._reader_task: asyncio.Task[None] | None = None
         self._requests: dict[int, asyncio.Future[Frame]] = {}
         self.sends: dict[int, deque[tuple[int, asyncio.Future[tuple[int, int]]]]] = {}
@@ -164,7 +170,22 @@ class BrokerConnection:
             data = self.conn.send(base_command(body), metadata, payload)
         except ProtocolError as exc:
             raise PulsarException(f"cannot send to {self.url}: {exc}") from None
-        self._writer.write(data)
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= WRITE_BUFFER_BYTES_MAX:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the buffered frames in one go (nothing when they went already)."""
+        if not self._out:
+            return
+        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+        self._out.clear()
+        self._out_bytes = 0
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(data)
 
     async def request(self, body: Any, where: str) -> Frame:
         """Send a command carrying `request_id` and wait for its answer.
@@ -322,6 +343,7 @@ class BrokerConnection:
 
     def close(self) -> None:
         self.closed = True
+        self._flush()  # what was written before the close still leaves
         if self._writer is not None:
             self._writer.close()
         if self._reader_task is not None and not self._reader_task.done():

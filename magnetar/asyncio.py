@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from magnetar.codec import MessageId
+from magnetar.codec import MessageId as CodecMessageId
 
 from ._client import _send_and_wait, client_settings
 from ._core import ClientCore, parse_service_url
@@ -29,6 +29,7 @@ from ._errors import AlreadyClosed, InvalidConfiguration
 from ._group import ConsumerGroup, complete_topic_name
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
+from ._message_id import MessageId, codec_id
 from ._options import (
     check_properties,
     consumer_options,
@@ -94,7 +95,7 @@ class Client:
         core = await self._ready()
         return Consumer(self, await self._thread.wrap(core.subscribe(options)))
 
-    async def create_reader(self, topic: str, start_message_id: MessageId,
+    async def create_reader(self, topic: str, start_message_id: MessageId | CodecMessageId,
                             **kwargs: Any) -> Reader:
         options = reader_options(topic, start_message_id, **kwargs)
         core = await self._ready()
@@ -181,13 +182,16 @@ class Consumer:
             except AlreadyClosed:
                 return
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
+    async def acknowledge(self, message: Message | MessageId | CodecMessageId,
+                  ) -> None:
         await self._client._run(_call(self._group.acknowledge, message))
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+    async def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
+                  ) -> None:
         await self._client._run(_call(self._group.acknowledge_cumulative, message))
 
-    async def negative_acknowledge(self, message: Message | MessageId) -> None:
+    async def negative_acknowledge(self, message: Message | MessageId | CodecMessageId,
+                  ) -> None:
         await self._client._run(_call(self._group.negative_acknowledge, message))
 
     async def redeliver_unacknowledged_messages(self) -> None:
@@ -199,8 +203,9 @@ class Consumer:
         await self._client._run(self._group.reconsume_later(
             message, delay_ms(delay), check_properties(properties)))
 
-    async def seek(self, target: MessageId | int) -> None:
-        if not isinstance(target, MessageId | int) or isinstance(target, bool):
+    async def seek(self, target: MessageId | CodecMessageId | int) -> None:
+        target = codec_id(target)
+        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
             raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
         await self._client._run(self._group.seek(target,
                                                  self._client._settings.operation_timeout_s))
@@ -208,7 +213,7 @@ class Consumer:
     async def get_last_message_id(self) -> MessageId:
         child = self._group.only_child("get_last_message_id")
         last, _ = await self._client._run(child.transport.last_message_id(child.consumer_id))
-        return last
+        return MessageId.wrap(last)
 
     async def unsubscribe(self) -> None:
         await self._client._run(self._group.unsubscribe())
@@ -231,7 +236,7 @@ class Reader:
     async def has_message_available(self) -> bool:
         return await self._client._run(self._group.has_message_available())
 
-    async def seek(self, target: MessageId | int) -> None:
+    async def seek(self, target: MessageId | CodecMessageId | int) -> None:
         await self._client._run(self._group.seek(target,
                                                  self._client._settings.operation_timeout_s))
 

@@ -120,11 +120,14 @@ def test_nothing_below_the_client_imports_magnetar(package: str) -> None:
     assert bad == []
 
 
-def test_the_client_exports_the_codecs_message_id() -> None:
+def test_the_client_message_id_wraps_the_codecs() -> None:
     import magnetar
     from magnetar import codec
 
-    assert magnetar.MessageId is codec.MessageId  # one class, loaded once
+    # The client's id has the official accessors; the one codec class (loaded once) is inside.
+    assert magnetar.MessageId is not codec.MessageId
+    assert magnetar.MessageId.earliest.codec is codec.MessageId.earliest
+    assert magnetar.MessageId.earliest == codec.MessageId.earliest
 
 
 def test_the_client_import_check_sees_a_client_import(tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ class RetryConsumer:
             return
         generation = _generation(message.properties())
         if generation == 0:
-            self.book.origin(key, str(message.message_id()))
+            self.book.origin(key, str(message.codec_id))  # the form ORIGIN_MESSAGE_ID takes
         if generation < retries_wanted(self.seed, key):
             delay_ms = self.rng.randint(0, RETRY_DELAY_MS_MAX)
             due_ms = int(time.time() * 1000) + delay_ms

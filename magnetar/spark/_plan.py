@@ -68,7 +68,7 @@ def time_position(client: magnetar.Client, topic: str, time_ms: int) -> Position
     try:
         reader.seek(time_ms)
         try:
-            first = reader.read_next(TIME_WAIT_MS).message_id()
+            first = reader.read_next(TIME_WAIT_MS).codec_id
         except magnetar.Timeout:
             return None
     finally:
@@ -91,7 +91,7 @@ def limit_end(client: magnetar.Client, topic: str, start: Position, end: Positio
     messages = read_range(client, part)
     try:
         for message in messages:
-            m = message.message_id()
+            m = message.codec_id
             last, count = Position(m.ledger_id, m.entry_id, m.batch_index), count + 1
             if count >= rows:
                 return last

@@ -78,7 +78,7 @@ def plan_ranges(endpoints: Endpoints, topic: str, start: Position, end: Position
 
 
 def _key(message: magnetar.Message) -> tuple[int, int, int]:
-    mid = message.message_id()
+    mid = message.codec_id
     return Position(mid.ledger_id, mid.entry_id, mid.batch_index).key()
 
 
@@ -105,7 +105,7 @@ def read_range(client: magnetar.Client,
     if start.ledger < 0:
         first = magnetar.MessageId.earliest
     else:
-        first = magnetar.MessageId(start.ledger, max(start.entry, 0))
+        first = magnetar.MessageId(ledger_id=start.ledger, entry_id=max(start.entry, 0))
     reader = client.create_reader(part.topic, first, start_message_id_inclusive=True,
                                   receiver_queue_size=RECEIVE_MAX)
     group = reader._group
@@ -123,7 +123,7 @@ def read_range(client: magnetar.Client,
                 continue
             waited_ms = 0
             for message, _generation in batch:
-                mid = message.message_id()
+                mid = message.codec_id
                 if not checked:
                     checked = True
                     if (mid.ledger_id, mid.entry_id) > (start.ledger, start.entry):
@@ -171,7 +171,7 @@ def read_arrow(part: RangePartition) -> Iterator[pyarrow.RecordBatch]:
         columns: list[list[Any]] = [[] for _ in schema]
         key, value, topic, partition, mid, publish, event, props, producer = columns
         for message in read_range(client, part):
-            m = message.message_id()
+            m = message.codec_id
             key.append(message._key.encode() if message._key is not None else None)
             value.append(message._payload)
             topic.append(part.topic)

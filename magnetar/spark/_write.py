@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from magnetar import Result
+
 from ._broker import connect, enable_deduplication
 from ._host import Endpoints
 from ._options import MagnetarSparkError, complete
@@ -131,10 +133,9 @@ class Publisher:
         self.producers[topic] = producer
         return producer
 
-    def _done(self, error: Any, _message_id: Any) -> None:
-        if error is not None:
-            self.errors.append(error if isinstance(error, BaseException)
-                               else RuntimeError(str(error)))
+    def _done(self, result: Result, _message_id: Any) -> None:
+        if result != Result.Ok:
+            self.errors.append(RuntimeError(f"a send failed: {result.name}"))
 
     def publish(self, row: Mapping[str, Any]) -> None:
         topic = self.topic_option or row.get("topic")

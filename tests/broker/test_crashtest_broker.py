@@ -152,7 +152,7 @@ def test_the_retry_check_catches_a_lost_retry_and_a_stray_copy(tmp_path: Path) -
                 key = message_key_of(message.data())
                 assert key is not None
                 originals[key] = message
-                book.origin(key, str(message.message_id()))
+                book.origin(key, str(message.codec_id))
             retry_once, acked, doctored, stray, dead = keys
             _reconsume(consumer, book, retry_once, originals[retry_once], 0)
             assert consumer.receive(RECEIVE_MS).properties()["RECONSUMETIMES"] == "1"
@@ -170,7 +170,7 @@ def test_the_retry_check_catches_a_lost_retry_and_a_stray_copy(tmp_path: Path) -
             official.create_producer(f"{topic}-retry-RETRY").send(
                 message_payload(seed, stray), properties={
                     "RECONSUMETIMES": "1", "REAL_TOPIC": "persistent://public/default/x",
-                    "ORIGIN_MESSAGE_ID": str(originals[stray].message_id())})
+                    "ORIGIN_MESSAGE_ID": str(originals[stray].codec_id)})
         finally:
             ours.close()
             official.close()

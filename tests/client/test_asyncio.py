@@ -17,7 +17,7 @@ def test_asyncio_api(service_url: str, topic: str) -> None:
             consumer = await client.subscribe(topic, "sub")
             producer = await client.create_producer(topic)  # batching by default here
             ids = await asyncio.gather(*(producer.send(f"m{i}".encode()) for i in range(5)))
-            assert [m.batch_index for m in ids] == [0, 1, 2, 3, 4]
+            assert [m.batch_index() for m in ids] == [0, 1, 2, 3, 4]
             got = []
             async for message in consumer:
                 await consumer.acknowledge(message)

@@ -53,7 +53,7 @@ def test_ours_to_official(ours: magnetar.Client, official: pulsar.Client, topic:
                                     batching_enabled=batching)
     sent = []
     for body, properties, key in _messages(10):
-        producer.send_async(body, lambda _e, mid: sent.append(mid), properties=properties,
+        producer.send_async(body, lambda _r, mid: sent.append(mid), properties=properties,
                             partition_key=key, ordering_key=key + "-o", event_timestamp=7)
     producer.flush()
     for (body, properties, key), message_id in zip(_messages(10), sent, strict=True):
@@ -65,7 +65,7 @@ def test_ours_to_official(ours: magnetar.Client, official: pulsar.Client, topic:
         assert message.event_timestamp() == 7
         got = message.message_id()
         assert (got.ledger_id(), got.entry_id(), got.batch_index()) == \
-            (message_id.ledger_id, message_id.entry_id, message_id.batch_index)
+            (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         consumer.acknowledge(message)
 
 

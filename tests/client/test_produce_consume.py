@@ -72,18 +72,19 @@ def test_compression_and_batching(client: magnetar.Client, topic: str,
                                       batching_enabled=batching,
                                       batching_max_publish_delay_ms=60_000)
     bodies = [(f"message {i} " * 50).encode() for i in range(20)]
-    results: list[tuple[object, object]] = []
+    results: list[tuple[magnetar.Result, magnetar.MessageId | None]] = []
     for body in bodies:
-        producer.send_async(body, lambda error, mid: results.append((error, mid)))
+        producer.send_async(body, lambda result, mid: results.append((result, mid)))
     producer.flush()
-    assert [error for error, _ in results] == [None] * 20
-    ids = [mid for _, mid in results]
+    assert [result for result, _ in results] == [magnetar.Result.Ok] * 20
+    ids = [mid for _, mid in results if mid is not None]
     assert isinstance(ids[0], magnetar.MessageId)
     if batching:  # one entry (the delay never ran out), batch indexes in order
-        assert {(m.ledger_id, m.entry_id) for m in ids} == {(ids[0].ledger_id, ids[0].entry_id)}
-        assert [m.batch_index for m in ids] == list(range(20))
+        assert {(m.ledger_id(), m.entry_id()) for m in ids} == \
+            {(ids[0].ledger_id(), ids[0].entry_id())}
+        assert [m.batch_index() for m in ids] == list(range(20))
     else:
-        assert len({(m.ledger_id, m.entry_id) for m in ids}) == 20
+        assert len({(m.ledger_id(), m.entry_id()) for m in ids}) == 20
     received = drain(consumer, 20)
     assert [m.data() for m in received] == bodies
     assert [m.message_id() for m in received] == ids
@@ -190,9 +191,9 @@ def test_partitioned_topic(partitioned_client: magnetar.Client, topic: str) -> N
     sent = {}
     for i in range(30):
         body = f"m{i}".encode()
-        sent[body] = producer.send(body, partition_key=f"key-{i % 6}").partition
+        sent[body] = producer.send(body, partition_key=f"key-{i % 6}").partition()
     received = drain(consumer, 30)
-    assert {m.data(): m.message_id().partition for m in received} == sent
+    assert {m.data(): m.message_id().partition() for m in received} == sent
     assert len(set(sent.values())) > 1  # keys spread over partitions
     assert all(m.topic_name().startswith(f"{topic}-partition-") for m in received)
     for i in range(6):  # one key, one partition
@@ -205,7 +206,7 @@ def test_partitioned_round_robin_and_ack_by_id(partitioned_client: magnetar.Clie
     consumer = client.subscribe(topic, "sub")
     producer = client.create_producer(topic)
     ids = [producer.send(f"m{i}".encode()) for i in range(6)]
-    assert sorted(m.partition for m in ids) == [0, 0, 1, 1, 2, 2]
+    assert sorted(m.partition() for m in ids) == [0, 0, 1, 1, 2, 2]
     for message in drain(consumer, 6, ack=False):
         consumer.acknowledge(message.message_id())  # a bare id finds its partition
     consumer.close()
@@ -301,7 +302,8 @@ def test_send_async_from_threads_blocks_and_keeps_order(client: magnetar.Client,
     def send(thread: int) -> None:
         for i in range(100):
             producer.send_async(f"{thread}:{i}".encode(),
-                                lambda error, _mid: errors.append(error) if error else None)
+                                lambda result, _mid: errors.append(result)
+                                if result != magnetar.Result.Ok else None)
 
     threads = [threading.Thread(target=send, args=(t,)) for t in range(4)]
     for thread in threads:

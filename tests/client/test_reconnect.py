@@ -50,14 +50,13 @@ def test_shutdown_fails_what_is_pending_instead_of_flushing_it(tmp_path: Path) -
                                           send_timeout_millis=0, batching_enabled=False)
         producer.send(b"stored")
         broker.kill()
-        outcome: list[object] = []
-        producer.send_async(b"pending", lambda error, _id: outcome.append(error))
+        outcome: list[magnetar.Result] = []
+        producer.send_async(b"pending", lambda result, _id: outcome.append(result))
         finisher = threading.Thread(target=client.shutdown, daemon=True)
         finisher.start()
         finisher.join(SHUTDOWN_DEADLINE_S)
         assert not finisher.is_alive(), "shutdown() waited for a send to a broker that is gone"
-        assert len(outcome) == 1
-        assert isinstance(outcome[0], magnetar.AlreadyClosed)
+        assert outcome == [magnetar.Result.AlreadyClosed]
     finally:
         client.close()
         broker.cleanup()

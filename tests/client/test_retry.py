@@ -34,7 +34,7 @@ def test_reconsume_later_counts_then_dead_letters(client: magnetar.Client, topic
         assert message.data() == b"job"
         assert message.partition_key() == "k"
         assert message.properties() == {"a": "1", "try": str(times), "REAL_TOPIC": topic,
-                                        "ORIGIN_MESSAGE_ID": str(sent),
+                                        "ORIGIN_MESSAGE_ID": str(sent.codec),
                                         "RECONSUMETIMES": str(times), "DELAY_TIME": "0"}
     consumer.reconsume_later(message, 0)  # the third time is past the maximum
     with pytest.raises(magnetar.Timeout):
