@@ -47,9 +47,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -63,7 +60,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # e2e_peers beside it
 
 import pulsar  # type: ignore[import-untyped]
-from e2e_peers import plot_side_by_side, render_side_by_side, run_workloads, running_pulsar_lite
+from e2e_peers import (
+    ServerProcess,
+    plot_side_by_side,
+    render_side_by_side,
+    run_workloads,
+    running_pulsar_lite,
+)
 from tqdm import tqdm
 
 from magnetar.storage.testing._bench_measure import _best_limits, _run_limits
@@ -88,8 +91,6 @@ LATENCY_RATE_MAX_PER_S = 5000.0  # what a paced Python loop sustains while the l
 PACE_TICK_S = 0.001  # the paced sender sends what is due, then sleeps this long
 RECEIVE_TIMEOUT_MS = 10_000
 OPERATION_TIMEOUT_S = 30
-STARTUP_DEADLINE_S = 30.0
-STOP_DEADLINE_S = 30.0
 DRAIN_DEADLINE_S = 60.0  # for the last receipts or latency messages of a phase
 SEND_TIME_PROPERTY = "bench-sent-ns"
 
@@ -161,66 +162,20 @@ class _E2EResults:
 
 # -- the broker subprocess ------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-class BrokerProcess:
+class BrokerProcess(ServerProcess):
     """`magnetar standalone` in a subprocess, its output in a log file next to its data."""
 
-    def __init__(self, directory: str):
-        self.directory = directory
-        self.port = _free_port()
-        self.log_path = os.path.join(directory, "broker.log")
-        self.process: subprocess.Popen[bytes] | None = None
+    name = "the broker"
 
-    @property
-    def url(self) -> str:
-        return f"pulsar://{HOST}:{self.port}"
+    def __init__(self, directory: str):
+        super().__init__(directory, "broker.log")
 
     def start(self) -> None:
-        """Start the broker and wait until it accepts connections.
-
-        Raises:
-            RuntimeError: it exited or did not listen within `STARTUP_DEADLINE_S`.
-        """
+        """Start the broker and wait until it accepts connections (raises as `_launch`)."""
         command = [sys.executable, "-m", "magnetar.broker.cli", "standalone", "--data-dir",
                    os.path.join(self.directory, "data"), "--host", HOST,
                    "--port", str(self.port), "--http-port", "0"]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        while not self._accepting():
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the broker did not listen within {STARTUP_DEADLINE_S} s")
-            time.sleep(0.05)
-
-    def _accepting(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the broker exited with {self.process.returncode}; "
-                               f"see {self.log_path}")
-        try:
-            with socket.create_connection((HOST, self.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        """SIGTERM by PID and wait; SIGKILL if it does not exit within `STOP_DEADLINE_S`."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.kill(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=STOP_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=STOP_DEADLINE_S)
+        self._launch(command, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
 @contextlib.contextmanager

@@ -81,50 +81,48 @@ def pulsar_lite_binary() -> str:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])
 
 
-class PulsarLiteProcess:
-    """pulsar-lite in a subprocess, its data and log in `directory`."""
+class ServerProcess:
+    """A server in a subprocess on a free loopback port, its output in `log_name` in
+    `directory`; `start` builds its command and calls `_launch`, `stop` ends it by PID."""
 
-    def __init__(self, directory: str):
+    name = "the server"
+
+    def __init__(self, directory: str, log_name: str):
         self.directory = directory
-        self.port = _free_port()
-        self.log_path = os.path.join(directory, "pulsar-lite.log")
+        self.port = free_port()
+        self.log_path = os.path.join(directory, log_name)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"pulsar://{HOST}:{self.port}"
 
-    def start(self) -> None:
-        """Start it and wait until it accepts connections.
+    def _launch(self, command: list[str], cwd: str, env: dict[str, str] | None = None) -> None:
+        """Run `command` and wait until the port accepts connections.
 
         Raises:
             RuntimeError: it exited or did not listen within `STARTUP_DEADLINE_S`.
         """
-        config = os.path.join(self.directory, "pulsar-lite.toml")
-        with open(config, "w", encoding="utf-8") as out:
-            out.write("[metrics]\nenabled = false\n")  # else it listens on 0.0.0.0:8080
-        command = [pulsar_lite_binary(), "--config", config, "--addr", f"{HOST}:{self.port}",
-                   "--db-path", os.path.join(self.directory, "db"), "--log-level", "warn"]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=self.directory, stdout=log,
+            self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log,
                                             stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_DEADLINE_S
         while not self._accepting():
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"pulsar-lite did not listen within {STARTUP_DEADLINE_S} s")
+                raise RuntimeError(f"{self.name} did not listen within {STARTUP_DEADLINE_S} s")
             time.sleep(0.05)
 
     def _accepting(self) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
-            raise RuntimeError(f"pulsar-lite exited with {self.process.returncode}; "
+            raise RuntimeError(f"{self.name} exited with {self.process.returncode}; "
                                f"see {self.log_path}")
         try:
             with socket.create_connection((HOST, self.port), timeout=0.5):
@@ -142,6 +140,24 @@ class PulsarLiteProcess:
         except subprocess.TimeoutExpired:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=STOP_DEADLINE_S)
+
+
+class PulsarLiteProcess(ServerProcess):
+    """pulsar-lite in a subprocess, its data and log in `directory`."""
+
+    name = "pulsar-lite"
+
+    def __init__(self, directory: str):
+        super().__init__(directory, "pulsar-lite.log")
+
+    def start(self) -> None:
+        """Start it and wait until it accepts connections (raises as `_launch`)."""
+        config = os.path.join(self.directory, "pulsar-lite.toml")
+        with open(config, "w", encoding="utf-8") as out:
+            out.write("[metrics]\nenabled = false\n")  # else it listens on 0.0.0.0:8080
+        command = [pulsar_lite_binary(), "--config", config, "--addr", f"{HOST}:{self.port}",
+                   "--db-path", os.path.join(self.directory, "db"), "--log-level", "warn"]
+        self._launch(command, cwd=self.directory)
 
 
 @contextlib.contextmanager
