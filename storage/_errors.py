@@ -8,6 +8,8 @@ reaches a client, and a `retriable` flag. Programmer errors (broken invariants) 
 
 from __future__ import annotations
 
+import errno
+
 __all__ = [
     "CorruptionError",
     "DataDirLockedError",
@@ -22,6 +24,7 @@ __all__ = [
     "StorageError",
     "StorageFailedError",
     "StorageFullError",
+    "journal_io_error",
 ]
 
 # Values of the wire's ServerError enum that storage errors map to.
@@ -134,3 +137,13 @@ class EntryTooLargeError(StorageError):
     """The entry exceeds `entry_size_bytes_max`. Nothing is written."""
 
     code = SERVER_ERROR_NOT_ALLOWED
+
+
+def journal_io_error(exc: OSError | StorageFailedError, path: str) -> StorageFailedError:
+    """The storage error an OSError from a journal write or sync stands for (a full disk:
+    StorageFullError)."""
+    if isinstance(exc, StorageFailedError):
+        return exc
+    cls = StorageFullError if exc.errno == errno.ENOSPC else StorageFailedError
+    return cls(f"journal I/O failed on {path}: {exc.strerror or exc}", path=path,
+               errno=exc.errno)

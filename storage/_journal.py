@@ -38,7 +38,6 @@ disk) replays exactly what was acknowledged.
 
 from __future__ import annotations
 
-import errno as errno_codes
 import logging
 import os
 import threading
@@ -46,13 +45,20 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ._completion import Completion
 from ._config import StorageConfig
-from ._errors import StorageClosedError, StorageFailedError, StorageFullError
+from ._errors import StorageClosedError, StorageFailedError, journal_io_error
 from ._fs import FileHandle, FileSystem
-from ._journal_format import RECORD_HEADER_BYTES, SegmentHeader, encode_record, pad_record
+from ._journal_format import (
+    RECORD_HEADER_BYTES,
+    JournalMark,
+    SegmentHeader,
+    encode_record,
+    pad_record,
+    parse_segment_name,
+    segment_file_name,
+)
 from ._stats import StorageMetrics
 
 __all__ = ["Journal", "JournalMark", "JournalRequest", "parse_segment_name", "segment_file_name"]
@@ -61,15 +67,6 @@ log = logging.getLogger(__name__)
 
 _ZERO_CHUNK_BYTES = 1024 * 1024
 _ZEROS = bytes(_ZERO_CHUNK_BYTES)
-
-
-class JournalMark(NamedTuple):
-    """A position in the journal: everything before (segment_id, offset) — the records
-    up to `lsn` — is durable."""
-
-    segment_id: int
-    offset: int
-    lsn: int
 
 
 class JournalRequest:
@@ -103,28 +100,6 @@ class _Segment:
         self.allocated = allocated
 
 
-def segment_file_name(segment_id: int) -> str:
-    return f"{segment_id:016x}.jnl"
-
-
-def parse_segment_name(name: str) -> int | None:
-    stem, dot, ext = name.partition(".")
-    if ext != "jnl" or not dot or len(stem) != 16:
-        return None
-    try:
-        return int(stem, 16)
-    except ValueError:
-        return None
-
-
-def _as_storage_error(exc: OSError | StorageFailedError, path: str) -> StorageFailedError:
-    if isinstance(exc, StorageFailedError):
-        return exc
-    cls = StorageFullError if exc.errno == errno_codes.ENOSPC else StorageFailedError
-    return cls(f"journal I/O failed on {path}: {exc.strerror or exc}", path=path,
-               errno=exc.errno)
-
-
 DurableCallback = Callable[[list[JournalRequest]], None]
 FailedCallback = Callable[[list[JournalRequest], BaseException], None]
 
@@ -148,9 +123,11 @@ class Journal:
         self._lock = threading.Condition()
         self._queue: deque[JournalRequest] = deque()
         self._queue_bytes = 0
-        # `room_for_adds` waiters: at most one per writer that saw a full queue (a managed
-        # ledger waits once), finished when the writer takes a batch or the journal stops.
-        self._room_waiters: list[Completion[None]] = []
+        self._room_waiters: list[Completion[None]] = []  # one per waiting managed ledger
+        # Adds stop here (`has_room_for_adds`): a tenth of the queue stays for the records that
+        # must not wait behind adds (cursor updates, ledger closes), so their submit never blocks.
+        limit = config.journal_queue_requests_max
+        self.add_requests_max = max(1, limit - limit // 10)
         self._sync_queue: deque[_Batch] = deque()
         self._sync_busy = False
         self._failed: StorageFailedError | None = None
@@ -278,16 +255,8 @@ class Journal:
             self._queue_bytes += len(request.payload)
             self._lock.notify_all()
 
-    @property
-    def add_requests_max(self) -> int:
-        """Queued requests beyond which `has_room_for_adds` says no: the queue's limit less a
-        tenth kept for the records that must not wait behind adds (cursor updates, ledger
-        closes), so that an event loop's `submit` of one never blocks."""
-        limit = self._config.journal_queue_requests_max
-        return max(1, limit - limit // 10)
-
     def has_room_for_adds(self) -> bool:
-        """Whether an add may be queued now without `submit` waiting (never blocks)."""
+        """Whether an add may be queued now without `submit` waiting."""
         with self._lock:
             return len(self._queue) < self.add_requests_max
 
@@ -303,8 +272,7 @@ class Journal:
             return waiter
 
     def _wake_room_waiters(self) -> None:
-        """Finish the `room_for_adds` waiters (lock held; their callbacks only hand work to
-        an event loop)."""
+        """Lock held: their callbacks only hand work to an event loop."""
         waiters, self._room_waiters = self._room_waiters, []
         for waiter in waiters:
             waiter.set_result(None)
@@ -416,7 +384,7 @@ class Journal:
             self._fs.point("journal:before-write")
             self._write_batch_bytes(segment, batch)
         except OSError as exc:
-            self._fail(requests, _as_storage_error(exc, segment.handle.path))
+            self._fail(requests, journal_io_error(exc, segment.handle.path))
             return None
         done = _Batch(segment, segment.position, self._next_lsn - 1, requests, len(requests))
         if not self._config.journal_sync:
@@ -441,7 +409,7 @@ class Journal:
                 self._roll_over()
             except (OSError, StorageFailedError) as exc:
                 # StorageFailedError: the sync the rollover waited for failed.
-                self._fail([], _as_storage_error(exc, segment.handle.path))
+                self._fail([], journal_io_error(exc, segment.handle.path))
 
     def _encode(self, requests: list[JournalRequest], segment: _Segment) -> bytearray:
         out = bytearray()
@@ -517,7 +485,7 @@ class Journal:
             with self._lock:
                 self._sync_busy = False
             self._fail([r for b in batches for r in b.requests],
-                       _as_storage_error(exc, last.segment.handle.path))
+                       journal_io_error(exc, last.segment.handle.path))
             return True
         self._last_sync_monotonic = time.monotonic()
         assert last.end_offset >= self.synced_mark.offset or \

@@ -58,14 +58,17 @@ from ._fs import FileHandle
 
 __all__ = [
     "RECORD_HEADER_BYTES",
+    "JournalMark",
     "RecordType",
     "ScanResult",
     "SegmentHeader",
     "Survivors",
     "encode_record",
     "pad_record",
+    "parse_segment_name",
     "scan_after_bad_record",
     "scan_segment",
+    "segment_file_name",
 ]
 
 MAGIC = b"PJNL"
@@ -322,3 +325,26 @@ def scan_after_bad_record(handle: FileHandle, header: SegmentHeader, bad_offset:
             floor = result.last_lsn
         boundary = (max(result.end_offset, start) // alignment + 1) * alignment
     return found
+
+
+class JournalMark(NamedTuple):
+    """A position in the journal: everything before (segment_id, offset) — the records
+    up to `lsn` — is durable."""
+
+    segment_id: int
+    offset: int
+    lsn: int
+
+
+def segment_file_name(segment_id: int) -> str:
+    return f"{segment_id:016x}.jnl"
+
+
+def parse_segment_name(name: str) -> int | None:
+    stem, dot, ext = name.partition(".")
+    if ext != "jnl" or not dot or len(stem) != 16:
+        return None
+    try:
+        return int(stem, 16)
+    except ValueError:
+        return None

@@ -151,14 +151,16 @@ def test_a_cold_catch_up_read_does_not_stall_another_topics_publishes(
             assert receipt[1] == 0
             assert sink.received == []
             watchdog.checked.set()
-            watchdog.join()
+            # joined off the loop: the watchdog may still be waiting for the loop to answer
+            # its ping, which a join on the loop thread would itself prevent
+            await asyncio.to_thread(watchdog.join)
             assert watchdog.answered, "the loop froze while A's read was held"
             await wait_for(lambda: len(sink.received) == 20, timeout_s=HELD_WAIT_S)
             assert [r.body for r in sink.received] == [b"a%d" % i for i in range(20)]
         finally:
             watchdog.checked.set()
             fs.release("read")
-            watchdog.join()
+            await asyncio.to_thread(watchdog.join)
             await service.close()
             storage.close()
 
