@@ -8,13 +8,14 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+from passlib.hash import des_crypt
 
 from magnetar.broker._config import BrokerConfig
 from magnetar.broker._errors import AuthenticationError, ConfigurationError
 from magnetar.broker.security._auth import AuthenticationService
 from magnetar.broker.security._basic import (
     BasicAuthenticationProvider,
-    md5_crypt,
+    hash_kind,
     peer_common_name,
     read_basic_auth_conf,
 )
@@ -23,6 +24,10 @@ from magnetar.broker.security._jwt import encode_token
 SECRET = b"providers-test-secret-key-32byte"
 # `openssl passwd -apr1 -salt abcdefgh secret` printed this.
 APR1_SECRET = "$apr1$abcdefgh$h9FWgUz3n9YxylKLlR5SQ/"
+# glibc's crypt(3) printed these: Python 3.11's `crypt.crypt("magnetar", "Mg")`, and `$1$`
+# with salt abcdefgh for "secret" (perl's `crypt` agrees on the DES one).
+DES_MAGNETAR = "Mgz20N7bO1vq6"
+MD5_SECRET = "$1$abcdefgh$cHJi5PXp/ki/ktXzqlk6I1"
 
 
 def _conf(path: Path) -> Path:
@@ -31,8 +36,45 @@ def _conf(path: Path) -> Path:
     return path
 
 
-def test_md5_crypt_matches_openssl() -> None:
-    assert md5_crypt(b"secret", "abcdefgh") == APR1_SECRET
+def test_hash_kinds() -> None:
+    bcrypt_hash = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    assert [hash_kind(h) for h in (bcrypt_hash, bcrypt_hash.replace("$2b$", "$2y$"),
+                                   APR1_SECRET, MD5_SECRET, DES_MAGNETAR)] == [
+        "bcrypt", "bcrypt", "apr_md5_crypt", "md5_crypt", "des_crypt"]
+    # truncated, a salt without its checksum, plain text, another kind
+    for bad in (DES_MAGNETAR[:12], "Mg", "$apr1$abcdefgh", APR1_SECRET[:-3], "$2y$04$short",
+                "plaintext-password", "$6$salt$" + "x" * 86, ""):
+        assert hash_kind(bad) is None, bad
+
+
+def test_des_crypt_hashes(tmp_path: Path) -> None:
+    """Traditional DES crypt (13 characters), which Pulsar's provider checks: one hash made
+    by the library here, one made by glibc."""
+    path = tmp_path / "users"
+    path.write_text(f"carol:{des_crypt.hash('s3cret')}\ndave:{DES_MAGNETAR}\n"
+                    f"erin:{MD5_SECRET}\n")
+    provider = BasicAuthenticationProvider(read_basic_auth_conf(str(path)))
+    assert provider.authenticate(b"carol:s3cret").role == "carol"
+    assert provider.authenticate(b"dave:magnetar").role == "dave"
+    assert provider.authenticate(b"erin:secret").role == "erin"
+    for bad in (b"carol:s3creT", b"carol:", b"dave:magnetaR", b"dave:magneta", b"dave:x\0y",
+                b"erin:Secret"):
+        with pytest.raises(AuthenticationError, match="Unknown user or invalid password"):
+            provider.authenticate(bad)
+
+
+def test_malformed_hash_lines_name_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    for hashed in (DES_MAGNETAR[:12], "$apr1$abcdefgh", "$2y$04$short", "plaintext-pw"):
+        path.write_text(f"# users\ndave:{DES_MAGNETAR}\ncarol:{hashed}\n")
+        with pytest.raises(ConfigurationError) as caught:
+            read_basic_auth_conf(str(path))
+        message = str(caught.value)
+        assert message.startswith(f"basic_auth_conf {path} line 3 (user 'carol'): not a "
+                                  "complete bcrypt"), message
+        assert hashed not in message
+    with pytest.raises(ConfigurationError, match=r"basic_auth_conf \(base64 text\) line 1"):
+        read_basic_auth_conf(base64.b64encode(b"carol:Mg\n").decode())
 
 
 def test_basic_provider_checks_bcrypt_and_apr1(tmp_path: Path) -> None:
@@ -54,7 +96,7 @@ def test_basic_conf_forms_and_errors(tmp_path: Path) -> None:
         assert set(read_basic_auth_conf(source)) == {"bob", "ann"}
     bad = tmp_path / "bad"
     bad.write_text("carol:plaintext-password\n")
-    with pytest.raises(ConfigurationError, match=r"line 1 .*only bcrypt") as caught:
+    with pytest.raises(ConfigurationError, match=r"line 1 .*not a complete bcrypt") as caught:
         read_basic_auth_conf(str(bad))
     assert "plaintext-password" not in str(caught.value)
     bad.write_text("just-a-name\n")

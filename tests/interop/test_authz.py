@@ -16,6 +16,7 @@ from typing import Any
 import bcrypt
 import pulsar
 import pytest
+from passlib.hash import des_crypt
 
 from magnetar.broker.cli import main
 from magnetar.codec import pb
@@ -53,7 +54,8 @@ def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory
     key = base / "secret.key"
     key.write_bytes(SECRET)
     users = base / "users.htpasswd"
-    users.write_text(f"bob:{bcrypt.hashpw(b'bobs-pw', bcrypt.gensalt(rounds=4)).decode()}\n")
+    users.write_text(f"bob:{bcrypt.hashpw(b'bobs-pw', bcrypt.gensalt(rounds=4)).decode()}\n"
+                     f"dora:{des_crypt.hash('doras-pw')}\n")  # traditional DES crypt
     tls_port = free_port()
     process = start_secure(
         base, "--auth-token-secret-key", str(key), "--tls-port", str(tls_port),
@@ -69,6 +71,8 @@ def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory
                       ["produce"]) == 204
         assert _admin(process, "POST", f"/admin/v2/namespaces/{NS}/permissions/client",
                       ["consume"]) == 204
+        assert _admin(process, "POST", f"/admin/v2/namespaces/{NS}/permissions/dora",
+                      ["produce"]) == 204
         yield process, tls_port
     finally:
         process.cleanup()
@@ -138,6 +142,8 @@ def test_each_role_produces_and_consumes_as_granted(
             token("admin"))),
         "bob (basic, produce)": _client(process.url, pulsar.AuthenticationBasic("bob",
                                                                                  "bobs-pw")),
+        "dora (basic, DES crypt, produce)": _client(
+            process.url, pulsar.AuthenticationBasic("dora", "doras-pw")),
         "client (tls certificate, consume)": _tls_client(pki, tls_port),
         "anon (no credentials)": _client(process.url),
         "mallory (token, no grant)": _client(process.url, pulsar.AuthenticationToken(
@@ -149,6 +155,7 @@ def test_each_role_produces_and_consumes_as_granted(
         assert seen == {
             "admin (token, superuser)": (True, True),
             "bob (basic, produce)": (True, False),
+            "dora (basic, DES crypt, produce)": (True, False),
             "client (tls certificate, consume)": (False, True),
             "anon (no credentials)": (False, False),
             "mallory (token, no grant)": (False, False),
