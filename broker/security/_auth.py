@@ -13,7 +13,9 @@ before it listens. Who a principal is and the provider interface live in `_princ
 
 Binary protocol (wire reference 5.1). The connection handler calls `start_session` with the
 CONNECT command: the method named there must be enabled and its credentials valid, or an
-`AuthenticationError` comes back and the handler answers ERROR (request id -1) and closes.
+`AuthenticationError` comes back and the handler answers ERROR (request id -1, code
+AuthenticationError, Pulsar's text "Failed to authenticate" followed by the reason) and
+closes: one attempt per connection, as a second CONNECT is a protocol error.
 On success the `AuthSession` it returns knows the role and when the credentials expire, and
 runs Pulsar's refresh check every `auth_refresh_check_interval_s`:
 
@@ -25,7 +27,8 @@ runs Pulsar's refresh check every `auth_refresh_check_interval_s`:
 
 An AUTH_RESPONSE goes to `AuthSession.on_response`: fresh valid credentials for the same role
 replace the old ones (producers and consumers are untouched); anything else -- a bad or
-expired token, another role, another method -- closes the connection.
+expired token, another role, another method -- is answered ERROR as a refused CONNECT is, and
+closes the connection.
 
 HTTP: `authenticate_http` takes the `Authorization` header (`Bearer <token>`, the form
 Pulsar's admin client sends, or `Basic <base64>`), else the verified client certificate, else
@@ -66,6 +69,7 @@ from ._principal import AuthenticationProvider, Principal, read_key_source
 __all__ = [
     "ANONYMOUS_METHOD",
     "AUTH_METHOD_TOKEN",
+    "AUTH_REFUSED",
     "PROVIDER_NAMES",
     "REFRESH_AUTH_DATA",
     "AuthSession",
@@ -83,6 +87,7 @@ log = logging.getLogger(__name__)
 AUTH_METHOD_TOKEN: Final = "token"
 REFRESH_AUTH_DATA: Final = b"PulsarAuthRefresh"  # Pulsar's AuthData.REFRESH_AUTH_DATA
 ANONYMOUS_METHOD: Final = "anonymous"  # Principal.method of the anonymous role
+AUTH_REFUSED: Final = "Failed to authenticate"  # Pulsar's text of the ERROR refusing credentials
 # What authentication_providers may name.
 PROVIDER_NAMES: Final = (AUTH_METHOD_TOKEN, AUTH_METHOD_BASIC, AUTH_METHOD_TLS)
 
@@ -302,8 +307,10 @@ class AuthenticationService:
 
     def start_session(self, connect: pb.CommandConnect, send: Callable[[pb.CommandAuthChallenge],
                       bool], close: Callable[[], None], peer: str,
-                      server_version: str, tls_common_name: str | None = None) -> AuthSession:
-        """Authenticate a CONNECT and start the connection's refresh checks.
+                      server_version: str, tls_common_name: str | None = None,
+                      refuse: Callable[[str], None] | None = None) -> AuthSession:
+        """Authenticate a CONNECT and start the connection's refresh checks (`refuse` sends
+        the ERROR that refuses refreshed credentials, before the close).
 
         Raises:
             AuthenticationError: the connection must be refused (nothing was started).
@@ -314,7 +321,7 @@ class AuthenticationService:
                             and connect.feature_flags.supports_auth_refresh)
         session = AuthSession(self, principal, supports_refresh=supports_refresh, send=send,
                               close=close, peer=peer, server_version=server_version,
-                              protocol_version=connect.protocol_version)
+                              protocol_version=connect.protocol_version, refuse=refuse)
         log.info("connection from %s authenticated as %r (%s)", peer, principal.role,
                  principal.method)
         session.start()
@@ -342,12 +349,13 @@ class AuthSession:
     Args:
         send: sends AUTH_CHALLENGE; returns False when it could not.
         close: closes the connection.
+        refuse: sends ERROR with the given text (refreshed credentials refused).
     """
 
     def __init__(self, service: AuthenticationService, principal: Principal, *,
                  supports_refresh: bool, send: Callable[[pb.CommandAuthChallenge], bool],
                  close: Callable[[], None], peer: str, server_version: str,
-                 protocol_version: int):
+                 protocol_version: int, refuse: Callable[[str], None] | None = None):
         self.service = service
         self.principal = principal
         self.supports_refresh = supports_refresh
@@ -355,6 +363,7 @@ class AuthSession:
         self.refreshes = 0
         self._send = send
         self._close = close
+        self._refuse = refuse
         self._peer = peer
         self._server_version = server_version
         self._protocol_version = protocol_version
@@ -409,19 +418,23 @@ class AuthSession:
             fresh = self.service.authenticate(data.auth_method_name or self.principal.method,
                                               data.auth_data)
         except AuthenticationError as exc:
-            self._fail(f"refreshed credentials refused: {exc}")
+            self._fail(f"refreshed credentials refused: {exc.logged()}", f"{AUTH_REFUSED}: {exc}")
             return
         if fresh.role != self.principal.role:
             self._fail(f"refreshed credentials are for role {fresh.role!r}, not "
-                       f"{self.principal.role!r}")
+                       f"{self.principal.role!r}",
+                       f"{AUTH_REFUSED}: the refreshed credentials are for another role")
             return
         self.principal = fresh
         self.challenge_outstanding = False
         self.refreshes += 1
         log.info("credentials of %r on %s refreshed", fresh.role, self._peer)
 
-    def _fail(self, why: str) -> bool:
+    def _fail(self, why: str, refusal: str | None = None) -> bool:
+        """Log `why`, send `refusal` (ERROR) when given, and close."""
         log.warning("closing the connection of %s: %s", self._peer, why)
         self.stop()
+        if refusal is not None and self._refuse is not None:
+            self._refuse(refusal)
         self._close()
         return True

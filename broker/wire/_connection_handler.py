@@ -73,7 +73,7 @@ from magnetar.storage import StorageError
 
 from .._errors import AuthenticationError, BrokerError
 from .._tasks import log_task_failure
-from ..security._auth import AuthSession
+from ..security._auth import AUTH_REFUSED, AuthSession
 from ._connection_view import (
     REQUEST_ID_NONE,
     TRANSACTIONS_DISABLED,
@@ -442,15 +442,20 @@ class ConnectionHandler:
         the connection closes (wire reference 5.1). Returns whether the client may go on."""
         assert self.ctx.auth is not None
         try:
-            self.auth = self.ctx.auth.start_session(connect, self.send, self.close, self.peer,
-                                                    SERVER_VERSION, self._tls_common_name)
+            self.auth = self.ctx.auth.start_session(
+                connect, self.send, self.close, self.peer, SERVER_VERSION,
+                self._tls_common_name, refuse=self._refuse_credentials)
         except AuthenticationError as exc:
             log.info("refusing the connection of %s (method %r): %s", self.peer,
                      connect.auth_method_name[:40], exc.logged())
-            self.error_code(REQUEST_ID_NONE, exc.code, str(exc))
+            self._refuse_credentials(f"{AUTH_REFUSED}: {exc}")
             self.close()
             return False
         return True
+
+    def _refuse_credentials(self, message: str) -> None:
+        """ERROR with request id -1 and code AuthenticationError (the close follows)."""
+        self.error_code(REQUEST_ID_NONE, pb.AuthenticationError, message)
 
     def _on_auth_response(self, frame: Frame) -> None:
         if self.auth is None:
