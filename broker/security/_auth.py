@@ -248,12 +248,32 @@ class AuthenticationService:
             log.debug("superuser %r authenticated", principal.role)
         return principal
 
-    def authenticate_http(self, authorization: str | None, tls_common_name: str | None = None,
-                          method: str | None = None) -> Principal:
+    def costly(self, method: str, auth_data: bytes) -> bool:
+        """Whether `authenticate` would compute a password hash (use
+        `authenticate_off_loop`)."""
+        provider = self.providers.get(method)
+        return provider is not None and provider.costly(auth_data)
+
+    async def authenticate_off_loop(self, method: str, auth_data: bytes,
+                                    tls_common_name: str | None = None) -> Principal:
+        """As `authenticate`, with a password hash computed off the event loop's thread.
+
+        Raises:
+            AuthenticationError: as `authenticate`; or too many password checks are pending.
+        """
+        provider = self.providers.get(method)
+        if provider is None:
+            return self.authenticate(method, auth_data, tls_common_name)
+        return await provider.authenticate_off_loop(auth_data, tls_common_name)
+
+    async def authenticate_http(self, authorization: str | None,
+                                tls_common_name: str | None = None,
+                                method: str | None = None) -> Principal:
         """Authenticate an admin HTTP request: `Authorization: Bearer <token>` (method
         "token"), `Authorization: Basic <base64 user:password>` ("basic"), or, without the
         header, the verified client certificate ("tls") or the anonymous role. `method` is
-        the `X-Pulsar-Auth-Method-Name` header, when the client sent one.
+        the `X-Pulsar-Auth-Method-Name` header, when the client sent one. A password hash is
+        computed off the event loop's thread.
 
         Without the method header, credentials no provider accepts get the anonymous role
         when there is one, as Pulsar's HTTP authentication does.
@@ -263,7 +283,10 @@ class AuthenticationService:
                 there is no anonymous role, or the method was named).
         """
         try:
-            return self._authenticate_http(authorization, tls_common_name, method)
+            credentials = self._http_credentials(authorization, tls_common_name, method)
+            if isinstance(credentials, Principal):
+                return credentials
+            return await self.authenticate_off_loop(*credentials, tls_common_name)
         except AuthenticationError as exc:
             # Pulsar's HTTP authentication: without a method header, credentials no provider
             # accepts leave the request anonymous when there is an anonymous role (the binary
@@ -274,8 +297,13 @@ class AuthenticationService:
                      exc.logged())
             return Principal(self.anonymous_role, ANONYMOUS_METHOD)
 
-    def _authenticate_http(self, authorization: str | None, tls_common_name: str | None,
-                           method: str | None) -> Principal:
+    def _http_credentials(self, authorization: str | None, tls_common_name: str | None,
+                          method: str | None) -> Principal | tuple[str, bytes]:
+        """The anonymous principal, or the (method, auth data) to check.
+
+        Raises:
+            AuthenticationError: nothing usable, or not the form of the method.
+        """
         scheme, _, value = (authorization or "").strip().partition(" ")
         scheme = scheme.lower()
         if method is None:
@@ -303,20 +331,23 @@ class AuthenticationService:
             except (binascii.Error, ValueError):
                 raise AuthenticationError("basic: the Authorization value is not base64") \
                     from None
-        return self.authenticate(method, data, tls_common_name)
+        return method, data
 
     def start_session(self, connect: pb.CommandConnect, send: Callable[[pb.CommandAuthChallenge],
                       bool], close: Callable[[], None], peer: str,
                       server_version: str, tls_common_name: str | None = None,
-                      refuse: Callable[[str], None] | None = None) -> AuthSession:
-        """Authenticate a CONNECT and start the connection's refresh checks (`refuse` sends
-        the ERROR that refuses refreshed credentials, before the close).
+                      refuse: Callable[[str], None] | None = None,
+                      principal: Principal | None = None) -> AuthSession:
+        """Authenticate a CONNECT (unless `principal` is what `authenticate_off_loop` made of
+        it) and start the connection's refresh checks (`refuse` sends the ERROR that refuses
+        refreshed credentials, before the close).
 
         Raises:
             AuthenticationError: the connection must be refused (nothing was started).
         """
-        method = connect.auth_method_name  # the deprecated enum auth_method names no token
-        principal = self.authenticate(method, connect.auth_data, tls_common_name)
+        if principal is None:  # the deprecated enum auth_method names no token
+            principal = self.authenticate(connect.auth_method_name, connect.auth_data,
+                                          tls_common_name)
         supports_refresh = (connect.HasField("feature_flags")
                             and connect.feature_flags.supports_auth_refresh)
         session = AuthSession(self, principal, supports_refresh=supports_refresh, send=send,

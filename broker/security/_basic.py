@@ -16,11 +16,16 @@ Python 3.13. Every line's hash is parsed when the file is read, so a malformed o
 hash, or one of another kind, stops the broker with the file and the line named (never the
 hash).
 
-A bcrypt check costs milliseconds of CPU on the event loop, so a successful check is
-remembered (`VERIFIED_CACHE_MAX` entries, keyed by the user and a keyed SHA-256 of the
-password -- never the password): a client reconnecting with the same credentials does not pay
-again. A failure is not remembered. The binary protocol sends `user:password` as the auth
-data of method "basic"; HTTP sends `Authorization: Basic base64(user:password)`.
+A hash check costs CPU: milliseconds for bcrypt at `htpasswd -B`'s cost 5, a second at
+Python bcrypt's default cost 12. A successful check is remembered (`VERIFIED_CACHE_MAX`
+entries, keyed by the user and a keyed SHA-256 of the password -- never the password): a
+client reconnecting with the same credentials does not pay again. A failure is not
+remembered. The broker's connections and admin requests check through
+`authenticate_off_loop`, which computes the hash on `HASH_THREADS_MAX` threads, at most
+`HASH_CHECKS_PENDING_MAX` checks at once (more are refused, not queued): a client retrying a
+wrong password, or guessing, never stalls the event loop and so never blocks another
+connection. The binary protocol sends `user:password` as the auth data of method "basic";
+HTTP sends `Authorization: Basic base64(user:password)`.
 
 `TlsAuthenticationProvider` takes no data: the role is the common name of the client
 certificate the TLS handshake verified (`peer_common_name`), as Pulsar's "tls" method does.
@@ -28,6 +33,7 @@ certificate the TLS handshake verified (`peer_common_name`), as Pulsar's "tls" m
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -35,6 +41,7 @@ import hmac
 import os
 import urllib.parse
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from passlib.context import CryptContext
@@ -45,7 +52,9 @@ from ._principal import AuthenticationProvider, Principal, read_key_source
 __all__ = [
     "AUTH_METHOD_BASIC",
     "AUTH_METHOD_TLS",
+    "HASH_CHECKS_PENDING_MAX",
     "HASH_SCHEMES",
+    "HASH_THREADS_MAX",
     "VERIFIED_CACHE_MAX",
     "BasicAuthenticationProvider",
     "TlsAuthenticationProvider",
@@ -57,6 +66,8 @@ __all__ = [
 AUTH_METHOD_BASIC: Final = "basic"
 AUTH_METHOD_TLS: Final = "tls"
 VERIFIED_CACHE_MAX: Final = 1024  # successful (user, password digest) checks remembered
+HASH_THREADS_MAX: Final = 2  # threads computing password hashes (bcrypt releases the GIL)
+HASH_CHECKS_PENDING_MAX: Final = 64  # password checks running or queued on them at once
 BASIC_REFUSED: Final = "Unknown user or invalid password"  # Pulsar's text for both cases
 # The hash kinds of an htpasswd file, by passlib's scheme names: `htpasswd -B`, `-m` (and
 # FreeBSD's `$1$`), `-d` (traditional DES crypt, 13 characters: Pulsar's "crypt" form).
@@ -138,16 +149,30 @@ def read_basic_auth_conf(source: str) -> dict[str, str]:
 
 
 class BasicAuthenticationProvider(AuthenticationProvider):
-    """`user:password` against the hashes of `users` (see the module comment)."""
+    """`user:password` against the hashes of `users` (see the module comment).
+
+    Args:
+        checks_pending_max: password checks running or queued on the hash threads at once
+            (`authenticate_off_loop`); a check beyond it is refused.
+    """
 
     method_name = AUTH_METHOD_BASIC
 
-    def __init__(self, users: dict[str, str]):
+    def __init__(self, users: dict[str, str], checks_pending_max: int = HASH_CHECKS_PENDING_MAX):
+        assert checks_pending_max >= 1
         self.users = dict(users)
+        self.checks_pending_max = checks_pending_max
+        self.checks_pending = 0
         self._key = os.urandom(32)  # keys the digests of remembered passwords
         self._verified: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._threads: ThreadPoolExecutor | None = None  # made at the first off-loop check
 
-    def authenticate(self, auth_data: bytes, tls_common_name: str | None = None) -> Principal:
+    def _parse(self, auth_data: bytes) -> tuple[str, bytes, tuple[str, bytes]]:
+        """(user, password, memo key) of known user's credentials.
+
+        Raises:
+            AuthenticationError: not `user:password`, or an unknown user.
+        """
         user_bytes, sep, password = auth_data.partition(b":")
         if not sep or not user_bytes:
             raise AuthenticationError("basic: the credentials are not 'user:password'")
@@ -155,19 +180,64 @@ class BasicAuthenticationProvider(AuthenticationProvider):
             user = user_bytes.decode("utf-8")
         except UnicodeDecodeError:
             raise AuthenticationError("basic: the user name is not UTF-8") from None
-        stored = self.users.get(user)
-        if stored is None:
+        if user not in self.users:
             raise AuthenticationError(BASIC_REFUSED, detail=f"unknown user {user[:64]!r}")
-        memo = (user, hmac.new(self._key, password, hashlib.sha256).digest())
+        return user, password, (user, hmac.new(self._key, password, hashlib.sha256).digest())
+
+    def _remembered(self, memo: tuple[str, bytes]) -> bool:
         if memo in self._verified:
             self._verified.move_to_end(memo)
-            return Principal(user, self.method_name)
-        if not _hash_matches(password, stored):
+            return True
+        return False
+
+    def _checked(self, user: str, memo: tuple[str, bytes], matches: bool) -> Principal:
+        if not matches:
             raise AuthenticationError(BASIC_REFUSED, detail=f"wrong password for {user[:64]!r}")
         self._verified[memo] = None
         if len(self._verified) > VERIFIED_CACHE_MAX:
             self._verified.popitem(last=False)
         return Principal(user, self.method_name)
+
+    def costly(self, auth_data: bytes) -> bool:
+        """Whether checking these credentials means computing a hash (not remembered)."""
+        try:
+            _, _, memo = self._parse(auth_data)
+        except AuthenticationError:
+            return False  # refused without a hash
+        return memo not in self._verified
+
+    def authenticate(self, auth_data: bytes, tls_common_name: str | None = None) -> Principal:
+        user, password, memo = self._parse(auth_data)
+        if self._remembered(memo):
+            return Principal(user, self.method_name)
+        return self._checked(user, memo, _hash_matches(password, self.users[user]))
+
+    async def authenticate_off_loop(self, auth_data: bytes,
+                                    tls_common_name: str | None = None) -> Principal:
+        """As `authenticate`, with the hash computed on one of `HASH_THREADS_MAX` threads, so
+        that a costly hash (bcrypt at cost 12 takes a second) stalls no other connection. The
+        remembered checks stay on the event loop's thread, which alone touches them.
+
+        Raises:
+            AuthenticationError: as `authenticate`; or `checks_pending_max` checks are already
+                running or queued (refused at once, nothing is queued).
+        """
+        user, password, memo = self._parse(auth_data)
+        if self._remembered(memo):
+            return Principal(user, self.method_name)
+        if self.checks_pending >= self.checks_pending_max:
+            raise AuthenticationError("basic: too many password checks in progress, try again",
+                                      detail=f"{self.checks_pending} checks pending")
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(HASH_THREADS_MAX,
+                                               thread_name_prefix="magnetar-password-check")
+        self.checks_pending += 1
+        try:
+            matches = await asyncio.get_running_loop().run_in_executor(
+                self._threads, _hash_matches, password, self.users[user])
+        finally:
+            self.checks_pending -= 1
+        return self._checked(user, memo, matches)
 
 
 class TlsAuthenticationProvider(AuthenticationProvider):

@@ -132,18 +132,18 @@ def test_the_service_refuses_missing_and_unknown_methods() -> None:
     assert service.authenticate("token", _token("admin")).role == "admin"
 
 
-def test_http_authentication_takes_a_bearer_header() -> None:
+async def test_http_authentication_takes_a_bearer_header() -> None:
     service = _service()
-    assert service.authenticate_http("Bearer " + _token().decode()).role == "alice"
-    assert service.authenticate_http("bearer " + _token().decode()).role == "alice"
+    assert (await service.authenticate_http("Bearer " + _token().decode())).role == "alice"
+    assert (await service.authenticate_http("bearer " + _token().decode())).role == "alice"
     with pytest.raises(AuthenticationError, match="authentication required"):
-        service.authenticate_http(None)
+        await service.authenticate_http(None)
     with pytest.raises(AuthenticationError, match="method 'basic' is not enabled"):
-        service.authenticate_http("Basic dXNlcjpwYXNz")
+        await service.authenticate_http("Basic dXNlcjpwYXNz")
     with pytest.raises(AuthenticationError, match="Bearer or the Basic scheme"):
-        service.authenticate_http("Digest x")
+        await service.authenticate_http("Digest x")
     with pytest.raises(AuthenticationError, match="signature"):
-        service.authenticate_http("Bearer " + encode_token({"sub": "a"}, b"x" * 32))
+        await service.authenticate_http("Bearer " + encode_token({"sub": "a"}, b"x" * 32))
 
 
 def test_from_config(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def _service(tmp_path: Path, anonymous: str = "") -> AuthenticationService:
     return service
 
 
-def test_several_providers_chosen_by_method(tmp_path: Path) -> None:
+async def test_several_providers_chosen_by_method(tmp_path: Path) -> None:
     service = _service(tmp_path)
     assert service.authenticate("token", encode_token({"sub": "t"}, SECRET).encode()).role == "t"
     assert service.authenticate("basic", b"bob:s3cret").role == "bob"
@@ -135,23 +136,23 @@ def test_several_providers_chosen_by_method(tmp_path: Path) -> None:
     with pytest.raises(AuthenticationError, match="authentication is required"):
         service.authenticate("none", b"")
     basic = "Basic " + base64.b64encode(b"bob:s3cret").decode()
-    assert service.authenticate_http(basic).role == "bob"
-    assert service.authenticate_http(None, tls_common_name="client").role == "client"
+    assert (await service.authenticate_http(basic)).role == "bob"
+    assert (await service.authenticate_http(None, tls_common_name="client")).role == "client"
     with pytest.raises(AuthenticationError, match="Unknown user"):
-        service.authenticate_http("Basic " + base64.b64encode(b"bob:nope").decode())
+        await service.authenticate_http("Basic " + base64.b64encode(b"bob:nope").decode())
 
 
-def test_anonymous_role(tmp_path: Path) -> None:
+async def test_anonymous_role(tmp_path: Path) -> None:
     service = _service(tmp_path, anonymous="anon")
     for method in ("", "none", "athenz"):  # no credentials, or a method not enabled
         principal = service.authenticate(method, b"")
         assert (principal.role, principal.method) == ("anon", "anonymous")
-    assert service.authenticate_http(None).role == "anon"
+    assert (await service.authenticate_http(None)).role == "anon"
     with pytest.raises(AuthenticationError):  # bad credentials are not anonymous
         service.authenticate("basic", b"bob:nope")
 
 
-def test_http_credentials_no_provider_accepts_are_anonymous_without_a_method(
+async def test_http_credentials_no_provider_accepts_are_anonymous_without_a_method(
         tmp_path: Path) -> None:
     """Pulsar's HTTP authentication: without `X-Pulsar-Auth-Method-Name`, credentials that no
     provider accepts leave the request anonymous when there is an anonymous role; naming the
@@ -161,12 +162,12 @@ def test_http_credentials_no_provider_accepts_are_anonymous_without_a_method(
     (tmp_path / "b").mkdir()
     anonymous = _service(tmp_path / "a", anonymous="anon")
     for header in (bad_basic, "Bearer x.y.z", "Digest abc", "Basic !!!"):
-        principal = anonymous.authenticate_http(header)
+        principal = await anonymous.authenticate_http(header)
         assert (principal.role, principal.method) == ("anon", "anonymous"), header
     with pytest.raises(AuthenticationError, match="Unknown user"):
-        anonymous.authenticate_http(bad_basic, method="basic")
+        await anonymous.authenticate_http(bad_basic, method="basic")
     with pytest.raises(AuthenticationError, match="Unknown user"):
-        _service(tmp_path / "b").authenticate_http(bad_basic)
+        await _service(tmp_path / "b").authenticate_http(bad_basic)
 
 
 def test_unknown_provider_and_missing_conf(tmp_path: Path) -> None:
@@ -177,3 +178,27 @@ def test_unknown_provider_and_missing_conf(tmp_path: Path) -> None:
         AuthenticationService.from_config(BrokerConfig(
             authentication_enabled=True, authentication_providers=("basic",)))
 
+
+
+async def test_off_loop_checks_remember_successes_and_are_bounded(tmp_path: Path) -> None:
+    users = read_basic_auth_conf(str(_conf(tmp_path / "p")))
+    provider = BasicAuthenticationProvider(users, checks_pending_max=1)
+    assert provider.costly(b"bob:s3cret")
+    assert not provider.costly(b"nobody:x")  # refused without a hash
+    assert (await provider.authenticate_off_loop(b"bob:s3cret")).role == "bob"
+    assert not provider.costly(b"bob:s3cret")  # remembered: checked on the loop from now on
+    with pytest.raises(AuthenticationError, match="Unknown user or invalid password"):
+        await provider.authenticate_off_loop(b"bob:wrong")
+    assert provider.costly(b"bob:wrong")  # a failure is not remembered
+    first = asyncio.ensure_future(provider.authenticate_off_loop(b"ann:wrong"))
+    for _ in range(100):  # loop turns, until the first check is on a hash thread
+        if provider.checks_pending:
+            break
+        await asyncio.sleep(0)
+    assert provider.checks_pending == 1
+    with pytest.raises(AuthenticationError, match="too many password checks in progress"):
+        await provider.authenticate_off_loop(b"bob:another-guess")
+    with pytest.raises(AuthenticationError, match="Unknown user or invalid password"):
+        await first
+    assert provider.checks_pending == 0
+    assert (await provider.authenticate_off_loop(b"bob:s3cret")).role == "bob"

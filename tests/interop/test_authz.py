@@ -6,6 +6,7 @@ grant commands, and grants that survive a restart."""
 from __future__ import annotations
 
 import json
+import select
 import ssl
 import urllib.error
 import urllib.request
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.interop
 T = pb.BaseCommand
 NS = "public/default"
 UINT64_MAX = (1 << 64) - 1  # the request id of a refused CONNECT's ERROR
+SLOW_ROUNDS = 11  # a bcrypt cost whose check takes far longer than a few PING round trips
 REFUSED_TIMEOUT_S = 3  # the client's operation timeout where a refusal is expected
 ADMIN_UP_S = 20  # how long the admin API may take to listen after the broker port
 HTTPS_PORT = free_port()
@@ -57,7 +59,8 @@ def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory
     key.write_bytes(SECRET)
     users = base / "users.htpasswd"
     users.write_text(f"bob:{bcrypt.hashpw(b'bobs-pw', bcrypt.gensalt(rounds=4)).decode()}\n"
-                     f"dora:{des_crypt.hash('doras-pw')}\n")  # traditional DES crypt
+                     f"dora:{des_crypt.hash('doras-pw')}\n"  # traditional DES crypt
+                     f"slow:{bcrypt.hashpw(b'slow-pw', bcrypt.gensalt(SLOW_ROUNDS)).decode()}\n")
     tls_port = free_port()
     process = start_secure(
         base, "--auth-token-secret-key", str(key), "--tls-port", str(tls_port),
@@ -354,6 +357,38 @@ def test_a_failed_authentication_closes_only_its_connection(
                             T.PRODUCER_SUCCESS).request_id == 1
     finally:
         good.close()
+
+
+def test_a_slow_password_check_blocks_no_other_connection(
+        broker: tuple[SecureBrokerProcess, int]) -> None:
+    """A bcrypt check (here cost 11) runs off the broker's event loop: while a CONNECT's
+    wrong password is being checked, another connection's PINGs are answered. (With the check
+    on the loop, the loop reads that CONNECT before the first PING and answers the ERROR
+    before any PONG.)"""
+    process, _ = broker
+    good, reply = raw_connect(process.port, token("admin"))
+    guesser = RawClient(process.port)
+    try:
+        assert reply.type == T.CONNECTED
+        guesser.send(pb.CommandConnect(client_version="magnetar-interop", protocol_version=20,
+                                       auth_method_name="basic", auth_data=b"slow:wrong"))
+        for _ in range(5):
+            good.send(pb.CommandPing())
+            good.expect(T.PONG)
+        readable, _, _ = select.select([guesser.sock], [], [], 0)
+        assert readable == [], "the refusal came before the other connection's PONGs"
+        refusal = guesser.expect(T.ERROR).body
+        assert refusal.message == "Failed to authenticate: Unknown user or invalid password"
+        assert isinstance(guesser.next_event(), ConnectionClosed)
+    finally:
+        good.close()
+        guesser.close()
+    slow = _client(process.url, pulsar.AuthenticationBasic("slow", "slow-pw"))
+    try:  # the right password, checked the same way, connects (no grant: refused to produce)
+        assert not _can_produce(slow, _topic("slow"))
+    finally:
+        slow.close()
+    assert "role 'slow' may not look up the partitions of" in process.log_tail(20)
 
 
 def test_logs_name_role_action_resource_and_never_a_credential(
