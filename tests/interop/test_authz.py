@@ -6,6 +6,7 @@ grant commands, and grants that survive a restart."""
 from __future__ import annotations
 
 import json
+import re
 import select
 import ssl
 import urllib.error
@@ -267,12 +268,30 @@ def test_cli_grants_and_grants_survive_a_restart(
     assert "validateNamespaceOperation" in capsys.readouterr().err
     process.restart()
     carol = _client(process.url, pulsar.AuthenticationToken(token("carol")))
+    consumer = _client(process.url, pulsar.AuthenticationToken(token("client")))  # ns consume
+    locked = f"locked-{uuid.uuid4().hex[:6]}"
     try:
         assert _can_produce(carol, topic)
         assert _can_subscribe(carol, topic)
         assert not _can_produce(carol, _topic("not-granted"))
+        assert main(["topics", "revoke-permission", topic, "--role", "carol", *common]) == 0
+        assert not _can_produce(carol, topic)
+        # subscription permissions: only the listed roles, until the list is empty again
+        assert main(["namespaces", "grant-subscription-permission", NS, "--subscription",
+                     locked, "--roles", "erin", *common]) == 0
+        assert main(["namespaces", "subscription-permissions", NS, *common]) == 0
+        assert json.loads(capsys.readouterr().out)[locked] == ["erin"]
+        with pytest.raises(pulsar.AuthorizationError):
+            consumer.subscribe(topic, locked)
+        assert main(["namespaces", "revoke-subscription-permission", NS, "--subscription",
+                     locked, "--role", "erin", *common]) == 0
+        consumer.subscribe(topic, locked).close()
+        assert main(["namespaces", "revoke-subscription-permission", NS, "--subscription",
+                     "never-listed", "--role", "erin", *common]) == 1
+        assert "couldn't find subscription" in capsys.readouterr().err
     finally:
         carol.close()
+        consumer.close()
 
 
 def test_tls_without_a_certificate_is_anonymous(broker: tuple[SecureBrokerProcess, int],
@@ -424,8 +443,12 @@ def test_logs_name_role_action_resource_and_never_a_credential(
     assert f"role 'mallory-secret-role' may not look up the partitions of {topic}" in log
     assert (f"refused to role 'mallory-secret-role' (topic GET_STATS): Unauthorized to "
             f"validateTopicOperation for operation [GET_STATS] on topic [{topic}]") in log
-    for reason in ("signature does not verify", "expired", "wrong password for 'bob'"):
-        assert reason in log
+    # each authentication failure names the provider (method) and the reason
+    for method, reason in (("token", "signature does not verify"), ("token", "expired"),
+                           ("basic", "Unknown user or invalid password: wrong password for "
+                                     "'bob'")):
+        assert re.search(rf"refusing the connection of \S+ \(method '{method}'\): .*{reason}",
+                         log), (method, reason)
     for name, secret in secrets.items():
         assert secret not in log, name
         assert secret.split(".")[-1] not in log, f"{name}: its signature"
