@@ -440,17 +440,46 @@ class AuthSession:
         log.debug("credentials of %r on %s expired: challenge sent", role, self._peer)
         return False
 
+    def _method(self, data: pb.AuthData) -> str:
+        return data.auth_method_name or self.principal.method
+
+    def costly(self, response: pb.CommandAuthResponse) -> bool:
+        """Whether checking this AUTH_RESPONSE means computing a password hash (use
+        `on_response_off_loop`)."""
+        data = response.response
+        return self.service.costly(self._method(data), data.auth_data)
+
     def on_response(self, response: pb.CommandAuthResponse) -> None:
         """An AUTH_RESPONSE: accept fresh credentials of the same role or close."""
         if self._stopped:
             return
         data = response.response
         try:
-            fresh = self.service.authenticate(data.auth_method_name or self.principal.method,
-                                              data.auth_data)
+            fresh = self.service.authenticate(self._method(data), data.auth_data)
         except AuthenticationError as exc:
-            self._fail(f"refreshed credentials refused: {exc.logged()}", f"{AUTH_REFUSED}: {exc}")
+            self._refused(exc)
             return
+        self._refreshed(fresh)
+
+    async def on_response_off_loop(self, response: pb.CommandAuthResponse) -> None:
+        """As `on_response`, with a password hash computed off the event loop's thread
+        (nothing is done when the connection closed meanwhile)."""
+        if self._stopped:
+            return
+        data = response.response
+        try:
+            fresh = await self.service.authenticate_off_loop(self._method(data), data.auth_data)
+        except AuthenticationError as exc:
+            if not self._stopped:
+                self._refused(exc)
+            return
+        if not self._stopped:
+            self._refreshed(fresh)
+
+    def _refused(self, exc: AuthenticationError) -> None:
+        self._fail(f"refreshed credentials refused: {exc.logged()}", f"{AUTH_REFUSED}: {exc}")
+
+    def _refreshed(self, fresh: Principal) -> None:
         if fresh.role != self.principal.role:
             self._fail(f"refreshed credentials are for role {fresh.role!r}, not "
                        f"{self.principal.role!r}",

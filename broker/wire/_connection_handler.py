@@ -490,7 +490,11 @@ class ConnectionHandler:
         if self.auth is None:
             log.debug("ignoring AUTH_RESPONSE from %s: no authentication configured", self.peer)
             return
-        self.auth.on_response(frame.command.authResponse)
+        response = frame.command.authResponse
+        if self.auth.costly(response):
+            self.spawn(self.auth.on_response_off_loop(response))
+        else:
+            self.auth.on_response(response)
 
     def _on_transaction(self, frame: Frame) -> None:
         body: Any = frame.body

@@ -21,6 +21,7 @@ from magnetar.broker.security._basic import (
     read_basic_auth_conf,
 )
 from magnetar.broker.security._jwt import encode_token
+from magnetar.codec import pb
 
 SECRET = b"providers-test-secret-key-32byte"
 # `openssl passwd -apr1 -salt abcdefgh secret` printed this.
@@ -202,3 +203,30 @@ async def test_off_loop_checks_remember_successes_and_are_bounded(tmp_path: Path
         await first
     assert provider.checks_pending == 0
     assert (await provider.authenticate_off_loop(b"bob:s3cret")).role == "bob"
+
+
+async def test_refreshed_basic_credentials_are_checked_off_the_loop(tmp_path: Path) -> None:
+    """An AUTH_RESPONSE carrying a password goes through the hash threads too; a wrong one is
+    refused (ERROR, then the close), the right one refreshes the session."""
+    service = _service(tmp_path)
+    refusals: list[str] = []
+    closed: list[bool] = []
+    connect = pb.CommandConnect(client_version="t", protocol_version=20,
+                                auth_method_name="basic", auth_data=b"bob:s3cret")
+    session = service.start_session(connect, lambda challenge: True, lambda: closed.append(True),
+                                    "/test:1", "Magnetar-test", refuse=refusals.append)
+    try:
+        answer = pb.CommandAuthResponse(response=pb.AuthData(auth_method_name="basic",
+                                                             auth_data=b"bob:other"))
+        assert session.costly(answer)
+        await session.on_response_off_loop(answer)
+        assert refusals == ["Failed to authenticate: Unknown user or invalid password"]
+        assert closed == [True]
+    finally:
+        session.stop()
+    session = service.start_session(connect, lambda challenge: True, lambda: None, "/test:2",
+                                    "Magnetar-test")
+    await session.on_response_off_loop(pb.CommandAuthResponse(response=pb.AuthData(
+        auth_method_name="basic", auth_data=b"bob:s3cret")))
+    assert (session.refreshes, session.principal.role) == (1, "bob")
+    session.stop()
