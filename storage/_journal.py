@@ -51,9 +51,12 @@ from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
 from ._fs import FileHandle, FileSystem
 from ._journal_format import (
+    ADD_IDS_BYTES,
     RECORD_HEADER_BYTES,
     JournalMark,
+    RecordType,
     SegmentHeader,
+    encode_adds,
     encode_record,
     pad_record,
     parse_segment_name,
@@ -70,17 +73,29 @@ _ZEROS = bytes(_ZERO_CHUNK_BYTES)
 
 
 class JournalRequest:
-    """One record to journal, with what to finish when it is durable."""
+    """One record to journal, or a run of ADD_ENTRY records of one ledger (`entries`: their
+    data, for entry ids up to `entry_id`), with what to finish when it is durable."""
 
-    __slots__ = ("completion", "entry_id", "kind", "ledger", "payload")
+    __slots__ = ("completion", "entries", "entry_id", "kind", "ledger", "ledger_id",
+                 "payload", "records", "size")
 
     def __init__(self, kind: int, payload: bytes, completion: Completion[int] | None,
-                 ledger: object = None, entry_id: int = -1):
+                 ledger: object = None, entry_id: int = -1, *,
+                 entries: list[bytes] | None = None, ledger_id: int = -1):
+        assert entries is None or (kind == RecordType.ADD_ENTRY and entries and ledger_id >= 0)
         self.kind = kind
         self.payload = payload
         self.completion = completion
         self.ledger = ledger
         self.entry_id = entry_id
+        self.entries = entries
+        self.ledger_id = ledger_id
+        if entries is None:
+            self.records = 1
+            self.size = len(payload)
+        else:
+            self.records = len(entries)
+            self.size = sum(map(len, entries)) + ADD_IDS_BYTES * len(entries)
 
 
 @dataclass
@@ -89,7 +104,7 @@ class _Batch:
     end_offset: int
     last_lsn: int
     requests: list[JournalRequest]
-    records: int  # the requests written (`requests` is emptied once acknowledged unsynced)
+    records: int  # the records written (`requests` is emptied once acknowledged unsynced)
 
 
 class _Segment:
@@ -122,7 +137,7 @@ class Journal:
         self.metrics = metrics if metrics is not None else StorageMetrics()
         self._lock = threading.Condition()
         self._queue: deque[JournalRequest] = deque()
-        self._queue_bytes = 0
+        self._queued_records = 0  # records of the queued requests (a run of adds counts each)
         self._room_waiters: list[Completion[None]] = []  # one per waiting managed ledger
         # Adds stop here (`has_room_for_adds`): a tenth of the queue stays for the records that
         # must not wait behind adds (cursor updates, ledger closes), so their submit never blocks.
@@ -246,25 +261,28 @@ class Journal:
             if self._closing:
                 self._fail_requests([request], StorageClosedError("journal is closed"))
                 return
-            while len(self._queue) >= self._config.journal_queue_requests_max:
+            while self._queued_records >= self._config.journal_queue_requests_max:
                 self._lock.wait()
                 if self._failed is not None:
                     self._fail_requests([request], self._failed)
                     return
             self._queue.append(request)
-            self._queue_bytes += len(request.payload)
+            self._queued_records += request.records
             self._lock.notify_all()
 
-    def has_room_for_adds(self) -> bool:
-        """Whether an add may be queued now without `submit` waiting."""
+    def has_room_for_adds(self, records: int = 1) -> bool:
+        """Whether `records` adds may be queued now without `submit` waiting: they fit
+        below `add_requests_max`, or nothing is queued (a run longer than the limit then
+        goes alone; its caller bounds it)."""
         with self._lock:
-            return len(self._queue) < self.add_requests_max
+            queued = self._queued_records
+            return queued == 0 or queued + records <= self.add_requests_max
 
     def room_for_adds(self) -> Completion[None]:
         """Finishes once `has_room_for_adds` may say yes again: the writer took a batch, or
         the journal failed or is closing (the next add then raises). Never blocks."""
         with self._lock:
-            if (len(self._queue) < self.add_requests_max or self._failed is not None
+            if (self._queued_records < self.add_requests_max or self._failed is not None
                     or self._closing):
                 return Completion.resolved(None)
             waiter: Completion[None] = Completion()
@@ -322,7 +340,8 @@ class Journal:
 
     def pending(self) -> int:
         with self._lock:
-            return len(self._queue) + sum(len(b.requests) for b in self._sync_queue)
+            return self._queued_records + sum(r.records for b in self._sync_queue
+                                              for r in b.requests)
 
     # -- the writer ----------------------------------------------------------------------
 
@@ -331,13 +350,15 @@ class Journal:
         taken: list[JournalRequest] = []
         size = 0
         limit = self._config.journal_batch_bytes_max
-        while self._queue and (not taken or size + len(self._queue[0].payload) <= limit):
+        records = 0
+        while self._queue and (not taken or size + self._queue[0].size <= limit):
             request = self._queue.popleft()
-            size += len(request.payload)
+            size += request.size
+            records += request.records
             taken.append(request)
-        self._queue_bytes -= size
+        self._queued_records -= records
         self._lock.notify_all()
-        if self._room_waiters and len(self._queue) < self.add_requests_max:
+        if self._room_waiters and self._queued_records < self.add_requests_max:
             self._wake_room_waiters()
         return taken
 
@@ -386,7 +407,8 @@ class Journal:
         except OSError as exc:
             self._fail(requests, journal_io_error(exc, segment.handle.path))
             return None
-        done = _Batch(segment, segment.position, self._next_lsn - 1, requests, len(requests))
+        done = _Batch(segment, segment.position, self._next_lsn - 1, requests,
+                      sum(r.records for r in requests))
         if not self._config.journal_sync:
             self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
@@ -416,8 +438,13 @@ class Journal:
         segment_id = segment.segment_id
         lsn = self._next_lsn
         for request in requests:
-            encode_record(out, segment_id, lsn, request.kind, request.payload)
-            lsn += 1
+            entries = request.entries
+            if entries is None:
+                encode_record(out, segment_id, lsn, request.kind, request.payload)
+                lsn += 1
+            else:
+                lsn = encode_adds(out, segment_id, lsn, request.ledger_id,
+                                  request.entry_id - len(entries) + 1, entries)
         # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced)
         # from a damaged record that was synced before a later batch was written.
         if pad_record(out, segment_id, lsn, segment.position,
