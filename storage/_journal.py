@@ -44,17 +44,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ._completion import Completion
 from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
 from ._fs import FileHandle, FileSystem
+from ._journal_batch import JournalRequest, _Batch, _Segment
 from ._journal_format import (
-    ADD_IDS_BYTES,
     RECORD_HEADER_BYTES,
     JournalMark,
-    RecordType,
     SegmentHeader,
     encode_adds,
     encode_record,
@@ -70,49 +68,6 @@ log = logging.getLogger(__name__)
 
 _ZERO_CHUNK_BYTES = 1024 * 1024
 _ZEROS = bytes(_ZERO_CHUNK_BYTES)
-
-
-class JournalRequest:
-    """One record to journal, or a run of ADD_ENTRY records of one ledger (`entries`: their
-    data, for entry ids up to `entry_id`), with what to finish when it is durable."""
-
-    __slots__ = ("completion", "entries", "entry_id", "kind", "ledger", "ledger_id",
-                 "payload", "records", "size")
-
-    def __init__(self, kind: int, payload: bytes, completion: Completion[int] | None,
-                 ledger: object = None, entry_id: int = -1, *,
-                 entries: list[bytes] | None = None, ledger_id: int = -1):
-        assert entries is None or (kind == RecordType.ADD_ENTRY and entries and ledger_id >= 0)
-        self.kind = kind
-        self.payload = payload
-        self.completion = completion
-        self.ledger = ledger
-        self.entry_id = entry_id
-        self.entries = entries
-        self.ledger_id = ledger_id
-        if entries is None:
-            self.records = 1
-            self.size = len(payload)
-        else:
-            self.records = len(entries)
-            self.size = sum(map(len, entries)) + ADD_IDS_BYTES * len(entries)
-
-
-@dataclass
-class _Batch:
-    segment: _Segment
-    end_offset: int
-    last_lsn: int
-    requests: list[JournalRequest]
-    records: int  # the records written (`requests` is emptied once acknowledged unsynced)
-
-
-class _Segment:
-    def __init__(self, segment_id: int, handle: FileHandle, position: int, allocated: int):
-        self.segment_id = segment_id
-        self.handle = handle
-        self.position = position
-        self.allocated = allocated
 
 
 DurableCallback = Callable[[list[JournalRequest]], None]

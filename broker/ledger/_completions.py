@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from magnetar.storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError
@@ -57,15 +57,15 @@ async def after_earlier_callbacks(completion: Completion[int]) -> int:
     return completion.result()
 
 
-async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int, data: bytes,
-                                   name: str) -> Completion[int]:
+async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int,
+                                   entries: Sequence[bytes], name: str) -> Completion[int]:
     """Back-pressure without blocking the loop: await the storage's `cache_space` and try
-    the add again, for at most the storage's `write_cache_wait_ms_max` (as a blocking add
-    would wait). `name`: the managed ledger's, for the error.
+    the add (a run of entries) again, for at most the storage's `write_cache_wait_ms_max`
+    (as a blocking add would wait). `name`: the managed ledger's, for the error.
 
     Raises:
         StorageError: the cache stayed full that long; nothing was written.
-        The storage's refusals (`try_add_entry`): nothing was written.
+        The storage's refusals (`try_add_entries`): nothing was written.
     """
     wait_ms = storage.config.write_cache_wait_ms_max
     loop = asyncio.get_running_loop()
@@ -77,7 +77,7 @@ async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int, data:
         except TimeoutError:
             raise StorageError(f"write cache full for {wait_ms} ms; the add of ml "
                                f"{name} was refused") from None
-        completion = storage.try_add_entry(ledger_id, data)
+        completion = storage.try_add_entries(ledger_id, entries)
         if completion is not None:
             return completion
 

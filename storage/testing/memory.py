@@ -359,8 +359,7 @@ class InMemoryLedgerStorage:
 
     def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int]:
         """As `Storage.add_entries`; a scripted refusal (`fail_next_adds`) refuses the run."""
-        added = self.try_add_entries(ledger_id, entries)
-        if added is not None:
+        if (added := self.try_add_entries(ledger_id, entries)) is not None:
             return added
         wait_s = self.config.write_cache_wait_ms_max / 1000.0
         with self._lock:
@@ -371,13 +370,10 @@ class InMemoryLedgerStorage:
         return self.add_entries(ledger_id, entries)
 
     def try_add_entry(self, ledger_id: int, data: bytes) -> Completion[int] | None:
-        """`add_entry` that answers None while the scripted cache is full."""
         return self.try_add_entries(ledger_id, [data])
 
-    def try_add_entries(self, ledger_id: int,
-                        entries: Sequence[bytes]) -> Completion[int] | None:
-        """`add_entries` that answers None while the scripted cache is full. The run is one
-        queued write: it becomes durable (or fails) as one."""
+    def try_add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int] | None:
+        """`add_entries` answering None while the scripted cache is full; one queued write."""
         assert entries, "a run of adds has at least one entry"
         datas = [bytes(data) for data in entries]
         for data in datas:
