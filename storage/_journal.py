@@ -12,7 +12,8 @@ in its own thread, deterministically):
 * The writer takes every queued request (up to `journal_batch_bytes_max`), encodes them
   into one buffer, ends it with a PAD record to the alignment boundary (carrying the LSN
   synced so far, see `_journal_format.py`), and issues one `pwrite`. It then hands the
-  batch to the syncer and goes on with the next batch.
+  batch to the syncer and goes on with the next batch; when nothing else is queued and no
+  sync is under way it syncs the batch itself instead (no hand-off for a lone add).
 * The syncer takes every batch handed over, issues ONE fdatasync for all of them, moves the
   in-memory mark to the end of the last one and calls `on_durable` with their requests.
 
@@ -90,7 +91,10 @@ class Journal:
         # fsync latency and group-commit size (one writer: whoever holds the syncer role),
         # bytes written (the writer role).
         self.metrics = metrics if metrics is not None else StorageMetrics()
-        self._lock = threading.Condition()
+        lock = threading.RLock()
+        self._lock = threading.Condition(lock)
+        # The writer's own condition (same lock): a submission wakes only the writer.
+        self._writer_wake = threading.Condition(lock)
         self._queue: deque[JournalRequest] = deque()
         self._queued_records = 0  # records of the queued requests (a run of adds counts each)
         self._room_waiters: list[Completion[None]] = []  # one per waiting managed ledger
@@ -174,7 +178,7 @@ class Journal:
             return
         with self._lock:
             self._sync_now = True
-            self._lock.notify_all()
+            self._notify_all()
             while (self._sync_queue or self._sync_busy) and self._failed is None:
                 self._lock.wait()
             if self._failed is not None:
@@ -223,7 +227,7 @@ class Journal:
                     return
             self._queue.append(request)
             self._queued_records += request.records
-            self._lock.notify_all()
+            self._writer_wake.notify()
 
     def has_room_for_adds(self, records: int = 1) -> bool:
         """Whether `records` adds may be queued now without `submit` waiting: they fit
@@ -277,23 +281,21 @@ class Journal:
         finally:
             with self._lock:
                 self._leading = False
-                self._lock.notify_all()
+                self._notify_all()
             if segment is not None:
                 self._maybe_roll_over(segment)
             with self._lock:
                 self._writing = False
-                self._lock.notify_all()
+                self._notify_all()
         return True
 
     def pump(self) -> bool:
         """Without background threads: write and sync what is queued. Returns True if
         anything was done."""
         assert not self._threads
-        wrote = self._write_once()
-        synced = self._sync_once()
-        return wrote or synced
+        return self._write_once() | self._sync_once()
 
-    def pending(self) -> int:
+    def pending(self) -> int:  # records queued or written, not yet acknowledged
         with self._lock:
             return self._queued_records + sum(r.records for b in self._sync_queue
                                               for r in b.requests)
@@ -312,7 +314,7 @@ class Journal:
             records += request.records
             taken.append(request)
         self._queued_records -= records
-        self._lock.notify_all()
+        self._notify_all()
         if self._room_waiters and self._queued_records < self.add_requests_max:
             self._wake_room_waiters()
         return taken
@@ -322,12 +324,12 @@ class Journal:
             with self._lock:
                 while (not self._queue or self._writing) and not self._closing \
                         and self._failed is None:
-                    self._lock.wait()
+                    self._writer_wake.wait()
                 while self._writing and self._failed is None:  # a leader finishes first
-                    self._lock.wait()
+                    self._writer_wake.wait()
                 if self._failed is not None or (self._closing and not self._queue):
                     self._writer_done = True
-                    self._lock.notify_all()
+                    self._notify_all()
                     return
                 self._writing = True
                 requests = self._take_batch()
@@ -336,7 +338,7 @@ class Journal:
             finally:
                 with self._lock:
                     self._writing = False
-                    self._lock.notify_all()
+                    self._notify_all()
 
     def _write_once(self) -> bool:
         with self._lock:
@@ -370,14 +372,22 @@ class Journal:
             done.requests = []
         with self._lock:
             failed = self._failed
-            if failed is None:
+            # Nothing else to write and no sync under way: sync here rather than wake the
+            # syncer (one thread hand-off less for a lone add); else hand over and go on.
+            inline = (failed is None and bool(self._threads) and self._config.journal_sync
+                      and not self._queue and not self._sync_queue and not self._sync_busy)
+            if inline:
+                self._sync_busy = True
+            elif failed is None:
                 self._sync_queue.append(done)
-                self._lock.notify_all()
+                self._notify_all()
         if failed is not None:
             # The journal failed while this batch was being written (a checkpoint or a sync
             # failed meanwhile): the syncer has stopped, so the batch must fail here.
             self._fail_requests(done.requests, failed)
             return None
+        if inline:
+            self._sync_batches([done])
         return segment
 
     def _maybe_roll_over(self, segment: _Segment) -> None:
@@ -452,6 +462,11 @@ class Journal:
             batches = list(self._sync_queue)
             self._sync_queue.clear()
             self._sync_busy = True
+        self._sync_batches(batches)
+        return True
+
+    def _sync_batches(self, batches: list[_Batch]) -> None:
+        """One fdatasync for `batches` (the caller holds the syncer role), then completes."""
         last = batches[-1]
         try:
             self._fs.point("journal:before-sync")
@@ -468,7 +483,7 @@ class Journal:
                 self._sync_busy = False
             self._fail([r for b in batches for r in b.requests],
                        journal_io_error(exc, last.segment.handle.path))
-            return True
+            return
         self._last_sync_monotonic = time.monotonic()
         assert last.end_offset >= self.synced_mark.offset or \
             last.segment.segment_id > self.synced_mark.segment_id
@@ -480,8 +495,11 @@ class Journal:
             self._on_durable(requests)
         with self._lock:
             self._sync_busy = False
-            self._lock.notify_all()
-        return True
+            self._notify_all()
+
+    def _notify_all(self) -> None:  # lock held: wake the writer, the syncer, room waiters
+        self._lock.notify_all()
+        self._writer_wake.notify_all()
 
     # -- failure and shutdown ------------------------------------------------------------
 
@@ -501,7 +519,7 @@ class Journal:
             pending = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
             self._queue.clear()
             self._sync_queue.clear()
-            self._lock.notify_all()
+            self._notify_all()
             self._wake_room_waiters()
         if first:
             log.error("journal failed, refusing further writes: %s", error)
@@ -515,7 +533,7 @@ class Journal:
         """Write and sync everything queued, stop the threads and close the segment."""
         with self._lock:
             self._closing = True
-            self._lock.notify_all()
+            self._notify_all()
             self._wake_room_waiters()
         if self._threads:
             for thread in self._threads:
@@ -575,7 +593,7 @@ class Journal:
             if self._failed is None:
                 self._failed = StorageFailedError("journal abandoned")
             self._closing = True
-            self._lock.notify_all()
+            self._notify_all()
             self._wake_room_waiters()
         for thread in self._threads:
             thread.join()
