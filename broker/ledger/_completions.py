@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -114,9 +116,54 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],
-               *args: object) -> None:
-    """Run `callback` on `loop` from a storage thread (ignored once the loop is closed)."""
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass
+              *args: object) -> None:
+    """Run `callback` on `loop` from a storage thread (ignored once the loop is closed).
+    Callbacks posted while the loop has not yet run the earlier ones share one wake-up of
+    the loop (`_Inbox`): a journal sync that completes the adds of many managed ledgers
+    hands them to the loop with one `call_soon_threadsafe`, not one each."""
+    inbox = _INBOXES.get(loop)
+    if inbox is None:
+        with _INBOXES_LOCK:
+            inbox = _INBOXES.setdefault(loop, _Inbox(loop))
+    inbox.post(callback, args)
+
+
+class _Inbox:
+    """The callbacks posted to one loop from other threads, run in order in one callback.
+    Bounded by what storage completes between two turns of the loop (each poster's own
+    limits: adds in flight, loads in flight)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = weakref.ref(loop)  # weak: the inbox must not keep its loop alive
+        self._lock = threading.Lock()
+        self._items: list[tuple[Callable[..., None], tuple[object, ...]]] = []
+
+    def post(self, callback: Callable[..., None], args: tuple[object, ...]) -> None:
+        with self._lock:
+            self._items.append((callback, args))
+            if len(self._items) > 1:
+                return  # a wake-up is on its way and runs this one too
+        loop = self._loop()
+        try:
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._run, loop)
+        except RuntimeError:  # the loop is closed: nobody waits for the answer
+            with self._lock:
+                self._items.clear()
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for callback, args in items:
+            try:
+                callback(*args)
+            except Exception as exc:  # as the loop would report a callback's error
+                loop.call_exception_handler({
+                    "message": f"exception in storage completion callback {callback!r}",
+                    "exception": exc})
+
+
+_INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Inbox] = \
+    weakref.WeakKeyDictionary()
+_INBOXES_LOCK = threading.Lock()
