@@ -21,8 +21,8 @@ While the syncer waits on the disk, requests pile up, so the next batch is large
 group grows with the load without any artificial delay, and a single request in flight
 costs one write and one fdatasync.
 
-Segments are preallocated with zeros (`journal_prealloc_bytes` at a time) so that a sync
-does not have to update the file's size, and a zero record header marks the end of data.
+Segments are preallocated with zeros (1 MiB when created, then `journal_prealloc_bytes` at
+a time) so that a sync need not update the file's size; a zero record header ends the data.
 A segment rolls over at `journal_segment_bytes_max`: the writer waits for the syncer to
 drain, syncs and closes the old segment, and only then creates the next one, so that only
 the newest segment can ever end in a torn record. A new segment is created on every open;
@@ -68,6 +68,7 @@ __all__ = ["Journal", "JournalMark", "JournalRequest", "parse_segment_name", "se
 log = logging.getLogger(__name__)
 
 _ZERO_CHUNK_BYTES = 1024 * 1024
+_FIRST_PREALLOC_BYTES = 1024 * 1024  # an open or a rollover does not wait for a full step
 _ZEROS = bytes(_ZERO_CHUNK_BYTES)
 
 
@@ -139,7 +140,8 @@ class Journal:
         try:
             header = SegmentHeader(segment_id, self._next_lsn, alignment)
             handle.pwrite(header.encode(), 0)
-            allocated = self._preallocate(handle, alignment, alignment)
+            first_step = min(_FIRST_PREALLOC_BYTES, self._config.journal_prealloc_bytes)
+            allocated = self._preallocate(handle, alignment, alignment, first_step)
             handle.fdatasync()
             self._fs.fsync_dir(self._dir)
         except BaseException:
@@ -148,11 +150,11 @@ class Journal:
         log.debug("journal segment %s created (first LSN %d)", path, self._next_lsn)
         return _Segment(segment_id, handle, alignment, allocated)
 
-    def _preallocate(self, handle: FileHandle, start: int, need_end: int) -> int:
-        """Write zeros from `start` in `journal_prealloc_bytes` steps until `need_end` is
-        covered; returns the new allocated end."""
+    def _preallocate(self, handle: FileHandle, start: int, need_end: int, step: int = 0) -> int:
+        """Zeros from `start` in `step` (`journal_prealloc_bytes`) steps until `need_end`
+        is covered; returns the new allocated end."""
         end = start
-        step = self._config.journal_prealloc_bytes
+        step = step or self._config.journal_prealloc_bytes
         while end < need_end or end == start:
             stop = end + step
             position = end
@@ -230,9 +232,8 @@ class Journal:
             self._writer_wake.notify()
 
     def has_room_for_adds(self, records: int = 1) -> bool:
-        """Whether `records` adds may be queued now without `submit` waiting: they fit
-        below `add_requests_max`, or nothing is queued (a run longer than the limit then
-        goes alone; its caller bounds it)."""
+        """Whether `records` adds fit below `add_requests_max` now, or nothing is queued (a
+        longer run then goes alone; its caller bounds it): `submit` would not wait."""
         with self._lock:
             queued = self._queued_records
             return queued == 0 or queued + records <= self.add_requests_max
@@ -290,8 +291,7 @@ class Journal:
         return True
 
     def pump(self) -> bool:
-        """Without background threads: write and sync what is queued. Returns True if
-        anything was done."""
+        """Without background threads: write and sync what is queued; whether it did."""
         assert not self._threads
         return self._write_once() | self._sync_once()
 

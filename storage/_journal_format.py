@@ -245,48 +245,51 @@ def scan_segment(handle: FileHandle, header: SegmentHeader, start_offset: int,
     buffer = b""
     view = memoryview(buffer)
     buffer_start = offset
-    while offset + RECORD_HEADER_BYTES <= file_size:
-        at = offset - buffer_start
-        if at + RECORD_HEADER_BYTES > len(buffer):
-            buffer, buffer_start, at = handle.pread(_READ_CHUNK_BYTES, offset), offset, 0
-            view = memoryview(buffer)
-            if len(buffer) < RECORD_HEADER_BYTES:
-                break
-        crc, length, lsn, kind, _flags, _reserved, check = unpack_header(buffer, at)
-        if check == 0 and buffer[at:at + RECORD_HEADER_BYTES] == _ZERO_HEADER:
-            break
-        problem = ""
-        if length ^ 0xFFFFFFFF != check:
-            problem = "record length check fails"
-        elif length > record_bytes_max:
-            problem = f"record length {length} exceeds the maximum {record_bytes_max}"
-        elif last_lsn >= 0 and lsn != last_lsn + 1:
-            problem = f"record LSN {lsn} does not follow {last_lsn}"
-        elif length == 0 and kind != pad:
-            problem = "empty record"
-        else:
-            end = at + RECORD_HEADER_BYTES + length
-            if end > len(buffer):
-                want = max(RECORD_HEADER_BYTES + length, _READ_CHUNK_BYTES)
-                buffer, buffer_start, at = handle.pread(want, offset), offset, 0
+    records = 0
+    try:
+        while offset + RECORD_HEADER_BYTES <= file_size:
+            at = offset - buffer_start
+            if at + RECORD_HEADER_BYTES > len(buffer):
+                buffer, buffer_start, at = handle.pread(_READ_CHUNK_BYTES, offset), offset, 0
                 view = memoryview(buffer)
-                end = RECORD_HEADER_BYTES + length
-            if end > len(buffer):
-                problem = "record runs past the end of the file"
+                if len(buffer) < RECORD_HEADER_BYTES:
+                    break
+            crc, length, lsn, kind, _flags, _reserved, check = unpack_header(buffer, at)
+            if check == 0 and buffer[at:at + RECORD_HEADER_BYTES] == _ZERO_HEADER:
+                break
+            problem = ""
+            if length ^ 0xFFFFFFFF != check:
+                problem = "record length check fails"
+            elif length > record_bytes_max:
+                problem = f"record length {length} exceeds the maximum {record_bytes_max}"
+            elif last_lsn >= 0 and lsn != last_lsn + 1:
+                problem = f"record LSN {lsn} does not follow {last_lsn}"
+            elif length == 0 and kind != pad:
+                problem = "empty record"
             else:
-                payload = view[at + RECORD_HEADER_BYTES:end]
-                # Bytes 4..23 and the payload are contiguous: one CRC call covers both.
-                if crc32c(view[at + 4:end], seed) != crc:
-                    problem = "record CRC mismatch"
-        if problem:
-            result.clean, result.problem = False, problem
-            break
-        record = Record(lsn, kind, payload, offset)
-        offset += RECORD_HEADER_BYTES + length
-        last_lsn = lsn
-        result.end_offset, result.last_lsn = offset, lsn
-        result.records += 1
-        yield record
+                end = at + RECORD_HEADER_BYTES + length
+                if end > len(buffer):
+                    want = max(RECORD_HEADER_BYTES + length, _READ_CHUNK_BYTES)
+                    buffer, buffer_start, at = handle.pread(want, offset), offset, 0
+                    view = memoryview(buffer)
+                    end = RECORD_HEADER_BYTES + length
+                if end > len(buffer):
+                    problem = "record runs past the end of the file"
+                else:
+                    payload = view[at + RECORD_HEADER_BYTES:end]
+                    # Bytes 4..23 and the payload are contiguous: one CRC call covers both.
+                    if crc32c(view[at + 4:end], seed) != crc:
+                        problem = "record CRC mismatch"
+            if problem:
+                result.clean, result.problem = False, problem
+                break
+            record = Record(lsn, kind, payload, offset)
+            offset += RECORD_HEADER_BYTES + length
+            last_lsn = lsn
+            records += 1
+            yield record
+    finally:  # also when the caller stops early (the generator is closed)
+        result.end_offset, result.last_lsn, result.records = offset, last_lsn, records
 
 
 @dataclass
