@@ -78,7 +78,7 @@ from ._errors import (
     Timeout,
 )
 from ._message_id import trusted_id
-from ._transport import ProducerOpened, ProducerRequest, Transport
+from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
 __all__ = ["OutMessage", "ProducerConfig", "ProducerCore", "ResultSink"]
 
@@ -153,7 +153,7 @@ class ResultSink(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Op:
     """One entry in flight (a message, a batch, or one chunk)."""
 
@@ -480,7 +480,7 @@ class ProducerCore:
                                      op.num_messages, op.metadata, op.payload)
         future.add_done_callback(lambda done: self._receipt(op, done))
 
-    def _receipt(self, op: _Op, done: asyncio.Future[tuple[int, int]]) -> None:
+    def _receipt(self, op: _Op, done: SendReceipt) -> None:
         op.in_flight = False
         if op.done:
             return  # failed by the send timeout already

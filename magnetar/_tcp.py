@@ -29,6 +29,7 @@ from ._transport import (
     ProducerEvents,
     ProducerOpened,
     ProducerRequest,
+    SendReceipt,
     SubscribeRequest,
 )
 
@@ -203,8 +204,8 @@ class TcpTransport:
 
     def send(self, producer_id: int, sequence_id: int, highest_sequence_id: int,
              num_messages: int, metadata: pb.MessageMetadata, payload: bytes,
-             ) -> asyncio.Future[tuple[int, int]]:
-        future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+             ) -> SendReceipt:
+        future = SendReceipt()
         connection = self._producers.get(producer_id)
         queue = connection.sends.get(producer_id) if connection is not None else None
         if connection is None or queue is None:

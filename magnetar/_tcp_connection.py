@@ -50,7 +50,7 @@ from ._errors import (
     Timeout,
     error_for_code,
 )
-from ._transport import ConsumerEvents, Incoming, ProducerEvents
+from ._transport import ConsumerEvents, Incoming, ProducerEvents, SendReceipt
 
 __all__ = ["BrokerConnection", "ConnectionOwner", "TlsSettings", "parse_address", "signed"]
 
@@ -122,7 +122,7 @@ class BrokerConnection:
         self._out_bytes = 0
         self._reader_task: asyncio.Task[None] | None = None
         self._requests: dict[int, asyncio.Future[Frame]] = {}
-        self.sends: dict[int, deque[tuple[int, asyncio.Future[tuple[int, int]]]]] = {}
+        self.sends: dict[int, deque[tuple[int, SendReceipt]]] = {}
         self.producers: dict[int, ProducerEvents] = {}
         self.consumers: dict[int, ConsumerEvents] = {}
         self.closed = False
