@@ -54,7 +54,7 @@ from magnetar.codec import (
 
 from ._dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from ._errors import PulsarException
-from ._message import Message
+from ._message import Message, Received, received_message
 from ._message_id import trusted_id
 from ._transport import Incoming, KeySharedPolicy, SubscribeRequest, Transport
 
@@ -135,7 +135,7 @@ class TopicConsumer:
         self.connected = asyncio.Event()
         self.closed = False
         self.start_id = config.start_message_id
-        self.last_dequeued: MessageId | None = None
+        self._last_taken: Message | None = None
         self._permits = 0
         self._batches: dict[EntryKey, tuple[set[int], int]] = {}  # unacked indexes, size
         self._pending_acks: dict[EntryKey, list[int] | None] = {}
@@ -255,31 +255,21 @@ class TopicConsumer:
         metadata = incoming.metadata
         batched = metadata.HasField("num_messages_in_batch")
         size = len(messages)
-        acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else set()
-        out: list[Message] = []
-        skipped = 0
+        entry = Received(entry_id.ledger_id, entry_id.entry_id, self.partition,
+                         size if batched else 0, None if batched else entry_id, self.topic,
+                         metadata.publish_time, metadata.producer_name,
+                         incoming.redelivery_count, self, chunk_ids)
+        acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else None
         check_start = self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
-        for single in messages:
-            if batched:
-                message_id = trusted_id(entry_id.ledger_id, entry_id.entry_id, self.partition,
-                                        single.batch_index, size)
-            else:
-                message_id = entry_id
-            if single.batch_index in acked:
-                continue
-            if single.compacted_out or (check_start and self._before_start(message_id)):
-                skipped += 1
-                acked.add(single.batch_index)
-                continue
-            out.append(Message(
-                payload=single.payload, message_id=message_id, topic=self.topic,
-                properties=single.properties, partition_key=single.partition_key,
-                ordering_key=single.ordering_key, publish_time=metadata.publish_time,
-                event_time=single.event_time, redelivery_count=incoming.redelivery_count,
-                producer_name=metadata.producer_name, owner=self, chunk_ids=chunk_ids))
+        if acked is None and not check_start and \
+                not any(single.compacted_out for single in messages):
+            out = [received_message(entry, single) for single in messages]  # the common case
+            skipped = 0
+        else:
+            out, skipped, acked = self._screened(entry, messages, acked or set(), check_start)
         key = (entry_id.ledger_id, entry_id.entry_id)
         if batched:
-            self._batches[key] = (set(range(size)) - acked, size)
+            self._batches[key] = (set(range(size)) - acked if acked else set(range(size)), size)
         if self.dead_letters is not None and \
                 self.dead_letters.screen(key, out, incoming.redelivery_count):
             skipped, out = skipped + len(out), []  # over the maximum: to the dead letters
@@ -287,6 +277,23 @@ class TopicConsumer:
         if skipped:
             self.give_permits(skipped)
         return out
+
+    def _screened(self, entry: Received, messages: list[SingleMessage], acked: set[int],
+                  check_start: bool) -> tuple[list[Message], int, set[int]]:
+        """The messages of `entry` not acknowledged already (`acked`), compacted out or
+        before the start id; how many were skipped; `acked` with the skipped added."""
+        out: list[Message] = []
+        skipped = 0
+        for single in messages:
+            if single.batch_index in acked:
+                continue
+            message = received_message(entry, single)
+            if single.compacted_out or (check_start and self._before_start(message.codec_id)):
+                skipped += 1
+                acked.add(single.batch_index)
+                continue
+            out.append(message)
+        return out, skipped, acked
 
     def _before_start(self, message_id: MessageId) -> bool:
         start = self.start_id
@@ -309,14 +316,23 @@ class TopicConsumer:
             ids = [(c.ledger_id, c.entry_id) for c in redeliver]
             self._spawn(self.transport.redeliver(self.consumer_id, ids, self.epoch))
 
-    def taken(self, message: Message) -> None:
-        """The application took `message` from the queue: a permit back, ack-timeout tracking."""
-        self.last_dequeued = message.codec_id
-        self.give_permits(1)
+    def taken(self, messages: list[Message]) -> None:
+        """The application took these messages of this consumer's (in order): permits back,
+        ack-timeout tracking."""
+        self._last_taken = messages[-1]
+        self.give_permits(len(messages))
         if self.config.ack_timeout_ms:
-            key = (message.codec_id.ledger_id, message.codec_id.entry_id)
-            self._unacked.setdefault(key, time.monotonic() + self.config.ack_timeout_ms / 1000)
+            deadline = time.monotonic() + self.config.ack_timeout_ms / 1000
+            for message in messages:
+                entry = message.received
+                self._unacked.setdefault((entry.ledger_id, entry.entry_id), deadline)
             self._arm_tracker()
+
+    @property
+    def last_dequeued(self) -> MessageId | None:
+        """The id of the last message the application took (None: none since the start or
+        the last seek)."""
+        return None if self._last_taken is None else self._last_taken.codec_id
 
     def give_permits(self, count: int) -> None:
         self._permits += count
@@ -328,25 +344,38 @@ class TopicConsumer:
 
     def acknowledge(self, message_id: MessageId, chunk_ids: tuple[MessageId, ...] = ()) -> None:
         """Acknowledge one message (grouped; see the module comment)."""
+        self._acknowledge(message_id.ledger_id, message_id.entry_id, message_id.batch_index,
+                          chunk_ids)
+
+    def acknowledge_message(self, message: Message) -> None:
+        """`acknowledge` for a message this consumer received (without building its id)."""
+        entry = message.received
+        self._acknowledge(entry.ledger_id, entry.entry_id, message.batch_index,
+                          entry.chunk_ids)
+
+    def _acknowledge(self, ledger_id: int, entry_id: int, batch_index: int,
+                     chunk_ids: tuple[MessageId, ...]) -> None:
         for chunk in chunk_ids:
             self._queue_ack(chunk.ledger_id, chunk.entry_id, None)
-        key = (message_id.ledger_id, message_id.entry_id)
-        self._unacked.pop(key, None)
-        self._nacks.pop(key, None)
+        key = (ledger_id, entry_id)
+        if self._unacked:
+            self._unacked.pop(key, None)
+        if self._nacks:
+            self._nacks.pop(key, None)
         if self.dead_letters is not None:
             self.dead_letters.forget(key)
         batch = self._batches.get(key)
-        if batch is None or message_id.batch_index < 0:
+        if batch is None or batch_index < 0:
             self._batches.pop(key, None)
-            self._queue_ack(*key, None)
+            self._queue_ack(ledger_id, entry_id, None)
             return
         unacked, size = batch
-        unacked.discard(message_id.batch_index)
+        unacked.discard(batch_index)
         if not unacked:
             del self._batches[key]
-            self._queue_ack(*key, None)
+            self._queue_ack(ledger_id, entry_id, None)
         elif self.config.batch_index_ack:
-            self._queue_ack(*key, _ack_set(unacked, size))
+            self._queue_ack(ledger_id, entry_id, _ack_set(unacked, size))
 
     def _ack_entry(self, key: EntryKey) -> None:
         """Acknowledge a whole entry (dead-lettered)."""
@@ -474,7 +503,7 @@ class TopicConsumer:
         previous = self.start_id
         # Before the seek: the broker closes us and we resubscribe meanwhile.
         self.start_id = target if isinstance(target, MessageId) else None
-        self.last_dequeued = None
+        self._last_taken = None
         try:
             await self.transport.seek(self.consumer_id, target)
         except BaseException:

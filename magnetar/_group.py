@@ -176,15 +176,18 @@ class ConsumerGroup:
     # -- the queue -------------------------------------------------------------------------
 
     def enqueue(self, messages: list[Message]) -> None:
-        for message in messages:
-            while self._waiters and self._waiters[0].done():
-                self._waiters.popleft()
-            if self._waiters:
-                waiter = self._waiters.popleft()
-                message.owner.taken(message)
-                waiter.set_result(message)
-            else:
-                self._queue.append(message)
+        waiters = self._waiters
+        if not waiters:
+            self._queue.extend(messages)
+            return
+        for index, message in enumerate(messages):
+            while waiters and waiters[0].done():
+                waiters.popleft()
+            if not waiters:
+                self._queue.extend(messages[index:])
+                return
+            message.owner.taken([message])
+            waiters.popleft().set_result(message)
 
     def drop_queued(self, child: TopicConsumer) -> int:
         """Drop `child`'s queued messages; returns how many."""
@@ -205,7 +208,7 @@ class ConsumerGroup:
         self._check_open()
         if self._queue:
             message = self._queue.popleft()
-            message.owner.taken(message)
+            message.owner.taken([message])
             return message
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Message] = loop.create_future()
@@ -230,12 +233,25 @@ class ConsumerGroup:
         """The next message (waiting as `receive` does) and up to `most - 1` more already
         queued, each with its consumer's generation at this moment (for a caller's read-ahead;
         each counts as taken now)."""
-        first = await self.receive(timeout_ms)
-        out = [(first, first.owner.generation)]
-        while self._queue and len(out) < most:
-            message = self._queue.popleft()
-            message.owner.taken(message)
-            out.append((message, message.owner.generation))
+        self._check_open()
+        queue = self._queue
+        out: list[tuple[Message, int]] = []
+        if not queue:
+            first = await self.receive(timeout_ms)
+            out.append((first, first.owner.generation))
+        run: list[Message] = []  # consecutive messages of one consumer: told in one call
+        owner: TopicConsumer | None = None
+        for _ in range(min(most - len(out), len(queue))):
+            message = queue.popleft()
+            current = message.owner
+            if current is not owner:
+                if owner is not None:
+                    owner.taken(run)
+                owner, run = current, []
+            run.append(message)
+            out.append((message, current.generation))
+        if owner is not None:
+            owner.taken(run)
         return out
 
     async def batch_receive(self, max_messages: int, max_bytes: int,
@@ -292,6 +308,11 @@ class ConsumerGroup:
                                     f"{target} belongs to: acknowledge the Message instead")
 
     def acknowledge(self, target: Message | MessageId | ClientMessageId) -> None:
+        if type(target) is Message and not self.closed:  # the hot path: a received message
+            owner = target.owner
+            if type(owner) is TopicConsumer and owner.group is self:
+                owner.acknowledge_message(target)
+                return
         owner, message_id, chunks = self._owner(target)
         owner.acknowledge(message_id, chunks)
 
