@@ -6,6 +6,11 @@ A `TopicConsumer` is one subscription's consumer on one concrete topic. Its `Con
 (`_group.py`) owns the receiver queue the application reads, and may hold many of them (a
 partitioned topic, a list of topics, a pattern). Everything runs on the client's loop.
 
+Zero-size queue (`receiver_queue_size=0`, one topic only): no permits are granted ahead;
+while the application waits in `receive` and nothing is queued, the consumer asks for one
+entry (a FLOW of 1) and asks again once it arrived if the wait goes on (its messages were
+skipped). A receive that timed out leaves its permit asked: what arrives later is queued.
+
 Receive path. After subscribing, the consumer grants `receiver_queue_size` permits (FLOW). The
 transport calls `on_message` for each delivered entry: stale epochs are dropped, chunks go to
 codec's `ChunkAssembler` until their message is whole, batches are decompressed and unpacked
@@ -128,6 +133,8 @@ class TopicConsumer:
         self.partition = partition
         self.config = config
         self.queue_size = max(1, queue_size)
+        self.zero_queue = config.receiver_queue_size == 0
+        self._asked = False  # zero queue: one permit is out, and its entry did not come yet
         self.epoch = 0
         # Bumped whenever messages handed out but not yet read become stale (a broker close, a
         # redeliver-all): the synchronous API's read-ahead drops those (`_client.Consumer`).
@@ -167,7 +174,18 @@ class TopicConsumer:
         await self.transport.subscribe(self.consumer_id, self._request(), self)
         self._permits = 0
         self.connected.set()
-        self.transport.flow(self.consumer_id, self.queue_size)
+        if not self.zero_queue:
+            self.transport.flow(self.consumer_id, self.queue_size)
+            return
+        self._asked = False
+        if self.group.waiting():
+            self.ask_one()
+
+    def ask_one(self) -> None:
+        """Zero queue: ask the broker for one entry, unless one is asked for already."""
+        if not self._asked and self.connected.is_set() and not self.closed:
+            self._asked = True
+            self.transport.flow(self.consumer_id, 1)
 
     def on_closed(self, reason: str) -> None:
         """The broker dropped this consumer (ConsumerEvents): resubscribe in the background."""
@@ -223,6 +241,15 @@ class TopicConsumer:
 
     def on_message(self, incoming: Incoming) -> None:
         """A delivered entry (ConsumerEvents): see the module comment."""
+        if not self.zero_queue:
+            self._on_message(incoming)
+            return
+        self._asked = False
+        self._on_message(incoming)
+        if self.group.waiting():
+            self.ask_one()
+
+    def _on_message(self, incoming: Incoming) -> None:
         if (incoming.epoch is not None and incoming.epoch < self.epoch) or self.closed:
             self.give_permits(max(1, incoming.metadata.num_messages_in_batch))
             return
@@ -335,6 +362,8 @@ class TopicConsumer:
         return None if self._last_taken is None else self._last_taken.codec_id
 
     def give_permits(self, count: int) -> None:
+        if self.zero_queue:
+            return  # asked for one at a time (`ask_one`)
         self._permits += count
         if self._permits >= max(1, self.queue_size // 2) and self.connected.is_set():
             self.transport.flow(self.consumer_id, self._permits)

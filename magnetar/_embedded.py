@@ -52,6 +52,7 @@ from magnetar.broker._names import check_producer_name, check_subscription_name
 from magnetar.broker.dispatch._entry import EntryInfo
 from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
 from magnetar.broker.dispatch._subscription import Subscription
+from magnetar.broker.ledger._position import InvalidPositionError
 from magnetar.broker.topics._nonpersistent_topic import NonPersistentTopic
 from magnetar.broker.topics._publishing import Send
 from magnetar.broker.topics._topic import Producer
@@ -355,6 +356,8 @@ class EmbeddedTransport:
                 raise converted(exc, f"seek on {state.topic.name}") from None
 
     async def last_message_id(self, consumer_id: int) -> tuple[MessageId, MessageId | None]:
+        """The topic's last message id (its batch index read from the last entry: from
+        memory, or loaded off the loop) and the subscription's mark-delete position."""
         state = self._state(consumer_id, "get last message id")
         subscription = _persistent(state, "get last message id")
         topic = state.topic
@@ -365,8 +368,11 @@ class EmbeddedTransport:
         last_id = MessageId(-1, -1, partition)
         if last.entry_id >= 0:
             batch_index = -1
-            if ml.is_valid_position(last):
-                entry = EntryInfo(last, ml.read_entry(last))
+            try:
+                entry = EntryInfo(last, await ml.read_entry_async(last))
+            except InvalidPositionError:
+                pass  # trimmed already: the position stands, without its batch index
+            else:
                 if entry.metadata.HasField("num_messages_in_batch"):
                     batch_index = entry.batch_size - 1
             last_id = MessageId(last.ledger_id, last.entry_id, partition, batch_index)
