@@ -164,10 +164,19 @@ class BrokerConnection:
 
     def write(self, body: ProtoMessage, metadata: pb.MessageMetadata | None = None,
               payload: bytes = b"") -> None:
+        """Queue a sub-command (wrapped in its BaseCommand) for the socket.
+
+        Raises:
+            NotConnected: the connection is closed. PulsarException: it cannot be encoded."""
+        self.write_command(base_command(body), metadata, payload)
+
+    def write_command(self, command: pb.BaseCommand, metadata: pb.MessageMetadata | None = None,
+                      payload: bytes = b"") -> None:
+        """`write` of a whole BaseCommand."""
         if self.closed or self._writer is None:
             raise NotConnected(f"the connection to {self.url} is closed")
         try:
-            data = self.conn.send(base_command(body), metadata, payload)
+            data = self.conn.send(command, metadata, payload)
         except ProtocolError as exc:
             raise PulsarException(f"cannot send to {self.url}: {exc}") from None
         if not self._out:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from magnetar.codec import MessageId, pb
 
@@ -123,9 +123,9 @@ class KeySharedPolicy:
     allow_out_of_order_delivery: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """One delivered entry (possibly a batch or a chunk), as the transport received it."""
+class Incoming(NamedTuple):
+    """One delivered entry (possibly a batch or a chunk), as the transport received it (a
+    tuple: one is made per entry)."""
 
     ledger_id: int
     entry_id: int
