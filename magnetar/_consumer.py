@@ -254,9 +254,10 @@ class TopicConsumer:
             self.give_permits(max(1, incoming.metadata.num_messages_in_batch))
             return
         metadata, payload = incoming.metadata, incoming.payload
-        entry_id = trusted_id(incoming.ledger_id, incoming.entry_id, self.partition)
+        entry_id: MessageId | None = None  # a chunked message's id; else built when asked for
         chunk_ids: tuple[MessageId, ...] = ()
         if metadata.HasField("num_chunks_from_msg") and metadata.num_chunks_from_msg > 1:
+            entry_id = trusted_id(incoming.ledger_id, incoming.entry_id, self.partition)
             result = self._chunks.add(entry_id, metadata, payload, time.time() * 1000)
             self._drop_chunks(result.ack, result.redeliver)
             if result.message is None:
@@ -272,29 +273,39 @@ class TopicConsumer:
                 metadata.ClearField("compression")
             messages = unpack_messages(metadata, payload)
         except ProtocolError as exc:
-            log.warning("dropping an unreadable message %s on %s: %s", entry_id, self.topic, exc)
-            self._queue_ack(entry_id.ledger_id, entry_id.entry_id, None)
+            where = entry_id or (incoming.ledger_id, incoming.entry_id)
+            log.warning("dropping an unreadable message %s on %s: %s", where, self.topic, exc)
+            if entry_id is not None:
+                self._queue_ack(entry_id.ledger_id, entry_id.entry_id, None)
+            else:
+                self._queue_ack(incoming.ledger_id, incoming.entry_id, None)
             return
         self.group.enqueue(self._messages(incoming, entry_id, messages, chunk_ids))
 
-    def _messages(self, incoming: Incoming, entry_id: MessageId, messages: list[SingleMessage],
-                  chunk_ids: tuple[MessageId, ...]) -> list[Message]:
+    def _messages(self, incoming: Incoming, entry_id: MessageId | None,
+                  messages: list[SingleMessage], chunk_ids: tuple[MessageId, ...],
+                  ) -> list[Message]:
+        """The messages of a delivered entry to queue (`entry_id`: a chunked message's id,
+        which names the message; None: the delivery's own ids do)."""
         metadata = incoming.metadata
         batched = metadata.HasField("num_messages_in_batch")
         size = len(messages)
-        entry = Received(entry_id.ledger_id, entry_id.entry_id, self.partition,
-                         size if batched else 0, None if batched else entry_id, self.topic,
-                         metadata.publish_time, metadata.producer_name,
-                         incoming.redelivery_count, self, chunk_ids)
+        ledger_id, entry = (incoming.ledger_id, incoming.entry_id) if entry_id is None else \
+            (entry_id.ledger_id, entry_id.entry_id)
+        received = Received(ledger_id, entry, self.partition, size if batched else 0,
+                            None if batched else entry_id, self.topic, metadata.publish_time,
+                            metadata.producer_name, incoming.redelivery_count, self, chunk_ids)
         acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else None
         check_start = self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
-        if acked is None and not check_start and \
-                not any(single.compacted_out for single in messages):
-            out = [received_message(entry, single) for single in messages]  # the common case
+        if acked is None and not check_start and not (
+                messages[0].compacted_out if size == 1 else
+                any(single.compacted_out for single in messages)):
+            out = [received_message(received, single) for single in messages]  # the usual
             skipped = 0
         else:
-            out, skipped, acked = self._screened(entry, messages, acked or set(), check_start)
-        key = (entry_id.ledger_id, entry_id.entry_id)
+            out, skipped, acked = self._screened(received, messages, acked or set(),
+                                                 check_start)
+        key = (ledger_id, entry)
         if batched:
             self._batches[key] = (set(range(size)) - acked if acked else set(range(size)), size)
         if self.dead_letters is not None and \

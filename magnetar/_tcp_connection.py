@@ -61,6 +61,8 @@ CLIENT_VERSION: Final = "magnetar"
 READ_BYTES_MAX: Final = 256 * 1024
 WRITE_BUFFER_BYTES_MAX: Final = 256 * 1024  # encoded frames held for one write, at most
 _T = pb.BaseCommand
+_2_63: Final = 1 << 63
+_2_64: Final = 1 << 64
 
 
 class ConnectionOwner(Protocol):
@@ -320,9 +322,11 @@ class BrokerConnection:
         if events is None or frame.metadata is None:
             return
         message_id = message.message_id
+        ledger_id, entry_id = message_id.ledgerId, message_id.entryId
         events.on_message(Incoming(
-            signed(message_id.ledgerId), signed(message_id.entryId), message_id.partition,
-            message.redelivery_count, list(message.ack_set) or None,
+            ledger_id - _2_64 if ledger_id >= _2_63 else ledger_id,  # `signed`, inline
+            entry_id - _2_64 if entry_id >= _2_63 else entry_id, message_id.partition,
+            message.redelivery_count, list(message.ack_set) if message.ack_set else None,
             message.consumer_epoch if message.HasField("consumer_epoch") else None,
             frame.metadata, frame.payload))
 
