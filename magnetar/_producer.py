@@ -381,17 +381,22 @@ class ProducerCore:
     def _enqueue(self, message: OutMessage, sink: ResultSink,
                  entry: tuple[pb.MessageMetadata, bytes, list[None]] | None) -> None:
         """Put a message whose slots are taken into the batch or on the wire."""
-        if entry is None:
-            assert self._container is not None
+        if entry is None:  # into the open batch (the hot path: no call it can skip)
+            container = self._container
+            assert container is not None
             sequence_id = self._assign(message.sequence_id)
             possible_duplicate = sequence_id <= self._last_pushed
             if possible_duplicate or self._duplicate_batched:
                 self._send_batches(self._drain_container())
             self._duplicate_batched = possible_duplicate
-            self._last_pushed = max(self._last_pushed, sequence_id)
+            if sequence_id > self._last_pushed:
+                self._last_pushed = sequence_id
             self._batch_results[sequence_id] = sink
-            self._send_batches(self._container.add(message.single(sequence_id), _now_ms()))
-            self._arm_batch_timer()
+            closed = container.add(message.single(sequence_id), _now_ms())
+            if closed:
+                self._send_batches(closed)
+            if self._batch_timer is None:
+                self._arm_batch_timer()
             return
         metadata, payload, pieces = entry
         sequence_id = self._assign(message.sequence_id)
