@@ -127,14 +127,16 @@ def _checker(descriptor: Any) -> _Checker | None:
     if descriptor.full_name in _CHECKERS:
         return _CHECKERS[descriptor.full_name]
     _CHECKERS[descriptor.full_name] = None  # breaks recursion (MessageIdData holds itself)
-    plan: dict[str, tuple[int, _Checker | None]] = {}
+    # Keyed by the field descriptors themselves: ListFields hands back the same objects, and
+    # hashing one is cheaper than reading its name (a third of the check's cost).
+    plan: dict[FieldDescriptor, tuple[int, _Checker | None]] = {}
     for field in descriptor.fields:
         if field.type == FieldDescriptor.TYPE_STRING:
-            plan[field.name] = (_STRINGS if field.is_repeated else _STRING, None)
+            plan[field] = (_STRINGS if field.is_repeated else _STRING, None)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             child = _checker(field.message_type)
             if child is not None:
-                plan[field.name] = (_MESSAGES if field.is_repeated else _MESSAGE, child)
+                plan[field] = (_MESSAGES if field.is_repeated else _MESSAGE, child)
     if not plan:
         return None
     join = "".join
@@ -142,7 +144,7 @@ def _checker(descriptor: Any) -> _Checker | None:
 
     def check(message: Any) -> None:
         for field, value in message.ListFields():
-            step = steps(field.name)
+            step = steps(field)
             if step is None:
                 continue
             kind, child = step
