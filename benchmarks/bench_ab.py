@@ -9,7 +9,9 @@ round, its data in a temporary directory under --dir.
         --workloads "unbatched publish,publish latency"
 
 Prints, per workload, each broker's messages/s (and latency p50/p99) per round and the median
-over the rounds, and after / before, after / pulsar-lite.
+over the rounds, and after / before, after / pulsar-lite; and each server's CPU time (user +
+system, from /proc) per message over the workloads -- the figure least moved by other load on
+a shared machine.
 """
 
 from __future__ import annotations
@@ -19,25 +21,57 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_e2e import BrokerProcess
-from e2e_peers import LATENCY, WORKLOADS, Workload, run_workloads, running_pulsar_lite
+from e2e_peers import (
+    LATENCY,
+    WORKLOADS,
+    ServerProcess,
+    Workload,
+    run_workloads,
+    running_pulsar_lite,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measured(process: ServerProcess, run: Callable[[], list[Workload]]) -> Run:
+    assert process.process is not None
+    before = cpu_seconds(process.process.pid)
+    workloads = run()
+    return Run(workloads, cpu_seconds(process.process.pid) - before)
+
+
+@dataclass
+class Run:
+    workloads: list[Workload]
+    cpu_s: float  # the server process's CPU time during the workloads
+
+    def cpu_us_per_message(self) -> float:
+        messages = sum(w.messages for w in self.workloads)
+        return self.cpu_s / messages * 1e6 if messages else 0.0
+
+
 def _run_broker(root: str, scratch: str, seconds: float, consume_max: int,
-                workloads: Sequence[str], event_loop: str | None) -> list[Workload]:
+                workloads: Sequence[str], event_loop: str | None) -> Run:
     broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch),
                            event_loop=event_loop, root=root)
     broker.start()
     try:
-        return run_workloads(os.path.basename(root) or root, broker.url, seconds,
-                             consume_max, workloads)
+        return _measured(broker, lambda: run_workloads(
+            os.path.basename(root) or root, broker.url, seconds, consume_max, workloads))
     finally:
         broker.stop()
 
@@ -47,6 +81,35 @@ def _figure(run: Workload) -> str:
     if run.name == LATENCY:
         text += f" p50 {run.p50_ms:.2f} p99 {run.p99_ms:.2f} ms"
     return text
+
+
+def _report(results: dict[str, list[Run]], workloads: Sequence[str]) -> str:
+    lines = []
+    for index, name in enumerate(WORKLOADS):
+        if name not in workloads:
+            continue
+        medians = {}
+        for side, rounds in results.items():
+            if not rounds:
+                continue
+            runs = [r.workloads[index] for r in rounds]
+            medians[side] = statistics.median(r.per_s for r in runs)
+            p99 = statistics.median(r.p99_ms for r in runs)
+            lines.append(f"  {name:24s} {side:12s} median {medians[side]:>9,.0f}/s"
+                         + (f" p99 {p99:.2f} ms" if name == LATENCY else "") + "   rounds: "
+                         + "; ".join(_figure(r) for r in runs))
+        if medians.get("before"):
+            line = f"  {name:24s} after/before {medians['after'] / medians['before']:.2f}"
+            if medians.get("pulsar-lite"):
+                line += f", after/pulsar-lite {medians['after'] / medians['pulsar-lite']:.2f}"
+            lines.append(line)
+    for side, rounds in results.items():
+        if rounds:
+            cpu = [r.cpu_us_per_message() for r in rounds]
+            lines.append(f"  server CPU per message, all workloads: {side:12s} median "
+                         f"{statistics.median(cpu):.1f} us   rounds: "
+                         + "; ".join(f"{c:.1f}" for c in cpu))
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
         parser.error(f"--workloads: unknown {', '.join(unknown)}")
-    results: dict[str, list[list[Workload]]] = {"before": [], "after": [], "pulsar-lite": []}
+    results: dict[str, list[Run]] = {"before": [], "after": [], "pulsar-lite": []}
     with tempfile.TemporaryDirectory(prefix="magnetar-bench-ab-", dir=args.dir) as scratch:
         for round_no in range(args.rounds):
             order = ("before", "after") if round_no % 2 == 0 else ("after", "before")
@@ -75,29 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  workloads, args.event_loop))
             if not args.no_peer:
                 with running_pulsar_lite(scratch) as peer:
-                    results["pulsar-lite"].append(run_workloads(
-                        "pulsar-lite", peer.url, args.seconds, args.consume, workloads))
+                    results["pulsar-lite"].append(_measured(peer, lambda: run_workloads(
+                        "pulsar-lite", peer.url, args.seconds, args.consume, workloads)))
     print(f"{args.rounds} rounds, {args.seconds:g} s each, event loop "
           f"{args.event_loop or 'default'}, load average now "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    for index, name in enumerate(WORKLOADS):
-        if name not in workloads:
-            continue
-        medians = {}
-        for side, rounds in results.items():
-            if not rounds:
-                continue
-            runs = [r[index] for r in rounds]
-            medians[side] = statistics.median(r.per_s for r in runs)
-            p99 = statistics.median(r.p99_ms for r in runs)
-            print(f"  {name:24s} {side:12s} median {medians[side]:>9,.0f}/s"
-                  + (f" p99 {p99:.2f} ms" if name == LATENCY else "") + "   rounds: "
-                  + "; ".join(_figure(r) for r in runs))
-        if medians.get("before"):
-            line = f"  {name:24s} after/before {medians['after'] / medians['before']:.2f}"
-            if medians.get("pulsar-lite"):
-                line += f", after/pulsar-lite {medians['after'] / medians['pulsar-lite']:.2f}"
-            print(line)
+    print(_report(results, workloads))
     return 0
 
 
