@@ -122,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--workloads", default="unbatched publish,publish latency")
     parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default=None)
+    parser.add_argument("--before-event-loop", choices=("asyncio", "uvloop"), default=None,
+                        help="the before side's loop, if not --event-loop's (with --before "
+                        "= --after, this compares the loops)")
     parser.add_argument("--no-peer", action="store_true", help="skip pulsar-lite")
     args = parser.parse_args(argv)
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
@@ -134,8 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             order = ("before", "after") if round_no % 2 == 0 else ("after", "before")
             for side in order:
                 root = args.before if side == "before" else args.after
+                loop = args.before_event_loop if side == "before" else None
                 results[side].append(_run_broker(root, scratch, args.seconds, args.consume,
-                                                 workloads, args.event_loop))
+                                                 workloads, loop or args.event_loop))
             if not args.no_peer:
                 with running_pulsar_lite(scratch) as peer:
                     results["pulsar-lite"].append(_measured(peer, lambda: run_workloads(
