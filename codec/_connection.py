@@ -382,6 +382,17 @@ class Connection:
         self.state = next_state
         return data
 
+    def check_send(self, command_type: int) -> None:
+        """Check that a command of this type may be sent now, as `send` checks it, for frames
+        built without `send` (`message_frame`, `send_receipt_frame`) outside the handshake.
+
+        Raises:
+            LocalProtocolError: not allowed now, in this direction, or for this peer; or the
+                command would change the handshake's state (send those with `send`).
+        """
+        if self._check(_SENT, command_type) is not self.state:
+            raise LocalProtocolError(f"{_type_name(command_type)} changes the handshake's state")
+
     # -- the state machine ------------------------------------------------------------------
 
     def _check(self, direction: _Direction, command_type: int) -> State:
