@@ -119,6 +119,9 @@ def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
 # MESSAGE).
 _Checker = Callable[[Any], None]
 _CHECKERS: dict[str, _Checker | None] = {}
+# The same checkers by generated class: reading a descriptor's full_name costs more than the
+# check of a small message, so the hot path looks the class up instead.
+_CHECKER_OF_CLASS: dict[type, _Checker | None] = {}
 _STRING, _STRINGS, _MESSAGE, _MESSAGES = range(4)
 
 
@@ -168,7 +171,11 @@ def check_strings(message: Message, what: str) -> None:
     The runtime hands such strings back as `bytes` (proto2 does not validate them); an unset
     string field reads as "" and passes.
     """
-    checker = _checker(message.DESCRIPTOR)
+    kind = type(message)
+    try:
+        checker = _CHECKER_OF_CLASS[kind]
+    except KeyError:
+        checker = _CHECKER_OF_CLASS[kind] = _checker(message.DESCRIPTOR)
     if checker is None:
         return
     try:
