@@ -52,7 +52,7 @@ import asyncio
 import logging
 import resource
 import ssl
-from typing import Final, cast
+from typing import Final
 
 from magnetar.codec import base_command, encode_frame, pb
 
@@ -309,9 +309,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     # -- transport callbacks ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (uvloop's TCPTransport has the methods without the base class).
-        self.transport = cast(asyncio.Transport, transport)
-        self.server._accepted(self, self.transport)
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server._accepted(self, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.server._scratch
