@@ -36,6 +36,11 @@ ratios Magnetar / pulsar-lite, and sync publish over the raw fsync rate.
 
     python benchmarks/bench_e2e.py --quick --json e2e.json --plot e2e.png
     python benchmarks/bench_e2e.py --dir /data
+
+Profiling: `--side-by-side-only --workloads "unbatched publish" --profile broker.prof` runs
+just that workload (the limits are still measured) with the broker under cProfile, whose stats
+land in broker.prof when it stops; `--event-loop uvloop` (or asyncio) sets the broker's
+MAGNETAR_EVENT_LOOP.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # e2e_peers besi
 
 import pulsar  # type: ignore[import-untyped]
 from e2e_peers import (
+    WORKLOADS,
     ServerProcess,
     plot_side_by_side,
     render_side_by_side,
@@ -124,6 +130,10 @@ class BenchOptions:
     plot_path: str | None = None
     progress: bool = True
     scale: E2EScale | None = None  # overrides `quick` (the test uses TINY)
+    side_by_side_only: bool = False  # skip the cells
+    workloads: tuple[str, ...] = WORKLOADS  # the side-by-side workloads to run
+    profile_path: str | None = None  # the broker runs under cProfile, its stats here
+    event_loop: str | None = None  # the broker's MAGNETAR_EVENT_LOOP (None: inherited)
 
     def chosen_scale(self) -> E2EScale:
         if self.scale is not None:
@@ -167,20 +177,30 @@ class BrokerProcess(ServerProcess):
 
     name = "the broker"
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, profile_path: str | None = None,
+                 event_loop: str | None = None, root: str = REPO_ROOT):
         super().__init__(directory, "broker.log")
+        self.profile_path = profile_path
+        self.event_loop = event_loop
+        self.root = root  # the checkout whose broker runs (bench_ab.py: another commit's)
 
     def start(self) -> None:
         """Start the broker and wait until it accepts connections (raises as `_launch`)."""
-        command = [sys.executable, "-m", "magnetar.broker.cli", "standalone", "--data-dir",
-                   os.path.join(self.directory, "data"), "--host", HOST,
+        profiler = ([] if self.profile_path is None
+                    else ["-m", "cProfile", "-o", os.path.abspath(self.profile_path)])
+        command = [sys.executable, *profiler, "-m", "magnetar.broker.cli", "standalone",
+                   "--data-dir", os.path.join(self.directory, "data"), "--host", HOST,
                    "--port", str(self.port), "--http-port", "0"]
-        self._launch(command, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.event_loop is not None:
+            env["MAGNETAR_EVENT_LOOP"] = self.event_loop
+        self._launch(command, cwd=self.root, env=env)
 
 
 @contextlib.contextmanager
-def _running_broker(scratch: str) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch))
+def _running_broker(scratch: str, options: BenchOptions) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch),
+                           options.profile_path, options.event_loop)
     broker.start()
     try:
         yield broker
@@ -351,26 +371,27 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
     os.makedirs(options.directory, exist_ok=True)
     results = _E2EResults()
     load_before = os.getloadavg()
-    cells = [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING]
+    cells = ([] if options.side_by_side_only
+             else [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING])
     with (_quiet_storage_log(), _scratch_dir(options.directory) as scratch,
           tqdm(total=len(cells) + 4, disable=not options.progress, file=sys.stderr,
                unit="step") as bar):
         bar.set_description("disk limits")
         _run_limits(scale.storage, scratch, results.storage, "start")
         bar.update()
-        with _running_broker(scratch) as broker:
+        with _running_broker(scratch, options) as broker:
             for size, batching in cells:
                 bar.set_description(f"{size} B {_batching_name(batching)}")
                 results.cells.append(_run_cell(broker.url, scale, size, batching))
                 bar.update()
             bar.set_description("side by side: Magnetar")
             results.side_by_side += run_workloads("magnetar", broker.url, scale.publish_seconds,
-                                                  scale.consume_messages)
+                                                  scale.consume_messages, options.workloads)
             bar.update()
         bar.set_description("side by side: pulsar-lite")
         with running_pulsar_lite(scratch) as peer:
             results.side_by_side += run_workloads("pulsar-lite", peer.url, scale.publish_seconds,
-                                                  scale.consume_messages)
+                                                  scale.consume_messages, options.workloads)
         bar.update()
         bar.set_description("disk limits again")
         _run_limits(scale.storage, scratch, results.storage, "end")
@@ -522,13 +543,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", default=None, help="write the results as JSON here")
     parser.add_argument("--plot", default=None, help="write a PNG chart here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--side-by-side-only", action="store_true",
+                        help="only the side-by-side workloads (no per-size cells)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated side-by-side workloads (default: all of "
+                        f"{', '.join(WORKLOADS)})")
+    parser.add_argument("--profile", default=None,
+                        help="run the broker under cProfile and write its stats here")
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default=None,
+                        help="the broker's event loop (default: its own default)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    workloads = tuple(name.strip() for name in args.workloads.split(",") if name.strip())
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"--workloads: unknown {', '.join(unknown)}; expected some of "
+                     f"{', '.join(WORKLOADS)}")
     run_e2e_benchmark(BenchOptions(directory=args.dir, quick=args.quick, json_path=args.json,
-                                   plot_path=args.plot, progress=not args.no_progress))
+                                   plot_path=args.plot, progress=not args.no_progress,
+                                   side_by_side_only=args.side_by_side_only,
+                                   workloads=workloads, profile_path=args.profile,
+                                   event_loop=args.event_loop))
     return 0
 
 

@@ -256,6 +256,14 @@ class ConnectionHandler:
         """One command's frame (MESSAGE: with a stored entry appended verbatim), for `write`."""
         return self.conn.send(base_command(body), entry=entry)
 
+    def check_send(self, command_type: int) -> None:
+        """Raise LocalProtocolError if this command type may not be sent now."""
+        self.conn.check_send(command_type)
+
+    @property
+    def frame_size_bytes_max(self) -> int:
+        return self.conn.frame_size_bytes_max
+
     def write(self, data: bytes) -> None:
         """Write encoded frames to the socket."""
         if self._soon:
