@@ -15,7 +15,8 @@ from typing import Final
 
 from ._errors import LocalProtocolError
 from ._proto import pulsar_api_pb2 as pb
-from ._wire import UINT64_MASK, encode_varint
+from ._receipts import MESSAGE_ID_ENTRY_KEY, MESSAGE_ID_LEDGER_KEY
+from ._wire import UINT64_MASK, WIRE_BYTES, WIRE_VARINT, encode_varint, field_key
 
 __all__ = ["message_frame"]
 
@@ -24,23 +25,14 @@ _MESSAGE_FIELDS: Final = pb.CommandMessage.DESCRIPTOR.fields_by_name
 _ID_FIELDS: Final = pb.MessageIdData.DESCRIPTOR.fields_by_name
 _BODY_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["message"].number
 _TYPE_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["type"].number
-_VARINT, _BYTES = 0, 2
-
-
-def _key(number: int, wire_type: int) -> bytes:
-    return encode_varint(number << 3 | wire_type)
-
-
-_COMMAND_HEAD: Final = _key(_TYPE_FIELD, _VARINT) + encode_varint(pb.BaseCommand.MESSAGE) \
-    + _key(_BODY_FIELD, _BYTES)
-_CONSUMER: Final = _key(_MESSAGE_FIELDS["consumer_id"].number, _VARINT)
-_MESSAGE_ID: Final = _key(_MESSAGE_FIELDS["message_id"].number, _BYTES)
-_REDELIVERY: Final = _key(_MESSAGE_FIELDS["redelivery_count"].number, _VARINT)
-_ACK_SET: Final = _key(_MESSAGE_FIELDS["ack_set"].number, _VARINT)
-_EPOCH: Final = _key(_MESSAGE_FIELDS["consumer_epoch"].number, _VARINT)
-_LEDGER: Final = _key(_ID_FIELDS["ledgerId"].number, _VARINT)
-_ENTRY: Final = _key(_ID_FIELDS["entryId"].number, _VARINT)
-_PARTITION: Final = _key(_ID_FIELDS["partition"].number, _VARINT)
+_COMMAND_HEAD: Final = (field_key(_TYPE_FIELD, WIRE_VARINT) + encode_varint(pb.BaseCommand.MESSAGE)
+                       + field_key(_BODY_FIELD, WIRE_BYTES))
+_CONSUMER: Final = field_key(_MESSAGE_FIELDS["consumer_id"].number, WIRE_VARINT)
+_MESSAGE_ID: Final = field_key(_MESSAGE_FIELDS["message_id"].number, WIRE_BYTES)
+_REDELIVERY: Final = field_key(_MESSAGE_FIELDS["redelivery_count"].number, WIRE_VARINT)
+_ACK_SET: Final = field_key(_MESSAGE_FIELDS["ack_set"].number, WIRE_VARINT)
+_EPOCH: Final = field_key(_MESSAGE_FIELDS["consumer_epoch"].number, WIRE_VARINT)
+_PARTITION: Final = field_key(_ID_FIELDS["partition"].number, WIRE_VARINT)
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -61,8 +53,8 @@ def message_frame(consumer_id: int, ledger_id: int, entry_id: int, partition: in
     assert 0 <= consumer_id <= UINT64_MASK
     assert 0 <= redelivery_count <= 0xFFFFFFFF
     assert _INT32_MIN <= partition <= _INT32_MAX
-    message_id = b"".join((_LEDGER, encode_varint(ledger_id & UINT64_MASK),
-                           _ENTRY, encode_varint(entry_id & UINT64_MASK),
+    message_id = b"".join((MESSAGE_ID_LEDGER_KEY, encode_varint(ledger_id & UINT64_MASK),
+                           MESSAGE_ID_ENTRY_KEY, encode_varint(entry_id & UINT64_MASK),
                            _PARTITION, encode_varint(partition)))
     parts = [_CONSUMER, encode_varint(consumer_id), _MESSAGE_ID, encode_varint(len(message_id)),
              message_id, _REDELIVERY, encode_varint(redelivery_count)]

@@ -26,9 +26,12 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "VARINT_BYTES_MAX",
+    "WIRE_BYTES",
+    "WIRE_VARINT",
     "check_strings",
     "decode_varint",
     "encode_varint",
+    "field_key",
     "parse_message",
     "serialize_message",
 ]
@@ -79,6 +82,15 @@ def encode_varint(value: int) -> bytes:
             )
         )
     return _encode_varint_slow(value & UINT64_MASK)
+
+
+WIRE_VARINT: Final = 0  # protobuf wire types of the fields the hand-built frames write
+WIRE_BYTES: Final = 2
+
+
+def field_key(number: int, wire_type: int) -> bytes:
+    """A protobuf field's key as the runtime writes it: (number << 3 | wire type), a varint."""
+    return encode_varint(number << 3 | wire_type)
 
 
 def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
