@@ -43,7 +43,14 @@ from ._options import (
 )
 from ._plan import check_offsets_topics, limit_end, resolve_position, time_position
 from ._read import SCHEMA, RangePartition, plan_ranges, read_arrow
-from ._write import Publisher, WriteCommit, check_write_schema, new_write_id, rows_of, task_identity
+from ._write import (
+    Publisher,
+    WriteCommit,
+    check_write_schema,
+    column_chunks,
+    new_write_id,
+    task_identity,
+)
 
 __all__ = ["MagnetarDataSource"]
 
@@ -60,6 +67,7 @@ class MagnetarDataSource(DataSource):
     """`spark.read.format("magnetar")` and friends; register with `magnetar.spark.register`."""
 
     host: ClassVar[HostAddress | None] = None  # set on the class `register` builds
+    parallelism: ClassVar[int] = 1  # the driver's default parallelism, set by `register`
 
     @classmethod
     def name(cls) -> str:
@@ -69,10 +77,12 @@ class MagnetarDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _BatchReader(ReadOptions.parse(self.options, streaming=False), self.host)
+        return _BatchReader(ReadOptions.parse(self.options, streaming=False), self.host,
+                            self.parallelism)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _StreamReader(ReadOptions.parse(self.options, streaming=True), self.host)
+        return _StreamReader(ReadOptions.parse(self.options, streaming=True), self.host,
+                             self.parallelism)
 
     def writer(self, schema: StructType, overwrite: bool) -> _BatchWriter:
         return _BatchWriter(self._write_setup(schema), new_write_id())
@@ -95,9 +105,21 @@ def _read_parts(partition: InputPartition) -> Iterator[Any]:
         yield from read_arrow(part)
 
 
-class _BatchReader(DataSourceReader):
-    def __init__(self, options: ReadOptions, host: HostAddress | None):
+class _Planner:
+    options: ReadOptions
+    parallelism: int
+
+    def _pieces_min(self, topics: int) -> int:
+        """Ranges per topic-partition at least: option minPartitions (default: the driver's
+        default parallelism) shared among the topic-partitions."""
+        wanted = self.options.min_partitions or self.parallelism
+        return max(1, -(-wanted // max(1, topics)))
+
+
+class _BatchReader(DataSourceReader, _Planner):
+    def __init__(self, options: ReadOptions, host: HostAddress | None, parallelism: int):
         self.options = options
+        self.parallelism = parallelism
         self.endpoints = resolve(options, host)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -120,7 +142,8 @@ class _BatchReader(DataSourceReader):
                     if at is not None:
                         end = min(end, at, key=Position.key)
                 parts.extend(plan_ranges(self.endpoints, topic, start, end,
-                                         o.fail_on_data_loss, o.poll_timeout_ms))
+                                         o.fail_on_data_loss, o.poll_timeout_ms,
+                                         self._pieces_min(len(topics))))
         finally:
             client.close()
         return [_Part([p]) for p in parts] or [_Part([])]
@@ -129,9 +152,10 @@ class _BatchReader(DataSourceReader):
         return _read_parts(partition)
 
 
-class _StreamReader(DataSourceStreamReader):
-    def __init__(self, options: ReadOptions, host: HostAddress | None):
+class _StreamReader(DataSourceStreamReader, _Planner):
+    def __init__(self, options: ReadOptions, host: HostAddress | None, parallelism: int):
         self.options = options
+        self.parallelism = parallelism
         self.endpoints = resolve(options, host)
         self.subscription = options.subscription or f"spark-{uuid.uuid4().hex[:12]}"
         self._previous: dict[str, Position] | None = None  # 4.0/4.1: the last answer
@@ -199,7 +223,7 @@ class _StreamReader(DataSourceStreamReader):
             low = parse_position(start.get(topic, "earliest"), f"start offset of {topic}")
             high = parse_position(end[topic], f"end offset of {topic}")
             ranges = plan_ranges(self.endpoints, topic, low, high, o.fail_on_data_loss,
-                                 o.poll_timeout_ms)
+                                 o.poll_timeout_ms, self._pieces_min(len(end)))
             parts.extend(_Part([r]) for r in ranges)
         return parts
 
@@ -282,8 +306,8 @@ def _publish(options: WriteOptions, endpoints: Endpoints, name: str, first: int,
              iterator: Iterator[Any]) -> WriterCommitMessage:
     publisher = Publisher(endpoints, options.topic, name, first, options.deduplication)
     try:
-        for row in rows_of(iterator):
-            publisher.publish(row)
+        for columns, rows in column_chunks(iterator):
+            publisher.publish_columns(columns, rows)
     except BaseException:
         publisher.client.close()
         raise
