@@ -11,6 +11,8 @@ of them (default 1,000,000; `--quick`: 20,000):
 * **client publish**: `magnetar.Client` on the driver, one producer with batching (the
   defaults), `send_async` of every message then `flush`: messages receipted per second.
 * **client read**: a `Reader` from the earliest message, `read_next` until all are read.
+* **source read, no Spark**: the data source's own read (`_read.read_arrow` of every range,
+  one after another) in the driver process: the source's cost without Spark's.
 * **spark read**: `spark.read.format("magnetar")` of the client's topic, every row
   materialised (`write.format("noop")`): rows per second, planning included.
 * **spark write**: a DataFrame of the same number of rows (`spark.range`, two partitions,
@@ -85,6 +87,23 @@ def _spark_read(spark: Any, data_dir: str, topic: str) -> float:
     return time.perf_counter() - began
 
 
+def _source_read(client: magnetar.Client, endpoints: Any, topic: str, messages: int) -> float:
+    """The data source's read of the whole topic in this process, one range after another:
+    what a Spark task does, without Spark."""
+    from magnetar.spark._broker import last_position
+    from magnetar.spark._options import EARLIEST
+    from magnetar.spark._read import plan_ranges, read_arrow
+
+    began = time.perf_counter()
+    ranges = plan_ranges(endpoints, topic, EARLIEST, last_position(client, topic), True,
+                         120_000)
+    rows = sum(batch.num_rows for part in ranges for batch in read_arrow(part))
+    seconds = time.perf_counter() - began
+    if rows != messages:
+        raise RuntimeError(f"the source read {rows} of {messages} rows")
+    return seconds
+
+
 def _spark_write(spark: Any, data_dir: str, topic: str, messages: int, size: int) -> float:
     from pyspark.sql import functions as F
 
@@ -124,6 +143,7 @@ def run(spark: Any, data_dir: str, messages: int, size: int = MESSAGE_BYTES,
         seconds = {
             "client publish": _client_publish(client, source, messages, size),
             "client read": _client_read(client, source, messages),
+            "source read, no Spark": _source_read(client, endpoints, source, messages),
             "spark read": _spark_read(spark, data_dir, source),
             "spark write": _spark_write(spark, data_dir, sink, messages, size),
         }

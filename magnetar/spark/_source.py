@@ -9,8 +9,12 @@ Streaming offsets are `{"<topic-partition>": "ledger:entry:batch"}` (sorted keys
 replays any `(start, end]` exactly, so Spark's checkpoint is the source of truth. `commit(end)`
 moves a durable subscription (option `subscription`, default `spark-<random>`, deleted by
 `stop` unless given) to `end`, so retention keeps what the stream has not committed yet.
-`latestOffset` takes both signatures: no arguments (pyspark 4.0/4.1; the limit then counts
-from the previous answer) and `(start, limit)` (4.2+, admission control with `ReadMaxRows`).
+`latestOffset` takes both signatures: `(start, limit)` (4.2+, admission control with
+`ReadMaxRows`) and no arguments (pyspark 4.0/4.1): the limit then counts from the end of the
+last batch Spark planned (`partitions`) or the previous answer; Spark 4.0/4.1 asks before it
+says where a run starts (before `initialOffset`, or after a restart from a checkpoint), so the
+first micro-batch of each run there is not limited -- a limit counted from a guessed start
+could fall behind the checkpoint, and Spark would then read rows twice.
 """
 
 from __future__ import annotations
@@ -158,7 +162,9 @@ class _StreamReader(DataSourceStreamReader, _Planner):
         self.parallelism = parallelism
         self.endpoints = resolve(options, host)
         self.subscription = options.subscription or f"spark-{uuid.uuid4().hex[:12]}"
-        self._previous: dict[str, Position] | None = None  # 4.0/4.1: the last answer
+        # 4.0/4.1 (latestOffset without a start): where the query is, as far as Spark has
+        # said -- the end of the last planned batch -- or this reader's last answer
+        self._previous: dict[str, Position] | None = None
         self._client: Any = None
         self._cursors: dict[str, Any] = {}
 
@@ -183,7 +189,8 @@ class _StreamReader(DataSourceStreamReader, _Planner):
                 at = time_position(client, topic, o.starting_time_ms)
                 offsets[topic] = at if at is not None else \
                     resolve_position(client, topic, "latest", "latest", "startingTime")
-        self._previous = offsets
+        if self._previous is None:  # 4.0/4.1 may ask latestOffset first: never go back
+            self._previous = offsets
         return dump_offsets(offsets)
 
     def getDefaultReadLimit(self) -> Any:
@@ -218,6 +225,7 @@ class _StreamReader(DataSourceStreamReader, _Planner):
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
         o = self.options
+        self._previous = {t: parse_position(p, "end offset") for t, p in end.items()}
         parts: list[_Part] = []
         for topic in sorted(end):
             low = parse_position(start.get(topic, "earliest"), f"start offset of {topic}")

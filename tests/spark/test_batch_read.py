@@ -73,7 +73,7 @@ def test_json_offsets_select_a_range(spark: Any, data_dir: str, client: magnetar
                                      topic: str) -> None:
     publish(client, topic, 40)  # batched: ids carry batch indexes
     ordered = _load(spark, data_dir, topic=topic).select("value", "messageId").collect()
-    by_value = {r.value: r.messageId for r in ordered}
+    by_value = {bytes(r.value): r.messageId for r in ordered}
     start, end = by_value[b"v9"], by_value[b"v29"]
     rows = _load(spark, data_dir, topic=topic, startingOffsets=f'{{"{topic}": "{start}"}}',
                  endingOffsets=f'{{"{topic}": "{end}"}}').select("value").collect()

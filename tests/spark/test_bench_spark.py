@@ -28,7 +28,8 @@ def test_bench_spark_tiny_run(spark: Any, data_dir: str) -> None:
     bench = _load_bench()
     document = bench.run(spark, data_dir, messages=3000, warm=0)
     systems = [row["system"] for row in document["rows"]]
-    assert systems == ["client publish", "client read", "spark read", "spark write"]
+    assert systems == ["client publish", "client read", "source read, no Spark",
+                       "spark read", "spark write"]
     assert all(row["per_s"] > 0 and row["messages"] == 3000 for row in document["rows"])
     assert [t["target"] for t in document["targets"]][:2] == [
         "spark read rows/s", "spark write / client publish"]

@@ -34,12 +34,12 @@ def _load_pipeline() -> ModuleType:
     return module
 
 
-def _publish(client: magnetar.Client, topic: str) -> dict[tuple[str, int], tuple[int, int]]:
-    """Three minutes of events, then one ten minutes later (it moves the watermark past the
-    three); the expected (count, sum) per key and minute start."""
+def _publish(client: magnetar.Client, topic: str, minutes: range, late: bool,
+             expected: dict[tuple[str, int], tuple[int, int]]) -> None:
+    """Events of the given minutes, and with `late` one ten minutes later (it moves the
+    watermark past them); adds the expected (count, sum) per key and minute start."""
     producer = client.create_producer(topic, batching_enabled=True, block_if_queue_full=True)
-    expected: dict[tuple[str, int], tuple[int, int]] = {}
-    for minute in range(3):
+    for minute in minutes:
         for i in range(EVENTS_PER_MINUTE):
             key, amount = f"k{i % KEYS}", i % 100
             at = BASE_MS + minute * MINUTE_MS + i * 1000
@@ -47,22 +47,28 @@ def _publish(client: magnetar.Client, topic: str) -> dict[tuple[str, int], tuple
                                 event_timestamp=at)
             count, total = expected.get((key, at - at % MINUTE_MS), (0, 0))
             expected[(key, at - at % MINUTE_MS)] = (count + 1, total + amount)
-    producer.send_async(b"1", None, partition_key="late", event_timestamp=BASE_MS + 13 * MINUTE_MS)
+    if late:
+        producer.send_async(b"1", None, partition_key="late",
+                            event_timestamp=BASE_MS + 13 * MINUTE_MS)
     producer.flush()
     producer.close()
-    return expected
 
 
 def test_streaming_pipeline_writes_closed_windows(spark: Any, data_dir: str,
                                                  client: magnetar.Client, topic: str,
                                                  tmp_path: Path) -> None:
+    """(The first minute is published before the query starts and the rest after its first
+    micro-batch: pyspark 4.0/4.1 do not limit a run's first micro-batch.)"""
     pipeline = _load_pipeline()
-    expected = _publish(client, topic)
+    expected: dict[tuple[str, int], tuple[int, int]] = {}
+    _publish(client, topic, range(1), False, expected)
     args = pipeline.parse(["--service", data_dir, "--source", topic, "--sink", topic + "-out",
                            "--streaming", "--checkpoint", str(tmp_path / "cp"),
                            "--max-records-per-trigger", "40"])
     query = pipeline.run(spark, args)
     try:
+        query.processAllAvailable()
+        _publish(client, topic, range(1, 3), True, expected)
         deadline = time.monotonic() + OUTPUT_DEADLINE_S
         while len(read_all(client, topic + "-out")) < len(expected):
             assert query.exception() is None, query.exception()
@@ -71,7 +77,7 @@ def test_streaming_pipeline_writes_closed_windows(spark: Any, data_dir: str,
         batches = {p["batchId"] for p in query.recentProgress if p["numInputRows"] > 0}
     finally:
         query.stop()
-    assert len(batches) >= 3  # 91 messages, at most 40 a micro-batch
+    assert len(batches) >= 3  # 30 messages, then 61 at most 40 a micro-batch
     got = {}
     for message in read_all(client, topic + "-out"):
         row = json.loads(message.data())

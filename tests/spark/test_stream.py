@@ -61,17 +61,22 @@ def test_stream_picks_up_new_messages_and_restarts_without_loss_or_duplicate(
 
 def test_max_records_per_trigger_limits_each_micro_batch(
         spark: Any, data_dir: str, client: magnetar.Client, topic: str, tmp_path: Any) -> None:
-    publish(client, topic, 250, batching=False)
+    """(pyspark 4.0/4.1 do not limit the first micro-batch of a run: see _source.py.)"""
+    publish(client, topic, 30, batching=False)
     query = _start(spark, data_dir, topic, str(tmp_path / "out"), str(tmp_path / "cp"),
                    maxRecordsPerTrigger="100")
     try:
         query.processAllAvailable()
+        first = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        publish(client, topic, 250, first=30, batching=False)
+        query.processAllAvailable()
         rows = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     finally:
         query.stop()
-    assert sum(rows) == 250
-    assert max(rows) <= 100
-    assert len(rows) >= 3
+    assert first == [30]
+    assert sum(rows) == 280  # nothing read twice
+    assert max(rows[1:]) <= 100
+    assert len(rows) >= 4
 
 
 @pytest.mark.parametrize("fail", ["true", "false"])
