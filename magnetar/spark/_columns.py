@@ -135,6 +135,18 @@ def _bodies(buf: bytes, count: int) -> list[bytes] | None:
     return bodies
 
 
+def _binary(values: list[bytes]) -> pyarrow.Array:
+    """A binary array of `values` from one joined buffer (faster than element by element)."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)  # one entry's bodies: < 2 GiB
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int32, count=len(values)),
+              out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(values), [
+        None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+
+
 def _key_bytes(key: str | None, b64: bool) -> bytes | None:
     if key is None:
         return None
@@ -194,7 +206,9 @@ class Columns:
             bodies = _bodies(payload, count)
             if bodies is None:
                 return self._general(ledger, entry, metadata, payload, low, high, batched=True)
-            self.values.extend(bodies[low:high] if high - low < count else bodies)
+            if self.values:
+                self._flush_values()
+            self.value_chunks.append(_binary(bodies[low:high] if high - low < count else bodies))
         self._segment(ledger, entry, metadata, low, high - low, None)
         return high - low
 
