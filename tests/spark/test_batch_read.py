@@ -10,7 +10,7 @@ import pytest
 import magnetar
 import magnetar.spark
 
-from ._helpers import admin, publish, topic_path
+from ._helpers import admin, publish, read_all, topic_path
 
 pytestmark = pytest.mark.spark
 
@@ -124,9 +124,7 @@ def test_http_service_url(spark: Any, data_dir: str, client: magnetar.Client,
     assert sorted(r.value for r in df.select("value").collect()) == sorted(values)
     df.select("key", "value").write.format("magnetar").option("service", http) \
         .option("topic", topic + "-copy").mode("append").save()
-    copied = spark.read.format("magnetar").option("service", data_dir) \
-        .option("topic", topic + "-copy").load()
-    assert sorted(r.value for r in copied.select("value").collect()) == sorted(values)
+    assert sorted(m.data() for m in read_all(client, topic + "-copy")) == sorted(values)
 
 
 @pytest.mark.parametrize(("options", "named"), [
