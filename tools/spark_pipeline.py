@@ -7,9 +7,10 @@ of the message values (decimal text), from one topic into another.
 
 Batch mode aggregates what the source topic holds now; streaming mode keeps running
 (a 1-minute watermark on event time; each window is written once, when the watermark passes
-it) until interrupted. Output rows: key = the input key, value = JSON
-`{"minute": ..., "count": ..., "sum": ...}`, eventTime = the window's start. With `--publish N`
-the job first publishes N sample messages to the source topic.
+it) until interrupted; `--max-records-per-trigger` bounds its micro-batches. Output rows:
+key = the input key, value = JSON `{"minute": ..., "count": ..., "sum": ...}`, eventTime =
+the window's start. With `--publish N` the job first publishes N sample messages to the
+source topic. `run` starts the job on a given SparkSession (the tests use theirs).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 
 def _publish(service: str, topic: str, count: int) -> None:
@@ -37,7 +39,7 @@ def _publish(service: str, topic: str, count: int) -> None:
         producer.flush()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--service", required=True, help="data directory or pulsar:// URL")
     parser.add_argument("--admin-url", help="the admin URL (pulsar:// services)")
@@ -45,26 +47,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sink", required=True)
     parser.add_argument("--streaming", action="store_true")
     parser.add_argument("--checkpoint", default="./spark-pipeline-checkpoint")
+    parser.add_argument("--max-records-per-trigger", type=int, default=None,
+                        help="streaming: at most this many source messages per micro-batch")
     parser.add_argument("--publish", type=int, default=0, help="publish N samples first")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+
+def run(spark: Any, args: argparse.Namespace) -> Any:
+    """The job on a SparkSession where `magnetar.spark.register` ran: batch mode writes and
+    returns None; streaming mode returns the started query."""
     from pyspark.sql import functions as F
 
-    import magnetar.spark
-
-    spark = SparkSession.builder.master("local[2]").appName("magnetar-pipeline") \
-        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
-    magnetar.spark.register(spark)
     if args.publish:
         _publish(args.service, args.source, args.publish)
     options = {"service": args.service, "topic": args.source}
     if args.admin_url:
         options["adminUrl"] = args.admin_url
     if args.streaming:
-        source = spark.readStream.format("magnetar").options(
-            startingOffsets="earliest", **options).load()
+        reader = spark.readStream.format("magnetar").options(startingOffsets="earliest",
+                                                             **options)
+        if args.max_records_per_trigger:
+            reader = reader.option("maxRecordsPerTrigger", args.max_records_per_trigger)
+        source = reader.load()
     else:
         source = spark.read.format("magnetar").options(**options).load()
     events = source.select(
@@ -80,15 +84,29 @@ def main(argv: list[str] | None = None) -> int:
         .cast("binary").alias("value"))
     sink = dict(options, topic=args.sink)
     if args.streaming:
-        query = out.writeStream.format("magnetar").options(**sink).outputMode("append") \
+        return out.writeStream.format("magnetar").options(**sink).outputMode("append") \
             .option("checkpointLocation", args.checkpoint).start()
+    out.write.format("magnetar").options(**sink).mode("append").save()
+    print(f"wrote {out.count()} per-minute rows to {args.sink}")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import magnetar.spark
+
+    spark = SparkSession.builder.master("local[2]").appName("magnetar-pipeline") \
+        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    magnetar.spark.register(spark)
+    query = run(spark, args)
+    if query is not None:
         try:
             query.awaitTermination()
         except KeyboardInterrupt:
             query.stop()
-    else:
-        out.write.format("magnetar").options(**sink).mode("append").save()
-        print(f"wrote {out.count()} per-minute rows to {args.sink}")
     spark.stop()
     magnetar.spark.stop_brokers()
     return 0

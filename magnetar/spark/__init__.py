@@ -13,6 +13,8 @@ directory is shared with Spark's worker processes: `_host.py`.
 | `_options.py` | options checked; positions and offsets                             |
 | `_plan.py`    | options to positions (earliest/latest/JSON/time, read limits)      |
 | `_read.py`    | the row schema; one range read as Arrow record batches             |
+| `_entries.py` | whole entries of a topic-partition (a non-durable subscription)    |
+| `_columns.py` | entries decoded into Arrow columns in bulk                         |
 | `_write.py`   | rows published once (producer names and sequence ids)              |
 | `_broker.py`  | endpoints, topic-partitions, last ids, ledgers, deduplication      |
 | `_host.py`    | the driver's brokers on data directories                           |
@@ -29,9 +31,10 @@ __all__ = ["Endpoints", "MagnetarSparkError", "data_source", "register", "serve"
            "stop_brokers"]
 
 
-def data_source() -> type[Any]:
+def data_source(parallelism: int = 1) -> type[Any]:
     """The data source class for this process, carrying its broker host's address (see
-    `_host.py`); built here so cloudpickle ships it, and the address, by value."""
+    `_host.py`) and the default number of ranges a read is split into; built here so
+    cloudpickle ships it, and the address, by value."""
     from ._host import host
     from ._source import MagnetarDataSource
 
@@ -41,6 +44,7 @@ def data_source() -> type[Any]:
         pass
 
     RegisteredMagnetarSource.host = address
+    RegisteredMagnetarSource.parallelism = max(1, parallelism)
     return RegisteredMagnetarSource
 
 
@@ -48,4 +52,4 @@ def register(spark: Any) -> None:
     """Register the `magnetar` format with a SparkSession (run it in the driver). Data
     directories given as `service` are then served by this process until it exits or
     `stop_brokers()` is called."""
-    spark.dataSource.register(data_source())
+    spark.dataSource.register(data_source(spark.sparkContext.defaultParallelism))

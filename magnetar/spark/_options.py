@@ -99,7 +99,7 @@ def complete(topic: str) -> str:
 
 _READ_KEYS = {"service", "adminurl", "topic", "topics", "topicspattern", "startingoffsets",
               "endingoffsets", "startingtime", "endingtime", "failondataloss",
-              "maxrecordspertrigger", "subscription", "polltimeoutms", "path"}
+              "maxrecordspertrigger", "minpartitions", "subscription", "polltimeoutms", "path"}
 _WRITE_KEYS = {"service", "adminurl", "topic", "deduplication", "producername", "path",
                "checkpointlocation", "queryname"}
 
@@ -135,6 +135,7 @@ class ReadOptions(Options):
     ending_time_ms: int | None
     fail_on_data_loss: bool
     max_records_per_trigger: int | None
+    min_partitions: int | None
     subscription: str | None
     poll_timeout_ms: int
 
@@ -184,6 +185,7 @@ class ReadOptions(Options):
             fail_on_data_loss=_bool_option(lowered, "failondataloss", "failOnDataLoss", True),
             max_records_per_trigger=_int_option(lowered, "maxrecordspertrigger",
                                                 "maxRecordsPerTrigger", 1),
+            min_partitions=_int_option(lowered, "minpartitions", "minPartitions", 1),
             subscription=lowered.get("subscription") or None,
             poll_timeout_ms=_int_option(lowered, "polltimeoutms", "pollTimeoutMs", 1) or 120000)
 

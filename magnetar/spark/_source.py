@@ -9,8 +9,12 @@ Streaming offsets are `{"<topic-partition>": "ledger:entry:batch"}` (sorted keys
 replays any `(start, end]` exactly, so Spark's checkpoint is the source of truth. `commit(end)`
 moves a durable subscription (option `subscription`, default `spark-<random>`, deleted by
 `stop` unless given) to `end`, so retention keeps what the stream has not committed yet.
-`latestOffset` takes both signatures: no arguments (pyspark 4.0/4.1; the limit then counts
-from the previous answer) and `(start, limit)` (4.2+, admission control with `ReadMaxRows`).
+`latestOffset` takes both signatures: `(start, limit)` (4.2+, admission control with
+`ReadMaxRows`) and no arguments (pyspark 4.0/4.1): the limit then counts from the end of the
+last batch Spark planned (`partitions`) or the previous answer; Spark 4.0/4.1 asks before it
+says where a run starts (before `initialOffset`, or after a restart from a checkpoint), so the
+first micro-batch of each run there is not limited -- a limit counted from a guessed start
+could fall behind the checkpoint, and Spark would then read rows twice.
 """
 
 from __future__ import annotations
@@ -43,7 +47,14 @@ from ._options import (
 )
 from ._plan import check_offsets_topics, limit_end, resolve_position, time_position
 from ._read import SCHEMA, RangePartition, plan_ranges, read_arrow
-from ._write import Publisher, WriteCommit, check_write_schema, new_write_id, rows_of, task_identity
+from ._write import (
+    Publisher,
+    WriteCommit,
+    check_write_schema,
+    column_chunks,
+    new_write_id,
+    task_identity,
+)
 
 __all__ = ["MagnetarDataSource"]
 
@@ -60,6 +71,7 @@ class MagnetarDataSource(DataSource):
     """`spark.read.format("magnetar")` and friends; register with `magnetar.spark.register`."""
 
     host: ClassVar[HostAddress | None] = None  # set on the class `register` builds
+    parallelism: ClassVar[int] = 1  # the driver's default parallelism, set by `register`
 
     @classmethod
     def name(cls) -> str:
@@ -69,10 +81,12 @@ class MagnetarDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _BatchReader(ReadOptions.parse(self.options, streaming=False), self.host)
+        return _BatchReader(ReadOptions.parse(self.options, streaming=False), self.host,
+                            self.parallelism)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _StreamReader(ReadOptions.parse(self.options, streaming=True), self.host)
+        return _StreamReader(ReadOptions.parse(self.options, streaming=True), self.host,
+                             self.parallelism)
 
     def writer(self, schema: StructType, overwrite: bool) -> _BatchWriter:
         return _BatchWriter(self._write_setup(schema), new_write_id())
@@ -95,9 +109,21 @@ def _read_parts(partition: InputPartition) -> Iterator[Any]:
         yield from read_arrow(part)
 
 
-class _BatchReader(DataSourceReader):
-    def __init__(self, options: ReadOptions, host: HostAddress | None):
+class _Planner:
+    options: ReadOptions
+    parallelism: int
+
+    def _pieces_min(self, topics: int) -> int:
+        """Ranges per topic-partition at least: option minPartitions (default: the driver's
+        default parallelism) shared among the topic-partitions."""
+        wanted = self.options.min_partitions or self.parallelism
+        return max(1, -(-wanted // max(1, topics)))
+
+
+class _BatchReader(DataSourceReader, _Planner):
+    def __init__(self, options: ReadOptions, host: HostAddress | None, parallelism: int):
         self.options = options
+        self.parallelism = parallelism
         self.endpoints = resolve(options, host)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -120,7 +146,8 @@ class _BatchReader(DataSourceReader):
                     if at is not None:
                         end = min(end, at, key=Position.key)
                 parts.extend(plan_ranges(self.endpoints, topic, start, end,
-                                         o.fail_on_data_loss, o.poll_timeout_ms))
+                                         o.fail_on_data_loss, o.poll_timeout_ms,
+                                         self._pieces_min(len(topics))))
         finally:
             client.close()
         return [_Part([p]) for p in parts] or [_Part([])]
@@ -129,12 +156,15 @@ class _BatchReader(DataSourceReader):
         return _read_parts(partition)
 
 
-class _StreamReader(DataSourceStreamReader):
-    def __init__(self, options: ReadOptions, host: HostAddress | None):
+class _StreamReader(DataSourceStreamReader, _Planner):
+    def __init__(self, options: ReadOptions, host: HostAddress | None, parallelism: int):
         self.options = options
+        self.parallelism = parallelism
         self.endpoints = resolve(options, host)
         self.subscription = options.subscription or f"spark-{uuid.uuid4().hex[:12]}"
-        self._previous: dict[str, Position] | None = None  # 4.0/4.1: the last answer
+        # 4.0/4.1 (latestOffset without a start): where the query is, as far as Spark has
+        # said -- the end of the last planned batch -- or this reader's last answer
+        self._previous: dict[str, Position] | None = None
         self._client: Any = None
         self._cursors: dict[str, Any] = {}
 
@@ -159,7 +189,8 @@ class _StreamReader(DataSourceStreamReader):
                 at = time_position(client, topic, o.starting_time_ms)
                 offsets[topic] = at if at is not None else \
                     resolve_position(client, topic, "latest", "latest", "startingTime")
-        self._previous = offsets
+        if self._previous is None:  # 4.0/4.1 may ask latestOffset first: never go back
+            self._previous = offsets
         return dump_offsets(offsets)
 
     def getDefaultReadLimit(self) -> Any:
@@ -194,12 +225,13 @@ class _StreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
         o = self.options
+        self._previous = {t: parse_position(p, "end offset") for t, p in end.items()}
         parts: list[_Part] = []
         for topic in sorted(end):
             low = parse_position(start.get(topic, "earliest"), f"start offset of {topic}")
             high = parse_position(end[topic], f"end offset of {topic}")
             ranges = plan_ranges(self.endpoints, topic, low, high, o.fail_on_data_loss,
-                                 o.poll_timeout_ms)
+                                 o.poll_timeout_ms, self._pieces_min(len(end)))
             parts.extend(_Part([r]) for r in ranges)
         return parts
 
@@ -282,8 +314,8 @@ def _publish(options: WriteOptions, endpoints: Endpoints, name: str, first: int,
              iterator: Iterator[Any]) -> WriterCommitMessage:
     publisher = Publisher(endpoints, options.topic, name, first, options.deduplication)
     try:
-        for row in rows_of(iterator):
-            publisher.publish(row)
+        for columns, rows in column_chunks(iterator):
+            publisher.publish_columns(columns, rows)
     except BaseException:
         publisher.client.close()
         raise

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from magnetar import Result
@@ -39,12 +40,14 @@ from ._options import MagnetarSparkError, complete
 if TYPE_CHECKING:
     import magnetar
 
-__all__ = ["Publisher", "WriteCommit", "check_write_schema"]
+__all__ = ["Publisher", "WriteCommit", "check_write_schema", "column_chunks"]
 
 log = logging.getLogger(__name__)
 
 PRODUCER_BUSY_WAIT_S = 30.0  # a failed attempt's producer may still hold the name this long
 SEQUENCE_BATCH_SHIFT = 32  # streaming: rows per task per micro-batch < 2**32
+EMPTY_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+ROWS_PER_CHUNK = 4096  # Rows (not Arrow) turned into columns at a time
 _COLUMNS = {"value", "key", "topic", "properties", "eventTime"}
 
 
@@ -109,6 +112,7 @@ class Publisher:
         self.producers: dict[str, magnetar.Producer] = {}
         self.errors: list[BaseException] = []
         self.commit = WriteCommit(int(name.rsplit("-", 1)[1]))
+        self.topics: dict[str | None, str] = {}  # topic column value -> complete name
 
     def _producer(self, topic: str) -> magnetar.Producer:
         import magnetar
@@ -137,21 +141,53 @@ class Publisher:
         if result != Result.Ok:
             self.errors.append(RuntimeError(f"a send failed: {result.name}"))
 
-    def publish(self, row: Mapping[str, Any]) -> None:
-        topic = self.topic_option or row.get("topic")
-        if not topic:
-            raise MagnetarSparkError("a row has no topic (column topic is null, no option)")
-        topic = complete(topic)
-        key = _bytes(row.get("key"), "key")
-        properties = row.get("properties") or {}
-        if not isinstance(properties, dict):
-            properties = dict(properties)
-        self._producer(topic).send_async(
-            _bytes(row.get("value"), "value"), self._done, properties=properties,
-            partition_key=_key_text(key),
-            event_timestamp=_millis(row.get("eventTime")), sequence_id=self.sequence)
-        self.sequence += 1
-        self.commit.rows[topic] = self.commit.rows.get(topic, 0) + 1
+    def _topic(self, name: str | None) -> str:
+        topic = self.topics.get(name)
+        if topic is None:
+            if not name:
+                raise MagnetarSparkError("a row has no topic (column topic is null, no option)")
+            topic = self.topics[name] = complete(name)
+        return topic
+
+    def publish_columns(self, columns: Mapping[str, list[Any]], rows: int) -> None:
+        """Publish `rows` rows given as one list per column (the sink's columns, see the
+        module comment), in order.
+
+        Raises:
+            MagnetarSparkError: a value of the wrong type, a row without a topic, or a key
+                that is not UTF-8 (rows before it were queued).
+        """
+        from magnetar._producer import OutMessage
+
+        values = columns["value"]
+        keys = columns.get("key")
+        properties = columns.get("properties")
+        event_times = columns.get("eventTime")
+        topics = columns.get("topic") if self.topic_option is None else None
+        done = self._done
+        sequence = self.sequence
+        fixed = None if topics is not None else self._producer(self._topic(self.topic_option))
+        send = fixed._sender.send_async if fixed is not None else None
+        for i in range(rows):
+            value = values[i]
+            if value is not None and type(value) is not bytes:
+                value = _bytes(value, "value")
+            key = None if keys is None else _key_text(_bytes(keys[i], "key"))
+            props = EMPTY_PROPERTIES if properties is None else _properties(properties[i])
+            event = 0 if event_times is None else _millis(event_times[i]) or 0
+            message = OutMessage(value, props, key, None, event, sequence)
+            if send is not None:
+                send(message, done)
+            else:
+                assert topics is not None
+                topic = self._topic(topics[i])
+                self._producer(topic)._sender.send_async(message, done)
+                self.commit.rows[topic] = self.commit.rows.get(topic, 0) + 1
+            sequence += 1
+        if fixed is not None:
+            topic = self._topic(self.topic_option)
+            self.commit.rows[topic] = self.commit.rows.get(topic, 0) + rows
+        self.sequence = sequence
         if self.errors:
             raise self.errors[0]
 
@@ -183,16 +219,45 @@ def task_identity(streaming: bool, write_id: str) -> tuple[str, int]:
     return f"spark-{query}-{partition}", int(batch) << SEQUENCE_BATCH_SHIFT
 
 
-def rows_of(iterator: Iterator[Any]) -> Iterator[Mapping[str, Any]]:
-    """Spark's Rows or Arrow record batches as mappings."""
-    for item in iterator:
-        if hasattr(item, "to_pylist"):
-            for row in item.to_pylist():
-                if isinstance(row.get("properties"), list):
-                    row["properties"] = dict(row["properties"])
-                yield row
-        else:
-            yield item.asDict()
+def column_chunks(iterator: Iterator[Any]) -> Iterator[tuple[dict[str, list[Any]], int]]:
+    """Spark's Arrow record batches, or its Rows in chunks of `ROWS_PER_CHUNK`, as one list
+    per column and the number of rows."""
+    rows: list[Any] = []
+    try:
+        for item in iterator:
+            if hasattr(item, "to_pylist"):
+                yield {name: item.column(i).to_pylist()
+                       for i, name in enumerate(item.schema.names)}, item.num_rows
+                continue
+            rows.append(item)
+            if len(rows) >= ROWS_PER_CHUNK:
+                yield _row_columns(rows), len(rows)
+                rows = []
+    except Exception:
+        if rows:  # what the task computed before it failed is published, as row by row
+            yield _row_columns(rows), len(rows)
+        raise
+    if rows:
+        yield _row_columns(rows), len(rows)
+
+
+def _row_columns(rows: list[Any]) -> dict[str, list[Any]]:
+    dicts = [row.asDict() for row in rows]
+    return {name: [row.get(name) for row in dicts] for name in dicts[0]}
+
+
+def _properties(value: Any) -> Mapping[str, str]:
+    """A properties cell: a dict (Rows), a list of pairs (Arrow) or null."""
+    if not value:
+        return EMPTY_PROPERTIES
+    items = value.items() if isinstance(value, dict) else value
+    out: dict[str, str] = {}
+    for key, item in items:
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise MagnetarSparkError(f"column properties: {key!r}: {item!r} is not string to "
+                                     f"string")
+        out[key] = item
+    return out
 
 
 def new_write_id() -> str:

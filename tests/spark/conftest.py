@@ -19,6 +19,23 @@ pytestmark = pytest.mark.spark
 _names = itertools.count()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pyspark 4.0 and 4.1 the driver's collects leave unclosed sockets to the garbage
+    collector (seen here: one per collect, each to another JVM port; none with 4.3): with
+    those versions, and only for these tests, that warning is not an error. Our own sockets
+    stay checked with the pyspark the project installs."""
+    import pyspark
+
+    if tuple(int(x) for x in pyspark.__version__.split(".")[:2]) >= (4, 2):
+        return
+    here = os.path.dirname(__file__)
+    ignore = pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning")
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(ignore)
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers need this venv's pyarrow

@@ -10,7 +10,7 @@ import pytest
 import magnetar
 import magnetar.spark
 
-from ._helpers import admin, publish, topic_path
+from ._helpers import admin, publish, read_all, topic_path
 
 pytestmark = pytest.mark.spark
 
@@ -73,24 +73,58 @@ def test_json_offsets_select_a_range(spark: Any, data_dir: str, client: magnetar
                                      topic: str) -> None:
     publish(client, topic, 40)  # batched: ids carry batch indexes
     ordered = _load(spark, data_dir, topic=topic).select("value", "messageId").collect()
-    by_value = {r.value: r.messageId for r in ordered}
+    by_value = {bytes(r.value): r.messageId for r in ordered}
     start, end = by_value[b"v9"], by_value[b"v29"]
     rows = _load(spark, data_dir, topic=topic, startingOffsets=f'{{"{topic}": "{start}"}}',
                  endingOffsets=f'{{"{topic}": "{end}"}}').select("value").collect()
     assert sorted(r.value for r in rows) == sorted(f"v{i}".encode() for i in range(10, 30))
 
 
-def test_starting_time(spark: Any, data_dir: str, client: magnetar.Client, topic: str) -> None:
-    publish(client, topic, 50)
-    last = _load(spark, data_dir, topic=topic).agg({"publishTime": "max"}).collect()[0][0]
-    boundary_ms = int(last.timestamp() * 1000) + 1
+def _clock_past(ms: int) -> None:
     deadline = time.monotonic() + 5
-    while time.time() * 1000 <= boundary_ms and time.monotonic() < deadline:
-        pass  # until the clock is past the first group's publish time
-    later = publish(client, topic, 30, first=50)
-    rows = _load(spark, data_dir, topic=topic,
-                 startingTime=str(boundary_ms)).select("value").collect()
-    assert sorted(r.value for r in rows) == sorted(later)
+    while time.time() * 1000 <= ms and time.monotonic() < deadline:
+        pass  # until the clock is past the last publish time
+
+
+def _last_publish_ms(spark: Any, data_dir: str, topic: str) -> int:
+    last = _load(spark, data_dir, topic=topic).agg({"publishTime": "max"}).collect()[0][0]
+    return round(last.timestamp() * 1000)
+
+
+def test_starting_and_ending_time(spark: Any, data_dir: str, client: magnetar.Client,
+                                  topic: str) -> None:
+    """Three groups published apart in time; startingTime and endingTime select by publish
+    time (from the first message at or after startingTime, up to before endingTime)."""
+    first = publish(client, topic, 50)
+    begin_ms = _last_publish_ms(spark, data_dir, topic) + 1
+    _clock_past(begin_ms)
+    middle = publish(client, topic, 30, first=50)
+    end_ms = _last_publish_ms(spark, data_dir, topic) + 1
+    _clock_past(end_ms)
+    last = publish(client, topic, 20, first=80)
+
+    def values(**options: str) -> list[bytes]:
+        return sorted(r.value for r in _load(spark, data_dir, topic=topic, **options)
+                      .select("value").collect())
+
+    assert values(startingTime=str(begin_ms)) == sorted(middle + last)
+    assert values(endingTime=str(end_ms)) == sorted(first + middle)
+    assert values(startingTime=str(begin_ms), endingTime=str(end_ms)) == sorted(middle)
+
+
+def test_http_service_url(spark: Any, data_dir: str, client: magnetar.Client,
+                          topic: str) -> None:
+    """`service` as the broker's http:// URL: lookups over HTTP, the admin API at the same
+    URL (ledger listing), for a read and a write."""
+    http = magnetar.spark.serve(data_dir).admin_url
+    assert http is not None
+    assert http.startswith("http://")
+    values = publish(client, topic, 500)
+    df = spark.read.format("magnetar").option("service", http).option("topic", topic).load()
+    assert sorted(r.value for r in df.select("value").collect()) == sorted(values)
+    df.select("key", "value").write.format("magnetar").option("service", http) \
+        .option("topic", topic + "-copy").mode("append").save()
+    assert sorted(m.data() for m in read_all(client, topic + "-copy")) == sorted(values)
 
 
 @pytest.mark.parametrize(("options", "named"), [
