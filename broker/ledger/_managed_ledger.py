@@ -280,8 +280,8 @@ class ManagedLedger:
         kept = [ledger for ledger in ledgers if ledger.entries > 0]
         dropped = [ledger.ledger_id for ledger in ledgers if ledger.entries == 0]
         known = {ledger.ledger_id for ledger in ledgers}
-        orphans = [info.ledger_id for info in storage.list_ledgers()
-                   if info.metadata.get("ml") == name and info.ledger_id not in known]
+        orphans = [info.ledger_id for info in storage.list_ledgers(tagged=("ml", name))
+                   if info.ledger_id not in known]
         new_id = await storage.create_ledger({"ml": name})
         terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],

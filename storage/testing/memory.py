@@ -457,10 +457,11 @@ class InMemoryLedgerStorage:
         with self._lock:
             return self._ledger(ledger_id).info()
 
-    def list_ledgers(self) -> list[LedgerInfo]:
+    def list_ledgers(self, tagged: tuple[str, str] | None = None) -> list[LedgerInfo]:
         with self._lock:
             return [ledger.info() for _, ledger in sorted(self._ledgers.items())
-                    if ledger.state != DELETED]
+                    if ledger.state != DELETED
+                    and (tagged is None or ledger.metadata.get(tagged[0]) == tagged[1])]
 
     # -- reads ---------------------------------------------------------------------------
 
