@@ -103,6 +103,11 @@ class ServerProcess:
     def url(self) -> str:
         return f"pulsar://{HOST}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
     def _launch(self, command: list[str], cwd: str, env: dict[str, str] | None = None) -> None:
         """Run `command` and wait until the port accepts connections.
 
@@ -210,7 +215,7 @@ def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Produ
                                   send_timeout_millis=int(STALL_S * 3000))
 
 
-def _publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
+def publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
              result: Workload) -> None:
     producer = _producer(client, topic, batching)
     payload = os.urandom(MESSAGE_BYTES)
@@ -277,7 +282,7 @@ def run_workloads(broker: str, url: str, seconds: float, consume_max: int) -> li
             client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
                              initial_position=pulsar.InitialPosition.Earliest).close()
             published = results[f"{kind} publish"]
-            _publish(client, topic, kind == "batched", seconds, published)
+            publish(client, topic, kind == "batched", seconds, published)
             _consume(client, topic, min(consume_max, published.messages),
                      results[f"{kind} consume + ack"])
         _sync_publish(client, f"{prefix}-sync", seconds, results["sync publish"])
