@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
 from urllib.parse import unquote_plus  # Java's URLEncoder writes ' ' as '+'
 
@@ -64,7 +64,7 @@ from ..ledger._managed_ledger import ml_key
 from ..schemas._schemas import SchemaRegistry
 from ._nonpersistent_topic import NonPersistentTopic
 from ._producer import Producer, ProducerSpec
-from ._stats_interval import update_rates
+from ._stats_interval import StatsInterval
 from ._topic import PersistentTopic
 
 __all__ = ["TOPIC_LISTENERS_MAX", "BrokerService", "ConnectionCounters", "Topic", "TopicListener",
@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 Topic = PersistentTopic | NonPersistentTopic
 TopicListener = Callable[[str, bool], None]  # (complete topic name, created: else deleted)
 MAINTENANCE_INTERVAL_S = 1.0
+MAINTENANCE_TOPICS_PER_TURN = 500  # topics a maintenance pass handles between loop turns
 TOPIC_LISTENERS_MAX = 10_000  # topic-list watchers of every connection together
 
 
@@ -155,6 +156,7 @@ class BrokerService:
         self._maintenance: asyncio.Task[None] | None = None
         self._last_run: dict[str, float] = {}
         self._topic_listeners: list[TopicListener] = []
+        self.stats_interval = StatsInterval()  # the topics the stats interval walks
         self.closed = False
         self.stopping = False  # set by the server's shutdown: clients leave, state stays
         self.connections = ConnectionCounters()  # kept by the binary protocol server
@@ -230,6 +232,7 @@ class BrokerService:
         try:
             topic = await self._load(topic_name, create, explicit)
             self.topics[key] = topic
+            self.stats_interval.touch(topic)
             future.set_result(topic)
             return topic
         except BaseException as exc:
@@ -495,29 +498,48 @@ class BrokerService:
         if self.storage_full and (force or self._due(
                 "storage_full", config.storage_full_check_interval_s, now)):
             await self.resume_writes_if_room()
-        topics = [t for t in self.topics.values() if isinstance(t, PersistentTopic)]
-        if force or self._due("retention", config.retention_check_interval_s, now):
-            for topic in topics:
-                done["trimmed"] += len(topic.managed_ledger.trim_consumed_ledgers())
-        if force or self._due("ttl", config.message_expiry_check_interval_s, now):
-            for topic in topics:
-                done["expired"] += await self._expire(topic)
-        if force or self._due("quota", config.backlog_quota_check_interval_s, now):
-            for topic in topics:
-                evicted, dropped = await self._enforce_backlog_quota(topic)
-                done["evicted"] += evicted
-                done["producers_disconnected"] += dropped
-        for topic in topics:
+        retention = force or self._due("retention", config.retention_check_interval_s, now)
+        ttl = force or self._due("ttl", config.message_expiry_check_interval_s, now)
+        quota = force or self._due("quota", config.backlog_quota_check_interval_s, now)
+        compaction = force or self._due(
+            "compaction", config.broker_service_compaction_monitor_interval_s, now)
+        if retention or ttl or quota or compaction:
+            done["compactions"] = 0
+            async for topic in self._each_persistent_topic():
+                if retention:
+                    done["trimmed"] += len(topic.managed_ledger.trim_consumed_ledgers())
+                if ttl:
+                    done["expired"] += await self._expire(topic)
+                if quota:
+                    evicted, dropped = await self._enforce_backlog_quota(topic)
+                    done["evicted"] += evicted
+                    done["producers_disconnected"] += dropped
+                if compaction:
+                    done["compactions"] += topic.compaction.maybe_trigger()
+            if not compaction:
+                del done["compactions"]
+        # Every round, but only the topics with a dedup state (a check of each loaded topic).
+        for topic in [t for t in self.topics.values()
+                      if isinstance(t, PersistentTopic) and t.dedup is not None]:
             await self._dedup_housekeeping(topic, now)
-        if force or self._due("compaction", config.broker_service_compaction_monitor_interval_s,
-                              now):
-            done["compactions"] = sum(topic.compaction.maybe_trigger() for topic in topics)
         return done
+
+    async def _each_persistent_topic(self) -> AsyncIterator[PersistentTopic]:
+        """The loaded persistent topics, each still loaded when its turn comes, the event
+        loop served after every `MAINTENANCE_TOPICS_PER_TURN` (a pass over many topics is
+        not one long turn of the loop)."""
+        for count, topic in enumerate(list(self.topics.values()), 1):
+            if count % MAINTENANCE_TOPICS_PER_TURN == 0:
+                await asyncio.sleep(0)
+            if isinstance(topic, PersistentTopic) and \
+                    self.topics.get(str(topic.name)) is topic and not topic.fenced:
+                yield topic
 
     def update_stats(self, now: float | None = None) -> None:
         """Close the stats interval: every loaded topic's rates and histogram windows
-        now show the interval that ends at `now` (monotonic seconds; default: now)."""
-        update_rates(list(self.topics.values()), time.monotonic() if now is None else now)
+        now show the interval that ends at `now` (monotonic seconds; default: now). Only
+        the topics active since the last interval are walked (`_stats_interval.py`)."""
+        self.stats_interval.close(time.monotonic() if now is None else now, self.topics)
 
     async def resume_writes_if_room(self) -> bool:
         """While the disk is full: let the storage resume writes if there is room again

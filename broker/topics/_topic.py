@@ -229,6 +229,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
             raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
         if self.terminated:
             raise TopicTerminatedError(f"Topic {self.name} is terminated")
+        self.service.stats_interval.touch(self)
         name = spec.producer_name or self._generated_name()
         if self._name_taken(name):
             raise ProducerBusyError(
@@ -300,6 +301,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
             raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
         if self.failure is not None:
             raise NotAllowedError(f"Topic {self.name} cannot be read: {self.failure}")
+        self.service.stats_interval.touch(self)
         if not spec.subscription:
             raise NotAllowedError("Empty subscription name")
         if spec.subscription in SYSTEM_CURSOR_NAMES or \

@@ -4,13 +4,15 @@ N. Deterministic counts, not timings (the timings live in benchmarks/bench_many_
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from magnetar.broker import BrokerService
+from magnetar.broker._rates import RateMeter
 from magnetar.storage._ledger import LedgerInfo, LedgerState
-from tests.broker.helpers import broker_env
+from tests.broker.helpers import broker_env, persistent_producer, publish_many
 
 NS = "public/default"
 EXISTING = 40  # topics created before the one whose cost is counted
@@ -48,3 +50,53 @@ async def test_creating_a_topic_reads_no_other_topics_ledgers(
         reads = _count_ledger_reads(monkeypatch)
         await _create(env.service, EXISTING)
         assert reads.calls <= 2
+
+
+async def test_the_stats_interval_walks_only_topics_that_may_have_moved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle topics (no producer, no consumer, zero rates) leave the stats pass after one
+    interval; a producer brings its topic back (every loaded topic's meters were updated
+    each interval)."""
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        for index in range(EXISTING):
+            await _create(service, index)
+        start = time.monotonic()
+        service.update_stats(start + 1)
+        assert len(service.stats_interval) == 0
+        topic, producer = await persistent_producer(service, f"persistent://{NS}/t-0")
+        assert len(service.stats_interval) == 1
+        updates = 0
+        update = RateMeter.update
+
+        def counted(meter: RateMeter, now: float, count: int, value: int) -> None:
+            nonlocal updates
+            updates += 1
+            update(meter, now, count, value)
+
+        monkeypatch.setattr(RateMeter, "update", counted)
+        service.update_stats(start + 2)
+        assert updates == 3  # the topic's in and out, its producer's in
+        assert len(service.stats_interval) == 1  # it has a producer
+        topic.remove_producer(producer)
+
+
+async def test_a_topic_busy_again_is_measured_over_one_interval(tmp_path: Path) -> None:
+    """A topic left out of the stats pass while idle, then busy again, shows the rate of
+    the last interval only (not its messages spread over the time it was idle)."""
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        name = f"persistent://{NS}/busy-again"
+        topic, producer = await persistent_producer(service, name)
+        start = time.monotonic()
+        service.update_stats(start)
+        topic.remove_producer(producer)
+        service.update_stats(start + 1)  # idle: left out from now on
+        service.update_stats(start + 2)
+        service.update_stats(start + 3)
+        assert len(service.stats_interval) == 0
+        topic, producer = await persistent_producer(service, name)
+        await publish_many(topic, producer, 4)
+        service.update_stats(start + 5)
+        assert topic.rate_in.rate == 2.0  # 4 messages over the 2 s interval since start + 3
+        assert producer.rate_in.rate > 0
