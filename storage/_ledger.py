@@ -55,7 +55,7 @@ class LedgerTable:
         self.next_id = 1
         self.dirty: set[int] = set()
         self.purge: set[int] = set()
-        self._by_tag: dict[tuple[str, str], set[int]] = {}
+        self._by_tag: dict[tuple[str, str], list[int]] = {}  # a list: most hold one id
 
     def get(self, ledger_id: int) -> LedgerState | None:
         return self.ledgers.get(ledger_id)
@@ -80,7 +80,7 @@ class LedgerTable:
 
     def _index(self, ledger: LedgerState) -> None:
         for tag in ledger.metadata.items():
-            self._by_tag.setdefault(tag, set()).add(ledger.ledger_id)
+            self._by_tag.setdefault(tag, []).append(ledger.ledger_id)
 
     def tagged(self, key: str, value: str) -> list[LedgerState]:
         """The ledgers not deleted whose metadata maps `key` to `value`, by id."""
@@ -96,8 +96,8 @@ class LedgerTable:
             self.purge.add(ledger_id)
             for tag in self.ledgers[ledger_id].metadata.items():
                 ids = self._by_tag.get(tag)
-                if ids is not None:
-                    ids.discard(ledger_id)
+                if ids is not None and ledger_id in ids:
+                    ids.remove(ledger_id)
                     if not ids:
                         del self._by_tag[tag]
 

@@ -4,12 +4,14 @@ N. Deterministic counts, not timings (the timings live in benchmarks/bench_many_
 
 from __future__ import annotations
 
+import gc
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from magnetar.broker import BrokerService
+from magnetar.broker import BrokerService, PersistentTopic
 from magnetar.broker._rates import RateMeter
 from magnetar.storage._ledger import LedgerInfo, LedgerState
 from tests.broker.helpers import broker_env, persistent_producer, publish_many
@@ -100,3 +102,58 @@ async def test_a_topic_busy_again_is_measured_over_one_interval(tmp_path: Path) 
         service.update_stats(start + 5)
         assert topic.rate_in.rate == 2.0  # 4 messages over the 2 s interval since start + 3
         assert producer.rate_in.rate > 0
+
+
+async def test_topics_with_the_same_policies_share_their_resolved_policies(
+        tmp_path: Path) -> None:
+    """Two topics of one namespace hold one `EffectivePolicies` and one managed-ledger
+    config between them; a topic-level policy gives its topic its own."""
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        service.namespaces.set_topic_policy(f"persistent://{NS}/own", "message_ttl_in_seconds",
+                                            60)
+        a, b, own = [await service.get_topic(f"persistent://{NS}/{name}")
+                     for name in ("a", "b", "own")]
+        assert isinstance(a, PersistentTopic)
+        assert isinstance(b, PersistentTopic)
+        assert isinstance(own, PersistentTopic)
+        assert a.policies is b.policies
+        assert a.managed_ledger.config is b.managed_ledger.config
+        assert own.policies is not a.policies
+        assert own.policies.message_ttl_s == 60
+
+
+TOPIC_BYTES_MAX = 8 * 1024  # Python heap per idle loaded topic (about 6.8 KB measured)
+
+
+async def test_an_idle_loaded_topic_holds_a_bounded_heap(tmp_path: Path) -> None:
+    """The Python heap a loaded topic holds (its subscription, one message published, no
+    producer or consumer left), traced over many topics: a guard against per-topic buffers
+    and preallocated containers (an empty deque, set and copied policies took 2 KB)."""
+    count = 50
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        for index in range(10):  # caches and pools warm
+            await _create_with_message(service, f"warm-{index}")
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            for index in range(count):
+                await _create_with_message(service, f"t-{index}")
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        assert grown / count <= TOPIC_BYTES_MAX
+
+
+async def _create_with_message(service: BrokerService, local: str) -> None:
+    name = f"persistent://{NS}/{local}"
+    topic = await service.get_topic(name)
+    assert isinstance(topic, PersistentTopic)
+    await topic.create_subscription("s", "earliest")
+    topic, producer = await persistent_producer(service, name, f"p-{local}")
+    await publish_many(topic, producer, 1)
+    topic.remove_producer(producer)
