@@ -37,7 +37,9 @@ from magnetar.storage import LedgerStorage
 
 from ._position import Position
 
-__all__ = ["EntryLoader", "Run", "collect", "default_loader"]
+__all__ = ["EntryLoader", "Run", "collect", "default_loader", "ledger_size"]
+
+RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
 
 READ_CHUNK_ENTRIES_MAX = 64  # entries fetched from storage per call when reading
 LOADS_IN_FLIGHT_MAX_DEFAULT = 4
@@ -207,3 +209,13 @@ def default_loader() -> EntryLoader:
         if _DEFAULT is None:
             _DEFAULT = EntryLoader()
         return _DEFAULT
+
+
+def ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
+    """Total bytes of a closed ledger, read back (a managed ledger's open, when its size was
+    not recorded)."""
+    size = 0
+    for first in range(0, entries, RECOVERY_READ_ENTRIES_MAX):
+        last = min(first + RECOVERY_READ_ENTRIES_MAX, entries) - 1
+        size += sum(len(data) for data in storage.read_entries(ledger_id, first, last))
+    return size

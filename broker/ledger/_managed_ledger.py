@@ -108,7 +108,7 @@ from ._completions import (
     in_order_on_loop,
 )
 from ._cursor import ManagedCursor, cursor_prefix
-from ._loader import EntryLoader, Run, collect, default_loader
+from ._loader import EntryLoader, Run, collect, default_loader, ledger_size
 from ._position import (
     InvalidPositionError,
     ManagedLedgerClosedError,
@@ -126,7 +126,6 @@ __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerCon
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
 
 InitialPosition = Literal["latest", "earliest"]
 
@@ -239,6 +238,7 @@ class ManagedLedger:
         self._submitted_bytes = 0
         self._submit_lock = asyncio.Lock()
         self._state = "open"
+        self.record_sink: Callable[[bytes, bytes], None] | None = None  # see _write_record
         self._fenced: BaseException | None = None
         self._add_failed = False  # an add failed: roll over before the next one
         self.cursors: dict[str, ManagedCursor] = {}
@@ -305,12 +305,16 @@ class ManagedLedger:
         return Position(self._ledgers[-1].ledger_id, -1)
 
     def _write_record(self) -> None:
-        """Persist the ledger list and properties (direct durable commit)."""
+        """Persist the ledger list and properties (direct durable commit), or hand the record
+        to `record_sink` when one is set: its owner commits it later with others' (the broker's
+        shutdown; until then a crash leaves the previous record, which an open recovers from)."""
         data: dict[str, Any] = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
                                 "properties": self.properties}
         if self.terminated_position is not None:
             data["terminated"] = list(self.terminated_position)
         encoded = json.dumps(data, separators=(",", ":")).encode()
+        if self.record_sink is not None:  # its owner commits it with others' (a shutdown)
+            return self.record_sink(ml_key(self.name), encoded)
         with self.storage.metadata.transaction() as txn:
             txn.put(ml_key(self.name), encoded)
 
@@ -984,16 +988,7 @@ async def _recover_last_ledger(storage: LedgerStorage, ledger: _Ledger, now_ms: 
         return
     entries = last + 1
     if entries != ledger.entries or (entries > 0 and ledger.size == 0):
-        ledger.size = _ledger_size(storage, ledger.ledger_id, entries)
+        ledger.size = ledger_size(storage, ledger.ledger_id, entries)
     ledger.entries = entries
     if ledger.timestamp_ms == 0:
         ledger.timestamp_ms = now_ms
-
-
-def _ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
-    """Total bytes of a closed ledger, read back (its size was not recorded)."""
-    size = 0
-    for first in range(0, entries, RECOVERY_READ_ENTRIES_MAX):
-        last = min(first + RECOVERY_READ_ENTRIES_MAX, entries) - 1
-        size += sum(len(data) for data in storage.read_entries(ledger_id, first, last))
-    return size

@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 Topic = PersistentTopic | NonPersistentTopic
 TopicListener = Callable[[str, bool], None]  # (complete topic name, created: else deleted)
 MAINTENANCE_INTERVAL_S = 1.0
+TOPICS_CLOSING_MAX = 256  # topics closed at once when the service closes
 MAINTENANCE_TOPICS_PER_TURN = 500  # topics a maintenance pass handles between loop turns
 TOPIC_LISTENERS_MAX = 10_000  # topic-list watchers of every connection together
 
@@ -171,7 +172,11 @@ class BrokerService:
                 lambda task: log_task_failure(task, "broker maintenance"))
 
     async def close(self) -> None:
-        """Close every loaded topic (managed ledgers closed, dedup snapshotted)."""
+        """Close every loaded topic (managed ledgers closed, dedup snapshotted), up to
+        `TOPICS_CLOSING_MAX` at once, so that their journal writes share syncs; their
+        managed-ledger records are committed together, in one durable transaction at the end
+        (one each took a sync: 10,000 idle topics took a minute to close). A failure is
+        logged: the next open of a topic recovers from the record it finds."""
         self.closed = True
         self.stopping = True
         if self._maintenance is not None:
@@ -180,13 +185,30 @@ class BrokerService:
                 await self._maintenance
             except asyncio.CancelledError:
                 pass
-        for topic in list(self.topics.values()):
-            try:
-                await topic.close()
-            except Exception as exc:  # keep closing the others
-                log.error("closing %s failed: %s", topic.name, exc)
+        topics = list(self.topics.values())
+        records: dict[bytes, bytes] = {}
+        for topic in topics:
+            if isinstance(topic, PersistentTopic):
+                topic.managed_ledger.record_sink = records.__setitem__
+        for first in range(0, len(topics), TOPICS_CLOSING_MAX):
+            await asyncio.gather(*(self._close_topic(topic)
+                                   for topic in topics[first:first + TOPICS_CLOSING_MAX]))
+        try:
+            if records:
+                with self.storage.metadata.transaction() as txn:
+                    for key, value in records.items():
+                        txn.put(key, value)
+        except Exception as exc:
+            log.error("recording %d closed managed ledgers failed: %s", len(records), exc)
         self.topics.clear()
         self.loader.close()
+
+    @staticmethod
+    async def _close_topic(topic: Topic) -> None:
+        try:
+            await topic.close()
+        except Exception as exc:  # keep closing the others
+            log.error("closing %s failed: %s", topic.name, exc)
 
     @property
     def storage_full(self) -> bool:

@@ -5,6 +5,7 @@ N. Deterministic counts, not timings (the timings live in benchmarks/bench_many_
 from __future__ import annotations
 
 import gc
+import json
 import time
 import tracemalloc
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 
 from magnetar.broker import BrokerService, PersistentTopic
 from magnetar.broker._rates import RateMeter
+from magnetar.broker.ledger._managed_ledger import ml_key
+from magnetar.storage import Storage
 from magnetar.storage._ledger import LedgerInfo, LedgerState
 from tests.broker.helpers import broker_env, persistent_producer, publish_many
 
@@ -157,3 +160,33 @@ async def _create_with_message(service: BrokerService, local: str) -> None:
     topic, producer = await persistent_producer(service, name, f"p-{local}")
     await publish_many(topic, producer, 1)
     topic.remove_producer(producer)
+
+
+async def test_closing_the_broker_commits_the_records_of_its_topics_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's close commits every closed managed ledger's record in one metadata
+    transaction (it took one durable commit per topic), and the records are there after a
+    restart: each lists the ledger its message went to, closed with that one entry."""
+    async with broker_env(tmp_path) as env:
+        for index in range(EXISTING):
+            await _create_with_message(env.service, f"t-{index}")
+        storage = env.service.storage
+        commits = 0
+        transaction = type(storage.metadata).transaction
+
+        def counted(metadata: object) -> object:
+            nonlocal commits
+            commits += 1
+            return transaction(metadata)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(type(storage.metadata), "transaction", counted)
+        await env.service.close()
+        monkeypatch.undo()
+        assert commits == 1
+    with Storage.open(tmp_path) as storage:
+        for index in range(EXISTING):
+            raw = storage.metadata.get(ml_key(f"{NS}/persistent/t-{index}"))
+            assert raw is not None
+            ledgers = json.loads(raw)["ledgers"]
+            assert [ledger["entries"] for ledger in ledgers] == [1]
+            assert ledgers[0]["timestamp_ms"] > 0  # closed
