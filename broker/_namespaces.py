@@ -348,6 +348,7 @@ class NamespaceRegistry:
 
     def effective_policies(self, topic: str, namespace: str) -> EffectivePolicies:
         merged = _merged(self._namespace_policies(namespace), self.topic_policies_in_force(topic))
+        merged.pop(AUTH_POLICIES, None)  # not a policy resolved here, and it grows with topics
         key = json.dumps(merged, sort_keys=True, separators=(",", ":"))
         resolved = self._resolved.get(key)
         if resolved is None:
