@@ -1,6 +1,7 @@
 """Creating a topic costs the same however many exist (issue 14, target 5): what the broker
 reads or writes when the N-th topic is created or loaded is counted, and must not grow with
-N. Deterministic counts, not timings (the timings live in benchmarks/bench_many_topics.py)."""
+N. Deterministic counts, not timings (the timings: benchmarks/e2e_many_topics.py, run by
+bench_e2e.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from magnetar.broker import BrokerService, PersistentTopic
+from magnetar.broker._names import topics_hash
 from magnetar.broker._rates import RateMeter
 from magnetar.broker.ledger._managed_ledger import ml_key
+from magnetar.broker.wire import _topic_watchers
+from magnetar.codec import pb
 from magnetar.storage import Storage
 from magnetar.storage._ledger import LedgerInfo, LedgerState
 from tests.broker.helpers import broker_env, persistent_producer, publish_many
@@ -190,3 +194,35 @@ async def test_closing_the_broker_commits_the_records_of_its_topics_at_once(
             ledgers = json.loads(raw)["ledgers"]
             assert [ledger["entries"] for ledger in ledgers] == [1]
             assert ledgers[0]["timestamp_ms"] > 0  # closed
+
+
+async def test_a_topic_list_watcher_hashes_without_sorting_every_topic_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic created under a watcher costs the watcher a few order-key computations (an
+    insertion into its ordered list), not one per topic it lists (it sorted them all for
+    the hash of each update); the hash is still that of the whole sorted list."""
+    async with broker_env(tmp_path) as env:
+        for index in range(EXISTING):
+            await _create(env.service, index)
+        sent: list[object] = []
+        watchers = _topic_watchers.TopicListWatchers(env.service, lambda m: sent.append(m) or True,
+                                                    "test")
+        watchers.watch(pb.CommandWatchTopicList(request_id=1, watcher_id=1, namespace=NS,
+                                                topics_pattern=f"persistent://{NS}/t-.*"))
+        keys = 0
+        order = _topic_watchers._java_string_order
+
+        def counted(name: str) -> bytes:
+            nonlocal keys
+            keys += 1
+            return order(name)
+
+        monkeypatch.setattr(_topic_watchers, "_java_string_order", counted)
+        await _create(env.service, EXISTING)
+        assert keys <= 10  # log2 of 41, and the new name's own
+        update = sent[-1]
+        assert isinstance(update, pb.CommandWatchTopicUpdate)
+        assert list(update.new_topics) == [f"persistent://{NS}/t-{EXISTING}"]
+        assert update.topics_hash == topics_hash(
+            f"persistent://{NS}/t-{index}" for index in range(EXISTING + 1))
+        watchers.close_all()
