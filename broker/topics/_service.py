@@ -5,7 +5,11 @@ Theory of operation
 One service owns one `Storage` and runs on one asyncio event loop. Topics are loaded on
 first use (`get_topic`) and stay loaded until the service closes; loading a persistent
 topic opens its managed ledger (closing the previous run's last ledger and starting a new
-one), recovers its cursors and its dedup state. Concurrent first uses share one load.
+one), recovers its cursors and its dedup state. Concurrent first uses share one load. Nothing
+is loaded at start, and a load reads only its own topic's records and ledgers, so loading or
+creating a topic costs the same however many exist (tests/broker/test_many_topics.py counts
+it). `close` closes the loaded topics `TOPICS_CLOSING_MAX` at a time and commits their
+managed-ledger records in one transaction.
 
 Topic existence: a persistent topic exists when its managed-ledger record exists in the
 metadata store; partitioned topics are a separate metadata record (`NamespaceRegistry`),
@@ -18,12 +22,14 @@ watchers (`_topic_watchers.py`) use it. At most `TOPIC_LISTENERS_MAX` listeners;
 that raises is logged and stays registered.
 
 Maintenance (`run_maintenance`, every second from `start`): the stats interval (rates and
-per-interval histograms, every `stats_update_frequency_s`: `_stats_interval.py`),
+per-interval histograms, every `stats_update_frequency_s`, over the topics active since the
+last one: `_stats_interval.py`),
 time-based retention trimming,
 message TTL, backlog quotas (producer hold/exception disconnect producers;
 consumer_backlog_eviction skips the slowest cursor), dedup snapshots by time and purging of
 inactive producers' dedup state, compaction of topics whose `compactionThreshold` is reached
-(`_compaction.py`). Each task honours its own interval. While the disk is full
+(`_compaction.py`). Each task honours its own interval; a pass over the loaded topics lets
+the event loop run every `MAINTENANCE_TOPICS_PER_TURN` topics. While the disk is full
 (`storage_full`: publishes are refused, see `_topic.py`), every
 `storage_full_check_interval_s` it asks the storage to resume writes in a worker thread
 (`Storage.try_resume_writes`); once there is room, writes resume without a restart.
