@@ -138,6 +138,7 @@ def test_many_topics_are_measured(tiny_run: TinyRun) -> None:
     assert len(steps) >= 4
     assert steps[-1]["topics"] == bench.TINY.many_topics
     for step in steps:
-        _positive(step, "topics", "seconds", "step_per_s", "rss_mb", "rss_allowed_mb")
+        _positive(step, "topics", "seconds", "step_per_s", "rss_mb", "rss_allowed_mb",
+                  "rss_anon_mb")
     assert "Many topics" in printed
     assert "restart serves the first topic" in printed
