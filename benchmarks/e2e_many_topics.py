@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pulsar  # type: ignore[import-untyped]
-from e2e_peers import Workload, publish
+from e2e_peers import Workload, _publish
 
 PRODUCERS = 100
 PENDING_PER_PRODUCER = 100
@@ -166,7 +166,7 @@ def single_topic(url: str, seconds: float, result: ManyTopics) -> None:
     workload = Workload("magnetar", "unbatched publish")
     client = _client(url)
     try:
-        publish(client, _topic("single", 0), False, seconds, workload)
+        _publish(client, _topic("single", 0), False, seconds, workload)
     finally:
         client.close()
     if workload.stalled:

@@ -215,7 +215,7 @@ def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Produ
                                   send_timeout_millis=int(STALL_S * 3000))
 
 
-def publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
+def _publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
              result: Workload) -> None:
     producer = _producer(client, topic, batching)
     payload = os.urandom(MESSAGE_BYTES)
@@ -282,7 +282,7 @@ def run_workloads(broker: str, url: str, seconds: float, consume_max: int) -> li
             client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
                              initial_position=pulsar.InitialPosition.Earliest).close()
             published = results[f"{kind} publish"]
-            publish(client, topic, kind == "batched", seconds, published)
+            _publish(client, topic, kind == "batched", seconds, published)
             _consume(client, topic, min(consume_max, published.messages),
                      results[f"{kind} consume + ack"])
         _sync_publish(client, f"{prefix}-sync", seconds, results["sync publish"])
