@@ -79,8 +79,13 @@ class LedgerTable:
         self.next_id = max(self.next_id, ledger.ledger_id + 1)
 
     def _index(self, ledger: LedgerState) -> None:
+        by_tag = self._by_tag
         for tag in ledger.metadata.items():
-            self._by_tag.setdefault(tag, []).append(ledger.ledger_id)
+            ids = by_tag.get(tag)
+            if ids is None:
+                by_tag[tag] = [ledger.ledger_id]
+            else:
+                ids.append(ledger.ledger_id)
 
     def tagged(self, key: str, value: str) -> list[LedgerState]:
         """The ledgers not deleted whose metadata maps `key` to `value`, by id."""
