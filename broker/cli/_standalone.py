@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
-import importlib
 import inspect
 import logging
 import os
@@ -48,7 +47,7 @@ import socket
 import ssl
 import time
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -57,6 +56,7 @@ from magnetar.storage import CorruptionError, DataDirLockedError, Storage, Stora
 from .._config import REMOVED_SETTINGS, BrokerConfig, parse_value
 from .._errors import ConfigurationError
 from .._listeners import check_tls, listeners_of
+from ..http._admin import start_admin
 from ..security._auth import AuthenticationService
 from ..security._tls import TlsOptions, server_ssl_context
 from ..topics._service import BrokerService, check_entry_fits_storage
@@ -180,15 +180,9 @@ async def start_http(service: BrokerService, host: str, port: int,
     """Start the admin HTTP server (see the module comment); `options` go to its
     `start_admin` as keywords.
 
-    The admin server's module (aiohttp and the rest: a tenth of a second on a quiet machine,
-    seconds on a busy one) is imported here, in a worker thread, once the binary protocol's
-    port is listening: a restarted broker serves clients while it loads.
-
     Returns:
         The admin server's handle.
     """
-    admin = await asyncio.to_thread(importlib.import_module, "magnetar.broker.http._admin")
-    start_admin: Callable[..., Awaitable[object]] = admin.start_admin
     handle: object = await start_admin(service, host, port, **options)
     return handle
 
