@@ -23,10 +23,12 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR)
 
+# The suite runs on one pytest-xdist worker per core, up to 4; the Spark tests share one worker
+# (and its one SparkSession). `.venv/bin/pytest tests/...` runs a part of it in one process.
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check magnetar storage broker codec tests tools benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check magnetar storage broker codec tests tools benchmarks

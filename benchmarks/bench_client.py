@@ -23,6 +23,11 @@ runs on a fresh topic for a fixed time:
   consumer (subscribed first) receives and acknowledges every message; messages received and
   acknowledged per second, from the start to the last receive.
 
+Each cell also records this process's CPU time per message (`cpu_us_per_msg`: for `embedded`
+the broker's too; for `tcp` and `official` the client's alone, the broker being another
+process), and the report compares our client's with the official one's cell by cell: on a
+loaded machine the rates swing with the load, the CPU a message costs much less.
+
 persist-queue's API is synchronous (one put at a time, no batching): its cells run with one
 in flight; in publish+consume+ack a thread puts while the main thread gets (and acks).
 
@@ -141,6 +146,10 @@ class Cell:
     per_s: float = 0.0
     mb_per_s: float = 0.0
     vs_fsync: float = 0.0
+    # CPU time of this process per message (all its threads: for `embedded` the broker too,
+    # for `tcp` and `official` the client alone). Less sensitive to a loaded machine than the
+    # rate: compare our client with the official one by it when the rates are noisy.
+    cpu_us_per_msg: float = 0.0
 
 
 # -- the clients (ours and the official one have the same shape) ----------------------------
@@ -210,6 +219,19 @@ def _publish(client: Any, ok: object, topic: str, in_flight: int, batching: bool
 
 def _client_cell(client: Any, ok: object, exclusive: object, cell: Cell, topic: str,
                  seconds: float) -> None:
+    cpu_s = time.process_time()
+    try:
+        _client_cell_run(client, ok, exclusive, cell, topic, seconds)
+    finally:
+        _record_cpu(cell, time.process_time() - cpu_s)
+
+
+def _record_cpu(cell: Cell, cpu_s: float) -> None:
+    cell.cpu_us_per_msg = cpu_s * 1e6 / cell.messages if cell.messages else 0.0
+
+
+def _client_cell_run(client: Any, ok: object, exclusive: object, cell: Cell, topic: str,
+                     seconds: float) -> None:
     assert cell.batching is not None
     if cell.workload == "publish":
         count, started, ended = _publish(client, ok, topic, cell.in_flight, cell.batching,
@@ -304,6 +326,14 @@ def _synchronous_setting(queue: Any) -> int:
 
 
 def _queue_cell(system: str, workload: str, path: str, seconds: float) -> tuple[Cell, int]:
+    cpu_s = time.process_time()
+    cell, synchronous = _queue_cell_run(system, workload, path, seconds)
+    _record_cpu(cell, time.process_time() - cpu_s)
+    return cell, synchronous
+
+
+def _queue_cell_run(system: str, workload: str, path: str, seconds: float,
+                    ) -> tuple[Cell, int]:
     cell = Cell(system, workload, 1, None)
     queue = _queue(system, path)
     synchronous = _synchronous_setting(queue)
@@ -454,6 +484,7 @@ def _document(options: BenchOptions, scale: ClientScale, run: _Run,
         "limits": dataclasses.asdict(limits),
         "cells": cells,
         "targets": _targets(cells),
+        "client_cpu": _client_cpu(cells),
     }
 
 
@@ -508,6 +539,27 @@ def _targets(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return targets
 
 
+def _client_cpu(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per cell, the client process's CPU per message of the official client over ours
+    (both over TCP to the same broker: above 1, ours costs less), a view of the TCP targets
+    that a loaded machine disturbs less than the rates."""
+    rows = []
+    for workload in WORKLOADS:
+        for in_flight in IN_FLIGHT:
+            for batching in BATCHING:
+                tcp = _find(cells, "tcp", workload, in_flight, batching)
+                official = _find(cells, "official", workload, in_flight, batching)
+                if tcp is None or official is None or not tcp["cpu_us_per_msg"]:
+                    continue
+                rows.append({"cell": f"{workload}, {in_flight} in flight, batching "
+                                     f"{_onoff(batching)}",
+                             "tcp_us": tcp["cpu_us_per_msg"],
+                             "official_us": official["cpu_us_per_msg"],
+                             "official_over_tcp": official["cpu_us_per_msg"] /
+                             tcp["cpu_us_per_msg"]})
+    return rows
+
+
 def _onoff(batching: bool | None) -> str:
     return "-" if batching is None else "on" if batching else "off"
 
@@ -524,14 +576,20 @@ def render_table(document: dict[str, Any]) -> str:
               f"{' '.join(f'{x:.2f}' for x in machine['load_after'])}; MB = 2^20 bytes")
     rows = [[c["system"], c["workload"], str(c["in_flight"]), _onoff(c["batching"]),
              f"{c['messages']:,}", f"{c['per_s']:,.0f}", f"{c['mb_per_s']:,.2f}",
-             f"{c['vs_fsync']:.2f}"] for c in document["cells"]]
+             f"{c['vs_fsync']:.2f}", f"{c.get('cpu_us_per_msg', 0.0):,.1f}"]
+            for c in document["cells"]]
     cells = _table(["system", "workload", "in flight", "batching", "messages", "msg/s",
-                    "MB/s", "x fsync"], rows, "llrlrrrr")
+                    "MB/s", "x fsync", "CPU us/msg"], rows, "llrlrrrrr")
     targets = _table(["target", "value", "goal", "met"],
                      [[t["target"], f"{t['value']:,.3f}", f"{t['goal']:,.2f}",
                        "yes" if t["met"] else "NO"] for t in document["targets"]], "lrrl")
-    return "\n\n".join([header, _render_limits(document), "Cells\n" + cells,
-                        "Targets\n" + targets])
+    parts = [header, _render_limits(document), "Cells\n" + cells, "Targets\n" + targets]
+    if document.get("client_cpu"):
+        parts.append("Client CPU per message (the client process, over TCP)\n" + _table(
+            ["cell", "ours us", "official us", "official / ours"],
+            [[r["cell"], f"{r['tcp_us']:,.1f}", f"{r['official_us']:,.1f}",
+              f"{r['official_over_tcp']:.2f}"] for r in document["client_cpu"]], "lrrr"))
+    return "\n\n".join(parts)
 
 
 def write_plot(document: dict[str, Any], path: str) -> None:

@@ -42,6 +42,11 @@ time until the first topic serves again. `--many-topics N` sets N (0 leaves it o
     python benchmarks/bench_e2e.py --quick --json e2e.json --plot e2e.png
     python benchmarks/bench_e2e.py --dir /data
     python benchmarks/bench_e2e.py --only-many-topics --many-topics 10000
+
+Profiling: `--side-by-side-only --workloads "unbatched publish" --profile broker.prof` runs
+just that workload (the limits are still measured) with the broker under cProfile, whose stats
+land in broker.prof when it stops; `--event-loop uvloop` (or asyncio) sets the broker's
+MAGNETAR_EVENT_LOOP.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # e2e_peers besi
 import pulsar  # type: ignore[import-untyped]
 from e2e_many_topics import plot_many_topics, render_many_topics, run_many_topics
 from e2e_peers import (
+    WORKLOADS,
     ServerProcess,
     plot_side_by_side,
     render_side_by_side,
@@ -133,6 +139,10 @@ class BenchOptions:
     plot_path: str | None = None
     progress: bool = True
     scale: E2EScale | None = None  # overrides `quick` (the test uses TINY)
+    side_by_side_only: bool = False  # skip the cells
+    workloads: tuple[str, ...] = WORKLOADS  # the side-by-side workloads to run
+    profile_path: str | None = None  # the broker runs under cProfile, its stats here
+    event_loop: str | None = None  # the broker's MAGNETAR_EVENT_LOOP (None: inherited)
     many_topics: int | None = None  # overrides the scale's
     only_many_topics: bool = False  # the many-topics workloads alone
 
@@ -180,20 +190,30 @@ class BrokerProcess(ServerProcess):
 
     name = "the broker"
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, profile_path: str | None = None,
+                 event_loop: str | None = None, root: str = REPO_ROOT):
         super().__init__(directory, "broker.log")
+        self.profile_path = profile_path
+        self.event_loop = event_loop
+        self.root = root  # the checkout whose broker runs (bench_ab.py: another commit's)
 
     def start(self) -> None:
         """Start the broker and wait until it accepts connections (raises as `_launch`)."""
-        command = [sys.executable, "-m", "magnetar.broker.cli", "standalone", "--data-dir",
-                   os.path.join(self.directory, "data"), "--host", HOST,
+        profiler = ([] if self.profile_path is None
+                    else ["-m", "cProfile", "-o", os.path.abspath(self.profile_path)])
+        command = [sys.executable, *profiler, "-m", "magnetar.broker.cli", "standalone",
+                   "--data-dir", os.path.join(self.directory, "data"), "--host", HOST,
                    "--port", str(self.port), "--http-port", "0"]
-        self._launch(command, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.event_loop is not None:
+            env["MAGNETAR_EVENT_LOOP"] = self.event_loop
+        self._launch(command, cwd=self.root, env=env)
 
 
 @contextlib.contextmanager
-def _running_broker(scratch: str) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch))
+def _running_broker(scratch: str, options: BenchOptions) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch),
+                           options.profile_path, options.event_loop)
     broker.start()
     try:
         yield broker
@@ -364,8 +384,8 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
     os.makedirs(options.directory, exist_ok=True)
     results = _E2EResults()
     load_before = os.getloadavg()
-    cells = [] if options.only_many_topics else \
-        [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING]
+    cells = ([] if options.side_by_side_only or options.only_many_topics
+             else [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING])
     with (_quiet_storage_log(), _scratch_dir(options.directory) as scratch,
           tqdm(total=len(cells) + 5, disable=not options.progress, file=sys.stderr,
                unit="step") as bar):
@@ -373,11 +393,13 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
         _run_limits(scale.storage, scratch, results.storage, "start")
         bar.update()
         if not options.only_many_topics:
-            _run_single_topic(scratch, scale, cells, results, bar)
+            _run_single_topic(scratch, options, scale, cells, results, bar)
         if scale.many_topics:
             bar.set_description(f"many topics ({scale.many_topics:,})")
+            unprofiled = dataclasses.replace(options, profile_path=None)
             results.many_topics = run_many_topics(
-                lambda: _running_broker(scratch), scale.many_topics, scale.publish_seconds,
+                lambda: _running_broker(scratch, unprofiled), scale.many_topics,
+                scale.publish_seconds,
                 lambda step: bar.set_postfix(topics=step.topics, per_s=f"{step.step_per_s:.0f}",
                                              rss_mb=f"{step.rss_mb:.0f}"))
         bar.update()
@@ -395,22 +417,22 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
     return document
 
 
-def _run_single_topic(scratch: str, scale: E2EScale, cells: list[tuple[int, bool]],
-                      results: _E2EResults, bar: Any) -> None:
+def _run_single_topic(scratch: str, options: BenchOptions, scale: E2EScale,
+                      cells: list[tuple[int, bool]], results: _E2EResults, bar: Any) -> None:
     """The cells and the side-by-side workloads (Magnetar, then pulsar-lite)."""
-    with _running_broker(scratch) as broker:
+    with _running_broker(scratch, options) as broker:
         for size, batching in cells:
             bar.set_description(f"{size} B {_batching_name(batching)}")
             results.cells.append(_run_cell(broker.url, scale, size, batching))
             bar.update()
         bar.set_description("side by side: Magnetar")
         results.side_by_side += run_workloads("magnetar", broker.url, scale.publish_seconds,
-                                              scale.consume_messages)
+                                              scale.consume_messages, options.workloads)
         bar.update()
     bar.set_description("side by side: pulsar-lite")
     with running_pulsar_lite(scratch) as peer:
         results.side_by_side += run_workloads("pulsar-lite", peer.url, scale.publish_seconds,
-                                              scale.consume_messages)
+                                              scale.consume_messages, options.workloads)
     bar.update()
 
 
@@ -493,8 +515,9 @@ def render_table(document: dict[str, Any]) -> str:
                "latency at msg/s", "p50 ms", "p99 ms", "consume msg/s", "MB/s"]
     parts = [header, _render_limits(document)]
     if document["cells"]:
-        parts += ["Official client through the broker\n" + _table(headers, rows, "llrrrrrrrrr"),
-                  render_side_by_side(document, _table)]
+        parts.append("Official client through the broker\n" + _table(headers, rows, "llrrrrrrrrr"))
+    if document["side_by_side"]:
+        parts.append(render_side_by_side(document, _table))
     if document["many_topics"] is not None:
         parts.append(render_many_topics(document, _table))
     return "\n\n".join(parts)
@@ -508,14 +531,17 @@ def write_plot(document: dict[str, Any], path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    panels = (3 if document["cells"] else 0) + (document["many_topics"] is not None)
+    panels = ((2 if document["cells"] else 0) + bool(document["side_by_side"])
+              + (document["many_topics"] is not None))
     figure = Figure(figsize=(6.3 * max(panels, 1), 5.5), dpi=100)
     FigureCanvasAgg(figure)
     axes = list(figure.subplots(1, max(panels, 1), squeeze=False)[0])
     if document["many_topics"] is not None:
         plot_many_topics(axes.pop(), document)
+    if document["side_by_side"]:
+        plot_side_by_side(axes.pop(), document)
     if document["cells"]:
-        _plot_single_topic(axes, document)
+        _plot_cells(axes, document)
     figure.suptitle(f"Magnetar end to end, official Python client "
                     f"({document['parameters']['scale']['name']} run, "
                     f"{document['machine']['nproc']} CPUs)")
@@ -523,9 +549,8 @@ def write_plot(document: dict[str, Any], path: str) -> None:
     figure.savefig(path, format="png")
 
 
-def _plot_single_topic(axes: list[Any], document: dict[str, Any]) -> None:
-    rates, latency, side = axes
-    plot_side_by_side(side, document)
+def _plot_cells(axes: list[Any], document: dict[str, Any]) -> None:
+    rates, latency = axes
     cells = document["cells"]
     labels = [f"{_cell_name(c)}\n{_batching_name(c['batching'])}" for c in cells]
     _bars(rates, labels, [("publish", [c["publish_per_s"] for c in cells]),
@@ -569,6 +594,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", default=None, help="write the results as JSON here")
     parser.add_argument("--plot", default=None, help="write a PNG chart here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--side-by-side-only", action="store_true",
+                        help="only the side-by-side workloads (no per-size cells)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated side-by-side workloads (default: all of "
+                        f"{', '.join(WORKLOADS)})")
+    parser.add_argument("--profile", default=None,
+                        help="run the broker under cProfile and write its stats here")
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default=None,
+                        help="the broker's event loop (default: its own default)")
     return parser
 
 
@@ -577,9 +611,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.many_topics is not None and args.many_topics < 0:
         parser.error(f"--many-topics: {args.many_topics} is negative")
+    workloads = tuple(name.strip() for name in args.workloads.split(",") if name.strip())
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"--workloads: unknown {', '.join(unknown)}; expected some of "
+                     f"{', '.join(WORKLOADS)}")
     run_e2e_benchmark(BenchOptions(directory=args.dir, quick=args.quick, json_path=args.json,
                                    plot_path=args.plot, progress=not args.no_progress,
-                                   many_topics=args.many_topics,
+                                   side_by_side_only=args.side_by_side_only,
+                                   workloads=workloads, profile_path=args.profile,
+                                   event_loop=args.event_loop, many_topics=args.many_topics,
                                    only_many_topics=args.only_many_topics))
     return 0
 

@@ -9,6 +9,10 @@ Workloads (1 KB messages, one producer or one consumer, a fresh topic per broker
 * **unbatched publish**: the same without client batching.
 * **unbatched consume + ack**: the same on the unbatched backlog.
 * **sync publish**: `send` (one message in flight), for the same time.
+* **publish latency**: unbatched `send_async` at a steady `LATENCY_RATE_PER_S` (what is due is
+  sent, then the sender sleeps `PACE_TICK_S`), for the same time; each message's latency is
+  its receipt callback's time minus its send time; p50, p99 and max. Issue 14's target is a
+  p99 of at most `LATENCY_P99_ALLOWANCE_MS` over the disk's fdatasync p99 (same run).
 
 A workload that stops making progress (no receipt or no message within `STALL_S`) is recorded
 as stalled with what it completed, rather than ending the run.
@@ -29,7 +33,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +47,12 @@ BATCH_DELAY_MS = 1
 STALL_S = 10.0  # no receipt / no message for this long: the workload stalled
 STARTUP_DEADLINE_S = 30.0
 STOP_DEADLINE_S = 30.0
+LATENCY_RATE_PER_S = 5000.0  # the publish-latency workload's steady send rate
+PACE_TICK_S = 0.001  # its sender sends what is due, then sleeps this long
+LATENCY_P99_ALLOWANCE_MS = 3.0  # the target: p99 <= this + the fdatasync p99
+LATENCY = "publish latency"
 WORKLOADS = ("batched publish", "batched consume + ack", "unbatched publish",
-             "unbatched consume + ack", "sync publish")
+             "unbatched consume + ack", "sync publish", LATENCY)
 BROKERS = ("magnetar", "pulsar-lite")
 
 
@@ -56,6 +64,9 @@ class Workload:
     seconds: float = 0.0
     per_s: float = 0.0
     stalled: bool = False
+    p50_ms: float = 0.0  # the publish-latency workload only
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
 
     def finish(self, messages: int, seconds: float, stalled: bool = False) -> None:
         self.messages = messages
@@ -251,6 +262,68 @@ def _sync_publish(client: pulsar.Client, topic: str, seconds: float, result: Wor
     producer.close()
 
 
+class _Latencies:
+    """The receipt latency of each `send_async`, from its callback."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seconds: list[float] = []
+        self.failed = 0
+        self.last_s = time.perf_counter()
+
+    def callback_for(self, sent_s: float) -> Callable[[Any, Any], None]:
+        def callback(result: Any, _message_id: Any) -> None:
+            now = time.perf_counter()
+            with self.lock:
+                self.last_s = now
+                if result == pulsar.Result.Ok:
+                    self.seconds.append(now - sent_s)
+                else:
+                    self.failed += 1
+        return callback
+
+    def wait_all(self, sent: int) -> bool:
+        """Wait for every receipt; False when none arrived for `STALL_S`."""
+        while True:
+            with self.lock:
+                if len(self.seconds) + self.failed >= sent:
+                    return True
+                quiet_s = time.perf_counter() - self.last_s
+            if quiet_s > STALL_S:
+                return False
+            time.sleep(0.005)
+
+
+def _publish_latency(client: pulsar.Client, topic: str, seconds: float,
+                     result: Workload) -> None:
+    """Unbatched `send_async` at `LATENCY_RATE_PER_S`; per-message receipt latency."""
+    producer = _producer(client, topic, False)
+    payload = os.urandom(MESSAGE_BYTES)
+    latencies = _Latencies()
+    sent = 0
+    started = time.perf_counter()
+    while (now := time.perf_counter()) < started + seconds:
+        due = int((now - started) * LATENCY_RATE_PER_S) + 1
+        while sent < due:
+            producer.send_async(payload, latencies.callback_for(time.perf_counter()))
+            sent += 1
+        time.sleep(PACE_TICK_S)
+    complete = latencies.wait_all(sent)
+    samples = sorted(latencies.seconds)
+    result.finish(len(samples), seconds, stalled=not complete or latencies.failed > 0)
+    if samples:
+        result.p50_ms = _percentile_ms(samples, 50)
+        result.p99_ms = _percentile_ms(samples, 99)
+        result.max_ms = samples[-1] * 1000
+    with contextlib.suppress(Exception):
+        producer.close()
+
+
+def _percentile_ms(ordered: list[float], percent: float) -> float:
+    rank = min(len(ordered) - 1, max(0, round(percent / 100 * len(ordered)) - 1))
+    return ordered[rank] * 1000
+
+
 def _consume(client: pulsar.Client, topic: str, wanted: int, result: Workload) -> None:
     started = time.perf_counter()
     last = started
@@ -269,8 +342,10 @@ def _consume(client: pulsar.Client, topic: str, wanted: int, result: Workload) -
     consumer.close()
 
 
-def run_workloads(broker: str, url: str, seconds: float, consume_max: int) -> list[Workload]:
-    """Every workload against the broker at `url`; one `Workload` each, in `WORKLOADS` order."""
+def run_workloads(broker: str, url: str, seconds: float, consume_max: int,
+                  only: Sequence[str] = WORKLOADS) -> list[Workload]:
+    """The workloads `only` names (default: all) against the broker at `url`; one `Workload`
+    each, in `WORKLOADS` order (a workload not run has zeros)."""
     results = {name: Workload(broker, name) for name in WORKLOADS}
     client = pulsar.Client(url, operation_timeout_seconds=30,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -278,14 +353,21 @@ def run_workloads(broker: str, url: str, seconds: float, consume_max: int) -> li
     try:
         for kind in ("batched", "unbatched"):
             topic = f"{prefix}-{kind}"
-            # The backlog subscription exists before the publish, so it keeps the messages.
-            client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
-                             initial_position=pulsar.InitialPosition.Earliest).close()
             published = results[f"{kind} publish"]
+            consumed = f"{kind} consume + ack"
+            if published.name not in only and consumed not in only:
+                continue
+            if consumed in only:
+                # The backlog subscription exists before the publish, so it keeps the messages.
+                client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
+                                 initial_position=pulsar.InitialPosition.Earliest).close()
             _publish(client, topic, kind == "batched", seconds, published)
-            _consume(client, topic, min(consume_max, published.messages),
-                     results[f"{kind} consume + ack"])
-        _sync_publish(client, f"{prefix}-sync", seconds, results["sync publish"])
+            if consumed in only:
+                _consume(client, topic, min(consume_max, published.messages), results[consumed])
+        if "sync publish" in only:
+            _sync_publish(client, f"{prefix}-sync", seconds, results["sync publish"])
+        if LATENCY in only:
+            _publish_latency(client, f"{prefix}-latency", seconds, results[LATENCY])
     finally:
         client.close()
     return [results[name] for name in WORKLOADS]
@@ -305,8 +387,15 @@ def side_by_side_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
             "workload": name, "magnetar_per_s": ours["per_s"], "magnetar_stalled": ours["stalled"],
             "peer_per_s": peer["per_s"], "peer_stalled": peer["stalled"],
             "ratio": ours["per_s"] / peer["per_s"] if peer["per_s"] > 0 else None,
-            "vs_fsync": ours["per_s"] / fsync_per_s if name == "sync publish" else None})
+            "vs_fsync": ours["per_s"] / fsync_per_s if name == "sync publish" else None,
+            "magnetar_p50_ms": ours.get("p50_ms", 0.0), "magnetar_p99_ms": ours.get("p99_ms", 0.0),
+            "peer_p50_ms": peer.get("p50_ms", 0.0), "peer_p99_ms": peer.get("p99_ms", 0.0)})
     return rows
+
+
+def latency_target_ms(document: dict[str, Any]) -> float:
+    """Issue 14's publish-latency p99 target: the allowance plus the measured fdatasync p99."""
+    return LATENCY_P99_ALLOWANCE_MS + float(document["limits"]["fsync_append_p99_ms"])
 
 
 def _rate(per_s: float, stalled: bool) -> str:
@@ -318,11 +407,21 @@ def render_side_by_side(document: dict[str, Any],
     rows = [[r["workload"], _rate(r["magnetar_per_s"], r["magnetar_stalled"]),
              _rate(r["peer_per_s"], r["peer_stalled"]),
              "-" if r["ratio"] is None else f"{r['ratio']:.2f}",
-             "" if r["vs_fsync"] is None else f"{r['vs_fsync']:.2f}"]
+             "" if r["vs_fsync"] is None else f"{r['vs_fsync']:.2f}",
+             _latency(r["magnetar_p50_ms"], r["magnetar_p99_ms"]),
+             _latency(r["peer_p50_ms"], r["peer_p99_ms"])]
             for r in side_by_side_rows(document)]
-    headers = ["workload (1 KB)", "Magnetar msg/s", "pulsar-lite msg/s", "ratio", "x fsync"]
+    headers = ["workload (1 KB)", "Magnetar msg/s", "pulsar-lite msg/s", "ratio", "x fsync",
+               "Magnetar p50/p99 ms", "pulsar-lite p50/p99 ms"]
     return ("Side by side with pulsar-lite (same run, same disk; ratio = Magnetar / "
-            "pulsar-lite)\n" + table(headers, rows, "lrrrr"))
+            f"pulsar-lite; publish latency at {LATENCY_RATE_PER_S:,.0f} msg/s unbatched, "
+            f"target p99 <= {latency_target_ms(document):.2f} ms = "
+            f"{LATENCY_P99_ALLOWANCE_MS:g} ms + the fdatasync p99)\n"
+            + table(headers, rows, "lrrrrrr"))
+
+
+def _latency(p50_ms: float, p99_ms: float) -> str:
+    return f"{p50_ms:.2f} / {p99_ms:.2f}" if p99_ms > 0 else ""
 
 
 def plot_side_by_side(axes: Any, document: dict[str, Any]) -> None:

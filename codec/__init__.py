@@ -9,6 +9,7 @@ message ids and hashes. No sockets, no threads, no asyncio in this package.
 | `_framer.py`       | one frame's byte layout, CRC32C, stored entries                    |
 | `_connection.py`   | `Connection`: the sans-IO state machine                            |
 | `_receipts.py`     | SEND_RECEIPT frames built without the protobuf runtime             |
+| `_message_frames.py` | MESSAGE frames built without the protobuf runtime                |
 | `_compression.py`  | NONE, LZ4, ZLIB, ZSTD, SNAPPY as Pulsar's clients write them       |
 | `_batching.py`     | batch payloads and the default and key-based batch containers      |
 | `_chunking.py`     | splitting large messages and reassembling them                     |
@@ -95,6 +96,7 @@ from ._hashing import (
     murmur3_32_raw,
     sticky_key,
 )
+from ._message_frames import message_frame
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._proto import pulsar_api_pb2 as pb
 from ._receipts import send_receipt_frame
@@ -167,6 +169,7 @@ __all__ = [
     "java_string_hash",
     "java_string_hash_utf8",
     "key_hash_slot",
+    "message_frame",
     "murmur3_32",
     "murmur3_32_raw",
     "parse_entry",

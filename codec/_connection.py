@@ -186,6 +186,7 @@ class Connection:
         self._offset = 0  # bytes of _buffer already consumed
         self._eof = False
         self._error: ProtocolError | None = None
+        self._deferred = False  # `_error` came after good frames: the next call raises it
         outgoing = CLIENT_TO_BROKER_TYPES if role is Role.CLIENT else BROKER_TO_CLIENT_TYPES
         incoming = BROKER_TO_CLIENT_TYPES if role is Role.CLIENT else CLIENT_TO_BROKER_TYPES
         self._allowed = {_SENT: outgoing, _RECEIVED: incoming}
@@ -233,8 +234,7 @@ class Connection:
             RemoteProtocolError: the peer broke the protocol; the state becomes ERROR and every
                 later call raises again.
         """
-        if self._error is not None:
-            raise RemoteProtocolError(f"connection already failed: {self._error.reason}")
+        self._raise_error()
         try:
             return self._next_event()
         except ProtocolError as exc:
@@ -243,14 +243,73 @@ class Connection:
             raise RemoteProtocolError(exc.reason) from None
 
     def events(self) -> Iterator[Event]:
-        """Every event available now (stops at `NEED_DATA`)."""
-        while True:
-            event = self.next_event()
-            if isinstance(event, NeedData):
+        """Every event available now (stops at `NEED_DATA`), decoded in one pass over the
+        buffer (`next_events`)."""
+        while events := self.next_events():
+            yield from events
+            if isinstance(events[-1], ConnectionClosed):
                 return
-            yield event
-            if isinstance(event, ConnectionClosed):
-                return
+
+    def next_events(self) -> list[Event]:
+        """Every event available now, decoded in one pass over the buffer: the frames of one
+        socket read cost one call, not one each. An empty list means `NEED_DATA`; a
+        `ConnectionClosed` comes last.
+
+        Raises:
+            RemoteProtocolError: as `next_event`, when the first frame available is bad. A bad
+                frame after good ones ends the list at the good ones, and the next call raises.
+        """
+        self._raise_error()
+        events: list[Event] = []
+        try:
+            self._decode_frames(events)
+            if not events or self._eof:
+                event = self._next_event()  # the end of the stream, or an incomplete frame
+                if not isinstance(event, NeedData):
+                    events.append(event)
+        except ProtocolError as exc:
+            self.state = State.ERROR
+            self._error = exc
+            if not events:
+                raise RemoteProtocolError(exc.reason) from None
+            self._deferred = True
+        return events
+
+    def _raise_error(self) -> None:
+        """Raise the error the connection failed with, if it did: in full the first time
+        after good frames were handed out, "already failed" after that."""
+        if self._error is None:
+            return
+        if self._deferred:
+            self._deferred = False
+            raise RemoteProtocolError(self._error.reason)
+        raise RemoteProtocolError(f"connection already failed: {self._error.reason}")
+
+    def _decode_frames(self, events: list[Event]) -> None:
+        """Append every whole frame of the buffer to `events` (stops at an incomplete one,
+        and at a state that is not CONNECTED, where `_next_event` takes over).
+
+        Raises:
+            ProtocolError: a frame is bad; the good ones before it are in `events`.
+        """
+        buffer, pos, end = self._buffer, self._offset, len(self._buffer)
+        limit = self.frame_size_bytes_max
+        allowed = self._allowed[_RECEIVED]
+        unpack = _U32.unpack_from
+        with memoryview(buffer) as view:
+            while end - pos >= 4 and self.state is State.CONNECTED:
+                total = unpack(buffer, pos)[0]
+                if total > limit:
+                    self._check_frame_size(total)
+                if end - pos - 4 < total:
+                    break
+                start = pos + 4
+                event = decode_frame(bytes(view[start : start + total]))
+                pos = self._offset = start + total
+                kind = event.command.type
+                if kind not in allowed or kind in _HANDSHAKE_ONLY:
+                    self._transition(_RECEIVED, kind)  # raises the reason
+                events.append(event)
 
     def _next_event(self) -> Event | NeedData:
         if self.state is State.CLOSED and self._eof and not self.buffered_bytes:
@@ -258,10 +317,7 @@ class Connection:
         available = self.buffered_bytes
         if available >= 4:
             total = _U32.unpack_from(self._buffer, self._offset)[0]
-            if total > self.frame_size_bytes_max:
-                raise RemoteProtocolError(
-                    f"frame of {total} bytes exceeds the limit of {self.frame_size_bytes_max}"
-                )
+            self._check_frame_size(total)
             if available >= 4 + total:
                 start = self._offset + 4
                 with memoryview(self._buffer) as view:  # one copy, and the view is released
@@ -276,6 +332,12 @@ class Connection:
             raise RemoteProtocolError(f"peer closed the connection inside a frame ({available} B)")
         self.state = State.CLOSED
         return ConnectionClosed()
+
+    def _check_frame_size(self, total: int) -> None:
+        if total > self.frame_size_bytes_max:
+            raise RemoteProtocolError(
+                f"frame of {total} bytes exceeds the limit of {self.frame_size_bytes_max}"
+            )
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -319,6 +381,17 @@ class Connection:
         )
         self.state = next_state
         return data
+
+    def check_send(self, command_type: int) -> None:
+        """Check that a command of this type may be sent now, as `send` checks it, for frames
+        built without `send` (`message_frame`, `send_receipt_frame`) outside the handshake.
+
+        Raises:
+            LocalProtocolError: not allowed now, in this direction, or for this peer; or the
+                command would change the handshake's state (send those with `send`).
+        """
+        if self._check(_SENT, command_type) is not self.state:
+            raise LocalProtocolError(f"{_type_name(command_type)} changes the handshake's state")
 
     # -- the state machine ------------------------------------------------------------------
 

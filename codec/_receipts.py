@@ -11,9 +11,9 @@ import struct
 from typing import Final
 
 from ._proto import pulsar_api_pb2 as pb
-from ._wire import UINT64_MASK, encode_varint
+from ._wire import UINT64_MASK, WIRE_BYTES, WIRE_VARINT, encode_varint, field_key
 
-__all__ = ["send_receipt_frame"]
+__all__ = ["MESSAGE_ID_ENTRY_KEY", "MESSAGE_ID_LEDGER_KEY", "send_receipt_frame"]
 
 _SIZES: Final = struct.Struct(">II")
 _RECEIPT_FIELDS: Final = pb.CommandSendReceipt.DESCRIPTOR.fields_by_name
@@ -21,20 +21,15 @@ _ID_FIELDS: Final = pb.MessageIdData.DESCRIPTOR.fields_by_name
 _BODY_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["send_receipt"].number
 _TYPE_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["type"].number
 
-
-def _key(number: int, wire_type: int) -> bytes:
-    return encode_varint(number << 3 | wire_type)
-
-
-_VARINT, _BYTES = 0, 2
-_COMMAND_HEAD: Final = _key(_TYPE_FIELD, _VARINT) + encode_varint(pb.BaseCommand.SEND_RECEIPT) \
-    + _key(_BODY_FIELD, _BYTES)
-_PRODUCER: Final = _key(_RECEIPT_FIELDS["producer_id"].number, _VARINT)
-_SEQUENCE: Final = _key(_RECEIPT_FIELDS["sequence_id"].number, _VARINT)
-_MESSAGE_ID: Final = _key(_RECEIPT_FIELDS["message_id"].number, _BYTES)
-_HIGHEST: Final = _key(_RECEIPT_FIELDS["highest_sequence_id"].number, _VARINT)
-_LEDGER: Final = _key(_ID_FIELDS["ledgerId"].number, _VARINT)
-_ENTRY: Final = _key(_ID_FIELDS["entryId"].number, _VARINT)
+_COMMAND_HEAD: Final = (field_key(_TYPE_FIELD, WIRE_VARINT)
+                       + encode_varint(pb.BaseCommand.SEND_RECEIPT)
+                       + field_key(_BODY_FIELD, WIRE_BYTES))
+_PRODUCER: Final = field_key(_RECEIPT_FIELDS["producer_id"].number, WIRE_VARINT)
+_SEQUENCE: Final = field_key(_RECEIPT_FIELDS["sequence_id"].number, WIRE_VARINT)
+_MESSAGE_ID: Final = field_key(_RECEIPT_FIELDS["message_id"].number, WIRE_BYTES)
+_HIGHEST: Final = field_key(_RECEIPT_FIELDS["highest_sequence_id"].number, WIRE_VARINT)
+MESSAGE_ID_LEDGER_KEY: Final = field_key(_ID_FIELDS["ledgerId"].number, WIRE_VARINT)
+MESSAGE_ID_ENTRY_KEY: Final = field_key(_ID_FIELDS["entryId"].number, WIRE_VARINT)
 
 
 def send_receipt_frame(producer_id: int, sequence_id: int, ledger_id: int, entry_id: int,
@@ -46,8 +41,8 @@ def send_receipt_frame(producer_id: int, sequence_id: int, ledger_id: int, entry
     assert 0 <= producer_id <= UINT64_MASK
     assert 0 <= sequence_id <= UINT64_MASK
     assert 0 <= highest_sequence_id <= UINT64_MASK
-    message_id = (_LEDGER + encode_varint(ledger_id & UINT64_MASK)
-                  + _ENTRY + encode_varint(entry_id & UINT64_MASK))
+    message_id = (MESSAGE_ID_LEDGER_KEY + encode_varint(ledger_id & UINT64_MASK)
+                  + MESSAGE_ID_ENTRY_KEY + encode_varint(entry_id & UINT64_MASK))
     body = b"".join((_PRODUCER, encode_varint(producer_id), _SEQUENCE, encode_varint(sequence_id),
                      _MESSAGE_ID, encode_varint(len(message_id)), message_id,
                      _HIGHEST, encode_varint(highest_sequence_id)))

@@ -67,7 +67,8 @@ def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
                                    "(token authentication is the one supported)")
     unknown = set(kwargs) - _IGNORED_CLIENT_ARGS - {
         "operation_timeout_seconds", "connection_timeout_ms", "tls_trust_certs_file_path",
-        "tls_allow_insecure_connection", "tls_validate_hostname", "broker_config"}
+        "tls_allow_insecure_connection", "tls_validate_hostname", "broker_config",
+        "partitions_update_interval_seconds"}
     if unknown:
         raise TypeError(f"Client() got unexpected keyword argument(s): {sorted(unknown)}")
     return ClientSettings(
@@ -76,12 +77,28 @@ def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
         tls=TlsSettings(kwargs.get("tls_trust_certs_file_path"),
                         bool(kwargs.get("tls_allow_insecure_connection", False)),
                         bool(kwargs.get("tls_validate_hostname", False))),
-        broker_config=kwargs.get("broker_config"), authentication=authentication)
+        broker_config=kwargs.get("broker_config"), authentication=authentication,
+        partitions_update_interval_s=_interval_s(kwargs.get(
+            "partitions_update_interval_seconds", 60), "partitions_update_interval_seconds"))
+
+
+def _interval_s(value: Any, name: str) -> float:
+    """A non-negative number of seconds.
+
+    Raises:
+        InvalidConfiguration: not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidConfiguration(f"{name} must be a non-negative number of seconds, "
+                                   f"not {value!r}")
+    return float(value)
 
 
 class Client:
     """A client: `Client("pulsar://host:6650")` over TCP, or `Client("./data")` /
     `Client("file:///abs/data")` with the broker in this process on that data directory.
+    Keyword arguments as the official client's, plus `partitions_update_interval_seconds`
+    (default 60, 0: never; the C++ client's `partitionsUpdateInterval`): how often
+    producers and consumers of partitioned topics look for added partitions.
 
     Raises:
         InvalidUrl: the service URL is not usable. ConnectError: the broker cannot be
@@ -133,8 +150,8 @@ class Client:
         options = consumer_options(topic, subscription_name, **kwargs)
         consumer = Consumer(self, self._run(self._core.subscribe(options)), batch_policy)
         if listener is not None:
-            consumer._listening = self._thread.submit(
-                _listen(consumer, listener, self._listener_pool()))
+            consumer._listening = _Listening(consumer, listener, self._listener_pool())
+            self._run(_call(_Listening.start, consumer._listening))
         return consumer
 
     def _listener_pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -269,7 +286,7 @@ class Consumer:
         self._client = client
         self._group = group
         self._batch_policy = batch_policy or ConsumerBatchReceivePolicy()
-        self._listening: concurrent.futures.Future[None] | None = None
+        self._listening: _Listening | None = None
         self._local: collections.deque[tuple[Message, int]] = collections.deque()
         self._acks: collections.deque[Message] = collections.deque()  # to hand to the loop
         self._acks_scheduled = False
@@ -366,6 +383,28 @@ class Consumer:
                              ) -> None:
         self._client._run(_call(self._group.negative_acknowledge, message))
 
+    def pause_message_listener(self) -> None:
+        """Stop handing messages to the message listener (a call in progress finishes, and
+        none starts after this returns); messages wait in the receiver queue, which asks the
+        broker for no more once full.
+
+        Raises:
+            InvalidConfiguration: the consumer has no message listener."""
+        self._client._run(self._listener("pause_message_listener").pause())
+
+    def resume_message_listener(self) -> None:
+        """Hand messages to the message listener again (queued ones first).
+
+        Raises:
+            InvalidConfiguration: the consumer has no message listener."""
+        self._client._run(self._listener("resume_message_listener").resume())
+
+    def _listener(self, what: str) -> _Listening:
+        if self._listening is None:
+            raise InvalidConfiguration(f"{what}: consumer {self.subscription_name()!r} on "
+                                       f"{self.topic()} has no message listener")
+        return self._listening
+
     def redeliver_unacknowledged_messages(self) -> None:
         self._local.clear()
         self._client._run(self._group.redeliver_unacknowledged_messages())
@@ -452,6 +491,35 @@ class ConsumerBatchReceivePolicy:
         self.max_num_message = max_num_message
         self.max_num_bytes = max_num_bytes
         self.timeout_ms = timeout_ms
+
+
+class _Listening:
+    """A consumer's message listener: the task handing it messages, which a pause cancels
+    (a message it took back goes back to the head of the queue) and a resume starts again.
+    Loop only."""
+
+    def __init__(self, consumer: Consumer, listener: Callable[[Consumer, Message], None],
+                 pool: concurrent.futures.Executor):
+        self.consumer = consumer
+        self.listener = listener
+        self.pool = pool
+        self.task: asyncio.Task[None] | None = None
+        self.paused = False
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(_listen(self.consumer, self.listener, self.pool))
+
+    async def pause(self) -> None:
+        self.paused = True
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.start()
 
 
 async def _listen(consumer: Consumer, listener: Callable[[Consumer, Message], None],

@@ -6,6 +6,11 @@ A `TopicConsumer` is one subscription's consumer on one concrete topic. Its `Con
 (`_group.py`) owns the receiver queue the application reads, and may hold many of them (a
 partitioned topic, a list of topics, a pattern). Everything runs on the client's loop.
 
+Zero-size queue (`receiver_queue_size=0`, one topic only): no permits are granted ahead;
+while the application waits in `receive` and nothing is queued, the consumer asks for one
+entry (a FLOW of 1) and asks again once it arrived if the wait goes on (its messages were
+skipped). A receive that timed out leaves its permit asked: what arrives later is queued.
+
 Receive path. After subscribing, the consumer grants `receiver_queue_size` permits (FLOW). The
 transport calls `on_message` for each delivered entry: stale epochs are dropped, chunks go to
 codec's `ChunkAssembler` until their message is whole, batches are decompressed and unpacked
@@ -54,7 +59,7 @@ from magnetar.codec import (
 
 from ._dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from ._errors import PulsarException
-from ._message import Message
+from ._message import Message, Received, received_message
 from ._message_id import trusted_id
 from ._transport import Incoming, KeySharedPolicy, SubscribeRequest, Transport
 
@@ -128,6 +133,8 @@ class TopicConsumer:
         self.partition = partition
         self.config = config
         self.queue_size = max(1, queue_size)
+        self.zero_queue = config.receiver_queue_size == 0
+        self._asked = False  # zero queue: one permit is out, and its entry did not come yet
         self.epoch = 0
         # Bumped whenever messages handed out but not yet read become stale (a broker close, a
         # redeliver-all): the synchronous API's read-ahead drops those (`_client.Consumer`).
@@ -135,7 +142,7 @@ class TopicConsumer:
         self.connected = asyncio.Event()
         self.closed = False
         self.start_id = config.start_message_id
-        self.last_dequeued: MessageId | None = None
+        self._last_taken: Message | None = None
         self._permits = 0
         self._batches: dict[EntryKey, tuple[set[int], int]] = {}  # unacked indexes, size
         self._pending_acks: dict[EntryKey, list[int] | None] = {}
@@ -167,7 +174,18 @@ class TopicConsumer:
         await self.transport.subscribe(self.consumer_id, self._request(), self)
         self._permits = 0
         self.connected.set()
-        self.transport.flow(self.consumer_id, self.queue_size)
+        if not self.zero_queue:
+            self.transport.flow(self.consumer_id, self.queue_size)
+            return
+        self._asked = False
+        if self.group.waiting():
+            self.ask_one()
+
+    def ask_one(self) -> None:
+        """Zero queue: ask the broker for one entry, unless one is asked for already."""
+        if not self._asked and self.connected.is_set() and not self.closed:
+            self._asked = True
+            self.transport.flow(self.consumer_id, 1)
 
     def on_closed(self, reason: str) -> None:
         """The broker dropped this consumer (ConsumerEvents): resubscribe in the background."""
@@ -223,13 +241,23 @@ class TopicConsumer:
 
     def on_message(self, incoming: Incoming) -> None:
         """A delivered entry (ConsumerEvents): see the module comment."""
+        if not self.zero_queue:
+            self._on_message(incoming)
+            return
+        self._asked = False
+        self._on_message(incoming)
+        if self.group.waiting():
+            self.ask_one()
+
+    def _on_message(self, incoming: Incoming) -> None:
         if (incoming.epoch is not None and incoming.epoch < self.epoch) or self.closed:
             self.give_permits(max(1, incoming.metadata.num_messages_in_batch))
             return
         metadata, payload = incoming.metadata, incoming.payload
-        entry_id = trusted_id(incoming.ledger_id, incoming.entry_id, self.partition)
+        entry_id: MessageId | None = None  # a chunked message's id; else built when asked for
         chunk_ids: tuple[MessageId, ...] = ()
         if metadata.HasField("num_chunks_from_msg") and metadata.num_chunks_from_msg > 1:
+            entry_id = trusted_id(incoming.ledger_id, incoming.entry_id, self.partition)
             result = self._chunks.add(entry_id, metadata, payload, time.time() * 1000)
             self._drop_chunks(result.ack, result.redeliver)
             if result.message is None:
@@ -245,41 +273,41 @@ class TopicConsumer:
                 metadata.ClearField("compression")
             messages = unpack_messages(metadata, payload)
         except ProtocolError as exc:
-            log.warning("dropping an unreadable message %s on %s: %s", entry_id, self.topic, exc)
-            self._queue_ack(entry_id.ledger_id, entry_id.entry_id, None)
+            where = entry_id or (incoming.ledger_id, incoming.entry_id)
+            log.warning("dropping an unreadable message %s on %s: %s", where, self.topic, exc)
+            if entry_id is not None:
+                self._queue_ack(entry_id.ledger_id, entry_id.entry_id, None)
+            else:
+                self._queue_ack(incoming.ledger_id, incoming.entry_id, None)
             return
         self.group.enqueue(self._messages(incoming, entry_id, messages, chunk_ids))
 
-    def _messages(self, incoming: Incoming, entry_id: MessageId, messages: list[SingleMessage],
-                  chunk_ids: tuple[MessageId, ...]) -> list[Message]:
+    def _messages(self, incoming: Incoming, entry_id: MessageId | None,
+                  messages: list[SingleMessage], chunk_ids: tuple[MessageId, ...],
+                  ) -> list[Message]:
+        """The messages of a delivered entry to queue (`entry_id`: a chunked message's id,
+        which names the message; None: the delivery's own ids do)."""
         metadata = incoming.metadata
         batched = metadata.HasField("num_messages_in_batch")
         size = len(messages)
-        acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else set()
-        out: list[Message] = []
-        skipped = 0
+        ledger_id, entry = (incoming.ledger_id, incoming.entry_id) if entry_id is None else \
+            (entry_id.ledger_id, entry_id.entry_id)
+        received = Received(ledger_id, entry, self.partition, size if batched else 0,
+                            None if batched else entry_id, self.topic, metadata.publish_time,
+                            metadata.producer_name, incoming.redelivery_count, self, chunk_ids)
+        acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else None
         check_start = self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
-        for single in messages:
-            if batched:
-                message_id = trusted_id(entry_id.ledger_id, entry_id.entry_id, self.partition,
-                                        single.batch_index, size)
-            else:
-                message_id = entry_id
-            if single.batch_index in acked:
-                continue
-            if single.compacted_out or (check_start and self._before_start(message_id)):
-                skipped += 1
-                acked.add(single.batch_index)
-                continue
-            out.append(Message(
-                payload=single.payload, message_id=message_id, topic=self.topic,
-                properties=single.properties, partition_key=single.partition_key,
-                ordering_key=single.ordering_key, publish_time=metadata.publish_time,
-                event_time=single.event_time, redelivery_count=incoming.redelivery_count,
-                producer_name=metadata.producer_name, owner=self, chunk_ids=chunk_ids))
-        key = (entry_id.ledger_id, entry_id.entry_id)
+        if acked is None and not check_start and not (
+                messages[0].compacted_out if size == 1 else
+                any(single.compacted_out for single in messages)):
+            out = [received_message(received, single) for single in messages]  # the usual
+            skipped = 0
+        else:
+            out, skipped, acked = self._screened(received, messages, acked or set(),
+                                                 check_start)
+        key = (ledger_id, entry)
         if batched:
-            self._batches[key] = (set(range(size)) - acked, size)
+            self._batches[key] = (set(range(size)) - acked if acked else set(range(size)), size)
         if self.dead_letters is not None and \
                 self.dead_letters.screen(key, out, incoming.redelivery_count):
             skipped, out = skipped + len(out), []  # over the maximum: to the dead letters
@@ -287,6 +315,23 @@ class TopicConsumer:
         if skipped:
             self.give_permits(skipped)
         return out
+
+    def _screened(self, entry: Received, messages: list[SingleMessage], acked: set[int],
+                  check_start: bool) -> tuple[list[Message], int, set[int]]:
+        """The messages of `entry` not acknowledged already (`acked`), compacted out or
+        before the start id; how many were skipped; `acked` with the skipped added."""
+        out: list[Message] = []
+        skipped = 0
+        for single in messages:
+            if single.batch_index in acked:
+                continue
+            message = received_message(entry, single)
+            if single.compacted_out or (check_start and self._before_start(message.codec_id)):
+                skipped += 1
+                acked.add(single.batch_index)
+                continue
+            out.append(message)
+        return out, skipped, acked
 
     def _before_start(self, message_id: MessageId) -> bool:
         start = self.start_id
@@ -309,16 +354,27 @@ class TopicConsumer:
             ids = [(c.ledger_id, c.entry_id) for c in redeliver]
             self._spawn(self.transport.redeliver(self.consumer_id, ids, self.epoch))
 
-    def taken(self, message: Message) -> None:
-        """The application took `message` from the queue: a permit back, ack-timeout tracking."""
-        self.last_dequeued = message.codec_id
-        self.give_permits(1)
+    def taken(self, messages: list[Message]) -> None:
+        """The application took these messages of this consumer's (in order): permits back,
+        ack-timeout tracking."""
+        self._last_taken = messages[-1]
+        self.give_permits(len(messages))
         if self.config.ack_timeout_ms:
-            key = (message.codec_id.ledger_id, message.codec_id.entry_id)
-            self._unacked.setdefault(key, time.monotonic() + self.config.ack_timeout_ms / 1000)
+            deadline = time.monotonic() + self.config.ack_timeout_ms / 1000
+            for message in messages:
+                entry = message.received
+                self._unacked.setdefault((entry.ledger_id, entry.entry_id), deadline)
             self._arm_tracker()
 
+    @property
+    def last_dequeued(self) -> MessageId | None:
+        """The id of the last message the application took (None: none since the start or
+        the last seek)."""
+        return None if self._last_taken is None else self._last_taken.codec_id
+
     def give_permits(self, count: int) -> None:
+        if self.zero_queue:
+            return  # asked for one at a time (`ask_one`)
         self._permits += count
         if self._permits >= max(1, self.queue_size // 2) and self.connected.is_set():
             self.transport.flow(self.consumer_id, self._permits)
@@ -328,25 +384,38 @@ class TopicConsumer:
 
     def acknowledge(self, message_id: MessageId, chunk_ids: tuple[MessageId, ...] = ()) -> None:
         """Acknowledge one message (grouped; see the module comment)."""
+        self._acknowledge(message_id.ledger_id, message_id.entry_id, message_id.batch_index,
+                          chunk_ids)
+
+    def acknowledge_message(self, message: Message) -> None:
+        """`acknowledge` for a message this consumer received (without building its id)."""
+        entry = message.received
+        self._acknowledge(entry.ledger_id, entry.entry_id, message.batch_index,
+                          entry.chunk_ids)
+
+    def _acknowledge(self, ledger_id: int, entry_id: int, batch_index: int,
+                     chunk_ids: tuple[MessageId, ...]) -> None:
         for chunk in chunk_ids:
             self._queue_ack(chunk.ledger_id, chunk.entry_id, None)
-        key = (message_id.ledger_id, message_id.entry_id)
-        self._unacked.pop(key, None)
-        self._nacks.pop(key, None)
+        key = (ledger_id, entry_id)
+        if self._unacked:
+            self._unacked.pop(key, None)
+        if self._nacks:
+            self._nacks.pop(key, None)
         if self.dead_letters is not None:
             self.dead_letters.forget(key)
         batch = self._batches.get(key)
-        if batch is None or message_id.batch_index < 0:
+        if batch is None or batch_index < 0:
             self._batches.pop(key, None)
-            self._queue_ack(*key, None)
+            self._queue_ack(ledger_id, entry_id, None)
             return
         unacked, size = batch
-        unacked.discard(message_id.batch_index)
+        unacked.discard(batch_index)
         if not unacked:
             del self._batches[key]
-            self._queue_ack(*key, None)
+            self._queue_ack(ledger_id, entry_id, None)
         elif self.config.batch_index_ack:
-            self._queue_ack(*key, _ack_set(unacked, size))
+            self._queue_ack(ledger_id, entry_id, _ack_set(unacked, size))
 
     def _ack_entry(self, key: EntryKey) -> None:
         """Acknowledge a whole entry (dead-lettered)."""
@@ -474,7 +543,7 @@ class TopicConsumer:
         previous = self.start_id
         # Before the seek: the broker closes us and we resubscribe meanwhile.
         self.start_id = target if isinstance(target, MessageId) else None
-        self.last_dequeued = None
+        self._last_taken = None
         try:
             await self.transport.seek(self.consumer_id, target)
         except BaseException:

@@ -72,6 +72,7 @@ class ClientSettings:
     tls: TlsSettings = field(default_factory=TlsSettings)
     broker_config: BrokerConfig | None = None
     authentication: AuthenticationToken | None = None  # TCP only
+    partitions_update_interval_s: float = 60.0  # 0: partition counts are not looked up again
 
 
 class ClientCore:
@@ -107,7 +108,8 @@ class ClientCore:
     async def create_producer(self, options: ProducerOptions) -> ProducerSet:
         self._check_open()
         producer = ProducerSet(self.transport, self._ids, options.topic, options.config,
-                               options.routing, options.router)
+                               options.routing, options.router,
+                               self.settings.partitions_update_interval_s)
         await producer.start()
         self.producers.append(producer)
         return producer
@@ -115,7 +117,8 @@ class ClientCore:
     async def subscribe(self, options: ConsumerOptions) -> ConsumerGroup:
         self._check_open()
         group = ConsumerGroup(self.transport, self._ids, options.config, options.topics,
-                              options.pattern, options.regex_mode, options.discovery_period_s)
+                              options.pattern, options.regex_mode, options.discovery_period_s,
+                              self.settings.partitions_update_interval_s)
         await group.start()
         self.consumers.append(group)
         return group

@@ -12,7 +12,15 @@ whose `deliver` parses each stored entry and passes it on.
 
 Ordering: as on a connection, acks, redeliveries, seeks, unsubscribes and closes of one
 consumer run one after the other under that consumer's lock, so a redelivery never overtakes an
-ack issued before it. Publishes start in call order (`send` creates the publish task at once).
+ack issued before it.
+
+Publishes: `send` appends to its producer's run of sends, and once per turn of the loop every
+run goes to the topic as one `publish_many` (one task per run, not per entry: the topic admits
+them in order and hands them to the managed ledger as one group, `ManagedLedger.add_entries`),
+whose outcomes then resolve the run's receipts in order, all in that one task. Runs start in
+call order and the managed ledger's submit lock is first come first served, so one producer's
+entries are stored in call order. A run is bounded by its producer's pending-message limit
+(`max_pending_messages`: a send holds a slot until its receipt).
 
 `close` closes the service (topics, managed ledgers, dedup snapshots) and then the storage
 (queued writes, checkpoint, the directory lock) in a worker thread.
@@ -44,7 +52,9 @@ from magnetar.broker._names import check_producer_name, check_subscription_name
 from magnetar.broker.dispatch._entry import EntryInfo
 from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
 from magnetar.broker.dispatch._subscription import Subscription
+from magnetar.broker.ledger._position import InvalidPositionError
 from magnetar.broker.topics._nonpersistent_topic import NonPersistentTopic
+from magnetar.broker.topics._publishing import Send
 from magnetar.broker.topics._topic import Producer
 from magnetar.codec import MessageId, RemoteProtocolError, encode_entry, parse_entry, pb
 from magnetar.storage import DataDirLockedError, Storage, StorageConfig, StorageError
@@ -56,6 +66,7 @@ from ._transport import (
     ProducerEvents,
     ProducerOpened,
     ProducerRequest,
+    SendReceipt,
     SubscribeRequest,
 )
 
@@ -123,6 +134,9 @@ class EmbeddedTransport:
         self.service = service
         self._producers: dict[int, tuple[PersistentTopic | NonPersistentTopic, Producer]] = {}
         self._consumers: dict[int, _ConsumerState] = {}
+        # Sends of this turn of the loop, by producer (see the module comment).
+        self._runs: dict[int, list[tuple[int, int, pb.MessageMetadata, bytes, SendReceipt]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def open(cls, data_dir: str, config: BrokerConfig | None = None,
@@ -207,25 +221,46 @@ class EmbeddedTransport:
         return ProducerOpened(producer.name, topic.last_sequence_id(producer))
 
     def send(self, producer_id: int, sequence_id: int, highest_sequence_id: int,
-             num_messages: int, metadata: pb.MessageMetadata, payload: bytes,
-             ) -> asyncio.Future[tuple[int, int]]:
-        return asyncio.ensure_future(
-            self._publish(producer_id, sequence_id, highest_sequence_id, metadata, payload))
+             num_messages: int, metadata: pb.MessageMetadata, payload: bytes) -> SendReceipt:
+        receipt = SendReceipt()
+        if not self._runs:
+            asyncio.get_running_loop().call_soon(self._start_runs)
+        run = self._runs.get(producer_id)
+        if run is None:
+            run = self._runs[producer_id] = []
+        run.append((sequence_id, highest_sequence_id, metadata, payload, receipt))
+        return receipt
 
-    async def _publish(self, producer_id: int, sequence_id: int, highest_sequence_id: int,
-                       metadata: pb.MessageMetadata, payload: bytes) -> tuple[int, int]:
+    def _start_runs(self) -> None:
+        runs, self._runs = self._runs, {}
+        for producer_id, run in runs.items():
+            task = asyncio.ensure_future(self._publish(producer_id, run))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, producer_id: int,
+                       run: list[tuple[int, int, pb.MessageMetadata, bytes, SendReceipt]],
+                       ) -> None:
+        """Publish one producer's run of sends and resolve their receipts in order."""
         found = self._producers.get(producer_id)
         if found is None:
-            raise error_for_code(pb.TopicTerminatedError, "the producer is closed",
-                                 f"send of sequence id {sequence_id}")
+            for sequence_id, _, _, _, receipt in run:
+                receipt.set_exception(error_for_code(
+                    pb.TopicTerminatedError, "the producer is closed",
+                    f"send of sequence id {sequence_id}"))
+            return
         topic, producer = found
-        entry = encode_entry(metadata, payload)
+        sends: list[Send] = [(encode_entry(metadata, payload), sequence_id, highest, metadata)
+                             for sequence_id, highest, metadata, payload, _ in run]
         try:
-            result = await topic.publish(producer, entry, sequence_id, highest_sequence_id,
-                                         metadata)
-        except (BrokerError, StorageError) as exc:
-            raise converted(exc, f"send to {topic.name}") from None
-        return result.ledger_id, result.entry_id
+            outcomes = await topic.publish_many(producer, sends)
+        except Exception as exc:  # publish_many reports per send; this is a bug's safety net
+            outcomes = [exc] * len(run)
+        for (_, _, _, _, receipt), outcome in zip(run, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                receipt.set_exception(converted(outcome, f"send to {topic.name}"))
+            else:
+                receipt.set_result((outcome.ledger_id, outcome.entry_id))
 
     async def close_producer(self, producer_id: int) -> None:
         found = self._producers.pop(producer_id, None)
@@ -321,6 +356,8 @@ class EmbeddedTransport:
                 raise converted(exc, f"seek on {state.topic.name}") from None
 
     async def last_message_id(self, consumer_id: int) -> tuple[MessageId, MessageId | None]:
+        """The topic's last message id (its batch index read from the last entry: from
+        memory, or loaded off the loop) and the subscription's mark-delete position."""
         state = self._state(consumer_id, "get last message id")
         subscription = _persistent(state, "get last message id")
         topic = state.topic
@@ -331,8 +368,11 @@ class EmbeddedTransport:
         last_id = MessageId(-1, -1, partition)
         if last.entry_id >= 0:
             batch_index = -1
-            if ml.is_valid_position(last):
-                entry = EntryInfo(last, ml.read_entry(last))
+            try:
+                entry = EntryInfo(last, await ml.read_entry_async(last))
+            except InvalidPositionError:
+                pass  # trimmed already: the position stands, without its batch index
+            else:
                 if entry.metadata.HasField("num_messages_in_batch"):
                     batch_index = entry.batch_size - 1
             last_id = MessageId(last.ledger_id, last.entry_id, partition, batch_index)

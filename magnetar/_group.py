@@ -80,7 +80,8 @@ class ConsumerGroup:
 
     def __init__(self, transport: Transport, ids: Iterator[int], config: ConsumerConfig,
                  topics: list[str] | None = None, pattern: re.Pattern[str] | None = None,
-                 regex_mode: str = "PERSISTENT", pattern_auto_discovery_period_s: float = 60):
+                 regex_mode: str = "PERSISTENT", pattern_auto_discovery_period_s: float = 60,
+                 partitions_update_interval_s: float = 60):
         self.transport = transport
         self._ids = ids
         self.config = config
@@ -103,6 +104,10 @@ class ConsumerGroup:
         self._waiters: deque[asyncio.Future[Message]] = deque()
         self._discovery: asyncio.TimerHandle | None = None
         self._partitioned = False  # one partitioned topic: bare ids route by partition
+        self.partitions_update_interval_s = partitions_update_interval_s
+        self._partition_counts: dict[str, int] = {}  # partitioned names: partitions seen
+        self._partitions_timer: asyncio.TimerHandle | None = None
+        self._updating: asyncio.Task[None] | None = None
 
     def new_id(self) -> int:
         """A producer or consumer id, unique in the client."""
@@ -124,10 +129,16 @@ class ConsumerGroup:
             if partitions > 0:
                 concrete += [f"{name}-partition-{i}" for i in range(partitions)]
                 self._partitioned = len(self.names) == 1
+                self._partition_counts[name] = partitions
             else:
                 concrete.append(name)
         if self.pattern is not None:
             concrete += await self._matching_topics()
+        if self.config.receiver_queue_size == 0 and \
+                (len(concrete) != 1 or self.pattern is not None):
+            raise InvalidConfiguration(
+                f"receiver_queue_size=0 needs one non-partitioned topic, and {self.topic} "
+                f"{'is a pattern' if self.pattern is not None else f'has {len(concrete)}'}")
         try:
             await self._add(concrete, len(concrete))
         except BaseException:
@@ -135,6 +146,7 @@ class ConsumerGroup:
             raise
         if self.pattern is not None:
             self._arm_discovery()
+        self._arm_partitions_update()
 
     async def _add(self, topics: list[str], count: int) -> None:
         queue = self.config.receiver_queue_size
@@ -144,7 +156,15 @@ class ConsumerGroup:
                                self.config, queue) for topic in topics]
         for child in added:
             self.children[child.topic] = child
-        await asyncio.gather(*(child.subscribe() for child in added))
+        results = await asyncio.gather(*(child.subscribe() for child in added),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for child, result in zip(added, results, strict=True):
+            if isinstance(result, BaseException):  # not subscribed: a later look tries again
+                del self.children[child.topic]
+                child.closed = True
+        if errors:
+            raise errors[0]
 
     async def _matching_topics(self) -> list[str]:
         assert self.pattern is not None
@@ -173,18 +193,50 @@ class ConsumerGroup:
             log.warning("topic discovery for %s failed: %s", self.topic, exc)
         self._arm_discovery()
 
+    def _arm_partitions_update(self) -> None:
+        if self._partition_counts and self.partitions_update_interval_s > 0 and \
+                not self.closed:
+            self._partitions_timer = asyncio.get_running_loop().call_later(
+                self.partitions_update_interval_s, self._start_partitions_update)
+
+    def _start_partitions_update(self) -> None:
+        self._updating = asyncio.ensure_future(self._update_partitions())
+
+    async def _update_partitions(self) -> None:
+        """Subscribe to the partitions added to the partitioned topics since the last look
+        (a failure is logged, and tried again next period)."""
+        try:
+            for name, known in list(self._partition_counts.items()):
+                count = await self.transport.partitioned_metadata(name)
+                if count > known and not self.closed:
+                    log.info("%s grew from %d to %d partitions", name, known, count)
+                    new = [f"{name}-partition-{i}" for i in range(known, count)]
+                    new = [topic for topic in new if topic not in self.children]
+                    await self._add(new, len(self.children) + len(new))
+                    self._partition_counts[name] = count
+        except Exception as exc:
+            log.warning("partition update of %s failed: %s", self.topic, exc)
+        self._arm_partitions_update()
+
     # -- the queue -------------------------------------------------------------------------
 
     def enqueue(self, messages: list[Message]) -> None:
-        for message in messages:
-            while self._waiters and self._waiters[0].done():
-                self._waiters.popleft()
-            if self._waiters:
-                waiter = self._waiters.popleft()
-                message.owner.taken(message)
-                waiter.set_result(message)
-            else:
-                self._queue.append(message)
+        waiters = self._waiters
+        if not waiters:
+            self._queue.extend(messages)
+            return
+        for index, message in enumerate(messages):
+            while waiters and waiters[0].done():
+                waiters.popleft()
+            if not waiters:
+                self._queue.extend(messages[index:])
+                return
+            message.owner.taken([message])
+            waiters.popleft().set_result(message)
+
+    def waiting(self) -> bool:
+        """Whether a receive waits and nothing is queued for it."""
+        return not self._queue and any(not waiter.done() for waiter in self._waiters)
 
     def drop_queued(self, child: TopicConsumer) -> int:
         """Drop `child`'s queued messages; returns how many."""
@@ -205,11 +257,14 @@ class ConsumerGroup:
         self._check_open()
         if self._queue:
             message = self._queue.popleft()
-            message.owner.taken(message)
+            message.owner.taken([message])
             return message
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Message] = loop.create_future()
         self._waiters.append(waiter)
+        if self.config.receiver_queue_size == 0:
+            for child in self.children.values():
+                child.ask_one()
         timer = None
         if timeout_ms is not None:
             timer = loop.call_later(max(0, timeout_ms) / 1000, self._time_out, waiter, timeout_ms)
@@ -230,12 +285,25 @@ class ConsumerGroup:
         """The next message (waiting as `receive` does) and up to `most - 1` more already
         queued, each with its consumer's generation at this moment (for a caller's read-ahead;
         each counts as taken now)."""
-        first = await self.receive(timeout_ms)
-        out = [(first, first.owner.generation)]
-        while self._queue and len(out) < most:
-            message = self._queue.popleft()
-            message.owner.taken(message)
-            out.append((message, message.owner.generation))
+        self._check_open()
+        queue = self._queue
+        out: list[tuple[Message, int]] = []
+        if not queue:
+            first = await self.receive(timeout_ms)
+            out.append((first, first.owner.generation))
+        run: list[Message] = []  # consecutive messages of one consumer: told in one call
+        owner: TopicConsumer | None = None
+        for _ in range(min(most - len(out), len(queue))):
+            message = queue.popleft()
+            current = message.owner
+            if current is not owner:
+                if owner is not None:
+                    owner.taken(run)
+                owner, run = current, []
+            run.append(message)
+            out.append((message, current.generation))
+        if owner is not None:
+            owner.taken(run)
         return out
 
     async def batch_receive(self, max_messages: int, max_bytes: int,
@@ -292,6 +360,11 @@ class ConsumerGroup:
                                     f"{target} belongs to: acknowledge the Message instead")
 
     def acknowledge(self, target: Message | MessageId | ClientMessageId) -> None:
+        if type(target) is Message and not self.closed:  # the hot path: a received message
+            owner = target.owner
+            if type(owner) is TopicConsumer and owner.group is self:
+                owner.acknowledge_message(target)
+                return
         owner, message_id, chunks = self._owner(target)
         owner.acknowledge(message_id, chunks)
 
@@ -359,6 +432,10 @@ class ConsumerGroup:
     async def close(self) -> None:
         if self._discovery is not None:
             self._discovery.cancel()
+        if self._partitions_timer is not None:
+            self._partitions_timer.cancel()
+        if self._updating is not None and self._updating is not asyncio.current_task():
+            self._updating.cancel()
         already = self.closed
         self.closed = True
         if not already:

@@ -34,12 +34,24 @@ EXIT_CLOSE_S: Final = 10.0  # at interpreter exit, the longest one open client m
 _STOP_JOIN_S: Final = 10.0  # the longest `stop` waits for the loop thread to end
 
 
+_forks = 0  # how many times this process was forked into (counted in the child)
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class LoopThread:
     """One event loop on one daemon thread (see the module comment)."""
 
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
-        self._pid = os.getpid()
+        self._forks = _forks
+        self._running = True  # until the loop thread ends
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -51,11 +63,14 @@ class LoopThread:
         try:
             self.loop.run_forever()
         finally:
+            self._running = False
             self.loop.close()
 
     @property
     def alive(self) -> bool:
-        return os.getpid() == self._pid and self._thread.is_alive() and not self.loop.is_closed()
+        """Whether the loop runs (in this process: a forked child has no loop thread). Cheap:
+        `send_async` asks it once per message."""
+        return self._running and self._forks == _forks
 
     def on_loop(self) -> bool:
         """Whether the caller runs on this loop's thread."""

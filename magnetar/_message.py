@@ -1,15 +1,60 @@
-"""`Message`: one received message, with the official client's accessor methods."""
+"""`Message`: one received message, with the official client's accessor methods.
+
+A delivered entry -- one message, or a batch of many -- becomes one `Received` (what its
+messages share: the entry's ids, topic, publish time, producer, redelivery count, the consumer
+that received it) and one light `Message` per message holding that and the message's own part
+(codec's `SingleMessage`). A batch message's `MessageId` is built only when asked for
+(`codec_id`, `message_id()`): acknowledging through the `Message` never needs it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from magnetar.codec import MessageId
+from magnetar.codec import MessageId, SingleMessage
 
 from ._message_id import MessageId as ClientMessageId
+from ._message_id import trusted_id
 
-__all__ = ["Message"]
+__all__ = ["Message", "Received"]
+
+
+class Received:
+    """What the messages of one delivered entry share. `message_id` is the id of a
+    non-batched entry's one message (for a chunked message, the id naming every chunk);
+    None for a batch, whose messages' ids carry their batch index."""
+
+    __slots__ = ("batch_size", "chunk_ids", "entry_id", "ledger_id", "message_id", "owner",
+                 "partition", "producer_name", "publish_time", "redelivery_count", "topic")
+
+    def __init__(self, ledger_id: int, entry_id: int, partition: int, batch_size: int,
+                 message_id: MessageId | None, topic: str, publish_time: int,
+                 producer_name: str, redelivery_count: int, owner: Any,
+                 chunk_ids: tuple[MessageId, ...] = ()):
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.partition = partition
+        self.batch_size = batch_size
+        self.message_id = message_id
+        self.topic = topic
+        self.publish_time = publish_time
+        self.producer_name = producer_name
+        self.redelivery_count = redelivery_count
+        self.owner = owner
+        self.chunk_ids = chunk_ids
+
+
+_new = object.__new__
+
+
+def received_message(entry: Received, single: SingleMessage) -> Message:
+    """One message of `entry` (the hot path: no checks, no id yet)."""
+    message = _new(Message)
+    message._entry = entry
+    message._single = single
+    message._id = entry.message_id
+    return message
 
 
 class Message:
@@ -20,72 +65,113 @@ class Message:
     on multi-topic and partitioned consumers; `chunk_ids` lists every chunk of a chunked message.
     """
 
-    __slots__ = ("_event_time", "_id", "_key", "_ordering_key", "_payload", "_producer",
-                 "_properties", "_publish_time", "_redelivery_count", "_topic", "chunk_ids",
-                 "owner")
+    __slots__ = ("_entry", "_id", "_single")
 
     def __init__(self, *, payload: bytes | None, message_id: MessageId, topic: str,
                  properties: Mapping[str, str], partition_key: str | None,
                  ordering_key: bytes | None, publish_time: int, event_time: int,
                  redelivery_count: int, producer_name: str, owner: Any = None,
                  chunk_ids: tuple[MessageId, ...] = ()):
-        self._payload = payload
-        self._id = message_id
-        self._topic = topic
-        self._properties = properties
-        self._key = partition_key
-        self._ordering_key = ordering_key
-        self._publish_time = publish_time
-        self._event_time = event_time
-        self._redelivery_count = redelivery_count
-        self._producer = producer_name
-        self.owner = owner
-        self.chunk_ids = chunk_ids
+        self._entry = Received(message_id.ledger_id, message_id.entry_id, message_id.partition,
+                               message_id.batch_size, message_id, topic, publish_time,
+                               producer_name, redelivery_count, owner, chunk_ids)
+        self._single = SingleMessage(payload=payload, properties=properties,
+                                     partition_key=partition_key, ordering_key=ordering_key,
+                                     event_time=event_time, batch_index=message_id.batch_index)
+        self._id: MessageId | None = message_id
 
     def data(self) -> bytes:
         """The body; b"" for a null value (see `has_null_value`)."""
-        return self._payload or b""
+        return self._single.payload or b""
 
     def value(self) -> bytes:
         """The body (bytes schema only, in this client)."""
         return self.data()
 
     def has_null_value(self) -> bool:
-        return self._payload is None
+        return self._single.payload is None
 
     def properties(self) -> dict[str, str]:
-        return dict(self._properties)
+        return dict(self._single.properties)
 
     def partition_key(self) -> str:
         """The key; "" when the message has none (as the official client answers)."""
-        return self._key or ""
+        return self._single.partition_key or ""
 
     def ordering_key(self) -> str:
-        return (self._ordering_key or b"").decode("utf-8", "replace")
+        return (self._single.ordering_key or b"").decode("utf-8", "replace")
 
     def publish_timestamp(self) -> int:
-        return self._publish_time
+        return self._entry.publish_time
 
     def event_timestamp(self) -> int:
-        return self._event_time
+        return self._single.event_time
 
     def message_id(self) -> ClientMessageId:
         """The id, as the official client shapes it (`ledger_id()`, `serialize()`, ...)."""
-        return ClientMessageId.wrap(self._id)
+        return ClientMessageId.wrap(self.codec_id)
 
     @property
     def codec_id(self) -> MessageId:
         """The id as the client core and the codec handle it (internal)."""
-        return self._id
+        made = self._id
+        if made is None:
+            entry = self._entry
+            made = self._id = trusted_id(entry.ledger_id, entry.entry_id, entry.partition,
+                                         self._single.batch_index, entry.batch_size)
+        return made
+
+    @property
+    def owner(self) -> Any:
+        return self._entry.owner
+
+    @property
+    def chunk_ids(self) -> tuple[MessageId, ...]:
+        return self._entry.chunk_ids
+
+    @property
+    def received(self) -> Received:
+        """What this message shares with the rest of its entry (internal)."""
+        return self._entry
+
+    @property
+    def batch_index(self) -> int:
+        """The index in its batch; -1 when not batched (internal)."""
+        return self._single.batch_index
+
+    # What the Spark source reads directly (None where the accessors answer "" or 0).
+    @property
+    def _payload(self) -> bytes | None:
+        return self._single.payload
+
+    @property
+    def _key(self) -> str | None:
+        return self._single.partition_key
+
+    @property
+    def _publish_time(self) -> int:
+        return self._entry.publish_time
+
+    @property
+    def _event_time(self) -> int:
+        return self._single.event_time
+
+    @property
+    def _properties(self) -> Mapping[str, str]:
+        return self._single.properties
+
+    @property
+    def _producer(self) -> str:
+        return self._entry.producer_name
 
     def topic_name(self) -> str:
-        return self._topic
+        return self._entry.topic
 
     def redelivery_count(self) -> int:
-        return self._redelivery_count
+        return self._entry.redelivery_count
 
     def producer_name(self) -> str:
-        return self._producer
+        return self._entry.producer_name
 
     def __repr__(self) -> str:
-        return f"Message({self._id}, {self._topic}, {len(self.data())} bytes)"
+        return f"Message({self.codec_id}, {self._entry.topic}, {len(self.data())} bytes)"

@@ -24,12 +24,13 @@ from ._errors import InvalidConfiguration
 __all__ = ["MessageId", "codec_id", "trusted_id"]
 
 T = TypeVar("T")
+_new = object.__new__
 
 
 class MessageId:
     """The id of one message (see the module comment)."""
 
-    __slots__ = ("_id", "_topic")
+    __slots__ = ("_inner", "_parts", "_topic")
     earliest: ClassVar[MessageId]
     latest: ClassVar[MessageId]
 
@@ -40,9 +41,11 @@ class MessageId:
         Raises:
             InvalidConfiguration: a value does not fit the id's integer fields."""
         try:
-            self._id = CodecMessageId(ledger_id, entry_id, partition, batch_index)
+            self._inner: CodecMessageId | None = CodecMessageId(ledger_id, entry_id, partition,
+                                                                batch_index)
         except (TypeError, ValueError) as exc:
             raise InvalidConfiguration(f"bad MessageId: {exc}") from None
+        self._parts: tuple[int, int, int, int, int] | None = None
         self._topic: str | None = None
 
     @classmethod
@@ -50,10 +53,30 @@ class MessageId:
         """The wrapper of a codec id (a wrapper is returned as it is)."""
         if isinstance(inner, MessageId):
             return inner
-        wrapped = cls.__new__(cls)
-        wrapped._id = inner
+        wrapped = _new(cls)
+        wrapped._inner = inner
+        wrapped._parts = None
         wrapped._topic = None
         return wrapped
+
+    @classmethod
+    def of_parts(cls, ledger_id: int, entry_id: int, partition: int, batch_index: int = -1,
+                 batch_size: int = 0) -> MessageId:
+        """The id of values the client took from a broker's answer (a send receipt), its codec
+        id built only once something asks for it (a send callback may never look)."""
+        made = _new(cls)
+        made._inner = None
+        made._parts = (ledger_id, entry_id, partition, batch_index, batch_size)
+        made._topic = None
+        return made
+
+    @property
+    def _id(self) -> CodecMessageId:
+        inner = self._inner
+        if inner is None:
+            assert self._parts is not None
+            inner = self._inner = trusted_id(*self._parts)
+        return inner
 
     @property
     def codec(self) -> CodecMessageId:
@@ -150,7 +173,6 @@ _FIELDS: Final = ("ledger_id", "entry_id", "partition", "batch_index", "batch_si
                   "first_chunk")
 assert tuple(f.name for f in dataclasses.fields(CodecMessageId)) == _FIELDS
 _SET = tuple(getattr(CodecMessageId, name).__set__ for name in _FIELDS)
-_new = object.__new__
 
 
 def trusted_id(ledger_id: int, entry_id: int, partition: int, batch_index: int = -1,

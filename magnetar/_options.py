@@ -289,8 +289,8 @@ def consumer_options(topic: str | list[str] | re.Pattern[str], subscription_name
     config = ConsumerConfig(
         subscription=subscription_name, sub_type=consumer_type.value,
         consumer_name=consumer_name or "", initial_position=initial_position.value,
-        receiver_queue_size=max(1, min(receiver_queue_size,
-                                       max_total_receiver_queue_size_across_partitions)),
+        receiver_queue_size=0 if receiver_queue_size == 0 else  # 0: a zero-size queue
+        max(1, min(receiver_queue_size, max_total_receiver_queue_size_across_partitions)),
         negative_ack_delay_ms=max(0, negative_ack_redelivery_delay_ms),
         ack_timeout_ms=unacked_messages_timeout_ms or 0,
         batch_index_ack=batch_index_ack_enabled,

@@ -47,7 +47,8 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from types import MappingProxyType
+from typing import Final, NamedTuple, Protocol
 
 from magnetar.codec import (
     Batch,
@@ -78,9 +79,9 @@ from ._errors import (
     Timeout,
 )
 from ._message_id import trusted_id
-from ._transport import ProducerOpened, ProducerRequest, Transport
+from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
-__all__ = ["OutMessage", "ProducerConfig", "ProducerCore", "ResultSink"]
+__all__ = ["OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "ResultSink"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -124,12 +125,18 @@ class ProducerConfig:
             raise InvalidConfiguration("batching_max_messages must be at least 1")
 
 
-@dataclass(frozen=True)
-class OutMessage:
-    """One message to send, as the application gave it."""
+_NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
+_new_tuple = tuple.__new__
+assert SingleMessage._fields == (  # the order `OutMessage.single` builds it in
+    "payload", "properties", "partition_key", "partition_key_b64_encoded", "ordering_key",
+    "event_time", "sequence_id", "null_partition_key", "batch_index", "compacted_out")
+
+
+class OutMessage(NamedTuple):
+    """One message to send, as the application gave it (a tuple: one is made per send)."""
 
     payload: bytes | None
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = _NO_PROPERTIES
     partition_key: str | None = None
     ordering_key: bytes | None = None
     event_time: int = 0
@@ -137,9 +144,22 @@ class OutMessage:
     deliver_at_ms: int | None = None
 
     def single(self, sequence_id: int) -> SingleMessage:
-        return SingleMessage(payload=self.payload, properties=self.properties,
-                             partition_key=self.partition_key, ordering_key=self.ordering_key,
-                             event_time=self.event_time, sequence_id=sequence_id)
+        """The message as it goes into a batch (SingleMessage's fields, in order)."""
+        return _new_tuple(SingleMessage, (
+            self.payload, self.properties, self.partition_key, False, self.ordering_key,
+            self.event_time, sequence_id, False, -1, False))
+
+
+class PartsSink:
+    """A result sink that takes a stored message's id as its parts (ledger id, entry id,
+    partition, batch index, batch size) -- the send callbacks' sink, which builds the id the
+    application gets from them without the codec id in between."""
+
+    __slots__ = ()
+
+    def set_parts(self, ledger_id: int, entry_id: int, partition: int, batch_index: int,
+                  batch_size: int) -> None:
+        raise NotImplementedError
 
 
 class ResultSink(Protocol):
@@ -153,7 +173,7 @@ class ResultSink(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Op:
     """One entry in flight (a message, a batch, or one chunk)."""
 
@@ -361,17 +381,22 @@ class ProducerCore:
     def _enqueue(self, message: OutMessage, sink: ResultSink,
                  entry: tuple[pb.MessageMetadata, bytes, list[None]] | None) -> None:
         """Put a message whose slots are taken into the batch or on the wire."""
-        if entry is None:
-            assert self._container is not None
+        if entry is None:  # into the open batch (the hot path: no call it can skip)
+            container = self._container
+            assert container is not None
             sequence_id = self._assign(message.sequence_id)
             possible_duplicate = sequence_id <= self._last_pushed
             if possible_duplicate or self._duplicate_batched:
                 self._send_batches(self._drain_container())
             self._duplicate_batched = possible_duplicate
-            self._last_pushed = max(self._last_pushed, sequence_id)
+            if sequence_id > self._last_pushed:
+                self._last_pushed = sequence_id
             self._batch_results[sequence_id] = sink
-            self._send_batches(self._container.add(message.single(sequence_id), _now_ms()))
-            self._arm_batch_timer()
+            closed = container.add(message.single(sequence_id), _now_ms())
+            if closed:
+                self._send_batches(closed)
+            if self._batch_timer is None:
+                self._arm_batch_timer()
             return
         metadata, payload, pieces = entry
         sequence_id = self._assign(message.sequence_id)
@@ -480,7 +505,7 @@ class ProducerCore:
                                      op.num_messages, op.metadata, op.payload)
         future.add_done_callback(lambda done: self._receipt(op, done))
 
-    def _receipt(self, op: _Op, done: asyncio.Future[tuple[int, int]]) -> None:
+    def _receipt(self, op: _Op, done: SendReceipt) -> None:
         op.in_flight = False
         if op.done:
             return  # failed by the send timeout already
@@ -506,16 +531,21 @@ class ProducerCore:
         for waiter in op.waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        if error is not None:
+            for result in op.results:
+                if not result.done():
+                    result.set_exception(error)
+            return
+        partition, size = self.partition, op.batch_size
         for index, result in enumerate(op.results):
             if result.done():
                 continue
-            if error is not None:
-                result.set_exception(error)
-            elif op.batch_size:
-                result.set_result(trusted_id(ledger_id, entry_id, self.partition, index,
-                                             op.batch_size))
+            if not size:
+                index = -1
+            if isinstance(result, PartsSink):
+                result.set_parts(ledger_id, entry_id, partition, index, size)
             else:
-                result.set_result(trusted_id(ledger_id, entry_id, self.partition))
+                result.set_result(trusted_id(ledger_id, entry_id, partition, index, size))
 
     def _fail_all(self, error: PulsarException) -> None:
         for op in list(self._ops):

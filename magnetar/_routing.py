@@ -17,11 +17,16 @@ returns (a failure closes those already created). Each message then goes to one 
 
 `last_sequence_id` is the highest over the partitions; the producer name is the first
 partition's.
+
+A partitioned topic's partition count is looked up again every `partitions_update_interval_s`
+(as the official clients do); producers for the partitions added meanwhile are created and
+join the routing (a failure is logged and tried again next period).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -39,6 +44,8 @@ __all__ = ["MessageRouter", "ProducerSet"]
 
 MessageRouter = Callable[[Message, int], int]
 
+log = logging.getLogger(__name__)
+
 
 class ProducerSet:
     """The producer of one topic, partitioned or not (see the module comment)."""
@@ -46,7 +53,8 @@ class ProducerSet:
     def __init__(self, transport: Transport, ids: Iterator[int], topic: str,
                  config: ProducerConfig,
                  routing: PartitionsRoutingMode = PartitionsRoutingMode.RoundRobinDistribution,
-                 router: MessageRouter | None = None):
+                 router: MessageRouter | None = None,
+                 partitions_update_interval_s: float = 60):
         self.transport = transport
         self._ids = ids
         self.topic = topic
@@ -56,6 +64,11 @@ class ProducerSet:
         if self.routing is PartitionsRoutingMode.CustomPartition and router is None:
             raise InvalidConfiguration("CustomPartition routing needs a message_router")
         self.cores: list[ProducerCore] = []
+        self.partitions_update_interval_s = partitions_update_interval_s
+        self._partitioned = False
+        self._closing = False
+        self._update_timer: asyncio.TimerHandle | None = None
+        self._updating: asyncio.Task[None] | None = None
         self._next = 0
         self._sent_here = 0
         self._switched_s = time.monotonic()
@@ -66,19 +79,39 @@ class ProducerSet:
             self.cores = [ProducerCore(self.transport, next(self._ids), self.topic, -1,
                                        self.config)]
         else:
-            self.cores = [ProducerCore(self.transport, next(self._ids),
-                                       f"{self.topic}-partition-{i}", i, self.config)
-                          for i in range(partitions)]
-        results = await asyncio.gather(*(core.start() for core in self.cores),
-                                       return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await asyncio.gather(*(core.close() for core, r in zip(self.cores, results,
-                                                                    strict=True)
-                                   if not isinstance(r, BaseException)),
-                                 return_exceptions=True)
-            raise errors[0]
+            self.cores = self._partition_cores(0, partitions)
+            self._partitioned = True
+        await _start_all(self.cores)
         self._next = random.randrange(len(self.cores))
+        self._arm_update()
+
+    def _partition_cores(self, first: int, end: int) -> list[ProducerCore]:
+        return [ProducerCore(self.transport, next(self._ids), f"{self.topic}-partition-{i}", i,
+                             self.config) for i in range(first, end)]
+
+    def _arm_update(self) -> None:
+        if self._partitioned and self.partitions_update_interval_s > 0 and not self._closing:
+            self._update_timer = asyncio.get_running_loop().call_later(
+                self.partitions_update_interval_s, self._start_update)
+
+    def _start_update(self) -> None:
+        self._updating = asyncio.ensure_future(self._update_partitions())
+
+    async def _update_partitions(self) -> None:
+        """Create producers for the partitions added since the last look."""
+        try:
+            count = await self.transport.partitioned_metadata(self.topic)
+            known = len(self.cores)
+            if count > known and not self._closing:
+                added = self._partition_cores(known, count)
+                await _start_all(added)
+                if self._closing:
+                    await asyncio.gather(*(core.close() for core in added))
+                else:
+                    self.cores += added
+        except Exception as exc:
+            log.warning("partition update of %s failed: %s", self.topic, exc)
+        self._arm_update()
 
     @property
     def producer_name(self) -> str:
@@ -135,7 +168,22 @@ class ProducerSet:
         await asyncio.gather(*(core.flush() for core in self.cores))
 
     async def close(self) -> None:
+        self._closing = True
+        if self._update_timer is not None:
+            self._update_timer.cancel()
+        if self._updating is not None:
+            self._updating.cancel()
         await asyncio.gather(*(core.close() for core in self.cores))
+
+
+async def _start_all(cores: list[ProducerCore]) -> None:
+    """Start every core; on a failure close those started and raise the first error."""
+    results = await asyncio.gather(*(core.start() for core in cores), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        await asyncio.gather(*(core.close() for core, r in zip(cores, results, strict=True)
+                               if not isinstance(r, BaseException)), return_exceptions=True)
+        raise errors[0]
 
 
 def _routed(message: OutMessage) -> Message:

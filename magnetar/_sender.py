@@ -38,7 +38,8 @@ from ._enums import Result
 from ._errors import AlreadyClosed, ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread
 from ._message_id import MessageId as ClientMessageId
-from ._producer import OutMessage
+from ._message_id import trusted_id
+from ._producer import OutMessage, PartsSink
 from ._routing import ProducerSet
 
 __all__ = ["AsyncSender", "SendCallback", "SendWaiter"]
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 # The official shape: `callback(result, message_id)`; the id is None unless `Result.Ok`.
 SendCallback = Callable[[Result, ClientMessageId | None], None]
+_OK = Result.Ok
 
 
 def _as_pulsar(error: BaseException) -> PulsarException:
@@ -109,7 +111,7 @@ class _Slots:
             self._room.notify(count)
 
 
-class _Receipt:
+class _Receipt(PartsSink):
     """The core's result sink for one `send_async` message (see `ResultSink`)."""
 
     __slots__ = ("_callback", "_finished", "_sender")
@@ -129,6 +131,26 @@ class _Receipt:
     def set_exception(self, exception: BaseException, /) -> None:
         self._finished = True
         self._sender._finished(self._callback, _as_pulsar(exception), None)
+
+    def set_parts(self, ledger_id: int, entry_id: int, partition: int, batch_index: int,
+                  batch_size: int) -> None:
+        """Stored (the hot path: the callback's id is built from the parts)."""
+        self._finished = True
+        sender, callback = self._sender, self._callback
+        if not sender._slots_done:
+            asyncio.get_running_loop().call_soon(sender._give_slots)
+        sender._slots_done += 1
+        if callback is None:
+            return
+        if isinstance(callback, SendWaiter):
+            callback.finish(None, trusted_id(ledger_id, entry_id, partition, batch_index,
+                                             batch_size))
+            return
+        try:
+            callback(_OK, ClientMessageId.of_parts(ledger_id, entry_id, partition, batch_index,
+                                                   batch_size))
+        except Exception:  # the application's callback must not break the client
+            log.exception("a send_async callback on %s failed", sender._core.topic)
 
 
 class AsyncSender:

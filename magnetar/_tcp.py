@@ -29,6 +29,7 @@ from ._transport import (
     ProducerEvents,
     ProducerOpened,
     ProducerRequest,
+    SendReceipt,
     SubscribeRequest,
 )
 
@@ -46,6 +47,7 @@ _NAMESPACE_MODES: Final = {"PERSISTENT": pb.CommandGetTopicsOfNamespace.PERSISTE
                            "NON_PERSISTENT": pb.CommandGetTopicsOfNamespace.NON_PERSISTENT,
                            "ALL": pb.CommandGetTopicsOfNamespace.ALL}
 _UINT64: Final = (1 << 64) - 1
+_SEND: Final = pb.BaseCommand.SEND
 
 
 class TcpTransport:
@@ -203,21 +205,24 @@ class TcpTransport:
 
     def send(self, producer_id: int, sequence_id: int, highest_sequence_id: int,
              num_messages: int, metadata: pb.MessageMetadata, payload: bytes,
-             ) -> asyncio.Future[tuple[int, int]]:
-        future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+             ) -> SendReceipt:
+        future = SendReceipt()
         connection = self._producers.get(producer_id)
         queue = connection.sends.get(producer_id) if connection is not None else None
         if connection is None or queue is None:
             future.set_exception(NotConnected(f"producer {producer_id} is not connected"))
             return future
-        body = pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id & _UINT64,
-                              num_messages=num_messages)
+        command = pb.BaseCommand(type=_SEND)  # filled in place: no sub-command to copy
+        body = command.send
+        body.producer_id = producer_id
+        body.sequence_id = sequence_id & _UINT64
+        body.num_messages = num_messages
         if highest_sequence_id > sequence_id:
             body.highest_sequence_id = highest_sequence_id
         if metadata.HasField("chunk_id"):
             body.is_chunk = True
         try:
-            connection.write(body, metadata, payload)
+            connection.write_command(command, metadata, payload)
         except PulsarException as exc:
             future.set_exception(exc)
             return future

@@ -50,7 +50,7 @@ from ._errors import (
     Timeout,
     error_for_code,
 )
-from ._transport import ConsumerEvents, Incoming, ProducerEvents
+from ._transport import ConsumerEvents, Incoming, ProducerEvents, SendReceipt
 
 __all__ = ["BrokerConnection", "ConnectionOwner", "TlsSettings", "parse_address", "signed"]
 
@@ -61,6 +61,8 @@ CLIENT_VERSION: Final = "magnetar"
 READ_BYTES_MAX: Final = 256 * 1024
 WRITE_BUFFER_BYTES_MAX: Final = 256 * 1024  # encoded frames held for one write, at most
 _T = pb.BaseCommand
+_2_63: Final = 1 << 63
+_2_64: Final = 1 << 64
 
 
 class ConnectionOwner(Protocol):
@@ -122,7 +124,7 @@ class BrokerConnection:
         self._out_bytes = 0
         self._reader_task: asyncio.Task[None] | None = None
         self._requests: dict[int, asyncio.Future[Frame]] = {}
-        self.sends: dict[int, deque[tuple[int, asyncio.Future[tuple[int, int]]]]] = {}
+        self.sends: dict[int, deque[tuple[int, SendReceipt]]] = {}
         self.producers: dict[int, ProducerEvents] = {}
         self.consumers: dict[int, ConsumerEvents] = {}
         self.closed = False
@@ -164,10 +166,19 @@ class BrokerConnection:
 
     def write(self, body: ProtoMessage, metadata: pb.MessageMetadata | None = None,
               payload: bytes = b"") -> None:
+        """Queue a sub-command (wrapped in its BaseCommand) for the socket.
+
+        Raises:
+            NotConnected: the connection is closed. PulsarException: it cannot be encoded."""
+        self.write_command(base_command(body), metadata, payload)
+
+    def write_command(self, command: pb.BaseCommand, metadata: pb.MessageMetadata | None = None,
+                      payload: bytes = b"") -> None:
+        """`write` of a whole BaseCommand."""
         if self.closed or self._writer is None:
             raise NotConnected(f"the connection to {self.url} is closed")
         try:
-            data = self.conn.send(base_command(body), metadata, payload)
+            data = self.conn.send(command, metadata, payload)
         except ProtocolError as exc:
             raise PulsarException(f"cannot send to {self.url}: {exc}") from None
         if not self._out:
@@ -311,9 +322,11 @@ class BrokerConnection:
         if events is None or frame.metadata is None:
             return
         message_id = message.message_id
+        ledger_id, entry_id = message_id.ledgerId, message_id.entryId
         events.on_message(Incoming(
-            signed(message_id.ledgerId), signed(message_id.entryId), message_id.partition,
-            message.redelivery_count, list(message.ack_set) or None,
+            ledger_id - _2_64 if ledger_id >= _2_63 else ledger_id,  # `signed`, inline
+            entry_id - _2_64 if entry_id >= _2_63 else entry_id, message_id.partition,
+            message.redelivery_count, list(message.ack_set) if message.ack_set else None,
             message.consumer_epoch if message.HasField("consumer_epoch") else None,
             frame.metadata, frame.payload))
 

@@ -13,21 +13,75 @@ Ids: the core chooses producer and consumer ids (unique per client) and passes t
 call. Deliveries and the broker's own closes come back through the `ConsumerEvents` and
 `ProducerEvents` objects given at creation, which must not block.
 
-Sends: `send` starts the publish synchronously (so publishes of one producer reach the broker in
-call order) and returns a future resolved with the entry's `(ledger_id, entry_id)` --
-`(-1, -1)` for a duplicate the broker dropped -- or failed with a `PulsarException`.
+Sends: `send` starts the publish (publishes of one producer reach the broker in call order) and
+returns a `SendReceipt` resolved with the entry's `(ledger_id, entry_id)` -- `(-1, -1)` for a
+duplicate the broker dropped -- or failed with a `PulsarException`. A receipt is a future
+without the loop hand-off: its one callback runs the moment it is resolved, so a transport
+completes a whole run of receipts in one turn of the loop instead of scheduling a callback each.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from magnetar.codec import MessageId, pb
 
 __all__ = ["ConsumerEvents", "Incoming", "KeySharedPolicy", "ProducerEvents", "ProducerOpened",
-           "ProducerRequest", "SubscribeRequest", "Transport"]
+           "ProducerRequest", "SendReceipt", "SubscribeRequest", "Transport"]
+
+
+class SendReceipt:
+    """The outcome of one send (see the module comment): resolved once, with one callback,
+    called at once on resolution (or soon, on the loop, when it was resolved already)."""
+
+    __slots__ = ("_callback", "_done", "_error", "_value")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._value: tuple[int, int] = (-1, -1)
+        self._error: BaseException | None = None
+        self._callback: Callable[[SendReceipt], None] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> tuple[int, int]:
+        """The entry's (ledger id, entry id). Raises: the failure, if it failed."""
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def set_result(self, value: tuple[int, int]) -> None:
+        if not self._done:
+            self._done, self._value = True, value
+            self._run_callback()
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self._done:
+            self._done, self._error = True, error
+            self._run_callback()
+
+    def add_done_callback(self, callback: Callable[[SendReceipt], None]) -> None:
+        """Set the callback (one only)."""
+        assert self._callback is None
+        if self._done:
+            asyncio.get_running_loop().call_soon(callback, self)
+        else:
+            self._callback = callback
+
+    def _run_callback(self) -> None:
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback(self)
 
 
 @dataclass(frozen=True)
@@ -69,9 +123,9 @@ class KeySharedPolicy:
     allow_out_of_order_delivery: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """One delivered entry (possibly a batch or a chunk), as the transport received it."""
+class Incoming(NamedTuple):
+    """One delivered entry (possibly a batch or a chunk), as the transport received it (a
+    tuple: one is made per entry)."""
 
     ledger_id: int
     entry_id: int
@@ -115,7 +169,7 @@ class Transport(Protocol):
 
     def send(self, producer_id: int, sequence_id: int, highest_sequence_id: int,
              num_messages: int, metadata: pb.MessageMetadata, payload: bytes,
-             ) -> asyncio.Future[tuple[int, int]]: ...
+             ) -> SendReceipt: ...
 
     async def close_producer(self, producer_id: int) -> None: ...
 

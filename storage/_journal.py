@@ -12,7 +12,8 @@ in its own thread, deterministically):
 * The writer takes every queued request (up to `journal_batch_bytes_max`), encodes them
   into one buffer, ends it with a PAD record to the alignment boundary (carrying the LSN
   synced so far, see `_journal_format.py`), and issues one `pwrite`. It then hands the
-  batch to the syncer and goes on with the next batch.
+  batch to the syncer and goes on with the next batch; when nothing else is queued and no
+  sync is under way it syncs the batch itself instead (no hand-off for a lone add).
 * The syncer takes every batch handed over, issues ONE fdatasync for all of them, moves the
   in-memory mark to the end of the last one and calls `on_durable` with their requests.
 
@@ -20,8 +21,8 @@ While the syncer waits on the disk, requests pile up, so the next batch is large
 group grows with the load without any artificial delay, and a single request in flight
 costs one write and one fdatasync.
 
-Segments are preallocated with zeros (`journal_prealloc_bytes` at a time) so that a sync
-does not have to update the file's size, and a zero record header marks the end of data.
+Segments are preallocated with zeros (1 MiB when created, then `journal_prealloc_bytes` at
+a time) so that a sync need not update the file's size; a zero record header ends the data.
 A segment rolls over at `journal_segment_bytes_max`: the writer waits for the syncer to
 drain, syncs and closes the old segment, and only then creates the next one, so that only
 the newest segment can ever end in a torn record. A new segment is created on every open;
@@ -44,16 +45,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ._completion import Completion
 from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
 from ._fs import FileHandle, FileSystem
+from ._journal_batch import JournalRequest, _Batch, _Segment
 from ._journal_format import (
     RECORD_HEADER_BYTES,
     JournalMark,
     SegmentHeader,
+    encode_adds,
     encode_record,
     pad_record,
     parse_segment_name,
@@ -66,38 +68,8 @@ __all__ = ["Journal", "JournalMark", "JournalRequest", "parse_segment_name", "se
 log = logging.getLogger(__name__)
 
 _ZERO_CHUNK_BYTES = 1024 * 1024
+_FIRST_PREALLOC_BYTES = 1024 * 1024  # an open or a rollover does not wait for a full step
 _ZEROS = bytes(_ZERO_CHUNK_BYTES)
-
-
-class JournalRequest:
-    """One record to journal, with what to finish when it is durable."""
-
-    __slots__ = ("completion", "entry_id", "kind", "ledger", "payload")
-
-    def __init__(self, kind: int, payload: bytes, completion: Completion[int] | None,
-                 ledger: object = None, entry_id: int = -1):
-        self.kind = kind
-        self.payload = payload
-        self.completion = completion
-        self.ledger = ledger
-        self.entry_id = entry_id
-
-
-@dataclass
-class _Batch:
-    segment: _Segment
-    end_offset: int
-    last_lsn: int
-    requests: list[JournalRequest]
-    records: int  # the requests written (`requests` is emptied once acknowledged unsynced)
-
-
-class _Segment:
-    def __init__(self, segment_id: int, handle: FileHandle, position: int, allocated: int):
-        self.segment_id = segment_id
-        self.handle = handle
-        self.position = position
-        self.allocated = allocated
 
 
 DurableCallback = Callable[[list[JournalRequest]], None]
@@ -120,9 +92,12 @@ class Journal:
         # fsync latency and group-commit size (one writer: whoever holds the syncer role),
         # bytes written (the writer role).
         self.metrics = metrics if metrics is not None else StorageMetrics()
-        self._lock = threading.Condition()
+        lock = threading.RLock()
+        self._lock = threading.Condition(lock)
+        # The writer's own condition (same lock): a submission wakes only the writer.
+        self._writer_wake = threading.Condition(lock)
         self._queue: deque[JournalRequest] = deque()
-        self._queue_bytes = 0
+        self._queued_records = 0  # records of the queued requests (a run of adds counts each)
         self._room_waiters: list[Completion[None]] = []  # one per waiting managed ledger
         # Adds stop here (`has_room_for_adds`): a tenth of the queue stays for the records that
         # must not wait behind adds (cursor updates, ledger closes), so their submit never blocks.
@@ -165,7 +140,8 @@ class Journal:
         try:
             header = SegmentHeader(segment_id, self._next_lsn, alignment)
             handle.pwrite(header.encode(), 0)
-            allocated = self._preallocate(handle, alignment, alignment)
+            first_step = min(_FIRST_PREALLOC_BYTES, self._config.journal_prealloc_bytes)
+            allocated = self._preallocate(handle, alignment, alignment, first_step)
             handle.fdatasync()
             self._fs.fsync_dir(self._dir)
         except BaseException:
@@ -174,11 +150,11 @@ class Journal:
         log.debug("journal segment %s created (first LSN %d)", path, self._next_lsn)
         return _Segment(segment_id, handle, alignment, allocated)
 
-    def _preallocate(self, handle: FileHandle, start: int, need_end: int) -> int:
-        """Write zeros from `start` in `journal_prealloc_bytes` steps until `need_end` is
-        covered; returns the new allocated end."""
+    def _preallocate(self, handle: FileHandle, start: int, need_end: int, step: int = 0) -> int:
+        """Zeros from `start` in `step` (`journal_prealloc_bytes`) steps until `need_end`
+        is covered; returns the new allocated end."""
         end = start
-        step = self._config.journal_prealloc_bytes
+        step = step or self._config.journal_prealloc_bytes
         while end < need_end or end == start:
             stop = end + step
             position = end
@@ -204,7 +180,7 @@ class Journal:
             return
         with self._lock:
             self._sync_now = True
-            self._lock.notify_all()
+            self._notify_all()
             while (self._sync_queue or self._sync_busy) and self._failed is None:
                 self._lock.wait()
             if self._failed is not None:
@@ -246,25 +222,27 @@ class Journal:
             if self._closing:
                 self._fail_requests([request], StorageClosedError("journal is closed"))
                 return
-            while len(self._queue) >= self._config.journal_queue_requests_max:
+            while self._queued_records >= self._config.journal_queue_requests_max:
                 self._lock.wait()
                 if self._failed is not None:
                     self._fail_requests([request], self._failed)
                     return
             self._queue.append(request)
-            self._queue_bytes += len(request.payload)
-            self._lock.notify_all()
+            self._queued_records += request.records
+            self._writer_wake.notify()
 
-    def has_room_for_adds(self) -> bool:
-        """Whether an add may be queued now without `submit` waiting."""
+    def has_room_for_adds(self, records: int = 1) -> bool:
+        """Whether `records` adds fit below `add_requests_max` now, or nothing is queued (a
+        longer run then goes alone; its caller bounds it): `submit` would not wait."""
         with self._lock:
-            return len(self._queue) < self.add_requests_max
+            queued = self._queued_records
+            return queued == 0 or queued + records <= self.add_requests_max
 
     def room_for_adds(self) -> Completion[None]:
         """Finishes once `has_room_for_adds` may say yes again: the writer took a batch, or
         the journal failed or is closing (the next add then raises). Never blocks."""
         with self._lock:
-            if (len(self._queue) < self.add_requests_max or self._failed is not None
+            if (self._queued_records < self.add_requests_max or self._failed is not None
                     or self._closing):
                 return Completion.resolved(None)
             waiter: Completion[None] = Completion()
@@ -304,25 +282,23 @@ class Journal:
         finally:
             with self._lock:
                 self._leading = False
-                self._lock.notify_all()
+                self._notify_all()
             if segment is not None:
                 self._maybe_roll_over(segment)
             with self._lock:
                 self._writing = False
-                self._lock.notify_all()
+                self._notify_all()
         return True
 
     def pump(self) -> bool:
-        """Without background threads: write and sync what is queued. Returns True if
-        anything was done."""
+        """Without background threads: write and sync what is queued; whether it did."""
         assert not self._threads
-        wrote = self._write_once()
-        synced = self._sync_once()
-        return wrote or synced
+        return self._write_once() | self._sync_once()
 
-    def pending(self) -> int:
+    def pending(self) -> int:  # records queued or written, not yet acknowledged
         with self._lock:
-            return len(self._queue) + sum(len(b.requests) for b in self._sync_queue)
+            return self._queued_records + sum(r.records for b in self._sync_queue
+                                              for r in b.requests)
 
     # -- the writer ----------------------------------------------------------------------
 
@@ -331,13 +307,15 @@ class Journal:
         taken: list[JournalRequest] = []
         size = 0
         limit = self._config.journal_batch_bytes_max
-        while self._queue and (not taken or size + len(self._queue[0].payload) <= limit):
+        records = 0
+        while self._queue and (not taken or size + self._queue[0].size <= limit):
             request = self._queue.popleft()
-            size += len(request.payload)
+            size += request.size
+            records += request.records
             taken.append(request)
-        self._queue_bytes -= size
-        self._lock.notify_all()
-        if self._room_waiters and len(self._queue) < self.add_requests_max:
+        self._queued_records -= records
+        self._notify_all()
+        if self._room_waiters and self._queued_records < self.add_requests_max:
             self._wake_room_waiters()
         return taken
 
@@ -346,12 +324,12 @@ class Journal:
             with self._lock:
                 while (not self._queue or self._writing) and not self._closing \
                         and self._failed is None:
-                    self._lock.wait()
+                    self._writer_wake.wait()
                 while self._writing and self._failed is None:  # a leader finishes first
-                    self._lock.wait()
+                    self._writer_wake.wait()
                 if self._failed is not None or (self._closing and not self._queue):
                     self._writer_done = True
-                    self._lock.notify_all()
+                    self._notify_all()
                     return
                 self._writing = True
                 requests = self._take_batch()
@@ -360,7 +338,7 @@ class Journal:
             finally:
                 with self._lock:
                     self._writing = False
-                    self._lock.notify_all()
+                    self._notify_all()
 
     def _write_once(self) -> bool:
         with self._lock:
@@ -386,21 +364,30 @@ class Journal:
         except OSError as exc:
             self._fail(requests, journal_io_error(exc, segment.handle.path))
             return None
-        done = _Batch(segment, segment.position, self._next_lsn - 1, requests, len(requests))
+        done = _Batch(segment, segment.position, self._next_lsn - 1, requests,
+                      sum(r.records for r in requests))
         if not self._config.journal_sync:
             self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
             done.requests = []
         with self._lock:
             failed = self._failed
-            if failed is None:
+            # Nothing else to write and no sync under way: sync here rather than wake the
+            # syncer (one thread hand-off less for a lone add); else hand over and go on.
+            inline = (failed is None and bool(self._threads) and self._config.journal_sync
+                      and not self._queue and not self._sync_queue and not self._sync_busy)
+            if inline:
+                self._sync_busy = True
+            elif failed is None:
                 self._sync_queue.append(done)
-                self._lock.notify_all()
+                self._notify_all()
         if failed is not None:
             # The journal failed while this batch was being written (a checkpoint or a sync
             # failed meanwhile): the syncer has stopped, so the batch must fail here.
             self._fail_requests(done.requests, failed)
             return None
+        if inline:
+            self._sync_batches([done])
         return segment
 
     def _maybe_roll_over(self, segment: _Segment) -> None:
@@ -416,8 +403,13 @@ class Journal:
         segment_id = segment.segment_id
         lsn = self._next_lsn
         for request in requests:
-            encode_record(out, segment_id, lsn, request.kind, request.payload)
-            lsn += 1
+            entries = request.entries
+            if entries is None:
+                encode_record(out, segment_id, lsn, request.kind, request.payload)
+                lsn += 1
+            else:
+                lsn = encode_adds(out, segment_id, lsn, request.ledger_id,
+                                  request.entry_id - len(entries) + 1, entries)
         # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced)
         # from a damaged record that was synced before a later batch was written.
         if pad_record(out, segment_id, lsn, segment.position,
@@ -470,6 +462,11 @@ class Journal:
             batches = list(self._sync_queue)
             self._sync_queue.clear()
             self._sync_busy = True
+        self._sync_batches(batches)
+        return True
+
+    def _sync_batches(self, batches: list[_Batch]) -> None:
+        """One fdatasync for `batches` (the caller holds the syncer role), then completes."""
         last = batches[-1]
         try:
             self._fs.point("journal:before-sync")
@@ -486,7 +483,7 @@ class Journal:
                 self._sync_busy = False
             self._fail([r for b in batches for r in b.requests],
                        journal_io_error(exc, last.segment.handle.path))
-            return True
+            return
         self._last_sync_monotonic = time.monotonic()
         assert last.end_offset >= self.synced_mark.offset or \
             last.segment.segment_id > self.synced_mark.segment_id
@@ -498,8 +495,11 @@ class Journal:
             self._on_durable(requests)
         with self._lock:
             self._sync_busy = False
-            self._lock.notify_all()
-        return True
+            self._notify_all()
+
+    def _notify_all(self) -> None:  # lock held: wake the writer, the syncer, room waiters
+        self._lock.notify_all()
+        self._writer_wake.notify_all()
 
     # -- failure and shutdown ------------------------------------------------------------
 
@@ -519,7 +519,7 @@ class Journal:
             pending = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
             self._queue.clear()
             self._sync_queue.clear()
-            self._lock.notify_all()
+            self._notify_all()
             self._wake_room_waiters()
         if first:
             log.error("journal failed, refusing further writes: %s", error)
@@ -533,7 +533,7 @@ class Journal:
         """Write and sync everything queued, stop the threads and close the segment."""
         with self._lock:
             self._closing = True
-            self._lock.notify_all()
+            self._notify_all()
             self._wake_room_waiters()
         if self._threads:
             for thread in self._threads:
@@ -593,7 +593,7 @@ class Journal:
             if self._failed is None:
                 self._failed = StorageFailedError("journal abandoned")
             self._closing = True
-            self._lock.notify_all()
+            self._notify_all()
             self._wake_room_waiters()
         for thread in self._threads:
             thread.join()

@@ -52,17 +52,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ._crc import crc32c
+from ._crc import crc32c, crc32c_native
 from ._errors import CorruptionError
 from ._fs import FileHandle
 
 __all__ = [
+    "ADD_IDS_BYTES",
     "RECORD_HEADER_BYTES",
     "JournalMark",
     "RecordType",
     "ScanResult",
     "SegmentHeader",
     "Survivors",
+    "encode_adds",
     "encode_record",
     "pad_record",
     "parse_segment_name",
@@ -87,6 +89,8 @@ _U32 = struct.Struct(">I")
 _SEGMENT_ID = struct.Struct(">Q")
 _ZERO_HEADER = bytes(RECORD_HEADER_BYTES)
 _PAD_SYNCED_LSN = struct.Struct(">Q")  # the first bytes of a PAD payload written by the journal
+_ADD_IDS = struct.Struct(">QQ")  # an ADD_ENTRY payload starts with ledger id and entry id
+ADD_IDS_BYTES = _ADD_IDS.size
 
 
 class RecordType(enum.IntEnum):
@@ -139,6 +143,31 @@ def encode_record(out: bytearray, segment_id: int, lsn: int, kind: int,
     out += _U32.pack(crc)
     out += tail
     out += payload
+
+
+def encode_adds(out: bytearray, segment_id: int, lsn: int, ledger_id: int, first_entry_id: int,
+                entries: list[bytes]) -> int:
+    """Append one ADD_ENTRY record per entry (entry ids from `first_entry_id`, LSNs from
+    `lsn`), each exactly as `encode_record` would write it; returns the next LSN.
+
+    The journal writer's hot loop: the payload (ids ‖ data) is never built, its CRC chains
+    over the pieces, and the segment seed is computed once."""
+    crc, pack_tail, pack_ids, pack_crc = crc32c_native, _RECORD_TAIL.pack, _ADD_IDS.pack, \
+        _U32.pack
+    seed = crc(_SEGMENT_ID.pack(segment_id), 0)
+    kind = RecordType.ADD_ENTRY.value
+    entry_id = first_entry_id
+    for data in entries:
+        length = ADD_IDS_BYTES + len(data)
+        tail = pack_tail(length, lsn, kind, 0, 0, length ^ 0xFFFFFFFF)
+        ids = pack_ids(ledger_id, entry_id)
+        out += pack_crc(crc(data, crc(ids, crc(tail, seed))))
+        out += tail
+        out += ids
+        out += data
+        lsn += 1
+        entry_id += 1
+    return lsn
 
 
 def pad_record(out: bytearray, segment_id: int, lsn: int, position: int, alignment: int,
@@ -216,48 +245,51 @@ def scan_segment(handle: FileHandle, header: SegmentHeader, start_offset: int,
     buffer = b""
     view = memoryview(buffer)
     buffer_start = offset
-    while offset + RECORD_HEADER_BYTES <= file_size:
-        at = offset - buffer_start
-        if at + RECORD_HEADER_BYTES > len(buffer):
-            buffer, buffer_start, at = handle.pread(_READ_CHUNK_BYTES, offset), offset, 0
-            view = memoryview(buffer)
-            if len(buffer) < RECORD_HEADER_BYTES:
-                break
-        crc, length, lsn, kind, _flags, _reserved, check = unpack_header(buffer, at)
-        if check == 0 and buffer[at:at + RECORD_HEADER_BYTES] == _ZERO_HEADER:
-            break
-        problem = ""
-        if length ^ 0xFFFFFFFF != check:
-            problem = "record length check fails"
-        elif length > record_bytes_max:
-            problem = f"record length {length} exceeds the maximum {record_bytes_max}"
-        elif last_lsn >= 0 and lsn != last_lsn + 1:
-            problem = f"record LSN {lsn} does not follow {last_lsn}"
-        elif length == 0 and kind != pad:
-            problem = "empty record"
-        else:
-            end = at + RECORD_HEADER_BYTES + length
-            if end > len(buffer):
-                want = max(RECORD_HEADER_BYTES + length, _READ_CHUNK_BYTES)
-                buffer, buffer_start, at = handle.pread(want, offset), offset, 0
+    records = 0
+    try:
+        while offset + RECORD_HEADER_BYTES <= file_size:
+            at = offset - buffer_start
+            if at + RECORD_HEADER_BYTES > len(buffer):
+                buffer, buffer_start, at = handle.pread(_READ_CHUNK_BYTES, offset), offset, 0
                 view = memoryview(buffer)
-                end = RECORD_HEADER_BYTES + length
-            if end > len(buffer):
-                problem = "record runs past the end of the file"
+                if len(buffer) < RECORD_HEADER_BYTES:
+                    break
+            crc, length, lsn, kind, _flags, _reserved, check = unpack_header(buffer, at)
+            if check == 0 and buffer[at:at + RECORD_HEADER_BYTES] == _ZERO_HEADER:
+                break
+            problem = ""
+            if length ^ 0xFFFFFFFF != check:
+                problem = "record length check fails"
+            elif length > record_bytes_max:
+                problem = f"record length {length} exceeds the maximum {record_bytes_max}"
+            elif last_lsn >= 0 and lsn != last_lsn + 1:
+                problem = f"record LSN {lsn} does not follow {last_lsn}"
+            elif length == 0 and kind != pad:
+                problem = "empty record"
             else:
-                payload = view[at + RECORD_HEADER_BYTES:end]
-                # Bytes 4..23 and the payload are contiguous: one CRC call covers both.
-                if crc32c(view[at + 4:end], seed) != crc:
-                    problem = "record CRC mismatch"
-        if problem:
-            result.clean, result.problem = False, problem
-            break
-        record = Record(lsn, kind, payload, offset)
-        offset += RECORD_HEADER_BYTES + length
-        last_lsn = lsn
-        result.end_offset, result.last_lsn = offset, lsn
-        result.records += 1
-        yield record
+                end = at + RECORD_HEADER_BYTES + length
+                if end > len(buffer):
+                    want = max(RECORD_HEADER_BYTES + length, _READ_CHUNK_BYTES)
+                    buffer, buffer_start, at = handle.pread(want, offset), offset, 0
+                    view = memoryview(buffer)
+                    end = RECORD_HEADER_BYTES + length
+                if end > len(buffer):
+                    problem = "record runs past the end of the file"
+                else:
+                    payload = view[at + RECORD_HEADER_BYTES:end]
+                    # Bytes 4..23 and the payload are contiguous: one CRC call covers both.
+                    if crc32c(view[at + 4:end], seed) != crc:
+                        problem = "record CRC mismatch"
+            if problem:
+                result.clean, result.problem = False, problem
+                break
+            record = Record(lsn, kind, payload, offset)
+            offset += RECORD_HEADER_BYTES + length
+            last_lsn = lsn
+            records += 1
+            yield record
+    finally:  # also when the caller stops early (the generator is closed)
+        result.end_offset, result.last_lsn, result.records = offset, last_lsn, records
 
 
 @dataclass

@@ -20,6 +20,8 @@ failures, no disk) alike. Both promise the same behaviour, checked by one shared
   `CorruptionError` for bytes that fail their checks.
 * `add_entry` may block while the write cache is full (back-pressure for threads);
   `try_add_entry` refuses instead (None) and `cache_space` finishes when to try again.
+  `add_entries`/`try_add_entries` do the same for a run of entries of one ledger as one
+  write (one lock hold, one journal request, one completion).
   `try_read_entries` serves a range from memory or says None (it would need the disk).
   An event loop uses only these, and `read_entries` from a worker thread.
 * `full` is true while a full disk stopped the writes; `try_resume_writes` turns writes back
@@ -31,6 +33,7 @@ batches (see `storage._metadata`); `LedgerMetadata` is the part of it the broker
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -118,6 +121,15 @@ class LedgerStorage(Protocol):
     def try_add_entry(self, ledger_id: int, data: bytes) -> Completion[int] | None:
         """`add_entry` that never blocks: None (nothing written) while the write cache is
         full; `cache_space` tells when to try again. Raises as `add_entry`."""
+
+    def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int]:
+        """Append a run of entries (consecutive ids) as one write: the completion gives the
+        last entry id once all are durable, or fails for all. All or nothing: a refusal
+        writes none of them. The caller bounds the run. May block like `add_entry`."""
+
+    def try_add_entries(self, ledger_id: int,
+                        entries: Sequence[bytes]) -> Completion[int] | None:
+        """`add_entries` that never blocks: None (none written) as `try_add_entry`."""
 
     def cache_space(self) -> Completion[None]:
         """Finishes (never fails) once `try_add_entry` may accept again, or the store stopped

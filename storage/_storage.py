@@ -63,7 +63,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -101,7 +101,6 @@ __all__ = ["Storage"]
 
 log = logging.getLogger(__name__)
 
-_IDS = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _CLOSE = struct.Struct(">Qq")
 
@@ -426,9 +425,23 @@ class Storage:
             StorageError: the cache stayed full for `write_cache_wait_ms_max` (or, without
                 background threads, nobody runs the checkpoint that would free it).
         """
+        return self.add_entries(ledger_id, [data])
+
+    def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int]:
+        """Append a run of entries to one ledger as `add_entry` each, under one hold of the
+        lock and as one journal request: they get consecutive entry ids, and the one
+        completion gives the LAST id once all of them are durable (the first is that id
+        minus `len(entries) - 1`). All or nothing: a refusal writes none of them.
+
+        The caller bounds the run (a connection's SENDs of one socket read): it is
+        journaled whole, even beyond `journal_batch_bytes_max`.
+
+        Raises:
+            As `add_entry`.
+        """
         deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
         while True:
-            added = self._try_add(ledger_id, data, journal_may_wait=True)
+            added = self._try_add(ledger_id, entries, journal_may_wait=True)
             if added is not None:
                 return added
             if not self.config.background_threads:
@@ -452,37 +465,50 @@ class Storage:
         Raises:
             As `add_entry`, but never for a full cache.
         """
-        return self._try_add(ledger_id, data, journal_may_wait=False)
+        return self._try_add(ledger_id, [data], journal_may_wait=False)
 
-    def _try_add(self, ledger_id: int, data: bytes,
+    def try_add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int] | None:
+        """`add_entries` that never waits, as `try_add_entry`: None (none written) when the
+        cache is full, or the journal's queue has no room for the whole run.
+
+        Raises:
+            As `add_entry`, but never for a full cache.
+        """
+        return self._try_add(ledger_id, entries, journal_may_wait=False)
+
+    def _try_add(self, ledger_id: int, entries: Sequence[bytes],
                  journal_may_wait: bool) -> Completion[int] | None:
-        """One add unless the cache is full (None); a full journal queue gives None too
-        unless `journal_may_wait` (a thread's add waits in `Journal.submit`)."""
-        if len(data) > self.config.entry_size_bytes_max:
-            raise EntryTooLargeError(
-                f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
-                f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
-        data = bytes(data)
+        """One run of adds unless the cache is full (None); a full journal queue gives None
+        too unless `journal_may_wait` (a thread's add waits in `Journal.submit`)."""
+        assert entries, "a run of adds has at least one entry"
+        size_max = self.config.entry_size_bytes_max
+        datas = [bytes(data) for data in entries]
+        for data in datas:
+            if len(data) > size_max:
+                raise EntryTooLargeError(
+                    f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
+                    f"entry_size_bytes_max={size_max}")
         with self.lock:
             self._check_writable()
             ledger = self._writable_ledger(ledger_id)
-            assert self.journal is not None
-            if not journal_may_wait and not self.journal.has_room_for_adds():
+            journal = self.journal
+            assert journal is not None
+            if not journal_may_wait and not journal.has_room_for_adds(len(datas)):
                 return None
-            if self.cache.active_full():
+            cache = self.cache
+            if cache.active_full():
                 self._checkpoint_wanted.set()
-                if self.cache.flushing is not None:
-                    return None  # else the next checkpoint swaps; may overshoot by one
-            entry_id = ledger.next_entry_id
-            ledger.next_entry_id = entry_id + 1
-            self.cache.put(ledger_id, entry_id, data)
+                if cache.flushing is not None:
+                    return None  # else the next checkpoint swaps; may overshoot by one run
+            first = ledger.next_entry_id
+            last = first + len(datas) - 1
+            ledger.next_entry_id = last + 1
+            cache.put_run(ledger_id, first, datas)
             completion: Completion[int] = Completion()
-            assert self.journal is not None
             if self.config.journal_caller_syncs_when_idle:
-                completion.before_blocking = self.journal.try_lead
-            self.journal.submit(JournalRequest(RecordType.ADD_ENTRY,
-                                               _IDS.pack(ledger_id, entry_id) + data,
-                                               completion, ledger, entry_id))
+                completion.before_blocking = journal.try_lead
+            journal.submit(JournalRequest(RecordType.ADD_ENTRY, b"", completion, ledger, last,
+                                          entries=datas, ledger_id=ledger_id))
         return completion
 
     def cache_space(self) -> Completion[None]:
@@ -619,7 +645,8 @@ class Storage:
         for request in requests:
             ledger = request.ledger
             if isinstance(ledger, LedgerState):
-                assert request.entry_id == ledger.lac + 1, "adds become durable in order"
+                assert request.entry_id - request.records == ledger.lac, \
+                    "adds become durable in order"
                 ledger.lac = request.entry_id
             if request.completion is not None:
                 request.completion.set_result(request.entry_id)

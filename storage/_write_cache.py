@@ -52,6 +52,18 @@ class WriteCache:
         ledger[entry_id] = data
         self.active.entry_bytes += len(data)
 
+    def put_run(self, ledger_id: int, first: int, entries: list[bytes]) -> None:
+        """`put` for entries `first`, `first + 1`, ... of a ledger: new adds, whose ids no
+        entry of the cache holds (replay, which may rewrite one, uses `put`)."""
+        ledger = self.active.entries.get(ledger_id)
+        if ledger is None:
+            ledger = self.active.entries[ledger_id] = {}
+        size = 0
+        for entry_id, data in enumerate(entries, first):
+            ledger[entry_id] = data
+            size += len(data)
+        self.active.entry_bytes += size
+
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         ledger = self.active.entries.get(ledger_id)
         found = None if ledger is None else ledger.get(entry_id)

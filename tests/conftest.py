@@ -23,3 +23,11 @@ def seed(request: pytest.FixtureRequest) -> int:
     value = int(given) if given is not None else 20261122
     print(f"seed={value}")
     return value
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`), every Spark test goes to one worker, which then starts
+    the one SparkSession (a JVM) they share, instead of one per worker."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))

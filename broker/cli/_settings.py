@@ -233,7 +233,7 @@ _SECURITY: Final = (
     _b("authenticationProviders", "authentication_providers", "list", "authentication "
        "methods accepted, by name: token, basic, tls (Pulsar lists provider classes)"),
     _b("basicAuthConf", "basic_auth_conf", "key", "htpasswd-style users for basic: path, "
-       "file:, data: or base64 text (bcrypt, $apr1$ or $1$ hashes)"),
+       "file:, data: or base64 text (bcrypt, $apr1$, $1$ or DES crypt hashes)"),
     _b("anonymousUserRole", "anonymous_user_role", "role", "role of a client without "
        "credentials when authentication is on (empty: such clients are refused)"),
     _b("authorizationEnabled", "authorization_enabled", "", "check every operation against "

@@ -80,8 +80,8 @@ def auth_middleware(auth: AuthenticationService, authenticate_metrics: bool,
             None if transport is None else transport.get_extra_info("peercert"))
         method = request.headers.get(AUTH_METHOD_HEADER)
         try:
-            principal = auth.authenticate_http(request.headers.get("Authorization"),
-                                               common_name, method)
+            principal = await auth.authenticate_http(request.headers.get("Authorization"),
+                                                     common_name, method)
         except AuthenticationError as exc:
             count = failed(request)
             log.info("admin request %s %s from %s refused (method %r, failure %d on this "

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from magnetar.storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError
@@ -57,15 +59,15 @@ async def after_earlier_callbacks(completion: Completion[int]) -> int:
     return completion.result()
 
 
-async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int, data: bytes,
-                                   name: str) -> Completion[int]:
+async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int,
+                                   entries: Sequence[bytes], name: str) -> Completion[int]:
     """Back-pressure without blocking the loop: await the storage's `cache_space` and try
-    the add again, for at most the storage's `write_cache_wait_ms_max` (as a blocking add
-    would wait). `name`: the managed ledger's, for the error.
+    the add (a run of entries) again, for at most the storage's `write_cache_wait_ms_max`
+    (as a blocking add would wait). `name`: the managed ledger's, for the error.
 
     Raises:
         StorageError: the cache stayed full that long; nothing was written.
-        The storage's refusals (`try_add_entry`): nothing was written.
+        The storage's refusals (`try_add_entries`): nothing was written.
     """
     wait_ms = storage.config.write_cache_wait_ms_max
     loop = asyncio.get_running_loop()
@@ -77,7 +79,7 @@ async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int, data:
         except TimeoutError:
             raise StorageError(f"write cache full for {wait_ms} ms; the add of ml "
                                f"{name} was refused") from None
-        completion = storage.try_add_entry(ledger_id, data)
+        completion = storage.try_add_entries(ledger_id, entries)
         if completion is not None:
             return completion
 
@@ -114,9 +116,54 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],
-               *args: object) -> None:
-    """Run `callback` on `loop` from a storage thread (ignored once the loop is closed)."""
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass
+              *args: object) -> None:
+    """Run `callback` on `loop` from a storage thread (ignored once the loop is closed).
+    Callbacks posted while the loop has not yet run the earlier ones share one wake-up of
+    the loop (`_Inbox`): a journal sync that completes the adds of many managed ledgers
+    hands them to the loop with one `call_soon_threadsafe`, not one each."""
+    inbox = _INBOXES.get(loop)
+    if inbox is None:
+        with _INBOXES_LOCK:
+            inbox = _INBOXES.setdefault(loop, _Inbox(loop))
+    inbox.post(callback, args)
+
+
+class _Inbox:
+    """The callbacks posted to one loop from other threads, run in order in one callback.
+    Bounded by what storage completes between two turns of the loop (each poster's own
+    limits: adds in flight, loads in flight)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = weakref.ref(loop)  # weak: the inbox must not keep its loop alive
+        self._lock = threading.Lock()
+        self._items: list[tuple[Callable[..., None], tuple[object, ...]]] = []
+
+    def post(self, callback: Callable[..., None], args: tuple[object, ...]) -> None:
+        with self._lock:
+            self._items.append((callback, args))
+            if len(self._items) > 1:
+                return  # a wake-up is on its way and runs this one too
+        loop = self._loop()
+        try:
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._run, loop)
+        except RuntimeError:  # the loop is closed: nobody waits for the answer
+            with self._lock:
+                self._items.clear()
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for callback, args in items:
+            try:
+                callback(*args)
+            except Exception as exc:  # as the loop would report a callback's error
+                loop.call_exception_handler({
+                    "message": f"exception in storage completion callback {callback!r}",
+                    "exception": exc})
+
+
+_INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Inbox] = \
+    weakref.WeakKeyDictionary()
+_INBOXES_LOCK = threading.Lock()

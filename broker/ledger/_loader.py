@@ -32,14 +32,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from magnetar.storage import LedgerStorage
 
-from ._position import Position
+from ._position import InvalidPositionError, Position
 
-__all__ = ["EntryLoader", "Run", "collect", "default_loader", "ledger_size"]
-
-RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
+__all__ = ["EntryLoader", "LedgerReads", "Run", "collect", "default_loader"]
 
 READ_CHUNK_ENTRIES_MAX = 64  # entries fetched from storage per call when reading
 LOADS_IN_FLIGHT_MAX_DEFAULT = 4
@@ -211,11 +210,137 @@ def default_loader() -> EntryLoader:
         return _DEFAULT
 
 
-def ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
-    """Total bytes of a closed ledger, read back (a managed ledger's open, when its size was
-    not recorded)."""
-    size = 0
-    for first in range(0, entries, RECOVERY_READ_ENTRIES_MAX):
-        last = min(first + RECOVERY_READ_ENTRIES_MAX, entries) - 1
-        size += sum(len(data) for data in storage.read_entries(ledger_id, first, last))
-    return size
+class LedgerReads:
+    """The reads of `ManagedLedger` (its base class): planning runs over its ledger layout,
+    serving them from memory on the loop or loading them off it, and searches by content.
+    The layout itself (positions, entry counts) is the managed ledger's."""
+
+    storage: LedgerStorage
+    loader: EntryLoader
+    name: str
+
+    if TYPE_CHECKING:  # provided by `ManagedLedger`
+        @property
+        def last_confirmed_position(self) -> Position: ...
+
+        def first_position(self) -> Position: ...
+
+        def first_entry_at_or_after(self, position: Position) -> Position: ...
+
+        def next_position(self, position: Position) -> Position: ...
+
+        def next_valid_position(self, position: Position) -> Position: ...
+
+        def position_after_n(self, position: Position, count: int) -> Position: ...
+
+        def entries_between(self, first: Position, last: Position) -> int: ...
+
+        def ledger_entries(self, ledger_id: int) -> int: ...
+
+        def is_valid_position(self, position: Position) -> bool: ...
+
+    def plan_runs(self, start: Position, max_entries: int) -> list[Run]:
+        """The runs (`_loader.py`) of the first `max_entries` confirmed entries at or after
+        `start`, crossing ledgers. Memory only."""
+        runs: list[Run] = []
+        wanted = max_entries
+        at = self.first_entry_at_or_after(start)
+        while wanted > 0 and at <= self.last_confirmed_position:
+            count = min(wanted, self.ledger_entries(at.ledger_id) - at.entry_id)
+            assert count > 0
+            runs.append((at.ledger_id, at.entry_id, at.entry_id + count - 1))
+            wanted -= count
+            at = self.next_position(Position(at.ledger_id, at.entry_id + count - 1))
+        return runs
+
+    def read_entries(self, start: Position, max_entries: int,
+                     max_bytes: int) -> list[tuple[Position, bytes]]:
+        """Confirmed entries from the first one at or after `start`, crossing ledgers.
+
+        Returns at most `max_entries` entries, stopping before the one that would take the
+        total above `max_bytes` — but always at least one when any is available. May read
+        the disk: for threads (tests, checks); the event loop uses `read_cached`/`load`.
+
+        Raises:
+            CorruptionError, NoSuchEntryError: from the storage read.
+        """
+        assert max_entries >= 0
+        return collect(self.storage.read_entries, self.plan_runs(start, max_entries),
+                       max_bytes)
+
+    def read_cached(self, runs: list[Run], max_bytes: int) -> list[tuple[Position, bytes]]:
+        """The longest prefix of `runs` (within `max_bytes`) the storage serves from memory;
+        never touches the disk, so the loop may call it.
+
+        Raises:
+            LedgerNotFoundError, NoSuchEntryError: the runs are not (or no longer) entries.
+        """
+        return collect(self.storage.try_read_entries, runs, max_bytes)
+
+    def load(self, runs: list[Run], max_bytes: int) -> asyncio.Future[list[tuple[Position, bytes]]]:
+        """Read `runs` (within `max_bytes`) in the loader's worker threads; the future gives
+        the entries or the storage's error (CorruptionError, NoSuchEntryError, ...)."""
+        return self.loader.load(self.storage, runs, max_bytes)
+
+    async def read_entries_async(self, start: Position, max_entries: int,
+                                 max_bytes: int) -> list[tuple[Position, bytes]]:
+        """`read_entries` for the event loop: from memory when it can, else loaded off the
+        loop."""
+        runs = self.plan_runs(start, max_entries)
+        found = self.read_cached(runs, max_bytes)
+        if len(found) == sum(last - first + 1 for _, first, last in runs):
+            return found
+        return await self.load(runs, max_bytes)
+
+    def read_entry(self, position: Position) -> bytes:
+        """One confirmed entry.
+
+        Raises:
+            InvalidPositionError: not a confirmed entry of this ML.
+        """
+        if not self.is_valid_position(position):
+            raise InvalidPositionError(f"{position} is not an entry of {self.name}")
+        return self.storage.read_entry(position.ledger_id, position.entry_id)
+
+    async def read_entry_async(self, position: Position) -> bytes:
+        """One confirmed entry, from memory or loaded off the loop.
+
+        Raises:
+            InvalidPositionError: not a confirmed entry of this ML.
+        """
+        if not self.is_valid_position(position):
+            raise InvalidPositionError(f"{position} is not an entry of {self.name}")
+        found = await self.read_entries_async(position, 1, 1)
+        return found[0][1]
+
+    async def find_newest_matching(self, predicate: Callable[[bytes], bool],
+                                   start: Position | None = None) -> Position | None:
+        """The newest entry (from `start`, default the first) for which `predicate` holds,
+        assuming it holds for a prefix of the entries (binary search, ~log2(n) reads, each
+        from memory or loaded off the loop). None when it does not hold for the first one."""
+        first = self.first_entry_at_or_after(start or self.first_position())
+        count = self.entries_between(first, self.last_confirmed_position)
+        if count == 0 or not predicate(await self.read_entry_async(first)):
+            return None
+        low, high = 0, count - 1  # predicate holds at `low`
+        while low < high:
+            middle = (low + high + 1) // 2
+            if predicate(await self.read_entry_async(self._nth_from(first, middle))):
+                low = middle
+            else:
+                high = middle - 1
+        return self._nth_from(first, low)
+
+    def _nth_from(self, first: Position, offset: int) -> Position:
+        return first if offset == 0 else self.position_after_n(first, offset)
+
+    async def find_position_by_time(self, timestamp_ms: int,
+                                    entry_timestamp: Callable[[bytes], int],
+                                    start: Position | None = None) -> Position:
+        """Where a seek by time lands (§4.7): right after the newest entry whose timestamp is
+        below `timestamp_ms`, or the first entry when none is. Timestamps must rise."""
+        newest = await self.find_newest_matching(
+            lambda data: entry_timestamp(data) < timestamp_ms, start)
+        if newest is None:
+            return self.first_entry_at_or_after(start or self.first_position())
+        return self.next_valid_position(newest)

@@ -30,10 +30,12 @@ storage: while its write cache is full, `try_add_entry` refuses and the add awai
 `cache_space` signal on the loop, holding the submit lock, so this ML's later adds queue behind
 it (back-pressure reaches its producers) while the loop serves everything else. So
 concurrent adds get positions in call order; `add_entries` hands a group over under one hold
-of the lock (a connection's SENDs of one socket read). The storage completes adds in order;
-a run of adds is bounced onto the event loop once, when its last add completes, where each
-add in turn advances the ledger's entry count and size and `last_confirmed_position`,
-resolves the add, and calls the `on_entries_added` hooks.
+of the lock (a connection's SENDs of one socket read), as runs of entries that each go to the
+storage as one write (`try_add_entries`: one journal request, one completion). The storage
+completes adds in order; the runs handed over together are bounced onto the event loop once,
+when the last completes, where each run in turn advances the ledger's entry count and size
+and `last_confirmed_position`, resolves its adds, and calls the `on_entries_added` hooks
+(once, with its last position).
 After its add is durable, an add that filled the ledger rolls over at once (Pulsar closes a
 full ledger right away, so it can be trimmed).
 
@@ -108,9 +110,8 @@ from ._completions import (
     in_order_on_loop,
 )
 from ._cursor import ManagedCursor, cursor_prefix
-from ._loader import EntryLoader, Run, collect, default_loader, ledger_size
+from ._loader import EntryLoader, LedgerReads, default_loader
 from ._position import (
-    InvalidPositionError,
     ManagedLedgerClosedError,
     ManagedLedgerFencedError,
     ManagedLedgerTerminatedError,
@@ -126,6 +127,9 @@ __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerCon
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
+RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
+ADD_RUN_ENTRIES_MAX = 256  # entries handed to the storage as one run (one journal request)
+ADD_RUN_BYTES_MAX = 1 * MiB  # ... and their bytes at most (a larger entry goes alone)
 
 InitialPosition = Literal["latest", "earliest"]
 
@@ -185,12 +189,14 @@ class LedgerRecord:
     timestamp_ms: int  # close time; 0 for the current ledger
 
 
-class _Add(NamedTuple):
-    """One entry handed to the storage, until its completion is confirmed on the loop."""
+class _Run(NamedTuple):
+    """A run of entries handed to the storage as one (`try_add_entries`), until its
+    completion is confirmed on the loop; `done` gives the run's positions."""
 
+    entries: Sequence[bytes]
     size: int
     completion: Completion[int]
-    done: asyncio.Future[Position]
+    done: asyncio.Future[list[Position]]
     submitted_ns: int
 
 
@@ -215,7 +221,7 @@ class _Ledger:
                    int(item["timestamp_ms"]))
 
 
-class ManagedLedger:
+class ManagedLedger(LedgerReads):
     """A topic's durable log. Open it with `await ManagedLedger.open(...)`; use it from one
     asyncio event loop."""
 
@@ -246,7 +252,7 @@ class ManagedLedger:
         self.on_entries_added: list[Callable[[Position], None]] = []
         self._last_confirmed = self._initial_last_confirmed()
         self.terminated_position = terminated
-        self._last_add: asyncio.Future[Position] | None = None
+        self._last_add: asyncio.Future[list[Position]] | None = None
         # Pulsar's ManagedLedgerMBean figures, cumulative: each durable add's latency (from
         # its submission to its confirmation on the loop) and size.
         self.add_latency_us = Buckets(ENTRY_LATENCY_BUCKETS_US)
@@ -529,16 +535,17 @@ class ManagedLedger:
             self._check_writable()
             if self._add_failed or self._current_is_full():
                 await self._rollover()
-            dones, error = await self._submit(entries)
-            self._last_add = dones[-1] if dones else self._last_add
+            runs, error = await self._submit(entries)
+            self._last_add = runs[-1].done if runs else self._last_add
             ledger = self._ledgers[-1]
             filled = self._current_is_full()
-        for done in dones:  # confirmed in order: mostly only the last is waited for
-            if not done.done():
-                await asyncio.wait([done])
-        outcomes: list[Position | BaseException] = [
-            done.exception() or done.result() for done in dones]
-        outcomes += [error] * (len(entries) - len(dones))  # type: ignore[list-item]
+        outcomes: list[Position | BaseException] = []
+        for run in runs:  # confirmed in order: mostly only the last is waited for
+            if not run.done.done():
+                await asyncio.wait([run.done])
+            failed = run.done.exception()
+            outcomes += [failed] * len(run.entries) if failed else run.done.result()
+        outcomes += [error] * (len(entries) - len(outcomes))  # type: ignore[list-item]
         # Only the add that filled the ledger rolls it over once durable, and only when no
         # one else holds the submit lock (a later add rolling over, or a close): waiting
         # for it would make this add return after later ones, and publishes must return
@@ -556,79 +563,105 @@ class ManagedLedger:
                 f"managed ledger {self.name} is fenced after a failed rollover: "
                 f"{self._fenced}") from self._fenced
 
-    async def _submit(self, entries: Sequence[bytes],
-                      ) -> tuple[list[asyncio.Future[Position]], Exception | None]:
+    async def _submit(self, entries: Sequence[bytes]) -> tuple[list[_Run], Exception | None]:
         """Hand the entries to the storage in order (submit lock held; a full ledger rolls
-        over between runs); returns the futures of the durable positions of those handed
-        over and the error that stopped the handing over (None: none did)."""
+        over between runs); returns the runs handed over and the error that stopped the
+        handing over (None: none did)."""
         loop = asyncio.get_running_loop()
-        dones: list[asyncio.Future[Position]] = []
+        runs: list[_Run] = []
+        handed = 0
         try:
-            while len(dones) < len(entries):
-                if dones and (self._add_failed or self._current_is_full()):
+            while handed < len(entries):
+                if runs and (self._add_failed or self._current_is_full()):
                     await self._rollover()
-                await self._submit_run(loop, entries, dones)
+                handed = await self._submit_runs(loop, entries, handed, runs)
         except Exception as exc:
-            return dones, exc
-        return dones, None
+            return runs, exc
+        return runs, None
 
-    async def _submit_run(self, loop: asyncio.AbstractEventLoop, entries: Sequence[bytes],
-                          dones: list[asyncio.Future[Position]]) -> None:
-        """Hand over entries from `len(dones)` on into the current ledger, until it is full
-        or the cache is (after the first entry: else it waits for space on the loop, so only
-        this ML's adds wait); the run is bounced to the loop as one."""
+    async def _submit_runs(self, loop: asyncio.AbstractEventLoop, entries: Sequence[bytes],
+                           handed: int, runs: list[_Run]) -> int:
+        """Hand over entries from `handed` on into the current ledger, a run at a time
+        (`_run_length`), until it is full or the cache is (after the first run: else it
+        waits for space on the loop, so only this ML's adds wait); the runs are bounced to
+        the loop as one. Returns how many entries are handed over in all."""
         ledger = self._ledgers[-1]
-        run: list[_Add] = []
+        batch: list[_Run] = []
         try:
-            while len(dones) < len(entries) and not (run and self._current_is_full()):
-                data = entries[len(dones)]
-                completion = self.storage.try_add_entry(ledger.ledger_id, data)
+            while handed < len(entries) and not (batch and self._current_is_full()):
+                count, size = self._run_length(entries, handed)
+                chunk = entries[handed:handed + count]
+                completion = self.storage.try_add_entries(ledger.ledger_id, chunk)
                 if completion is None:
-                    if run:
+                    if batch:
                         break  # what is handed over goes first
                     completion = await add_when_cache_has_space(
-                        self.storage, ledger.ledger_id, data, self.name)
-                self._submitted_entries += 1
-                self._submitted_bytes += len(data)
-                done: asyncio.Future[Position] = loop.create_future()
-                run.append(_Add(len(data), completion, done, time.perf_counter_ns()))
-                dones.append(done)
+                        self.storage, ledger.ledger_id, chunk, self.name)
+                self._submitted_entries += count
+                self._submitted_bytes += size
+                run = _Run(chunk, size, completion, loop.create_future(), time.perf_counter_ns())
+                batch.append(run)
+                runs.append(run)
+                handed += count
         finally:
-            if run:
-                in_order_on_loop(loop, [add.completion for add in run], lambda index: self.
-                                 _on_add_done(ledger, run[index].size, run[index].completion,
-                                              run[index].done, run[index].submitted_ns))
+            if batch:
+                in_order_on_loop(loop, [run.completion for run in batch],
+                                 lambda index: self._on_run_done(ledger, batch[index]))
+        return handed
 
-    def _on_add_done(self, ledger: _Ledger, size: int, finished: Completion[int],
-                     done: asyncio.Future[Position], submitted_ns: int) -> None:
-        error = finished.exception()
+    def _run_length(self, entries: Sequence[bytes], start: int) -> tuple[int, int]:
+        """How many entries from `start` go to the storage as one run, and their bytes: at
+        least one, then while the ledger would not be full after them (as single adds would
+        roll over), within `ADD_RUN_ENTRIES_MAX` and `ADD_RUN_BYTES_MAX`, and never with an
+        entry the storage refuses as too large (that one goes alone, and fails alone)."""
+        size_max = self.storage.config.entry_size_bytes_max
+        count, size = 1, len(entries[start])
+        while start + count < len(entries) and count < ADD_RUN_ENTRIES_MAX:
+            following = len(entries[start + count])
+            if (size > size_max or following > size_max or size + following > ADD_RUN_BYTES_MAX
+                    or self._is_full(self._submitted_entries + count,
+                                     self._submitted_bytes + size)):
+                break
+            count += 1
+            size += following
+        return count, size
+
+    def _on_run_done(self, ledger: _Ledger, run: _Run) -> None:
+        error = run.completion.exception()
         if error is not None:
             self._add_failed = True
-            if not done.done():
-                done.set_exception(error)
+            if not run.done.done():
+                run.done.set_exception(error)
             return
-        entry_id = finished.result()
-        assert entry_id == ledger.entries, "adds of a ledger complete in order"
-        ledger.entries = entry_id + 1
-        ledger.size += size
-        self.add_latency_us.add((time.perf_counter_ns() - submitted_ns) // 1000)
-        self.entry_size_bytes.add(size)
-        position = Position(ledger.ledger_id, entry_id)
-        assert position > self._last_confirmed
-        self._last_confirmed = position
-        if not done.done():
-            done.set_result(position)
+        last = run.completion.result()
+        first = last - len(run.entries) + 1
+        assert first == ledger.entries, "adds of a ledger complete in order"
+        ledger.entries = last + 1
+        ledger.size += run.size
+        latency_us = (time.perf_counter_ns() - run.submitted_ns) // 1000
+        for data in run.entries:
+            self.add_latency_us.add(latency_us)
+            self.entry_size_bytes.add(len(data))
+        positions = [Position(ledger.ledger_id, entry_id) for entry_id in range(first, last + 1)]
+        assert positions[0] > self._last_confirmed
+        self._last_confirmed = positions[-1]
+        if not run.done.done():
+            run.done.set_result(positions)
         for hook in list(self.on_entries_added):
-            hook(position)
+            hook(positions[-1])
 
     def _current_is_full(self) -> bool:
         """Pulsar's `currentLedgerIsFull`, for a ledger that has entries."""
-        if self._submitted_entries == 0 or self._state != "open" or self._fenced:
+        return self._is_full(self._submitted_entries, self._submitted_bytes)
+
+    def _is_full(self, entries: int, size: int) -> bool:
+        """`_current_is_full` once the current ledger holds `entries` of `size` bytes."""
+        if entries == 0 or self._state != "open" or self._fenced:
             return False
         config = self.config
         age_s = self.clock() - self._current_created_s
-        full = (self._submitted_entries >= config.max_entries_per_ledger
-                or self._submitted_bytes >= config.max_size_per_ledger_bytes
+        full = (entries >= config.max_entries_per_ledger
+                or size >= config.max_size_per_ledger_bytes
                 or age_s >= config.max_ledger_rollover_time_s)
         if not full:
             return False
@@ -689,114 +722,6 @@ class ManagedLedger:
         log.info("ml %s: rolled over ledger %d (%d entries) to %d", self.name, old.ledger_id,
                  old.entries, new_id)
         self.trim_consumed_ledgers(now_ms)
-
-    # -- reads ---------------------------------------------------------------------------
-
-    def plan_runs(self, start: Position, max_entries: int) -> list[Run]:
-        """The runs (`_loader.py`) of the first `max_entries` confirmed entries at or after
-        `start`, crossing ledgers. Memory only."""
-        runs: list[Run] = []
-        wanted = max_entries
-        at = self.first_entry_at_or_after(start)
-        while wanted > 0 and at <= self._last_confirmed:
-            count = min(wanted, self.ledger_entries(at.ledger_id) - at.entry_id)
-            assert count > 0
-            runs.append((at.ledger_id, at.entry_id, at.entry_id + count - 1))
-            wanted -= count
-            at = self.next_position(Position(at.ledger_id, at.entry_id + count - 1))
-        return runs
-
-    def read_entries(self, start: Position, max_entries: int,
-                     max_bytes: int) -> list[tuple[Position, bytes]]:
-        """Confirmed entries from the first one at or after `start`, crossing ledgers.
-
-        Returns at most `max_entries` entries, stopping before the one that would take the
-        total above `max_bytes` — but always at least one when any is available. May read
-        the disk: for threads (tests, checks); the event loop uses `read_cached`/`load`.
-
-        Raises:
-            CorruptionError, NoSuchEntryError: from the storage read.
-        """
-        assert max_entries >= 0
-        return collect(self.storage.read_entries, self.plan_runs(start, max_entries),
-                       max_bytes)
-
-    def read_cached(self, runs: list[Run], max_bytes: int) -> list[tuple[Position, bytes]]:
-        """The longest prefix of `runs` (within `max_bytes`) the storage serves from memory;
-        never touches the disk, so the loop may call it.
-
-        Raises:
-            LedgerNotFoundError, NoSuchEntryError: the runs are not (or no longer) entries.
-        """
-        return collect(self.storage.try_read_entries, runs, max_bytes)
-
-    def load(self, runs: list[Run], max_bytes: int) -> asyncio.Future[list[tuple[Position, bytes]]]:
-        """Read `runs` (within `max_bytes`) in the loader's worker threads; the future gives
-        the entries or the storage's error (CorruptionError, NoSuchEntryError, ...)."""
-        return self.loader.load(self.storage, runs, max_bytes)
-
-    async def read_entries_async(self, start: Position, max_entries: int,
-                                 max_bytes: int) -> list[tuple[Position, bytes]]:
-        """`read_entries` for the event loop: from memory when it can, else loaded off the
-        loop."""
-        runs = self.plan_runs(start, max_entries)
-        found = self.read_cached(runs, max_bytes)
-        if len(found) == sum(last - first + 1 for _, first, last in runs):
-            return found
-        return await self.load(runs, max_bytes)
-
-    def read_entry(self, position: Position) -> bytes:
-        """One confirmed entry.
-
-        Raises:
-            InvalidPositionError: not a confirmed entry of this ML.
-        """
-        if not self.is_valid_position(position):
-            raise InvalidPositionError(f"{position} is not an entry of {self.name}")
-        return self.storage.read_entry(position.ledger_id, position.entry_id)
-
-    async def read_entry_async(self, position: Position) -> bytes:
-        """One confirmed entry, from memory or loaded off the loop.
-
-        Raises:
-            InvalidPositionError: not a confirmed entry of this ML.
-        """
-        if not self.is_valid_position(position):
-            raise InvalidPositionError(f"{position} is not an entry of {self.name}")
-        found = await self.read_entries_async(position, 1, 1)
-        return found[0][1]
-
-    async def find_newest_matching(self, predicate: Callable[[bytes], bool],
-                                   start: Position | None = None) -> Position | None:
-        """The newest entry (from `start`, default the first) for which `predicate` holds,
-        assuming it holds for a prefix of the entries (binary search, ~log2(n) reads, each
-        from memory or loaded off the loop). None when it does not hold for the first one."""
-        first = self.first_entry_at_or_after(start or self.first_position())
-        count = self.entries_between(first, self._last_confirmed)
-        if count == 0 or not predicate(await self.read_entry_async(first)):
-            return None
-        low, high = 0, count - 1  # predicate holds at `low`
-        while low < high:
-            middle = (low + high + 1) // 2
-            if predicate(await self.read_entry_async(self._nth_from(first, middle))):
-                low = middle
-            else:
-                high = middle - 1
-        return self._nth_from(first, low)
-
-    def _nth_from(self, first: Position, offset: int) -> Position:
-        return first if offset == 0 else self.position_after_n(first, offset)
-
-    async def find_position_by_time(self, timestamp_ms: int,
-                                    entry_timestamp: Callable[[bytes], int],
-                                    start: Position | None = None) -> Position:
-        """Where a seek by time lands (§4.7): right after the newest entry whose timestamp is
-        below `timestamp_ms`, or the first entry when none is. Timestamps must rise."""
-        newest = await self.find_newest_matching(
-            lambda data: entry_timestamp(data) < timestamp_ms, start)
-        if newest is None:
-            return self.first_entry_at_or_after(start or self.first_position())
-        return self.next_valid_position(newest)
 
     # -- cursors -------------------------------------------------------------------------
 
@@ -988,7 +913,16 @@ async def _recover_last_ledger(storage: LedgerStorage, ledger: _Ledger, now_ms: 
         return
     entries = last + 1
     if entries != ledger.entries or (entries > 0 and ledger.size == 0):
-        ledger.size = ledger_size(storage, ledger.ledger_id, entries)
+        ledger.size = _ledger_size(storage, ledger.ledger_id, entries)
     ledger.entries = entries
     if ledger.timestamp_ms == 0:
         ledger.timestamp_ms = now_ms
+
+
+def _ledger_size(storage: LedgerStorage, ledger_id: int, entries: int) -> int:
+    """Total bytes of a closed ledger, read back (its size was not recorded)."""
+    size = 0
+    for first in range(0, entries, RECOVERY_READ_ENTRIES_MAX):
+        last = min(first + RECOVERY_READ_ENTRIES_MAX, entries) - 1
+        size += sum(len(data) for data in storage.read_entries(ledger_id, first, last))
+    return size

@@ -13,7 +13,9 @@ before it listens. Who a principal is and the provider interface live in `_princ
 
 Binary protocol (wire reference 5.1). The connection handler calls `start_session` with the
 CONNECT command: the method named there must be enabled and its credentials valid, or an
-`AuthenticationError` comes back and the handler answers ERROR (request id -1) and closes.
+`AuthenticationError` comes back and the handler answers ERROR (request id -1, code
+AuthenticationError, Pulsar's text "Failed to authenticate" followed by the reason) and
+closes: one attempt per connection, as a second CONNECT is a protocol error.
 On success the `AuthSession` it returns knows the role and when the credentials expire, and
 runs Pulsar's refresh check every `auth_refresh_check_interval_s`:
 
@@ -25,7 +27,8 @@ runs Pulsar's refresh check every `auth_refresh_check_interval_s`:
 
 An AUTH_RESPONSE goes to `AuthSession.on_response`: fresh valid credentials for the same role
 replace the old ones (producers and consumers are untouched); anything else -- a bad or
-expired token, another role, another method -- closes the connection.
+expired token, another role, another method -- is answered ERROR as a refused CONNECT is, and
+closes the connection.
 
 HTTP: `authenticate_http` takes the `Authorization` header (`Bearer <token>`, the form
 Pulsar's admin client sends, or `Basic <base64>`), else the verified client certificate, else
@@ -66,6 +69,7 @@ from ._principal import AuthenticationProvider, Principal, read_key_source
 __all__ = [
     "ANONYMOUS_METHOD",
     "AUTH_METHOD_TOKEN",
+    "AUTH_REFUSED",
     "PROVIDER_NAMES",
     "REFRESH_AUTH_DATA",
     "AuthSession",
@@ -83,6 +87,7 @@ log = logging.getLogger(__name__)
 AUTH_METHOD_TOKEN: Final = "token"
 REFRESH_AUTH_DATA: Final = b"PulsarAuthRefresh"  # Pulsar's AuthData.REFRESH_AUTH_DATA
 ANONYMOUS_METHOD: Final = "anonymous"  # Principal.method of the anonymous role
+AUTH_REFUSED: Final = "Failed to authenticate"  # Pulsar's text of the ERROR refusing credentials
 # What authentication_providers may name.
 PROVIDER_NAMES: Final = (AUTH_METHOD_TOKEN, AUTH_METHOD_BASIC, AUTH_METHOD_TLS)
 
@@ -243,12 +248,32 @@ class AuthenticationService:
             log.debug("superuser %r authenticated", principal.role)
         return principal
 
-    def authenticate_http(self, authorization: str | None, tls_common_name: str | None = None,
-                          method: str | None = None) -> Principal:
+    def costly(self, method: str, auth_data: bytes) -> bool:
+        """Whether `authenticate` would compute a password hash (use
+        `authenticate_off_loop`)."""
+        provider = self.providers.get(method)
+        return provider is not None and provider.costly(auth_data)
+
+    async def authenticate_off_loop(self, method: str, auth_data: bytes,
+                                    tls_common_name: str | None = None) -> Principal:
+        """As `authenticate`, with a password hash computed off the event loop's thread.
+
+        Raises:
+            AuthenticationError: as `authenticate`; or too many password checks are pending.
+        """
+        provider = self.providers.get(method)
+        if provider is None:
+            return self.authenticate(method, auth_data, tls_common_name)
+        return await provider.authenticate_off_loop(auth_data, tls_common_name)
+
+    async def authenticate_http(self, authorization: str | None,
+                                tls_common_name: str | None = None,
+                                method: str | None = None) -> Principal:
         """Authenticate an admin HTTP request: `Authorization: Bearer <token>` (method
         "token"), `Authorization: Basic <base64 user:password>` ("basic"), or, without the
         header, the verified client certificate ("tls") or the anonymous role. `method` is
-        the `X-Pulsar-Auth-Method-Name` header, when the client sent one.
+        the `X-Pulsar-Auth-Method-Name` header, when the client sent one. A password hash is
+        computed off the event loop's thread.
 
         Without the method header, credentials no provider accepts get the anonymous role
         when there is one, as Pulsar's HTTP authentication does.
@@ -258,7 +283,10 @@ class AuthenticationService:
                 there is no anonymous role, or the method was named).
         """
         try:
-            return self._authenticate_http(authorization, tls_common_name, method)
+            credentials = self._http_credentials(authorization, tls_common_name, method)
+            if isinstance(credentials, Principal):
+                return credentials
+            return await self.authenticate_off_loop(*credentials, tls_common_name)
         except AuthenticationError as exc:
             # Pulsar's HTTP authentication: without a method header, credentials no provider
             # accepts leave the request anonymous when there is an anonymous role (the binary
@@ -269,8 +297,13 @@ class AuthenticationService:
                      exc.logged())
             return Principal(self.anonymous_role, ANONYMOUS_METHOD)
 
-    def _authenticate_http(self, authorization: str | None, tls_common_name: str | None,
-                           method: str | None) -> Principal:
+    def _http_credentials(self, authorization: str | None, tls_common_name: str | None,
+                          method: str | None) -> Principal | tuple[str, bytes]:
+        """The anonymous principal, or the (method, auth data) to check.
+
+        Raises:
+            AuthenticationError: nothing usable, or not the form of the method.
+        """
         scheme, _, value = (authorization or "").strip().partition(" ")
         scheme = scheme.lower()
         if method is None:
@@ -298,23 +331,28 @@ class AuthenticationService:
             except (binascii.Error, ValueError):
                 raise AuthenticationError("basic: the Authorization value is not base64") \
                     from None
-        return self.authenticate(method, data, tls_common_name)
+        return method, data
 
     def start_session(self, connect: pb.CommandConnect, send: Callable[[pb.CommandAuthChallenge],
                       bool], close: Callable[[], None], peer: str,
-                      server_version: str, tls_common_name: str | None = None) -> AuthSession:
-        """Authenticate a CONNECT and start the connection's refresh checks.
+                      server_version: str, tls_common_name: str | None = None,
+                      refuse: Callable[[str], None] | None = None,
+                      principal: Principal | None = None) -> AuthSession:
+        """Authenticate a CONNECT (unless `principal` is what `authenticate_off_loop` made of
+        it) and start the connection's refresh checks (`refuse` sends the ERROR that refuses
+        refreshed credentials, before the close).
 
         Raises:
             AuthenticationError: the connection must be refused (nothing was started).
         """
-        method = connect.auth_method_name  # the deprecated enum auth_method names no token
-        principal = self.authenticate(method, connect.auth_data, tls_common_name)
+        if principal is None:  # the deprecated enum auth_method names no token
+            principal = self.authenticate(connect.auth_method_name, connect.auth_data,
+                                          tls_common_name)
         supports_refresh = (connect.HasField("feature_flags")
                             and connect.feature_flags.supports_auth_refresh)
         session = AuthSession(self, principal, supports_refresh=supports_refresh, send=send,
                               close=close, peer=peer, server_version=server_version,
-                              protocol_version=connect.protocol_version)
+                              protocol_version=connect.protocol_version, refuse=refuse)
         log.info("connection from %s authenticated as %r (%s)", peer, principal.role,
                  principal.method)
         session.start()
@@ -342,12 +380,13 @@ class AuthSession:
     Args:
         send: sends AUTH_CHALLENGE; returns False when it could not.
         close: closes the connection.
+        refuse: sends ERROR with the given text (refreshed credentials refused).
     """
 
     def __init__(self, service: AuthenticationService, principal: Principal, *,
                  supports_refresh: bool, send: Callable[[pb.CommandAuthChallenge], bool],
                  close: Callable[[], None], peer: str, server_version: str,
-                 protocol_version: int):
+                 protocol_version: int, refuse: Callable[[str], None] | None = None):
         self.service = service
         self.principal = principal
         self.supports_refresh = supports_refresh
@@ -355,6 +394,7 @@ class AuthSession:
         self.refreshes = 0
         self._send = send
         self._close = close
+        self._refuse = refuse
         self._peer = peer
         self._server_version = server_version
         self._protocol_version = protocol_version
@@ -400,28 +440,61 @@ class AuthSession:
         log.debug("credentials of %r on %s expired: challenge sent", role, self._peer)
         return False
 
+    def _method(self, data: pb.AuthData) -> str:
+        return data.auth_method_name or self.principal.method
+
+    def costly(self, response: pb.CommandAuthResponse) -> bool:
+        """Whether checking this AUTH_RESPONSE means computing a password hash (use
+        `on_response_off_loop`)."""
+        data = response.response
+        return self.service.costly(self._method(data), data.auth_data)
+
     def on_response(self, response: pb.CommandAuthResponse) -> None:
         """An AUTH_RESPONSE: accept fresh credentials of the same role or close."""
         if self._stopped:
             return
         data = response.response
         try:
-            fresh = self.service.authenticate(data.auth_method_name or self.principal.method,
-                                              data.auth_data)
+            fresh = self.service.authenticate(self._method(data), data.auth_data)
         except AuthenticationError as exc:
-            self._fail(f"refreshed credentials refused: {exc}")
+            self._refused(exc)
             return
+        self._refreshed(fresh)
+
+    async def on_response_off_loop(self, response: pb.CommandAuthResponse) -> None:
+        """As `on_response`, with a password hash computed off the event loop's thread
+        (nothing is done when the connection closed meanwhile)."""
+        if self._stopped:
+            return
+        data = response.response
+        try:
+            fresh = await self.service.authenticate_off_loop(self._method(data), data.auth_data)
+        except AuthenticationError as exc:
+            if not self._stopped:
+                self._refused(exc)
+            return
+        if not self._stopped:
+            self._refreshed(fresh)
+
+    def _refused(self, exc: AuthenticationError) -> None:
+        self._fail(f"refreshed credentials refused: {exc.logged()}", f"{AUTH_REFUSED}: {exc}")
+
+    def _refreshed(self, fresh: Principal) -> None:
         if fresh.role != self.principal.role:
             self._fail(f"refreshed credentials are for role {fresh.role!r}, not "
-                       f"{self.principal.role!r}")
+                       f"{self.principal.role!r}",
+                       f"{AUTH_REFUSED}: the refreshed credentials are for another role")
             return
         self.principal = fresh
         self.challenge_outstanding = False
         self.refreshes += 1
         log.info("credentials of %r on %s refreshed", fresh.role, self._peer)
 
-    def _fail(self, why: str) -> bool:
+    def _fail(self, why: str, refusal: str | None = None) -> bool:
+        """Log `why`, send `refusal` (ERROR) when given, and close."""
         log.warning("closing the connection of %s: %s", self._peer, why)
         self.stop()
+        if refusal is not None and self._refuse is not None:
+            self._refuse(refusal)
         self._close()
         return True

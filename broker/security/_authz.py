@@ -63,8 +63,9 @@ SUBSCRIBE_REFUSED: Final = "Client is not authorized to subscribe"
 LOOKUP_REFUSED: Final = "Client is not authorized to Lookup"
 GET_PARTITIONS_REFUSED: Final = "Client is not authorized to Get Partition Metadata"
 GET_TOPICS_REFUSED: Final = "Client is not authorized to GetTopicsOfNamespace"
-# Pulsar does not check GET_SCHEMA; Magnetar asks for lookup permission (a schema tells what
-# a topic carries), with a text of the same form.
+# Pulsar's broker serves GET_SCHEMA without a check; Magnetar asks for lookup permission (a
+# schema tells what a topic carries) and refuses as Pulsar refuses a LOOKUP: AuthorizationError
+# in the response, with a text of the same form (the official client raises AuthorizationError).
 GET_SCHEMA_REFUSED: Final = "Client is not authorized to Get Schema"
 
 

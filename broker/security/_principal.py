@@ -81,3 +81,13 @@ class AuthenticationProvider(abc.ABC):
         Raises:
             AuthenticationError: missing, malformed, invalid or expired credentials.
         """
+
+    def costly(self, auth_data: bytes) -> bool:
+        """Whether checking these credentials takes long enough to leave the event loop
+        (`authenticate_off_loop`); most methods check at once."""
+        return False
+
+    async def authenticate_off_loop(self, auth_data: bytes,
+                                    tls_common_name: str | None = None) -> Principal:
+        """As `authenticate`, with any costly work done off the event loop's thread."""
+        return self.authenticate(auth_data, tls_common_name)

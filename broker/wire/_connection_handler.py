@@ -44,6 +44,9 @@ reading meanwhile (`wait_send_room`).
 Authentication, when the server has an `AuthenticationService`, is `_auth.py`'s: CONNECT is
 checked there (a refusal is ERROR with request id -1, then close), and the connection's
 `AuthSession` sends AUTH_CHALLENGE when the credentials expire and takes the AUTH_RESPONSE.
+A CONNECT whose check means computing a password hash is answered from a task once a hash
+thread has computed it (`_basic.py`): the loop goes on serving every other connection, and
+this one, still in its handshake, can send nothing else meanwhile.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ from magnetar.storage import StorageError
 
 from .._errors import AuthenticationError, BrokerError
 from .._tasks import log_task_failure
-from ..security._auth import AuthSession
+from ..security._auth import AUTH_REFUSED, AuthSession, Principal
 from ._connection_view import (
     REQUEST_ID_NONE,
     TRANSACTIONS_DISABLED,
@@ -253,6 +256,14 @@ class ConnectionHandler:
         """One command's frame (MESSAGE: with a stored entry appended verbatim), for `write`."""
         return self.conn.send(base_command(body), entry=entry)
 
+    def check_send(self, command_type: int) -> None:
+        """Raise LocalProtocolError if this command type may not be sent now."""
+        self.conn.check_send(command_type)
+
+    @property
+    def frame_size_bytes_max(self) -> int:
+        return self.conn.frame_size_bytes_max
+
     def write(self, data: bytes) -> None:
         """Write encoded frames to the socket."""
         if self._soon:
@@ -424,8 +435,15 @@ class ConnectionHandler:
             # flag and does not declare its own); the C++ client never does.
             accepted |= WATCHER_REPLY_TYPES
         self.conn.peer_accepted_types = accepted
-        if self.ctx.auth is not None and not self._authenticate(connect):
+        auth = self.ctx.auth
+        if auth is not None and auth.costly(connect.auth_method_name, connect.auth_data):
+            self.spawn(self._authenticate_off_loop(connect))  # CONNECTED or ERROR follows
             return
+        if auth is not None and not self._authenticate(connect):
+            return
+        self._connected()
+
+    def _connected(self) -> None:
         self.send(pb.CommandConnected(
             server_version=SERVER_VERSION, protocol_version=self.protocol_version,
             max_message_size=self.service.config.max_message_size_bytes,
@@ -437,26 +455,54 @@ class ConnectionHandler:
     def _on_pong(self, frame: Frame) -> None:
         self._ping_outstanding = False
 
-    def _authenticate(self, connect: pb.CommandConnect) -> bool:
-        """Authenticate a CONNECT (`_auth.py`); a refusal is ERROR with request id -1, then
-        the connection closes (wire reference 5.1). Returns whether the client may go on."""
+    def _authenticate(self, connect: pb.CommandConnect,
+                      principal: Principal | None = None) -> bool:
+        """Authenticate a CONNECT (`_auth.py`; `principal`: already checked); a refusal is
+        ERROR with request id -1, then the connection closes (wire reference 5.1). Returns
+        whether the client may go on."""
         assert self.ctx.auth is not None
         try:
-            self.auth = self.ctx.auth.start_session(connect, self.send, self.close, self.peer,
-                                                    SERVER_VERSION, self._tls_common_name)
+            self.auth = self.ctx.auth.start_session(
+                connect, self.send, self.close, self.peer, SERVER_VERSION,
+                self._tls_common_name, refuse=self._refuse_credentials, principal=principal)
         except AuthenticationError as exc:
-            log.info("refusing the connection of %s (method %r): %s", self.peer,
-                     connect.auth_method_name[:40], exc.logged())
-            self.error_code(REQUEST_ID_NONE, exc.code, str(exc))
-            self.close()
+            self._refuse_connect(connect, exc)
             return False
         return True
+
+    async def _authenticate_off_loop(self, connect: pb.CommandConnect) -> None:
+        """Check a password off the event loop's thread (`_basic.py`), then answer the CONNECT;
+        a connection closed meanwhile gets nothing."""
+        assert self.ctx.auth is not None
+        try:
+            principal = await self.ctx.auth.authenticate_off_loop(
+                connect.auth_method_name, connect.auth_data, self._tls_common_name)
+        except AuthenticationError as exc:
+            if not self.closed:
+                self._refuse_connect(connect, exc)
+            return
+        if not self.closed and self._authenticate(connect, principal):
+            self._connected()
+
+    def _refuse_connect(self, connect: pb.CommandConnect, exc: AuthenticationError) -> None:
+        log.info("refusing the connection of %s (method %r): %s", self.peer,
+                 connect.auth_method_name[:40], exc.logged())
+        self._refuse_credentials(f"{AUTH_REFUSED}: {exc}")
+        self.close()
+
+    def _refuse_credentials(self, message: str) -> None:
+        """ERROR with request id -1 and code AuthenticationError (the close follows)."""
+        self.error_code(REQUEST_ID_NONE, pb.AuthenticationError, message)
 
     def _on_auth_response(self, frame: Frame) -> None:
         if self.auth is None:
             log.debug("ignoring AUTH_RESPONSE from %s: no authentication configured", self.peer)
             return
-        self.auth.on_response(frame.command.authResponse)
+        response = frame.command.authResponse
+        if self.auth.costly(response):
+            self.spawn(self.auth.on_response_off_loop(response))
+        else:
+            self.auth.on_response(response)
 
     def _on_transaction(self, frame: Frame) -> None:
         body: Any = frame.body

@@ -165,6 +165,14 @@ class ConnectionView(Protocol):
     def encode(self, body: Message, entry: bytes | None = None) -> bytes:
         """One command's frame (with a stored entry for MESSAGE), to `write` later."""
 
+    def check_send(self, command_type: int) -> None:
+        """Before writing frames built without `encode` (`message_frame`): raise the
+        codec's LocalProtocolError if this command type may not be sent now."""
+
+    @property
+    def frame_size_bytes_max(self) -> int:
+        """The largest frame the connection sends (totalSize)."""
+
     def write(self, data: bytes) -> None:
         """Write encoded frames to the socket; never blocks."""
 

@@ -33,7 +33,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-from magnetar.codec import Frame, MessageId, pb, strip_broker_entry_metadata
+from magnetar.codec import Frame, MessageId, message_frame, pb, strip_broker_entry_metadata
 
 from .._errors import ConsumerNotFoundError, NotAllowedError
 from .._names import TopicName, check_subscription_name
@@ -147,21 +147,15 @@ class ConsumerCommands:
         view = self.view
         if view.closed or not deliveries:
             return
-        out = bytearray()
-        for delivery in deliveries:
-            message = pb.CommandMessage(
-                consumer_id=consumer_id,
-                message_id=id_data(delivery.ledger_id, delivery.entry_id, delivery.partition),
-                redelivery_count=delivery.redelivery_count,
-            )
-            if delivery.ack_set:
-                message.ack_set.extend(delivery.ack_set)
-            if send_epoch:
-                message.consumer_epoch = delivery.epoch
-            entry = delivery.entry if view.wants_entry_metadata else \
-                strip_broker_entry_metadata(delivery.entry)
-            out += view.encode(message, entry)
-        view.write(bytes(out))
+        view.check_send(pb.BaseCommand.MESSAGE)  # once for the run: the frames skip `encode`
+        size_max = view.frame_size_bytes_max
+        keep_prefix = view.wants_entry_metadata
+        frames = [message_frame(  # the runtime's bytes, built faster (_message_frames.py)
+            consumer_id, d.ledger_id, d.entry_id, d.partition, d.redelivery_count,
+            d.entry if keep_prefix else strip_broker_entry_metadata(d.entry),
+            ack_set=d.ack_set or (), consumer_epoch=d.epoch if send_epoch else None,
+            frame_size_bytes_max=size_max) for d in deliveries]
+        view.write(b"".join(frames))
         view.check_write_room()
 
     def pause_deliveries(self) -> None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -355,8 +355,11 @@ class InMemoryLedgerStorage:
     def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
         """Raises like `Storage.add_entry`; plus the errors `fail_next_adds` scripted. Blocks
         while the scripted cache is full, as `Storage.add_entry` does."""
-        added = self.try_add_entry(ledger_id, data)
-        if added is not None:
+        return self.add_entries(ledger_id, [data])
+
+    def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int]:
+        """As `Storage.add_entries`; a scripted refusal (`fail_next_adds`) refuses the run."""
+        if (added := self.try_add_entries(ledger_id, entries)) is not None:
             return added
         wait_s = self.config.write_cache_wait_ms_max / 1000.0
         with self._lock:
@@ -364,15 +367,20 @@ class InMemoryLedgerStorage:
                                        or self.closed, wait_s):
                 raise StorageError(f"write cache full for {self.config.write_cache_wait_ms_max}"
                                    " ms (scripted)")
-        return self.add_entry(ledger_id, data)
+        return self.add_entries(ledger_id, entries)
 
     def try_add_entry(self, ledger_id: int, data: bytes) -> Completion[int] | None:
-        """`add_entry` that answers None while the scripted cache is full."""
-        if len(data) > self.config.entry_size_bytes_max:
-            raise EntryTooLargeError(
-                f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
-                f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
-        data = bytes(data)
+        return self.try_add_entries(ledger_id, [data])
+
+    def try_add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int] | None:
+        """`add_entries` answering None while the scripted cache is full; one queued write."""
+        assert entries, "a run of adds has at least one entry"
+        datas = [bytes(data) for data in entries]
+        for data in datas:
+            if len(data) > self.config.entry_size_bytes_max:
+                raise EntryTooLargeError(
+                    f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
+                    f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
         with self._lock:
             self._check_writable()
             ledger = self._writable_ledger(ledger_id)
@@ -380,18 +388,19 @@ class InMemoryLedgerStorage:
                 return None
             if self._refuse_adds:
                 raise self._refuse_adds.pop(0)
-            entry_id = len(ledger.entries)
-            ledger.entries.append(data)
+            first = len(ledger.entries)
+            last = first + len(datas) - 1
+            ledger.entries.extend(datas)
 
             def durable() -> None:
-                assert ledger.lac + 1 == entry_id, "adds become durable in order"
-                ledger.lac = entry_id
+                assert ledger.lac + 1 == first, "adds become durable in order"
+                ledger.lac = last
 
             def undo() -> None:
-                assert len(ledger.entries) == entry_id + 1
-                ledger.entries.pop()
+                assert len(ledger.entries) == last + 1
+                del ledger.entries[first:]
 
-            completion = self._queue(entry_id, durable, undo)
+            completion = self._queue(last, durable, undo)
         self._drain()
         return completion
 
@@ -459,9 +468,8 @@ class InMemoryLedgerStorage:
 
     def list_ledgers(self, tagged: tuple[str, str] | None = None) -> list[LedgerInfo]:
         with self._lock:
-            return [ledger.info() for _, ledger in sorted(self._ledgers.items())
-                    if ledger.state != DELETED
-                    and (tagged is None or ledger.metadata.get(tagged[0]) == tagged[1])]
+            return [led.info() for _, led in sorted(self._ledgers.items())
+                    if led.state != DELETED and (tagged is None or tagged in led.metadata.items())]
 
     # -- reads ---------------------------------------------------------------------------
 

@@ -193,3 +193,27 @@ async def test_every_admin_route_has_a_rule(tmp_path: Path) -> None:
         topic = "/admin/v2/{domain}/{tenant}/{namespace}/{topic}"
         assert rule_for("GET", topic + "/stats", {}).need == "lookup"
         assert rule_for("PUT", topic + "/subscription/{subscription}", {}).need == "consume"
+
+
+async def test_authorization_is_off_by_default(tmp_path: Path) -> None:
+    """As Pulsar's authorizationEnabled=false: authentication alone, any role may do anything
+    (a request without credentials is still refused)."""
+    assert BrokerConfig().authorization_enabled is False
+    key = tmp_path / "secret.key"
+    key.write_bytes(SECRET)
+    config = BrokerConfig(authentication_enabled=True, authentication_providers=("token",),
+                          token_secret_key=str(key))
+    async with broker_env(tmp_path / "data", config) as env:
+        server = await start_admin(env.service, "127.0.0.1", 0,
+                                   auth=AuthenticationService.from_config(config))
+        try:
+            async with aiohttp.ClientSession() as session:
+                api = Api(session, server.url)
+                stranger = _bearer("stranger")
+                assert (await api("PUT", "/admin/v2/tenants/acme", stranger,
+                                  {"allowedClusters": ["standalone"]}))[0] == 204
+                assert (await api("PUT", NS, stranger))[0] == 204
+                assert await api("GET", "/admin/v2/namespaces/acme", stranger) == (200, ["acme/ns"])
+                assert (await api("GET", "/admin/v2/tenants"))[0] == 401
+        finally:
+            await server.close()

@@ -132,18 +132,18 @@ def test_the_service_refuses_missing_and_unknown_methods() -> None:
     assert service.authenticate("token", _token("admin")).role == "admin"
 
 
-def test_http_authentication_takes_a_bearer_header() -> None:
+async def test_http_authentication_takes_a_bearer_header() -> None:
     service = _service()
-    assert service.authenticate_http("Bearer " + _token().decode()).role == "alice"
-    assert service.authenticate_http("bearer " + _token().decode()).role == "alice"
+    assert (await service.authenticate_http("Bearer " + _token().decode())).role == "alice"
+    assert (await service.authenticate_http("bearer " + _token().decode())).role == "alice"
     with pytest.raises(AuthenticationError, match="authentication required"):
-        service.authenticate_http(None)
+        await service.authenticate_http(None)
     with pytest.raises(AuthenticationError, match="method 'basic' is not enabled"):
-        service.authenticate_http("Basic dXNlcjpwYXNz")
+        await service.authenticate_http("Basic dXNlcjpwYXNz")
     with pytest.raises(AuthenticationError, match="Bearer or the Basic scheme"):
-        service.authenticate_http("Digest x")
+        await service.authenticate_http("Digest x")
     with pytest.raises(AuthenticationError, match="signature"):
-        service.authenticate_http("Bearer " + encode_token({"sub": "a"}, b"x" * 32))
+        await service.authenticate_http("Bearer " + encode_token({"sub": "a"}, b"x" * 32))
 
 
 def test_from_config(tmp_path: Path) -> None:
@@ -179,11 +179,16 @@ class _Wire:
 
     def __init__(self) -> None:
         self.challenges: list[pb.CommandAuthChallenge] = []
+        self.refusals: list[str] = []  # the texts of the ERRORs sent before a close
         self.closed = asyncio.Event()
 
     def send(self, challenge: pb.CommandAuthChallenge) -> bool:
         self.challenges.append(challenge)
         return True
+
+    def refuse(self, message: str) -> None:
+        assert not self.closed.is_set()
+        self.refusals.append(message)
 
     def close(self) -> None:
         self.closed.set()
@@ -200,7 +205,8 @@ def _connect(token: bytes, refresh: bool = True) -> pb.CommandConnect:
 def _session(wire: _Wire, token: bytes, refresh: bool = True,
              interval_s: float = 0.05) -> AuthSession:
     return _service(interval_s).start_session(_connect(token, refresh), wire.send, wire.close,
-                                              "/test:1", "Magnetar-test")
+                                              "/test:1", "Magnetar-test",
+                                              refuse=wire.refuse)
 
 
 async def _until(condition: object, what: str) -> None:
@@ -239,14 +245,21 @@ async def test_an_unanswered_challenge_closes_the_connection() -> None:
     assert len(wire.challenges) == 1
 
 
-@pytest.mark.parametrize("answer", [
-    _token(exp_in_s=-5), b"garbage", _token("mallory", exp_in_s=60)])
-async def test_a_bad_answer_closes_the_connection(answer: bytes) -> None:
+@pytest.mark.parametrize(("answer", "reason"), [
+    (_token(exp_in_s=-5), "expired"), (b"garbage", "3 dot-separated parts"),
+    (_token("mallory", exp_in_s=60), "for another role")])
+async def test_a_bad_answer_is_refused_and_closes_the_connection(answer: bytes,
+                                                                 reason: str) -> None:
+    """As Pulsar answers refused refreshed credentials: ERROR "Failed to authenticate", then
+    the close."""
     wire = _Wire()
     session = _session(wire, _token(exp_in_s=0.1))
     await _until(lambda: wire.challenges, "a challenge")
     session.on_response(_response(answer))
     assert wire.closed.is_set()
+    assert len(wire.refusals) == 1
+    assert wire.refusals[0].startswith("Failed to authenticate: ")
+    assert reason in wire.refusals[0]
     assert session.principal.role == "alice"
     assert session.refreshes == 0
 
@@ -256,6 +269,7 @@ async def test_a_client_without_refresh_support_is_closed_on_expiry() -> None:
     _session(wire, _token(exp_in_s=0.1), refresh=False)
     await asyncio.wait_for(wire.closed.wait(), DEADLINE_S)
     assert wire.challenges == []
+    assert wire.refusals == []  # closed without an ERROR, as Pulsar does
 
 
 async def test_a_token_without_expiry_is_never_challenged() -> None:

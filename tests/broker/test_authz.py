@@ -33,6 +33,9 @@ QUESTIONS: dict[str, Question] = {
     "lookup t2": lambda a, r: a.can_lookup(T2, r),
     "list acme/ns": lambda a, r: a.can_list_topics("acme/ns", r),
     "functions acme/ns": lambda a, r: a.can_namespace_action("acme/ns", r, "functions"),
+    "sources acme/ns": lambda a, r: a.can_namespace_action("acme/ns", r, "sources"),
+    "sinks acme/ns": lambda a, r: a.can_namespace_action("acme/ns", r, "sinks"),
+    "packages acme/ns": lambda a, r: a.can_namespace_action("acme/ns", r, "packages"),
     "admin acme": lambda a, r: a.is_tenant_admin("acme", r),
     "admin public": lambda a, r: a.is_tenant_admin("public", r),
     "produce public": lambda a, r: a.can_produce(OTHER_TENANT, r),
@@ -48,6 +51,8 @@ ALLOWED: dict[str | None, set[str]] = {
     "t-producer": {"produce t", "produce t-partition-3", "lookup t"},
     "t-consumer": {"consume t", "consume t locked", "lookup t"},
     "fn": {"functions acme/ns"},
+    "connectors": {"sources acme/ns", "sinks acme/ns"},
+    "pkg": {"packages acme/ns"},
     "stranger": set(),
     None: set(),  # no authentication: no role, nothing
 }
@@ -63,6 +68,8 @@ def _grant_everything(authz: AuthorizationService) -> None:
     authz.grant_namespace("acme/ns", "ns-producer", ["produce"])
     authz.grant_namespace("acme/ns", "ns-consumer", ["consume"])
     authz.grant_namespace("acme/ns", "fn", ["functions"])
+    authz.grant_namespace("acme/ns", "connectors", ["sources", "sinks"])
+    authz.grant_namespace("acme/ns", "pkg", ["packages"])
     authz.grant_topic(T, "t-producer", ["produce"])
     authz.grant_topic(T, "t-consumer", ["consume"])
     authz.grant_subscription("acme/ns", "locked", ["t-consumer"])
@@ -94,7 +101,8 @@ async def test_grants_survive_a_restart_and_prefix_mode(tmp_path: Path) -> None:
         service = await env.restart()
         authz = AuthorizationService(service.namespaces, ["root"])
         assert authz.namespace_permissions("acme/ns") == {
-            "fn": ["functions"], "ns-consumer": ["consume"], "ns-producer": ["produce"]}
+            "connectors": ["sinks", "sources"], "fn": ["functions"], "ns-consumer": ["consume"],
+            "ns-producer": ["produce"], "pkg": ["packages"]}
         assert authz.topic_permissions(T_PARTITION)["t-producer"] == ["produce"]
         assert authz.subscription_permissions("acme/ns") == {"locked": ["t-consumer"]}
         assert authz.can_produce(T, "t-producer")

@@ -5,7 +5,6 @@ hold, topic patterns on RE2."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from hypothesis import given
@@ -26,8 +25,7 @@ from magnetar.broker.ledger._position import (
 )
 from magnetar.codec import CompressionType, SingleMessage, build_batch, pb
 
-LINEAR_BOUND_S = 2.0  # generous: the quadratic code needed minutes for these sizes
-HUGE_WORDS = 1 << 20
+HUGE_WORDS = 1 << 20  # the quadratic conversions needed minutes for this many words
 
 
 @given(st.lists(st.integers(-(2 ** 63), 2 ** 63 - 1), max_size=40))
@@ -41,12 +39,11 @@ def test_ack_set_words_and_mask_agree_bit_by_bit(words: list[int]) -> None:
     assert all(-(2 ** 63) <= word < 2 ** 63 for word in back)
 
 
-def test_ack_set_conversions_are_linear() -> None:
-    began = time.monotonic()
+@pytest.mark.timeout(60)  # a hang guard, not a speed test: linear takes well under a second
+def test_ack_set_conversions_of_a_huge_set_finish() -> None:
     mask = ack_set_to_int([-1] * HUGE_WORDS)
     assert len(int_to_ack_set(mask)) == HUGE_WORDS
     assert unacked_in_ack_set([-1] * HUGE_WORDS, 64 * HUGE_WORDS) == 64 * HUGE_WORDS
-    assert time.monotonic() - began < LINEAR_BOUND_S
 
 
 @pytest.mark.parametrize(("batch_size", "words_max"), [(1, 1), (64, 1), (65, 2), (1000, 16)])
@@ -92,11 +89,10 @@ def test_a_compressed_batch_is_bounded_by_its_uncompressed_size() -> None:
     assert batch_count_error(metadata, len(payload)) is not None
 
 
-def test_a_backtracking_pattern_matches_in_linear_time() -> None:
-    began = time.monotonic()
+@pytest.mark.timeout(60)  # a hang guard, not a speed test: `re` needs hours for this one
+def test_a_backtracking_pattern_matches_without_backtracking() -> None:
     topic = "persistent://public/default/" + "a" * 40 + "!"
     assert not matches_topics_pattern("persistent://public/default/(a+)+", topic)
-    assert time.monotonic() - began < LINEAR_BOUND_S  # `re` needs hours for 40 characters
 
 
 @pytest.mark.parametrize("java_only", [r"(a)\1", "(?=a).*", "(?<!b)a", "a*+"])

@@ -88,6 +88,12 @@ def receive_three_ways(make: Callable[[], Connection], data: bytes) -> list[Even
     assert _drain(trailing) == expected
     assert trailing.buffered_bytes == len(TRAILING)
     assert trailing.next_event() is NEED_DATA
+
+    in_one_pass = make()  # `next_events`: the same events, from one call per state change
+    in_one_pass.receive_data(data + TRAILING)
+    assert list(in_one_pass.events()) == expected
+    assert in_one_pass.buffered_bytes == len(TRAILING)
+    assert in_one_pass.next_events() == []
     return expected
 
 
@@ -112,6 +118,14 @@ def reject_three_ways(make: Callable[[], Connection], data: bytes) -> str:
             conn.next_event()
         reasons.append(info.value.reason)
     assert reasons[0] == reasons[1]
+    in_one_pass = make()  # `events` (one pass per call): the same reason
+    in_one_pass.receive_data(data)
+    in_one_pass.receive_data(b"")
+    with pytest.raises(RemoteProtocolError) as info:
+        list(in_one_pass.events())
+    assert info.value.reason == reasons[0]
+    with pytest.raises(RemoteProtocolError):
+        in_one_pass.next_events()
     return reasons[0]
 
 

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.interop
 
 README = REPO_ROOT / "README.md"
 README_URL = "pulsar://127.0.0.1:6650"
-EXAMPLE_DEADLINE_S = 60.0  # a README example that takes longer hangs
+EXAMPLE_DEADLINE_S = 180.0  # a README example that takes longer hangs (a Spark example starts
+#                            a JVM: over 60 s on a loaded 2-core machine)
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

@@ -143,6 +143,32 @@ async def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None
         assert stored == len(receipts), "every persisted SEND was receipted before the close"
 
 
+def test_the_server_serves_on_uvloop(tmp_path: Path) -> None:
+    """The server on uvloop's transports (MAGNETAR_EVENT_LOOP=uvloop): handshake, a burst of
+    SENDs past pending_sends_max, every receipt in order."""
+    import uvloop
+
+    async def scenario() -> list[int]:
+        async with asyncio.timeout(DEADLINE_S), \
+                _serving(tmp_path, keepalive_interval_s=0, pending_sends_max=4) as (server, _):
+            client = await _AsyncClient.connect(server.port)
+            client.send(pb.CommandProducer(topic="persistent://public/default/uv",
+                                           producer_id=0, request_id=0))
+            await client.expect(T.PRODUCER_SUCCESS)
+            for sequence_id in range(50):
+                metadata, payload = build_message(SingleMessage(b"u", sequence_id=sequence_id),
+                                                  producer_name="p", publish_time=1)
+                client.send(pb.CommandSend(producer_id=0, sequence_id=sequence_id), metadata,
+                            payload)
+            receipts = [(await client.expect(T.SEND_RECEIPT)).body.sequence_id
+                        for _ in range(50)]
+            await client.close()
+            return receipts
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(scenario()) == list(range(50))
+
+
 def test_server_error_codes() -> None:
     assert server_error(TopicNotFoundError("gone")) == (pb.TopicNotFound, "gone")
     assert server_error(LedgerNotFoundError("no ledger"))[0] == LedgerNotFoundError.code

@@ -89,3 +89,37 @@ def test_a_full_journal_queue_refuses_try_add_and_signals_room_when_the_writer_m
     finally:
         fs.release("write")
         store.close()
+
+
+def test_a_run_of_adds_waits_for_room_for_all_of_it_in_the_journal_queue(
+        tmp_path: Path) -> None:
+    """`try_add_entries` is all or nothing: refused (None, none written) while the queue
+    lacks room for the whole run, accepted once the writer has taken a batch."""
+    fs = SimFileSystem(seed=7)
+    store = Storage.open(tmp_path, small_config(journal_queue_requests_max=20), fs=fs)
+    try:
+        ledger = store.create_ledger().result(WAIT_SECONDS_MAX)
+        assert store.journal is not None
+        assert store.journal.add_requests_max == 18
+        fs.hold("write", ".jnl")
+        first = store.try_add_entry(ledger, b"first")
+        assert first is not None
+        wait_until(lambda: fs.held("write") > 0, "the journal writer to stall")
+        queued = store.try_add_entries(ledger, [b"q%d" % i for i in range(15)])
+        assert queued is not None
+        assert store.try_add_entries(ledger, [b"r%d" % i for i in range(4)]) is None
+        state = store.ledgers.get(ledger)
+        assert state is not None
+        assert state.next_entry_id == 16  # the refused run took no entry ids
+        fitting = store.try_add_entries(ledger, [b"s0", b"s1", b"s2"])  # 15 + 3 = 18: fits
+        assert fitting is not None
+        space = store.cache_space()
+        assert not space.done()
+        fs.release("write")
+        assert space.result(WAIT_SECONDS_MAX) is None
+        assert (first.result(WAIT_SECONDS_MAX), queued.result(WAIT_SECONDS_MAX),
+                fitting.result(WAIT_SECONDS_MAX)) == (0, 15, 18)
+        assert store.read_entries(ledger, 16, 18) == [b"s0", b"s1", b"s2"]
+    finally:
+        fs.release("write")
+        store.close()

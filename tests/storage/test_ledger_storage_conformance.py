@@ -392,6 +392,35 @@ def test_try_add_entry_adds_like_add_entry_while_the_cache_has_room(impl: Impl) 
         store.try_add_entry(ledger + 100, b"x")
 
 
+def test_a_run_of_adds_gets_consecutive_ids_and_one_completion_for_the_last(
+        impl: Impl) -> None:
+    store = impl.store
+    ledger = new_ledger(store)
+    assert done(store.add_entry(ledger, b"a")) == 0
+    assert done(store.add_entries(ledger, [b"b", b"c", b"d"])) == 3
+    run = store.try_add_entries(ledger, [b"e", b"f"])
+    assert run is not None
+    assert done(run) == 5
+    assert store.last_add_confirmed(ledger) == 5
+    assert store.read_entries(ledger, 0, 5) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+
+
+def test_a_refused_run_of_adds_writes_none_of_them(impl: Impl) -> None:
+    store = impl.store
+    ledger = new_ledger(store)
+    fill(store, ledger, 0, 2)
+    too_large = b"x" * (store.config.entry_size_bytes_max + 1)
+    with pytest.raises(EntryTooLargeError):
+        store.add_entries(ledger, [b"fits", too_large])
+    with pytest.raises(EntryTooLargeError):
+        store.try_add_entries(ledger, [b"fits", too_large])
+    assert store.ledger_info(ledger).entries == 2
+    done(store.close_ledger(ledger))
+    with pytest.raises(LedgerClosedError):
+        store.add_entries(ledger, [b"late", b"later"])
+    assert store.last_add_confirmed(ledger) == 1
+
+
 def test_try_read_entries_answers_from_memory_or_not_at_all(impl: Impl) -> None:
     """None (it would need the disk) or exactly what `read_entries` gives; the same range
     checks either way."""

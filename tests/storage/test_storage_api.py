@@ -170,6 +170,29 @@ def test_fence_survives_a_crash_without_checkpoint(tmp_path: Path) -> None:
     reopened.close()
 
 
+def test_runs_of_adds_replay_after_a_crash_without_checkpoint(tmp_path: Path) -> None:
+    """A run of adds is journaled as one ADD_ENTRY record per entry: recovery restores
+    every entry of every acknowledged run, interleaved with single adds and other ledgers."""
+    store = Storage.open(tmp_path, PUMPED)
+    ledger = store.wait(store.create_ledger())
+    other = store.wait(store.create_ledger())
+    runs = [[entry(ledger, i) for i in range(3)], [entry(ledger, 4)],
+            [entry(ledger, i) for i in range(5, 12)]]
+    assert store.wait(store.add_entries(ledger, runs[0])) == 2
+    assert store.wait(store.add_entries(other, [b"o0", b"o1"])) == 1
+    assert store.wait(store.add_entry(ledger, entry(ledger, 3))) == 3
+    pending = [store.add_entries(ledger, run) for run in runs[1:]]
+    assert [store.wait(c) for c in pending] == [4, 11]
+    store.abandon()
+    reopened = Storage.open(tmp_path, PUMPED)
+    try:
+        assert reopened.read_entries(ledger, 0, 11) == [entry(ledger, i) for i in range(12)]
+        assert reopened.read_entries(other, 0, 1) == [b"o0", b"o1"]
+        assert reopened.wait(reopened.add_entries(ledger, [b"next"])) == 12
+    finally:
+        reopened.close()
+
+
 def test_close_ledger(tmp_path: Path) -> None:
     store = Storage.open(tmp_path, PUMPED)
     ledger = store.wait(store.create_ledger())

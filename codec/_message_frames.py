@@ -1,0 +1,72 @@
+"""MESSAGE frames built without the protobuf runtime: a broker writes one per delivered entry,
+and building `BaseCommand(type=MESSAGE, message=CommandMessage(...))` then serializing it cost
+more than the rest of a delivery (issue 14). The bytes are those the runtime produces for the
+same fields (fields in number order, proto2 presence: every field the broker sets is written,
+`ack_set` unpacked, negative int32/int64 values as 10-byte varints); tests/codec/
+test_message_frames.py checks it byte for byte over arbitrary values. Field numbers come from
+the descriptors, so they are defined once.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+from ._errors import LocalProtocolError
+from ._proto import pulsar_api_pb2 as pb
+from ._receipts import MESSAGE_ID_ENTRY_KEY, MESSAGE_ID_LEDGER_KEY
+from ._wire import UINT64_MASK, WIRE_BYTES, WIRE_VARINT, encode_varint, field_key
+
+__all__ = ["message_frame"]
+
+_SIZES: Final = struct.Struct(">II")
+_MESSAGE_FIELDS: Final = pb.CommandMessage.DESCRIPTOR.fields_by_name
+_ID_FIELDS: Final = pb.MessageIdData.DESCRIPTOR.fields_by_name
+_BODY_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["message"].number
+_TYPE_FIELD: Final = pb.BaseCommand.DESCRIPTOR.fields_by_name["type"].number
+_COMMAND_HEAD: Final = (field_key(_TYPE_FIELD, WIRE_VARINT) + encode_varint(pb.BaseCommand.MESSAGE)
+                       + field_key(_BODY_FIELD, WIRE_BYTES))
+_CONSUMER: Final = field_key(_MESSAGE_FIELDS["consumer_id"].number, WIRE_VARINT)
+_MESSAGE_ID: Final = field_key(_MESSAGE_FIELDS["message_id"].number, WIRE_BYTES)
+_REDELIVERY: Final = field_key(_MESSAGE_FIELDS["redelivery_count"].number, WIRE_VARINT)
+_ACK_SET: Final = field_key(_MESSAGE_FIELDS["ack_set"].number, WIRE_VARINT)
+_EPOCH: Final = field_key(_MESSAGE_FIELDS["consumer_epoch"].number, WIRE_VARINT)
+_PARTITION: Final = field_key(_ID_FIELDS["partition"].number, WIRE_VARINT)
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def message_frame(consumer_id: int, ledger_id: int, entry_id: int, partition: int,
+                  redelivery_count: int, entry: bytes, *, ack_set: Sequence[int] = (),
+                  consumer_epoch: int | None = None,
+                  frame_size_bytes_max: int | None = None) -> bytes:
+    """The whole frame (size prefixes included) of
+    `CommandMessage(consumer_id, MessageIdData(ledgerId, entryId, partition),
+    redelivery_count, ack_set, consumer_epoch)` followed by the stored `entry` verbatim.
+    Negative ledger and entry ids go out as their uint64 form. The ids are the broker's own
+    (asserted to fit their types).
+
+    Raises:
+        LocalProtocolError: the frame would exceed `frame_size_bytes_max` (nothing built).
+    """
+    assert 0 <= consumer_id <= UINT64_MASK
+    assert 0 <= redelivery_count <= 0xFFFFFFFF
+    assert _INT32_MIN <= partition <= _INT32_MAX
+    message_id = b"".join((MESSAGE_ID_LEDGER_KEY, encode_varint(ledger_id & UINT64_MASK),
+                           MESSAGE_ID_ENTRY_KEY, encode_varint(entry_id & UINT64_MASK),
+                           _PARTITION, encode_varint(partition)))
+    parts = [_CONSUMER, encode_varint(consumer_id), _MESSAGE_ID, encode_varint(len(message_id)),
+             message_id, _REDELIVERY, encode_varint(redelivery_count)]
+    for word in ack_set:
+        assert _INT64_MIN <= word <= _INT64_MAX
+        parts += (_ACK_SET, encode_varint(word))
+    if consumer_epoch is not None:
+        assert 0 <= consumer_epoch <= UINT64_MASK
+        parts += (_EPOCH, encode_varint(consumer_epoch))
+    body = b"".join(parts)
+    command = b"".join((_COMMAND_HEAD, encode_varint(len(body)), body))
+    total = 4 + len(command) + len(entry)
+    if frame_size_bytes_max is not None and total > frame_size_bytes_max:
+        raise LocalProtocolError(f"frame of {total} bytes exceeds {frame_size_bytes_max}")
+    return b"".join((_SIZES.pack(total, len(command)), command, entry))

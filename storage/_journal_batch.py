@@ -1,0 +1,56 @@
+"""What the journal queues and writes: a request (one record, or a run of adds of one
+ledger), a batch written and waiting for its sync, and the segment being written.
+See `_journal.py` for how they move."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._completion import Completion
+from ._fs import FileHandle
+from ._journal_format import ADD_IDS_BYTES, RecordType
+
+__all__ = ["JournalRequest"]
+
+
+class JournalRequest:
+    """One record to journal, or a run of ADD_ENTRY records of one ledger (`entries`: their
+    data, for entry ids up to `entry_id`), with what to finish when it is durable."""
+
+    __slots__ = ("completion", "entries", "entry_id", "kind", "ledger", "ledger_id",
+                 "payload", "records", "size")
+
+    def __init__(self, kind: int, payload: bytes, completion: Completion[int] | None,
+                 ledger: object = None, entry_id: int = -1, *,
+                 entries: list[bytes] | None = None, ledger_id: int = -1):
+        assert entries is None or (kind == RecordType.ADD_ENTRY and entries and ledger_id >= 0)
+        self.kind = kind
+        self.payload = payload
+        self.completion = completion
+        self.ledger = ledger
+        self.entry_id = entry_id
+        self.entries = entries
+        self.ledger_id = ledger_id
+        if entries is None:
+            self.records = 1
+            self.size = len(payload)
+        else:
+            self.records = len(entries)
+            self.size = sum(map(len, entries)) + ADD_IDS_BYTES * len(entries)
+
+
+@dataclass
+class _Batch:
+    segment: _Segment
+    end_offset: int
+    last_lsn: int
+    requests: list[JournalRequest]
+    records: int  # the records written (`requests` is emptied once acknowledged unsynced)
+
+
+class _Segment:
+    def __init__(self, segment_id: int, handle: FileHandle, position: int, allocated: int):
+        self.segment_id = segment_id
+        self.handle = handle
+        self.position = position
+        self.allocated = allocated

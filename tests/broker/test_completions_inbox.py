@@ -1,0 +1,72 @@
+"""Storage completions reach the loop through one inbox per loop: callbacks posted from a
+storage thread before the loop has run the earlier ones share one wake-up, run in order,
+and one that raises is reported without stopping the others."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from magnetar.broker.ledger._completions import call_soon
+
+DEADLINE_S = 10.0
+
+
+async def wait_for(predicate: Any) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not predicate():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0)
+
+
+async def test_callbacks_posted_together_share_one_wake_up_and_keep_their_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = asyncio.get_running_loop()
+    wake_ups: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        wake_ups.append(callback)
+        return original(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    seen: list[int] = []
+    poster = threading.Thread(target=lambda: [call_soon(loop, seen.append, i)
+                                              for i in range(100)])
+    poster.start()
+    poster.join()  # all posted before the loop gets a turn
+    await wait_for(lambda: len(seen) == 100)
+    assert seen == list(range(100))
+    assert len(wake_ups) == 1
+    call_soon(loop, seen.append, 100)  # the inbox is empty again: a new wake-up
+    await wait_for(lambda: len(seen) == 101)
+    assert len(wake_ups) == 2
+
+
+async def test_a_raising_callback_is_reported_and_the_rest_still_run() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    seen: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    def post() -> None:
+        call_soon(loop, seen.append, "before")
+        call_soon(loop, boom)
+        call_soon(loop, seen.append, "after")
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    poster.join()
+    try:
+        await wait_for(lambda: len(seen) == 2)
+    finally:
+        loop.set_exception_handler(None)
+    assert seen == ["before", "after"]
+    assert [type(c["exception"]) for c in reported] == [ValueError]
