@@ -34,8 +34,14 @@ consume + ack, unbatched publish, unbatched consume + ack, sync publish -- again
 broker and against pulsar-lite (the `bench` extra's peer, its own binary) in the same run;
 ratios Magnetar / pulsar-lite, and sync publish over the raw fsync rate.
 
+Many topics (`e2e_many_topics.py`, a broker of its own): 100 producers on 100 topics against
+one topic's unbatched rate, then the scale's number of topics created one by one with the
+official client (topics/s per step and the broker's RSS as N grows), then a restart and the
+time until the first topic serves again. `--many-topics N` sets N (0 leaves it out).
+
     python benchmarks/bench_e2e.py --quick --json e2e.json --plot e2e.png
     python benchmarks/bench_e2e.py --dir /data
+    python benchmarks/bench_e2e.py --only-many-topics --many-topics 10000
 
 Profiling: `--side-by-side-only --workloads "unbatched publish" --profile broker.prof` runs
 just that workload (the limits are still measured) with the broker under cProfile, whose stats
@@ -65,6 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # e2e_peers beside it
 
 import pulsar  # type: ignore[import-untyped]
+from e2e_many_topics import plot_many_topics, render_many_topics, run_many_topics
 from e2e_peers import (
     WORKLOADS,
     ServerProcess,
@@ -110,16 +117,18 @@ class E2EScale:
     publish_seconds: float
     latency_seconds: float
     consume_messages: int  # drained from the publish phase's backlog, at most
+    many_topics: int  # topics created one by one (`e2e_many_topics`)
 
     def __post_init__(self) -> None:
         assert self.publish_seconds > 0
         assert self.latency_seconds > 0
         assert self.consume_messages > 0
+        assert self.many_topics >= 0
 
 
-FULL = E2EScale("full", FULL_SCALE, 10.0, 10.0, 200_000)
-QUICK = E2EScale("quick", QUICK_SCALE, 3.0, 3.0, 50_000)
-TINY = E2EScale("tiny", TINY_SCALE, 0.3, 0.3, 500)  # for the smoke test
+FULL = E2EScale("full", FULL_SCALE, 10.0, 10.0, 200_000, 100_000)
+QUICK = E2EScale("quick", QUICK_SCALE, 3.0, 3.0, 50_000, 10_000)
+TINY = E2EScale("tiny", TINY_SCALE, 0.3, 0.3, 500, 20)  # for the smoke test
 
 
 @dataclass
@@ -134,11 +143,14 @@ class BenchOptions:
     workloads: tuple[str, ...] = WORKLOADS  # the side-by-side workloads to run
     profile_path: str | None = None  # the broker runs under cProfile, its stats here
     event_loop: str | None = None  # the broker's MAGNETAR_EVENT_LOOP (None: inherited)
+    many_topics: int | None = None  # overrides the scale's
+    only_many_topics: bool = False  # the many-topics workloads alone
 
     def chosen_scale(self) -> E2EScale:
-        if self.scale is not None:
-            return self.scale
-        return QUICK if self.quick else FULL
+        scale = self.scale if self.scale is not None else QUICK if self.quick else FULL
+        if self.many_topics is not None:
+            scale = dataclasses.replace(scale, many_topics=self.many_topics)
+        return scale
 
 
 @dataclass
@@ -168,6 +180,7 @@ class _E2EResults:
     storage: _Results = field(default_factory=_Results)
     cells: list[Cell] = field(default_factory=list)
     side_by_side: list[Any] = field(default_factory=list)  # e2e_peers.Workload
+    many_topics: Any = None  # e2e_many_topics.ManyTopics
 
 
 # -- the broker subprocess ------------------------------------------------------------------
@@ -371,27 +384,24 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
     os.makedirs(options.directory, exist_ok=True)
     results = _E2EResults()
     load_before = os.getloadavg()
-    cells = ([] if options.side_by_side_only
+    cells = ([] if options.side_by_side_only or options.only_many_topics
              else [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING])
     with (_quiet_storage_log(), _scratch_dir(options.directory) as scratch,
-          tqdm(total=len(cells) + 4, disable=not options.progress, file=sys.stderr,
+          tqdm(total=len(cells) + 5, disable=not options.progress, file=sys.stderr,
                unit="step") as bar):
         bar.set_description("disk limits")
         _run_limits(scale.storage, scratch, results.storage, "start")
         bar.update()
-        with _running_broker(scratch, options) as broker:
-            for size, batching in cells:
-                bar.set_description(f"{size} B {_batching_name(batching)}")
-                results.cells.append(_run_cell(broker.url, scale, size, batching))
-                bar.update()
-            bar.set_description("side by side: Magnetar")
-            results.side_by_side += run_workloads("magnetar", broker.url, scale.publish_seconds,
-                                                  scale.consume_messages, options.workloads)
-            bar.update()
-        bar.set_description("side by side: pulsar-lite")
-        with running_pulsar_lite(scratch) as peer:
-            results.side_by_side += run_workloads("pulsar-lite", peer.url, scale.publish_seconds,
-                                                  scale.consume_messages, options.workloads)
+        if not options.only_many_topics:
+            _run_single_topic(scratch, options, scale, cells, results, bar)
+        if scale.many_topics:
+            bar.set_description(f"many topics ({scale.many_topics:,})")
+            unprofiled = dataclasses.replace(options, profile_path=None)
+            results.many_topics = run_many_topics(
+                lambda: _running_broker(scratch, unprofiled), scale.many_topics,
+                scale.publish_seconds,
+                lambda step: bar.set_postfix(topics=step.topics, per_s=f"{step.step_per_s:.0f}",
+                                             rss_mb=f"{step.rss_mb:.0f}"))
         bar.update()
         bar.set_description("disk limits again")
         _run_limits(scale.storage, scratch, results.storage, "end")
@@ -405,6 +415,25 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
     if options.plot_path:
         write_plot(document, options.plot_path)
     return document
+
+
+def _run_single_topic(scratch: str, options: BenchOptions, scale: E2EScale,
+                      cells: list[tuple[int, bool]], results: _E2EResults, bar: Any) -> None:
+    """The cells and the side-by-side workloads (Magnetar, then pulsar-lite)."""
+    with _running_broker(scratch, options) as broker:
+        for size, batching in cells:
+            bar.set_description(f"{size} B {_batching_name(batching)}")
+            results.cells.append(_run_cell(broker.url, scale, size, batching))
+            bar.update()
+        bar.set_description("side by side: Magnetar")
+        results.side_by_side += run_workloads("magnetar", broker.url, scale.publish_seconds,
+                                              scale.consume_messages, options.workloads)
+        bar.update()
+    bar.set_description("side by side: pulsar-lite")
+    with running_pulsar_lite(scratch) as peer:
+        results.side_by_side += run_workloads("pulsar-lite", peer.url, scale.publish_seconds,
+                                              scale.consume_messages, options.workloads)
+    bar.update()
 
 
 @contextlib.contextmanager
@@ -445,6 +474,8 @@ def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
         "limits": dataclasses.asdict(limits),
         "cells": [dataclasses.asdict(c) for c in results.cells],
         "side_by_side": [dataclasses.asdict(w) for w in results.side_by_side],
+        "many_topics": (None if results.many_topics is None
+                        else dataclasses.asdict(results.many_topics)),
     }
 
 
@@ -482,10 +513,14 @@ def render_table(document: dict[str, Any]) -> str:
             for c in document["cells"]]
     headers = ["message", "batching", "publish msg/s", "MB/s", "x fsync", "x bandwidth",
                "latency at msg/s", "p50 ms", "p99 ms", "consume msg/s", "MB/s"]
-    return "\n\n".join([header, _render_limits(document),
-                        "Official client through the broker\n"
-                        + _table(headers, rows, "llrrrrrrrrr"),
-                        render_side_by_side(document, _table)])
+    parts = [header, _render_limits(document)]
+    if document["cells"]:
+        parts.append("Official client through the broker\n" + _table(headers, rows, "llrrrrrrrrr"))
+    if document["side_by_side"]:
+        parts.append(render_side_by_side(document, _table))
+    if document["many_topics"] is not None:
+        parts.append(render_many_topics(document, _table))
+    return "\n\n".join(parts)
 
 
 # -- the chart ------------------------------------------------------------------------------
@@ -496,10 +531,26 @@ def write_plot(document: dict[str, Any], path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(19, 5.5), dpi=100)
+    panels = ((2 if document["cells"] else 0) + bool(document["side_by_side"])
+              + (document["many_topics"] is not None))
+    figure = Figure(figsize=(6.3 * max(panels, 1), 5.5), dpi=100)
     FigureCanvasAgg(figure)
-    rates, latency, side = figure.subplots(1, 3)
-    plot_side_by_side(side, document)
+    axes = list(figure.subplots(1, max(panels, 1), squeeze=False)[0])
+    if document["many_topics"] is not None:
+        plot_many_topics(axes.pop(), document)
+    if document["side_by_side"]:
+        plot_side_by_side(axes.pop(), document)
+    if document["cells"]:
+        _plot_cells(axes, document)
+    figure.suptitle(f"Magnetar end to end, official Python client "
+                    f"({document['parameters']['scale']['name']} run, "
+                    f"{document['machine']['nproc']} CPUs)")
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+
+
+def _plot_cells(axes: list[Any], document: dict[str, Any]) -> None:
+    rates, latency = axes
     cells = document["cells"]
     labels = [f"{_cell_name(c)}\n{_batching_name(c['batching'])}" for c in cells]
     _bars(rates, labels, [("publish", [c["publish_per_s"] for c in cells]),
@@ -515,11 +566,6 @@ def write_plot(document: dict[str, Any], path: str) -> None:
     latency.set_ylabel("send to receive, ms")
     latency.set_title("End-to-end latency at a steady rate")
     latency.legend(fontsize="small")
-    figure.suptitle(f"Magnetar end to end, official Python client "
-                    f"({document['parameters']['scale']['name']} run, "
-                    f"{document['machine']['nproc']} CPUs)")
-    figure.tight_layout()
-    figure.savefig(path, format="png")
 
 
 def _bars(axes: Any, labels: list[str], series: list[tuple[str, list[float]]]) -> None:
@@ -538,7 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and 100 B messages, batching off and on, durable): publish rate, end-to-end latency "
         "and consume rate, against the disk's fsync rate and bandwidth measured in the same "
         "run, in a temporary directory under --dir.")
-    parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="a short run (a few minutes: "
+                        "10,000 topics; the full run creates 100,000)")
+    parser.add_argument("--many-topics", type=int, default=None, metavar="N",
+                        help="topics to create in the many-topics workload (0: leave it out)")
+    parser.add_argument("--only-many-topics", action="store_true",
+                        help="the disk limits and the many-topics workloads alone")
     parser.add_argument("--dir", default=".", help="run on the disk holding this directory")
     parser.add_argument("--json", default=None, help="write the results as JSON here")
     parser.add_argument("--plot", default=None, help="write a PNG chart here")
@@ -558,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.many_topics is not None and args.many_topics < 0:
+        parser.error(f"--many-topics: {args.many_topics} is negative")
     workloads = tuple(name.strip() for name in args.workloads.split(",") if name.strip())
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
@@ -567,7 +620,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    plot_path=args.plot, progress=not args.no_progress,
                                    side_by_side_only=args.side_by_side_only,
                                    workloads=workloads, profile_path=args.profile,
-                                   event_loop=args.event_loop))
+                                   event_loop=args.event_loop, many_topics=args.many_topics,
+                                   only_many_topics=args.only_many_topics))
     return 0
 
 

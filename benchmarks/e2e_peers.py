@@ -114,6 +114,11 @@ class ServerProcess:
     def url(self) -> str:
         return f"pulsar://{HOST}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
     def _launch(self, command: list[str], cwd: str, env: dict[str, str] | None = None) -> None:
         """Run `command` and wait until the port accepts connections.
 

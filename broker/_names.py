@@ -506,7 +506,7 @@ def _java_string_order(name: str) -> bytes:
     return name.encode("utf-16-be", "surrogatepass")
 
 
-def topics_hash(names: Iterable[str]) -> str:
+def topics_hash(names: Iterable[str], presorted: bool = False) -> str:
     """The `topics_hash` of a topic list, as CommandGetTopicsOfNamespaceResponse carries it.
 
     CRC32C over the names sorted as Java sorts them and joined by ',', printed the way Guava
@@ -514,12 +514,12 @@ def topics_hash(names: Iterable[str]) -> str:
     list hashes to "00000000". The client compares it with its own to skip unchanged lists.
 
     Args:
-        names: complete topic names (any order).
+        names: complete topic names (any order; with `presorted`, in Java's order already).
 
     Returns:
         8 lowercase hex digits.
     """
-    ordered = sorted(names, key=_java_string_order)
+    ordered = names if presorted else sorted(names, key=_java_string_order)
     value = crc32c.crc32c(",".join(ordered).encode("utf-8"))
     text = int(value).to_bytes(4, "little").hex()
     assert len(text) == 8

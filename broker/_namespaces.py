@@ -45,6 +45,7 @@ __all__ = ["AUTH_POLICIES", "AUTH_POLICY_MAPS", "EffectivePolicies", "NamespaceR
 
 _NAME = re.compile(r"^[-=:.\w]+$")
 
+RESOLVED_POLICIES_MAX = 1024  # distinct resolved policies kept for sharing
 AUTH_POLICIES = "auth_policies"  # the permissions' field of a namespace's Policies
 AUTH_POLICY_MAPS = ("namespace_auth", "destination_auth", "subscription_auth_roles")
 
@@ -94,6 +95,9 @@ class NamespaceRegistry:
     def __init__(self, metadata: LedgerMetadata, config: BrokerConfig):
         self._meta = metadata
         self._config = config
+        # Resolved policies by their merged JSON: topics with the same policies share one
+        # (immutable) object, rather than one each.
+        self._resolved: dict[str, EffectivePolicies] = {}
 
     def bootstrap(self) -> None:
         """Create the namespaces the broker starts with (public/default) if missing."""
@@ -343,8 +347,15 @@ class NamespaceRegistry:
         return self.policies(namespace) if self.namespace_exists(namespace) else {}
 
     def effective_policies(self, topic: str, namespace: str) -> EffectivePolicies:
-        return self._resolve(_merged(self._namespace_policies(namespace),
-                                     self.topic_policies_in_force(topic)))
+        merged = _merged(self._namespace_policies(namespace), self.topic_policies_in_force(topic))
+        merged.pop(AUTH_POLICIES, None)  # not a policy resolved here, and it grows with topics
+        key = json.dumps(merged, sort_keys=True, separators=(",", ":"))
+        resolved = self._resolved.get(key)
+        if resolved is None:
+            if len(self._resolved) >= RESOLVED_POLICIES_MAX:
+                self._resolved.clear()
+            resolved = self._resolved[key] = self._resolve(merged)
+        return resolved
 
     def _resolve(self, p: dict[str, Any]) -> EffectivePolicies:
         c = self._config

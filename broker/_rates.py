@@ -73,14 +73,36 @@ class BucketsWindow:
 
     def __init__(self, source: Buckets):
         self._source = source
-        self._last = source.snapshot()
-        self.last_interval = BucketsSnapshot(
-            self._last.bounds, (0,) * len(self._last.counts), 0)
+        self._last = _zero_snapshot(source.bounds)
+        self._last = self._snapshot()
+        self.last_interval = _zero_snapshot(source.bounds)
+
+    def _snapshot(self) -> BucketsSnapshot:
+        """The source's counts, as the last snapshot's object when they did not move (a
+        window of a topic without traffic holds no copies of its own)."""
+        last = self._last
+        if self._source.sum == last.sum and self._source.counts == list(last.counts):
+            return last
+        return self._source.snapshot()
 
     def update(self) -> None:
         """Close the interval: `last_interval` becomes what was added since the last call."""
-        now = self._source.snapshot()
+        now = self._snapshot()
+        if now is self._last:
+            self.last_interval = _zero_snapshot(now.bounds)
+            return
         self.last_interval = BucketsSnapshot(
             now.bounds, tuple(a - b for a, b in zip(now.counts, self._last.counts, strict=True)),
             now.sum - self._last.sum)
         self._last = now
+
+
+_ZERO_SNAPSHOTS: dict[tuple[int, ...], BucketsSnapshot] = {}  # one per set of bounds
+
+
+def _zero_snapshot(bounds: tuple[int, ...]) -> BucketsSnapshot:
+    """The empty snapshot of `bounds`, shared by every window over them."""
+    zero = _ZERO_SNAPSHOTS.get(bounds)
+    if zero is None:
+        zero = _ZERO_SNAPSHOTS[bounds] = BucketsSnapshot(bounds, (0,) * (len(bounds) + 1), 0)
+    return zero

@@ -42,13 +42,20 @@ class LedgerTable:
     """Every ledger of one data directory, the next ledger id, and what the next checkpoint
     must persist: the ledgers changed since the last one (`dirty`) and the deleted ones whose
     locations it must purge (`purge`). Recovery fills it, `Storage` changes it under its
-    lock, and the checkpointer takes what changed (`take_changes`)."""
+    lock, and the checkpointer takes what changed (`take_changes`).
+
+    `tagged` finds the ledgers whose metadata holds one (key, value) pair without a scan of
+    every ledger (a managed ledger finds its own this way on open, among one per topic):
+    `_by_tag` indexes every pair of the ledgers added or loaded, and forgets a ledger once it
+    is deleted; `tagged` checks the state anyway (a deletion while the disk is full is not
+    told here)."""
 
     def __init__(self) -> None:
         self.ledgers: dict[int, LedgerState] = {}
         self.next_id = 1
         self.dirty: set[int] = set()
         self.purge: set[int] = set()
+        self._by_tag: dict[tuple[str, str], list[int]] = {}  # a list: most hold one id
 
     def get(self, ledger_id: int) -> LedgerState | None:
         return self.ledgers.get(ledger_id)
@@ -60,13 +67,31 @@ class LedgerTable:
         """A ledger as the index holds it (recovery): nothing to persist."""
         assert ledger.ledger_id not in self.ledgers
         self.ledgers[ledger.ledger_id] = ledger
+        if ledger.state != DELETED:
+            self._index(ledger)
 
     def add(self, ledger: LedgerState) -> None:
         """A new ledger (created or replayed); the next checkpoint records it."""
         assert ledger.ledger_id not in self.ledgers
         self.ledgers[ledger.ledger_id] = ledger
+        self._index(ledger)
         self.dirty.add(ledger.ledger_id)
         self.next_id = max(self.next_id, ledger.ledger_id + 1)
+
+    def _index(self, ledger: LedgerState) -> None:
+        by_tag = self._by_tag
+        for tag in ledger.metadata.items():
+            ids = by_tag.get(tag)
+            if ids is None:
+                by_tag[tag] = [ledger.ledger_id]
+            else:
+                ids.append(ledger.ledger_id)
+
+    def tagged(self, key: str, value: str) -> list[LedgerState]:
+        """The ledgers not deleted whose metadata maps `key` to `value`, by id."""
+        ids = sorted(self._by_tag.get((key, value), ()))
+        return [ledger for ledger in map(self.ledgers.__getitem__, ids)
+                if ledger.state != DELETED]
 
     def changed(self, ledger_id: int, *, deleted: bool = False) -> None:
         """A ledger's state changed; a deleted one's locations are purged as well."""
@@ -74,6 +99,12 @@ class LedgerTable:
         self.dirty.add(ledger_id)
         if deleted:
             self.purge.add(ledger_id)
+            for tag in self.ledgers[ledger_id].metadata.items():
+                ids = self._by_tag.get(tag)
+                if ids is not None and ledger_id in ids:
+                    ids.remove(ledger_id)
+                    if not ids:
+                        del self._by_tag[tag]
 
     def take_changes(self) -> tuple[list[LedgerRecord], list[int]]:
         """The records of the changed ledgers and the ids to purge, by id; both are then

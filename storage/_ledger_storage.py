@@ -148,8 +148,9 @@ class LedgerStorage(Protocol):
 
     def ledger_info(self, ledger_id: int) -> LedgerInfo: ...
 
-    def list_ledgers(self) -> list[LedgerInfo]:
-        """Every ledger that is not deleted, by id."""
+    def list_ledgers(self, tagged: tuple[str, str] | None = None) -> list[LedgerInfo]:
+        """Every ledger that is not deleted, by id; with `tagged` = (key, value), only those
+        whose metadata maps key to value (without reading every ledger's)."""
 
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes: ...
 

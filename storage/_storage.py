@@ -610,9 +610,12 @@ class Storage:
         with self.lock:
             return self._ledger(ledger_id).info()
 
-    def list_ledgers(self) -> list[LedgerInfo]:
-        """Every ledger that is not deleted, by id."""
+    def list_ledgers(self, tagged: tuple[str, str] | None = None) -> list[LedgerInfo]:
+        """Every ledger that is not deleted, by id; with `tagged` = (key, value), only those
+        whose metadata maps key to value (found through an index, not a scan)."""
         with self.lock:
+            if tagged is not None:
+                return [ledger.info() for ledger in self.ledgers.tagged(*tagged)]
             return [ledger.info() for _, ledger in sorted(self.ledgers.ledgers.items())
                     if ledger.state != DELETED]
 

@@ -74,9 +74,8 @@ def decode_compacted_entry(raw: bytes) -> tuple[Position, bytes]:
 
 def orphan_ledgers(storage: LedgerStorage, ml_name: str, in_force: int | None) -> list[int]:
     """The compacted ledgers of `ml_name` other than the one in force."""
-    return [info.ledger_id for info in storage.list_ledgers()
-            if info.metadata.get(COMPACTED_LEDGER_TAG) == ml_name
-            and info.ledger_id != in_force]
+    return [info.ledger_id for info in storage.list_ledgers(tagged=(COMPACTED_LEDGER_TAG, ml_name))
+            if info.ledger_id != in_force]
 
 
 @dataclass

@@ -244,6 +244,7 @@ class ManagedLedger(LedgerReads):
         self._submitted_bytes = 0
         self._submit_lock = asyncio.Lock()
         self._state = "open"
+        self.record_sink: Callable[[bytes, bytes], None] | None = None  # see _write_record
         self._fenced: BaseException | None = None
         self._add_failed = False  # an add failed: roll over before the next one
         self.cursors: dict[str, ManagedCursor] = {}
@@ -285,8 +286,8 @@ class ManagedLedger(LedgerReads):
         kept = [ledger for ledger in ledgers if ledger.entries > 0]
         dropped = [ledger.ledger_id for ledger in ledgers if ledger.entries == 0]
         known = {ledger.ledger_id for ledger in ledgers}
-        orphans = [info.ledger_id for info in storage.list_ledgers()
-                   if info.metadata.get("ml") == name and info.ledger_id not in known]
+        orphans = [info.ledger_id for info in storage.list_ledgers(tagged=("ml", name))
+                   if info.ledger_id not in known]
         new_id = await storage.create_ledger({"ml": name})
         terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
@@ -310,12 +311,16 @@ class ManagedLedger(LedgerReads):
         return Position(self._ledgers[-1].ledger_id, -1)
 
     def _write_record(self) -> None:
-        """Persist the ledger list and properties (direct durable commit)."""
+        """Persist the ledger list and properties (direct durable commit), or hand the record
+        to `record_sink` when one is set: its owner commits it later with others' (the broker's
+        shutdown; until then a crash leaves the previous record, which an open recovers from)."""
         data: dict[str, Any] = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
                                 "properties": self.properties}
         if self.terminated_position is not None:
             data["terminated"] = list(self.terminated_position)
         encoded = json.dumps(data, separators=(",", ":")).encode()
+        if self.record_sink is not None:  # its owner commits it with others' (a shutdown)
+            return self.record_sink(ml_key(self.name), encoded)
         with self.storage.metadata.transaction() as txn:
             txn.put(ml_key(self.name), encoded)
 

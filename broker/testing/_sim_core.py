@@ -153,7 +153,7 @@ def _silence_service(service: BrokerService) -> None:
             continue
         for subscription in topic.all_subscriptions():
             subscription.close()
-        for task in list(topic._background):
+        for task in list(topic.background):
             task.cancel()
 
 

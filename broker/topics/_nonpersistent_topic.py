@@ -78,6 +78,7 @@ class NonPersistentTopic(_ProducerHost):
         """
         if self.fenced:
             raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
+        self.service.stats_interval.touch(self)
         name = spec.producer_name or generated_producer_name(self.config.cluster_name)
         if self._name_taken(name):
             raise ProducerBusyError(
@@ -119,6 +120,7 @@ class NonPersistentTopic(_ProducerHost):
     async def subscribe(self, spec: SubscribeSpec, sink: ConsumerSink) -> Consumer:
         from ..dispatch._nonpersistent import NonPersistentSubscription
 
+        self.service.stats_interval.touch(self)
         subscription = self.subscriptions.get(spec.subscription)
         if subscription is None:
             subscription = NonPersistentSubscription(self, spec.subscription)

@@ -108,6 +108,20 @@ RESERVED_SUBSCRIPTION_PREFIXES = ("pulsar.repl",)
 SYSTEM_CURSOR_NAMES = (DEDUP_CURSOR_NAME, COMPACTION_CURSOR_NAME)  # not subscriptions
 
 
+_SHARED_CONFIGS_MAX = 256  # distinct managed-ledger configs kept for sharing
+_shared_configs: dict[ManagedLedgerConfig, ManagedLedgerConfig] = {}
+
+
+def _shared(config: ManagedLedgerConfig) -> ManagedLedgerConfig:
+    """One object per distinct (immutable) config, shared by the topics that use it."""
+    shared = _shared_configs.get(config)
+    if shared is None:
+        if len(_shared_configs) >= _SHARED_CONFIGS_MAX:
+            _shared_configs.clear()
+        shared = _shared_configs[config] = config
+    return shared
+
+
 def _now_ms() -> float:
     """Wall-clock ms: the unit of `DeduplicationState`'s times."""
     return time.time() * 1000
@@ -145,7 +159,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.add_latency_window = BucketsWindow(ml.add_latency_us)
         self.entry_size_window = BucketsWindow(ml.entry_size_bytes)
         self._publish_lock = asyncio.Lock()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Task[Any]] | None = None  # made at the first task
         self.compaction = TopicCompaction(self, None)  # the real one comes with `load`
         ml.on_entries_added.append(self._entries_added)
 
@@ -171,10 +185,10 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         """Re-read the effective policies (after a namespace or topic policy change)."""
         self.policies = self.service.namespaces.effective_policies(
             str(self.name), self.name.namespace_name)
-        self.managed_ledger.config = dataclasses.replace(
+        self.managed_ledger.config = _shared(dataclasses.replace(
             self.managed_ledger.config,
             retention_time_minutes=self.policies.retention_time_minutes,
-            retention_size_mb=self.policies.retention_size_mb)
+            retention_size_mb=self.policies.retention_size_mb))
 
     # -- deduplication ---------------------------------------------------------------------
 
@@ -229,6 +243,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
             raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
         if self.terminated:
             raise TopicTerminatedError(f"Topic {self.name} is terminated")
+        self.service.stats_interval.touch(self)
         name = spec.producer_name or self._generated_name()
         if self._name_taken(name):
             raise ProducerBusyError(
@@ -274,11 +289,14 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         """A cursor moved; trimming is the managed ledger's business."""
 
     def _spawn(self, work: Any) -> None:
-        spawn(work, self._background, f"topic {self.name}")
+        spawn(work, self.background, f"topic {self.name}")
 
     @property
     def background(self) -> set[asyncio.Task[Any]]:
-        """The topic's background tasks (cancelled when it closes)."""
+        """The topic's background tasks (cancelled when it closes). Made at the first use:
+        most topics have none, and an empty set takes 216 bytes."""
+        if self._background is None:
+            self._background = set()
         return self._background
 
     @property
@@ -300,6 +318,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
             raise ServiceNotReadyError(f"Topic {self.name} is temporarily unavailable")
         if self.failure is not None:
             raise NotAllowedError(f"Topic {self.name} cannot be read: {self.failure}")
+        self.service.stats_interval.touch(self)
         if not spec.subscription:
             raise NotAllowedError("Empty subscription name")
         if spec.subscription in SYSTEM_CURSOR_NAMES or \
@@ -424,7 +443,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.fenced = True
         for subscription in self.all_subscriptions():
             subscription.close()
-        for task in list(self._background):
+        for task in list(self._background or ()):
             task.cancel()
         if self.dedup is not None and not self.managed_ledger.closed:
             try:
@@ -489,7 +508,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self._disconnect_all("topic deleted")
         for subscription in self.all_subscriptions():
             subscription.close()
-        for task in list(self._background):
+        for task in list(self._background or ()):
             task.cancel()
         await self.compaction.delete()
         await self.managed_ledger.delete()

@@ -31,9 +31,10 @@ InvalidTopicName. A refused request registers nothing.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -42,7 +43,13 @@ from google.protobuf.message import Message
 from magnetar.codec import pb
 
 from .._errors import InvalidTopicNameError, NotAllowedError
-from .._names import NamespaceName, matches_topics_pattern, strip_domain_scheme, topics_hash
+from .._names import (
+    NamespaceName,
+    _java_string_order,
+    matches_topics_pattern,
+    strip_domain_scheme,
+    topics_hash,
+)
 from ..topics._service import BrokerService
 
 __all__ = [
@@ -61,12 +68,44 @@ WATCHER_REPLY_TYPES: Final = frozenset({T.WATCH_TOPIC_LIST_SUCCESS, T.WATCH_TOPI
 _ERROR_PREFIX: Final = "Unable to create topic list watcher: "
 
 
+class _OrderedTopics:
+    """A watcher's topics, kept in the order `topics_hash` sorts them, so that the hash after
+    each creation or deletion is one pass over the names, not a sort of them (a watcher of a
+    namespace where topics keep coming sorted all of them for each one)."""
+
+    def __init__(self, names: Iterable[str] = ()):
+        self._members = set(names)
+        self._ordered = sorted(self._members, key=_java_string_order)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._members
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ordered)
+
+    def add(self, name: str) -> None:
+        if name not in self._members:
+            self._members.add(name)
+            bisect.insort(self._ordered, name, key=_java_string_order)
+
+    def discard(self, name: str) -> None:
+        if name in self._members:
+            self._members.discard(name)
+            at = bisect.bisect_left(self._ordered, _java_string_order(name),
+                                    key=_java_string_order)
+            assert self._ordered[at] == name
+            del self._ordered[at]
+
+    def hash(self) -> str:
+        return topics_hash(self._ordered, presorted=True)
+
+
 @dataclass
 class _Watcher:
     watcher_id: int
     namespace: str
     pattern: str
-    topics: set[str] = field(default_factory=set)
+    topics: _OrderedTopics = field(default_factory=_OrderedTopics)
     listener: Callable[[str, bool], None] | None = None
 
 
@@ -100,7 +139,7 @@ class TopicListWatchers:
         watcher = self._watchers.get(request.watcher_id)
         if watcher is None:
             watcher = self._new_watcher(request)
-        digest = topics_hash(watcher.topics)
+        digest = watcher.topics.hash()
         reply = pb.CommandWatchTopicListSuccess(request_id=request.request_id,
                                                 watcher_id=watcher.watcher_id, topics_hash=digest)
         if not (request.HasField("topics_hash") and request.topics_hash == digest):
@@ -123,7 +162,7 @@ class TopicListWatchers:
             raise InvalidTopicNameError(f"Invalid topics pattern: {exc}") from None
         topics = self.service.list_topics(namespace, "PERSISTENT")
         watcher = _Watcher(request.watcher_id, namespace, pattern,
-                           {t for t in topics if matches_topics_pattern(pattern, t)})
+                           _OrderedTopics(t for t in topics if matches_topics_pattern(pattern, t)))
 
         def listener(name: str, created: bool) -> None:
             self._on_topic_event(watcher, name, created)
@@ -160,7 +199,7 @@ class TopicListWatchers:
         else:
             watcher.topics.discard(name)
         update = pb.CommandWatchTopicUpdate(watcher_id=watcher.watcher_id,
-                                            topics_hash=topics_hash(watcher.topics))
+                                            topics_hash=watcher.topics.hash())
         (update.new_topics if created else update.deleted_topics).append(name)
         if not self._send(update):
             log.info("topic-list update for watcher %d of %s not sent", watcher.watcher_id,

@@ -466,10 +466,10 @@ class InMemoryLedgerStorage:
         with self._lock:
             return self._ledger(ledger_id).info()
 
-    def list_ledgers(self) -> list[LedgerInfo]:
+    def list_ledgers(self, tagged: tuple[str, str] | None = None) -> list[LedgerInfo]:
         with self._lock:
-            return [ledger.info() for _, ledger in sorted(self._ledgers.items())
-                    if ledger.state != DELETED]
+            return [led.info() for _, led in sorted(self._ledgers.items())
+                    if led.state != DELETED and (tagged is None or tagged in led.metadata.items())]
 
     # -- reads ---------------------------------------------------------------------------
 

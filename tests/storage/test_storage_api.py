@@ -25,6 +25,7 @@ from magnetar.storage import (
 )
 from magnetar.storage._entry_log import ENTRY_LOG_HEADER_BYTES, read_header, split_location
 from magnetar.storage._index import Index
+from magnetar.storage._ledger import LedgerState
 from tests.storage.helpers import KiB, entry_log_files, journal_files, small_config
 
 PUMPED = small_config(background_threads=False)
@@ -279,6 +280,46 @@ def test_list_ledgers_with_metadata(tmp_path: Path) -> None:
         assert expected[0].entries == 2
     with Storage.open(tmp_path, PUMPED) as store:
         assert store.list_ledgers() == expected
+
+
+def test_list_ledgers_tagged(tmp_path: Path) -> None:
+    """`list_ledgers(tagged=...)`: the ledgers holding one metadata pair, deleted ones left
+    out, after a replay of the journal and after a checkpointed restart alike."""
+    with Storage.open(tmp_path, PUMPED) as store:
+        a1 = store.wait(store.create_ledger({"ml": "a"}))
+        b1 = store.wait(store.create_ledger({"ml": "b", "x": "1"}))
+        a2 = store.wait(store.create_ledger({"ml": "a"}))
+        a3 = store.wait(store.create_ledger({"ml": "a"}))
+        store.wait(store.delete_ledger(a2))
+        assert [i.ledger_id for i in store.list_ledgers(tagged=("ml", "a"))] == [a1, a3]
+        assert [i.ledger_id for i in store.list_ledgers(tagged=("x", "1"))] == [b1]
+        assert store.list_ledgers(tagged=("ml", "c")) == []
+    for _ in range(2):  # reopened: replayed from the journal, then loaded from the index
+        with Storage.open(tmp_path, PUMPED) as store:
+            assert [i.ledger_id for i in store.list_ledgers(tagged=("ml", "a"))] == [a1, a3]
+            assert [i.ledger_id for i in store.list_ledgers(tagged=("ml", "b"))] == [b1]
+            store.wait(store.delete_ledger(b1))
+            b1 = store.wait(store.create_ledger({"ml": "b"}))
+
+
+def test_list_ledgers_tagged_reads_only_the_tagged(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding one tag's ledgers among many reads only those (an index, not a scan of
+    every ledger's metadata: a managed ledger's open did that, one ledger per topic)."""
+    with Storage.open(tmp_path, PUMPED) as store:
+        for index in range(200):
+            store.wait(store.create_ledger({"ml": f"topic-{index}"}))
+        reads = 0
+        info = LedgerState.info
+
+        def counted(ledger: LedgerState) -> LedgerInfo:
+            nonlocal reads
+            reads += 1
+            return info(ledger)
+
+        monkeypatch.setattr(LedgerState, "info", counted)
+        assert len(store.list_ledgers(tagged=("ml", "topic-150"))) == 1
+        assert reads == 1
 
 
 def test_metadata_is_a_copy(tmp_path: Path) -> None:
