@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pulsar  # type: ignore[import-untyped]
 from persistqueue import SQLiteAckQueue, SQLiteQueue  # type: ignore[import-untyped]
+from send_receipts import BoundedReceipts
 from tqdm import tqdm
 
 import magnetar
@@ -154,40 +155,6 @@ class Cell:
 
 # -- the clients (ours and the official one have the same shape) ----------------------------
 
-class _Receipts:
-    """Counts `send_async` receipts and bounds the sends in flight."""
-
-    def __init__(self, in_flight: int, ok: object):
-        self.slots = threading.Semaphore(in_flight)
-        self.ok = ok
-        self.lock = threading.Lock()
-        self.done = 0
-        self.failed: list[str] = []
-        self.last_s = 0.0
-
-    def callback(self, result: Any, _message_id: Any) -> None:
-        now = time.perf_counter()
-        with self.lock:
-            if result == self.ok:
-                self.done += 1
-                self.last_s = now
-            else:
-                self.failed.append(str(result))
-        self.slots.release()
-
-    def wait_all(self, sent: int) -> None:
-        deadline = time.monotonic() + DRAIN_DEADLINE_S
-        while True:
-            with self.lock:
-                if self.done + len(self.failed) >= sent:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {self.done} of {sent} sends were receipted")
-            time.sleep(0.002)
-        if self.failed:
-            raise RuntimeError(f"{len(self.failed)} sends failed, first {self.failed[0]}")
-
-
 def _publish(client: Any, ok: object, topic: str, in_flight: int, batching: bool,
              seconds: float) -> tuple[int, float, float]:
     """Publish for `seconds`; (messages receipted, start, last receipt) in perf_counter s."""
@@ -204,14 +171,14 @@ def _publish(client: Any, ok: object, topic: str, in_flight: int, batching: bool
                 producer.send(payload)
                 count += 1
             return count, started, time.perf_counter()
-        receipts = _Receipts(in_flight, ok)
+        receipts = BoundedReceipts(ok, in_flight)
         sent = 0
         while time.perf_counter() < stop_at:
             receipts.slots.acquire()
             producer.send_async(payload, receipts.callback)
             sent += 1
         producer.flush()
-        receipts.wait_all(sent)
+        receipts.wait_all(sent, DRAIN_DEADLINE_S)
         return receipts.done, started, receipts.last_s
     finally:
         producer.close()

@@ -80,6 +80,7 @@ from e2e_peers import (
     run_workloads,
     running_pulsar_lite,
 )
+from send_receipts import BoundedReceipts
 from tqdm import tqdm
 
 from magnetar.storage.testing._bench_measure import _best_limits, _run_limits
@@ -223,39 +224,6 @@ def _running_broker(scratch: str, options: BenchOptions) -> Iterator[BrokerProce
 
 # -- one cell -------------------------------------------------------------------------------
 
-class _Receipts:
-    """Counts receipts of `send_async` and bounds the sends in flight."""
-
-    def __init__(self, in_flight_max: int):
-        self.slots = threading.Semaphore(in_flight_max)
-        self.lock = threading.Lock()
-        self.done = 0
-        self.failed: list[str] = []
-        self.last_s = 0.0
-
-    def callback(self, result: Any, _message_id: Any) -> None:
-        now = time.perf_counter()
-        with self.lock:
-            if result == pulsar.Result.Ok:
-                self.done += 1
-                self.last_s = now
-            else:
-                self.failed.append(str(result))
-        self.slots.release()
-
-    def wait_all(self, sent: int) -> None:
-        deadline = time.monotonic() + DRAIN_DEADLINE_S
-        while True:
-            with self.lock:
-                if self.done + len(self.failed) >= sent:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {self.done} of {sent} sends were receipted")
-            time.sleep(0.005)
-        if self.failed:
-            raise RuntimeError(f"{len(self.failed)} sends failed, first {self.failed[0]}")
-
-
 def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Producer:
     return client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True,
                                   max_pending_messages=PUBLISH_IN_FLIGHT)
@@ -265,7 +233,7 @@ def _publish_phase(client: pulsar.Client, topic: str, cell: Cell, seconds: float
     """Send as fast as the in-flight bound allows for `seconds`; receipts counted."""
     producer = _producer(client, topic, cell.batching)
     payload = os.urandom(cell.message_bytes)
-    receipts = _Receipts(PUBLISH_IN_FLIGHT)
+    receipts = BoundedReceipts(pulsar.Result.Ok, PUBLISH_IN_FLIGHT)
     sent = 0
     started = time.perf_counter()
     stop_at = started + seconds
@@ -274,7 +242,7 @@ def _publish_phase(client: pulsar.Client, topic: str, cell: Cell, seconds: float
         producer.send_async(payload, receipts.callback)
         sent += 1
     producer.flush()
-    receipts.wait_all(sent)
+    receipts.wait_all(sent, DRAIN_DEADLINE_S)
     producer.close()
     cell.published = receipts.done
     cell.publish_seconds = receipts.last_s - started
@@ -309,7 +277,7 @@ def _latency_phase(client: pulsar.Client, topic: str, cell: Cell, seconds: float
                                 message_listener=sink.listener)
     producer = _producer(client, topic, cell.batching)
     payload = os.urandom(cell.message_bytes)
-    receipts = _Receipts(PUBLISH_IN_FLIGHT)
+    receipts = BoundedReceipts(pulsar.Result.Ok, PUBLISH_IN_FLIGHT)
     sent = 0
     started = time.perf_counter()
     while (now := time.perf_counter()) < started + seconds:
@@ -321,7 +289,7 @@ def _latency_phase(client: pulsar.Client, topic: str, cell: Cell, seconds: float
             sent += 1
         time.sleep(PACE_TICK_S)
     producer.flush()
-    receipts.wait_all(sent)
+    receipts.wait_all(sent, DRAIN_DEADLINE_S)
     deadline = time.monotonic() + DRAIN_DEADLINE_S
     while sink.count() < sent:
         if time.monotonic() > deadline:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import pulsar  # type: ignore[import-untyped]
 from e2e_peers import Workload, _publish
+from send_receipts import ReceiptCount
 
 PRODUCERS = 100
 PENDING_PER_PRODUCER = 100
@@ -117,27 +118,19 @@ def _topic(prefix: str, index: int) -> str:
 
 # -- many producers ---------------------------------------------------------------------------
 
-class _Pending:
+class _Pending(ReceiptCount):
     """Receipts of many producers: a slot count per producer, one event for "a slot freed"."""
 
     def __init__(self, producers: int):
-        self.lock = threading.Lock()
+        super().__init__(pulsar.Result.Ok)
         self.free = [PENDING_PER_PRODUCER] * producers
         self.freed = threading.Event()
-        self.done = 0
-        self.failed: list[str] = []
-        self.last_s = time.perf_counter()
 
     def callback_for(self, index: int) -> Callable[[Any, Any], None]:
         def callback(result: Any, _message_id: Any) -> None:
-            now = time.perf_counter()
+            self.count(result)
             with self.lock:
                 self.free[index] += 1
-                if result == pulsar.Result.Ok:
-                    self.done += 1
-                    self.last_s = now
-                else:
-                    self.failed.append(str(result))
             self.freed.set()
         return callback
 
@@ -147,18 +140,6 @@ class _Pending:
                 return False
             self.free[index] -= 1
             return True
-
-    def wait_all(self, sent: int) -> None:
-        deadline = time.monotonic() + DRAIN_DEADLINE_S
-        while True:
-            with self.lock:
-                if self.done + len(self.failed) >= sent:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {self.done} of {sent} sends were receipted")
-            time.sleep(0.005)
-        if self.failed:
-            raise RuntimeError(f"{len(self.failed)} sends failed, first {self.failed[0]}")
 
 
 def single_topic(url: str, seconds: float, result: ManyTopics) -> None:
@@ -200,7 +181,7 @@ def many_producers(url: str, seconds: float, result: ManyTopics) -> None:
                     progress = True
             if not progress:
                 pending.freed.wait(0.01)
-        pending.wait_all(sent)
+        pending.wait_all(sent, DRAIN_DEADLINE_S)
         for producer in producers:
             producer.close()
     finally:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulsar  # type: ignore[import-untyped]
+from send_receipts import ReceiptCount
 
 HOST = "127.0.0.1"
 MESSAGE_BYTES = 1024
@@ -188,34 +189,22 @@ def running_pulsar_lite(scratch: str) -> Iterator[PulsarLiteProcess]:
 
 # -- the workloads --------------------------------------------------------------------------
 
-class _Receipts:
+class _Receipts(ReceiptCount):
     """Counts receipts of `send_async`; the client's own pending bound blocks the sender."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.done = 0
-        self.failed: list[str] = []
-        self.last_s = time.perf_counter()
+        super().__init__(pulsar.Result.Ok)
 
     def callback(self, result: Any, _message_id: Any) -> None:
-        now = time.perf_counter()
-        with self.lock:
-            if result == pulsar.Result.Ok:
-                self.done += 1
-                self.last_s = now
-            else:
-                self.failed.append(str(result))
+        self.count(result)
 
-    def wait_all(self, sent: int) -> bool:
+    def wait_all_or_stall(self, sent: int) -> bool:
         """Wait for every receipt; False when none arrived for `STALL_S`."""
-        while True:
-            with self.lock:
-                if self.done + len(self.failed) >= sent:
-                    return True
-                quiet_s = time.perf_counter() - self.last_s
-            if quiet_s > STALL_S:
+        while not self.answered(sent):
+            if self.quiet_s() > STALL_S:
                 return False
             time.sleep(0.005)
+        return True
 
 
 def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Producer:
@@ -237,7 +226,7 @@ def _publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
     while time.perf_counter() < stop_at:
         producer.send_async(payload, receipts.callback)
         sent += 1
-    complete = receipts.wait_all(sent)
+    complete = receipts.wait_all_or_stall(sent)
     result.finish(receipts.done, receipts.last_s - started, stalled=not complete)
     if receipts.failed:
         result.stalled = True
