@@ -5,7 +5,6 @@ have to be there and be positive."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import sys
@@ -15,18 +14,14 @@ from typing import Any
 
 import pytest
 
+from .._scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "bench_broker.py"
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_broker", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "bench_broker")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ JSON and the PNG. No timing thresholds: the figures only have to be there and be
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import sys
@@ -14,6 +13,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from .._scripts import load_script
 
 pytestmark = pytest.mark.interop
 
@@ -25,13 +26,7 @@ TinyRun = tuple[ModuleType, dict[str, Any], Path, str]
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_e2e", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "bench_e2e")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ subscription and message id. The same seed must replay the same run.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
 import subprocess
@@ -31,6 +30,8 @@ from magnetar.broker.testing._simulation import (
     run_simulation,
 )
 from magnetar.broker.topics import _dedup
+
+from .._scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "broker_sim.py"
@@ -225,12 +226,7 @@ def test_cli_prints_the_seed_first_and_the_summary_last(tmp_path: Path) -> None:
 
 
 def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("broker_sim_tool", TOOL)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(TOOL, "broker_sim_tool")
 
 
 def test_cli_exits_1_on_a_violation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -4,24 +4,18 @@ thresholds: the figures only have to be there and be positive."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from .._scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_spark.py"
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_spark", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "bench_spark")
 
 
 def test_bench_spark_tiny_run(spark: Any, data_dir: str) -> None:

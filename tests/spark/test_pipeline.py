@@ -4,9 +4,7 @@ minutes of event time, and the per-key, per-minute counts and sums in the output
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +12,7 @@ from typing import Any
 
 import magnetar
 
+from .._scripts import load_script
 from ._helpers import read_all
 
 PIPELINE = Path(__file__).resolve().parents[2] / "tools" / "spark_pipeline.py"
@@ -25,13 +24,7 @@ OUTPUT_DEADLINE_S = 60.0
 
 
 def _load_pipeline() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("spark_pipeline", PIPELINE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PIPELINE, "spark_pipeline")
 
 
 def _publish(client: magnetar.Client, topic: str, minutes: range, late: bool,
