@@ -23,7 +23,8 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR)
 
-# The suite runs on one pytest-xdist worker per core, up to 4; the Spark tests share one worker
+# The suite runs on one pytest-xdist worker per core, up to 4, each test file whole on one worker;
+# the Spark tests share one worker
 # (and its one SparkSession). `.venv/bin/pytest tests/...` runs a part of it in one process.
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check magnetar storage broker codec tests tools benchmarks

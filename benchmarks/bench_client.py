@@ -59,6 +59,7 @@ from types import ModuleType
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # send_receipts beside it
 
 import pulsar  # type: ignore[import-untyped]
 from persistqueue import SQLiteAckQueue, SQLiteQueue  # type: ignore[import-untyped]

@@ -26,8 +26,11 @@ def seed(request: pytest.FixtureRequest) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`), every Spark test goes to one worker, which then starts
-    the one SparkSession (a JVM) they share, instead of one per worker."""
+    """Under pytest-xdist (`make test`, `--dist loadgroup`) each test file runs whole on one
+    worker, in its order, as in a serial run (module-scoped brokers see the file's earlier
+    tests); every Spark test goes to one worker, which starts the one SparkSession (a JVM) they
+    share, instead of one per worker."""
     for item in items:
-        if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        spark = item.get_closest_marker("spark") is not None
+        group = "spark" if spark else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))

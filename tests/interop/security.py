@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import socket
 import ssl
 import time
 import urllib.error
@@ -22,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from magnetar.broker.security._jwt import encode_token
 from magnetar.codec import pb
 
-from . import HOST, BrokerProcess, RawClient, free_port
+from . import HOST, STARTUP_DEADLINE_S, BrokerProcess, RawClient, free_port, wait_for
 
 HTTP_TIMEOUT_S = 10
 SECRET = b"magnetar-interop-secret-key-32by"
@@ -46,6 +47,23 @@ class SecureBrokerProcess(BrokerProcess):
         args = super().command()
         args[args.index("--http-port") + 1] = str(self.http_port)
         return args + list(self.extra)
+
+    def start(self) -> float:
+        """Start and wait until both the binary protocol and the admin API accept (the admin
+        server starts after the binary port listens)."""
+        began = time.monotonic()
+        super().start()
+        wait_for(self._admin_accepting, STARTUP_DEADLINE_S,
+                 f"the admin API on port {self.http_port}")
+        self.startup_s = time.monotonic() - began
+        return self.startup_s
+
+    def _admin_accepting(self) -> bool:
+        try:
+            with socket.create_connection((HOST, self.http_port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def http(self, path: str, bearer: str | None = None, *, base: str | None = None,
              context: ssl.SSLContext | None = None) -> tuple[int, Any]:

@@ -64,10 +64,19 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> str:
 
 
 @pytest.fixture(scope="session")
-def client(data_dir: str) -> Iterator[magnetar.Client]:
-    """A client of the broker the driver serves on `data_dir` (the Spark tasks' broker)."""
+def client(spark: Any, data_dir: str) -> Iterator[magnetar.Client]:
+    """A client of the broker the driver serves on `data_dir` (the Spark tasks' broker).
+
+    Before any test, one batch read of a one-message topic: the first batch read of a
+    SparkSession was seen to plan one partition where the same read planned later splits by
+    ledger (cause not found yet; see the issue-13 note), so no test depends on running first."""
     endpoints = magnetar.spark.serve(data_dir)
     with magnetar.Client(endpoints.service_url) as c:
+        warm_up = "persistent://public/default/spark-warm-up"
+        c.create_producer(warm_up).send(b"warm-up")
+        rows = spark.read.format("magnetar").option("service", data_dir) \
+            .option("topic", warm_up).load().collect()
+        assert [bytes(r.value) for r in rows] == [b"warm-up"]
         yield c
 
 
