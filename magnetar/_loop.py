@@ -53,6 +53,9 @@ class LoopThread:
         self._forks = _forks
         self._running = True  # until the loop thread ends
         self._ready = threading.Event()
+        # Calls submitted and not finished: failed when the loop ends without finishing them.
+        self._waiting: set[concurrent.futures.Future[Any]] = set()
+        self._waiting_lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -65,6 +68,21 @@ class LoopThread:
         finally:
             self._running = False
             self.loop.close()
+            self._fail_waiting()
+
+    def _fail_waiting(self) -> None:
+        """The loop has ended and will run nothing again: a call it did not finish would keep
+        its caller waiting forever, so it fails with AlreadyClosed."""
+        with self._waiting_lock:
+            waiting, self._waiting = self._waiting, set()
+        for future in waiting:
+            if not future.done():
+                future.set_exception(AlreadyClosed(
+                    "the client was closed while this call waited for it"))
+
+    def _forget(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._waiting_lock:
+            self._waiting.discard(future)
 
     @property
     def alive(self) -> bool:
@@ -85,7 +103,11 @@ class LoopThread:
         if not self.alive:
             coro.close()
             raise AlreadyClosed("the client's event loop is not running (closed, or forked)")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._waiting_lock:
+            self._waiting.add(future)
+        future.add_done_callback(self._forget)
+        return future
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result from another thread.
