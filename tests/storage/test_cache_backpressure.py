@@ -39,7 +39,7 @@ def test_a_full_cache_refuses_try_add_and_signals_space_when_the_flush_ends(
         adder = threading.Thread(
             target=lambda: blocked_add.append(store.add_entry(ledger, b"late").result()))
         adder.start()  # a thread's add waits for the same room
-        assert fs.held("sync") > 0
+        wait_until(lambda: fs.held("sync") > 0, "the flush to reach its held sync")
         assert not refused.done()
         assert not blocked_add
         fs.release("sync")
