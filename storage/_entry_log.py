@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from ._crc import crc32c
 from ._errors import CorruptionError
 from ._fs import FileHandle, FileSystem
+from ._gil import HAND_OVER_BYTES, HAND_OVER_ITEMS, hand_over_gil
 
 __all__ = [
     "ENTRY_LOG_HEADER_BYTES",
@@ -134,16 +135,23 @@ class EntryLogWriter:
         same 16 bytes as its index key) is appended to it.
 
         The loop is the checkpoint's hot path: `encode_entry` and `location_of` inlined,
-        and the per-ledger byte counts summed over runs of one ledger.
+        and the per-ledger byte counts summed over runs of one ledger. It writes and hands
+        the GIL over (`_gil.py`) every `HAND_OVER_ITEMS` records or `HAND_OVER_BYTES`
+        bytes, so that the event loop never waits long for it behind a big flush.
+
+        Raises:
+            OSError: a write failed; the records of the chunks before it are in the file
+                (nothing points at them: the index commit that would is not made).
         """
         assert self.log_id >= 1
         out = bytearray()
         locations: list[int] = []
-        base = self.position
+        base = self.position  # the file offset of out[0]
         log_bits = self.log_id << OFFSET_BITS
         pack_ids, pack_size_crc = _IDS.pack, _SIZE_CRC.pack
         run_ledger, run_bytes = -1, 0
         start = base
+        countdown = HAND_OVER_ITEMS
         for ledger_id, entry_id, data in entries:
             start = base + len(out)
             locations.append(log_bits | start)
@@ -157,12 +165,20 @@ class EntryLogWriter:
                 self._count_ledger_bytes(run_ledger, run_bytes)
                 run_ledger, run_bytes = ledger_id, 0
             run_bytes += RECORD_HEADER_BYTES + len(data)
+            countdown -= 1
+            if not countdown or len(out) >= HAND_OVER_BYTES:
+                self._write(out)
+                base, out, countdown = self.position, bytearray(), HAND_OVER_ITEMS
+                hand_over_gil()
         self._count_ledger_bytes(run_ledger, run_bytes)
         assert start < 2**OFFSET_BITS, "a location keeps a 32-bit offset"
         if out:
-            self._handle.pwrite(out, base)
-            self.position = base + len(out)
+            self._write(out)
         return locations
+
+    def _write(self, out: bytearray) -> None:
+        self._handle.pwrite(out, self.position)
+        self.position += len(out)
 
     def _count_ledger_bytes(self, ledger_id: int, size: int) -> None:
         if size:

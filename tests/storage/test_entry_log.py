@@ -4,6 +4,9 @@ single and coalesced reads."""
 from __future__ import annotations
 
 import struct
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from magnetar.storage._entry_log import (
     scan_entry_log,
     split_location,
 )
+from magnetar.storage._gil import HAND_OVER_ITEMS
 from tests.storage.helpers import CountingFileSystem
 
 Entry = tuple[int, int, bytes]
@@ -361,3 +365,34 @@ def test_reader_forget_closes_the_handle(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         reader.read(locations[0], 1, 0)
     reader.close()
+
+
+def test_a_long_append_lets_other_threads_run(tmp_path: Path) -> None:
+    """A checkpoint's append of many entries writes in chunks and hands the GIL over between
+    them (`_gil.py`): with a switch interval far too long to force a switch, another thread
+    still runs while the append is under way, and sees it part-written."""
+    writer = EntryLogWriter(OsFileSystem(), str(tmp_path), 1)
+    entries = [(7, i, bytes(1000)) for i in range(HAND_OVER_ITEMS * 8)]
+    seen: list[int] = []
+    started, done = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        started.set()
+        while not done.is_set():
+            seen.append(writer.position)
+            time.sleep(0.0001)  # the GIL is free meanwhile: the append may take it
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)  # no forced switch: only a hand-over lets `watch` run
+    try:
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        started.wait()
+        first = writer.position
+        writer.append(entries)
+        done.set()
+        watcher.join()
+    finally:
+        sys.setswitchinterval(interval)
+        writer.close()
+    assert [first < position < writer.position for position in seen].count(True) >= 2
