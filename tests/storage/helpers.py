@@ -70,6 +70,7 @@ class CountingFile:
         self.path = inner.path
 
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+        self._owner.wrote(self.path, len(data))
         self._inner.pwrite(data, offset)
 
     def pread(self, size: int, offset: int) -> bytes:
@@ -96,16 +97,25 @@ class CountingFile:
 
 class CountingFileSystem:
     """Wraps a real `FileSystem` (the OS one by default) and counts, per file, the syncs and
-    preads that go through it. Thread-safe."""
+    preads that go through it, and the most bytes written between two syncs. Thread-safe."""
 
     def __init__(self, inner: FileSystem | None = None):
         self._inner: FileSystem = inner if inner is not None else OsFileSystem()
         self._lock = threading.Lock()
         self.counts: Counter[tuple[str, str]] = Counter()
+        self._unsynced: dict[str, int] = {}  # bytes written to a file since its last sync
+        self.synced_bytes_max: dict[str, int] = {}  # the most one sync of the file had
 
     def count(self, kind: str, path: str) -> None:
         with self._lock:
             self.counts[(kind, path)] += 1
+            if kind == "sync":
+                unsynced = self._unsynced.pop(path, 0)
+                self.synced_bytes_max[path] = max(self.synced_bytes_max.get(path, 0), unsynced)
+
+    def wrote(self, path: str, size: int) -> None:
+        with self._lock:
+            self._unsynced[path] = self._unsynced.get(path, 0) + size
 
     def total(self, kind: str, directory: str | os.PathLike[str] | None = None) -> int:
         """How many `kind` operations hit files (in `directory`, when given)."""

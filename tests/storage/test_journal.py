@@ -436,3 +436,21 @@ def test_a_crash_at_a_sync_point_fails_the_batch_in_the_syncer_thread(
     assert fs.crashed
     harness.journal.abandon()
     assert escaped == []
+
+
+def test_a_sync_writes_one_small_preallocation_step_at_most(tmp_path: Path) -> None:
+    """Preallocated zeros are data that the next fdatasync writes: with the default step no
+    sync of the journal has more than 1 MiB of zeros besides its batch (16 MiB made that
+    sync take 10-20 ms, a latency spike every 16 MiB of journal)."""
+    fs = CountingFileSystem()
+    config = StorageConfig(background_threads=False)  # the default preallocation step
+    harness = JournalHarness(tmp_path / "journal", config, fs)
+    batch_bytes = 400 * 1024
+    for number in range(8):  # 3.2 MiB: past the first 1 MiB and a few steps more
+        completion = harness.submit(payload(number, batch_bytes))
+        harness.journal.pump()
+        assert completion.result(0) == number
+    (segment,) = journal_files(tmp_path)
+    harness.journal.close()
+    alignment = config.journal_alignment_bytes
+    assert fs.synced_bytes_max[segment] <= 1024 * 1024 + batch_bytes + 2 * alignment
