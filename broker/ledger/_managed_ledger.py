@@ -11,7 +11,7 @@ The storage is any `LedgerStorage` (the engine, or the in-memory one in tests).
 Metadata. The list lives in `storage.metadata` under `b"ml/" + N`, as JSON
 `{"ledgers": [{"ledger_id", "entries", "size", "timestamp_ms"}], "properties": {}}` (plus
 `"terminated": [ledger_id, entry_id]` once terminated: Pulsar's terminatedPosition), written
-with a direct durable `transaction()` each time the list changes (rollover, trim, close). A
+through the journal (`apply_journaled`: no disk on the loop) each time the list changes. A
 ledger's `timestamp_ms` is its close time (0 while it is the current ledger). Storage ledgers
 carry the metadata `{"ml": N}` so that orphans can be found.
 
@@ -293,7 +293,7 @@ class ManagedLedger(LedgerReads):
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
                  dict(record.get("properties", {})),
                  Position(*terminated) if terminated else None, loader)
-        ml._write_record()
+        await ml._write_record()  # open once durable
         for ledger_id in dropped + orphans:
             await delete_storage_ledger(storage, ledger_id)
         if orphans:
@@ -310,19 +310,19 @@ class ManagedLedger(LedgerReads):
                 return Position(ledger.ledger_id, ledger.entries - 1)
         return Position(self._ledgers[-1].ledger_id, -1)
 
-    def _write_record(self) -> None:
-        """Persist the ledger list and properties (direct durable commit), or hand the record
-        to `record_sink` when one is set: its owner commits it later with others' (the broker's
-        shutdown; until then a crash leaves the previous record, which an open recovers from)."""
+    def _write_record(self) -> Completion[int]:
+        """Record the ledger list and properties through the journal: visible at once, durable
+        before anything submitted to the storage after it (adds to a new ledger, deletes of
+        trimmed ones), or handed to `record_sink` (a shutdown's records go together)."""
         data: dict[str, Any] = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
                                 "properties": self.properties}
         if self.terminated_position is not None:
             data["terminated"] = list(self.terminated_position)
         encoded = json.dumps(data, separators=(",", ":")).encode()
-        if self.record_sink is not None:  # its owner commits it with others' (a shutdown)
-            return self.record_sink(ml_key(self.name), encoded)
-        with self.storage.metadata.transaction() as txn:
-            txn.put(ml_key(self.name), encoded)
+        if self.record_sink is not None:
+            self.record_sink(ml_key(self.name), encoded)
+            return Completion.resolved(0)
+        return self.storage.metadata.apply_journaled([(ml_key(self.name), encoded)])
 
     async def terminate(self) -> Position:
         """Take no more entries from now on; returns the last entry's position (entry -1 of
@@ -342,12 +342,12 @@ class ManagedLedger(LedgerReads):
             if self._last_add is not None:
                 await asyncio.wait([self._last_add])
             self.terminated_position = self._last_confirmed
-            self._write_record()
+            await self._write_record()
         log.info("ml %s terminated at %s", self.name, self.terminated_position)
         return self.terminated_position
 
     def set_property(self, key: str, value: str | None) -> None:
-        """Set (or remove, with None) an ML property, durably."""
+        """Set (or remove, with None) an ML property (durable with the next group commit)."""
         self._check_open()
         if value is None:
             self.properties.pop(key, None)
@@ -883,7 +883,7 @@ class ManagedLedger(LedgerReads):
         if empty:
             self._ledgers.pop()
             self._ids.pop()
-        self._write_record()
+        await self._write_record()  # closed once durable
         if empty:
             await delete_storage_ledger(self.storage, current.ledger_id)
 
@@ -897,8 +897,7 @@ class ManagedLedger(LedgerReads):
             for name in list(self.cursors):
                 await self.cursors.pop(name).delete_record()
             self._non_durable.clear()
-            with self.storage.metadata.transaction() as txn:
-                txn.delete(ml_key(self.name))
+            self.storage.metadata.apply_journaled([(ml_key(self.name), None)])
             for ledger_id in list(self._ids):
                 await delete_storage_ledger(self.storage, ledger_id)
 

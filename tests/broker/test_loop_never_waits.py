@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from magnetar.broker import BrokerConfig, BrokerService, PersistentTopic, SubscribeSpec
-from magnetar.broker.ledger._managed_ledger import ManagedLedger
+from magnetar.broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
 from magnetar.storage import Storage
 from magnetar.storage.testing.memory import InMemoryLedgerStorage
 from magnetar.storage.testing.simfs import SimFileSystem
@@ -28,6 +28,8 @@ ANSWER_WAIT_S = 10.0  # generous: the loop is idle, only a loaded machine is slo
 HELD_WAIT_S = 20.0
 A_TOPIC = "persistent://public/default/slow-a"
 B_TOPIC = "persistent://public/default/fast-b"
+ONE_ENTRY_LEDGERS = ManagedLedgerConfig(max_entries_per_ledger=1, min_ledger_rollover_time_s=0,
+                                        retention_time_minutes=-1, retention_size_mb=-1)
 
 
 def _loop_answers(loop: asyncio.AbstractEventLoop) -> bool:
@@ -290,5 +292,46 @@ def test_a_replay_waits_for_the_read_in_flight_and_shared_delivery_keeps_every_e
         assert sorted(bodies) == sorted(b"m%d" % i for i in range(8))
         await service.close()
         store.close()
+
+    asyncio.run(scenario())
+
+
+# -- the managed ledger's record -----------------------------------------------------------
+
+
+def test_managed_ledger_records_do_not_wait_for_the_index_on_the_loop(tmp_path: Path) -> None:
+    """An ML's record (its ledger list) goes through the journal, not a durable LMDB commit on
+    the loop: while another thread holds the index's write transaction (as a checkpoint's
+    commit does), opening an ML, adding, rolling it over and closing it all finish. Before,
+    `_write_record` waited in the loop thread for LMDB's writer lock: the loop froze until
+    the holder gave up."""
+    async def scenario() -> None:
+        storage = Storage.open(tmp_path, small_config(checkpoint_interval_ms=3_600_000))
+        held, release = threading.Event(), threading.Event()
+        released_by_the_test: list[bool] = []
+
+        def hold_index_writer() -> None:
+            with storage.index.env.begin(write=True):
+                held.set()
+                released_by_the_test.append(release.wait(HELD_WAIT_S))
+
+        holder = threading.Thread(target=hold_index_writer)
+        holder.start()
+        held.wait()
+        try:
+            ml = await ManagedLedger.open(storage, "ml-record", ONE_ENTRY_LEDGERS)
+            await ml.add_entry(b"first")  # fills the ledger: it rolls over
+            await ml.add_entry(b"second")
+            await ml.close()
+        finally:
+            release.set()
+            holder.join()
+        assert released_by_the_test == [True], "the loop waited for the index's writer"
+        assert len(ml.ledgers()) >= 2
+        reopened = await ManagedLedger.open(storage, "ml-record", ONE_ENTRY_LEDGERS)
+        assert [data for _, data in reopened.read_entries(reopened.first_position(), 10,
+                                                          1 << 20)] == [b"first", b"second"]
+        await reopened.close()
+        storage.close()
 
     asyncio.run(scenario())
