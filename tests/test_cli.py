@@ -511,3 +511,26 @@ def test_every_number_setting_has_a_range() -> None:
                if kind in (int, float)}
     assert numbers - set(SETTING_RANGES) == set(), "add these to SETTING_RANGES"
     assert set(SETTING_RANGES) <= numbers
+
+
+def test_standalone_freezes_what_is_loaded_before_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`magnetar standalone` moves the objects loaded before it serves out of the cyclic GC's
+    full collections (`gc.freeze`), which pause every thread while they walk them."""
+    import gc
+
+    from magnetar.broker.cli import _standalone
+
+    frozen_when_serving: list[int] = []
+
+    def serve(options: object) -> int:
+        frozen_when_serving.append(gc.get_freeze_count())
+        return 0
+
+    monkeypatch.setattr(_standalone, "run_standalone", serve)
+    assert gc.get_freeze_count() == 0
+    try:
+        assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
+    finally:
+        gc.unfreeze()
+    assert [count > 10_000 for count in frozen_when_serving] == [True]
