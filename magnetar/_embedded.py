@@ -211,6 +211,7 @@ class EmbeddedTransport:
                 self.service.schemas.admit_schemaless_producer(name)
                 if producer.waiter is not None:  # WaitForExclusive: until promoted
                     await asyncio.shield(producer.waiter.admitted)
+                    await topic.epoch_durable()
             except BaseException:
                 topic.remove_producer(producer)
                 raise

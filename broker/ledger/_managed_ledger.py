@@ -245,6 +245,7 @@ class ManagedLedger(LedgerReads):
         self._submit_lock = asyncio.Lock()
         self._state = "open"
         self.record_sink: Callable[[bytes, bytes], None] | None = None  # see _write_record
+        self._record_written: Completion[int] | None = None  # the newest record's write
         self._fenced: BaseException | None = None
         self._add_failed = False  # an add failed: roll over before the next one
         self.cursors: dict[str, ManagedCursor] = {}
@@ -322,7 +323,20 @@ class ManagedLedger(LedgerReads):
         if self.record_sink is not None:
             self.record_sink(ml_key(self.name), encoded)
             return Completion.resolved(0)
-        return self.storage.metadata.apply_journaled([(ml_key(self.name), encoded)])
+        self._record_written = self.storage.metadata.apply_journaled(
+            [(ml_key(self.name), encoded)])
+        return self._record_written
+
+    async def record_durable(self) -> None:
+        """Wait until the newest record (ledger list, properties) is durable.
+
+        Raises:
+            StorageError: its write failed (the record may or may not be on disk)."""
+        written = self._record_written
+        if written is not None and not written.done():
+            await written
+        elif written is not None:
+            written.result()
 
     async def terminate(self) -> Position:
         """Take no more entries from now on; returns the last entry's position (entry -1 of
@@ -347,7 +361,8 @@ class ManagedLedger(LedgerReads):
         return self.terminated_position
 
     def set_property(self, key: str, value: str | None) -> None:
-        """Set (or remove, with None) an ML property (durable with the next group commit)."""
+        """Set (or remove, with None) an ML property, durable with the next group commit
+        (`record_durable` waits for it)."""
         self._check_open()
         if value is None:
             self.properties.pop(key, None)

@@ -132,6 +132,10 @@ class _ProducerHost:
         self._register(producer)
         return producer
 
+    async def epoch_durable(self) -> None:
+        """Wait until the topic epoch an exclusive producer was just granted is stored
+        durably (nothing to wait for where epochs are not stored)."""
+
     def _name_taken(self, name: str) -> bool:
         return name in self.producers or any(w.name == name for w in self.access.waiters)
 

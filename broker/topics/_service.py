@@ -454,6 +454,12 @@ class BrokerService(Maintenance):
                               ) -> tuple[Topic, Producer]:
         topic = await self.get_topic(name, create=True)
         producer = topic.add_producer(spec)
+        if producer.topic_epoch is not None:  # granted exclusive access: the epoch is stored
+            try:                              # before the producer is told it
+                await topic.epoch_durable()
+            except BaseException:
+                topic.remove_producer(producer)
+                raise
         initial = spec.initial_subscription_name
         if initial and isinstance(topic, PersistentTopic) and initial not in topic.subscriptions:
             if not self.config.allow_auto_subscription_creation:

@@ -257,6 +257,9 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
                                 f"({self.service.storage.failed})")
         return self._admit(Producer(self, spec, name, bool(spec.producer_name)))
 
+    async def epoch_durable(self) -> None:
+        await self.managed_ledger.record_durable()
+
     def _register(self, producer: Producer) -> None:
         super()._register(producer)
         if self.dedup is not None:

@@ -194,11 +194,28 @@ class ProducerCommands:
             return
         error = granted.exception()
         if error is None:
-            self._producer_success(request_id, state)
+            self.view.spawn(self._success_once_stored(request_id, state))
             return
         del self._producers[state.producer_id]
         self._remember_closed_producer(state.producer_id)
         self.view.error(request_id, error)
+
+    async def _success_once_stored(self, request_id: int, state: _ProducerState) -> None:
+        """Answer a promoted producer once its topic epoch is durable (ERROR if storing it
+        failed: the producer is removed)."""
+        assert state.topic is not None
+        assert state.producer is not None
+        try:
+            await state.topic.epoch_durable()
+        except Exception as exc:
+            if self._producers.get(state.producer_id) is state:
+                del self._producers[state.producer_id]
+                self._remember_closed_producer(state.producer_id)
+            self._release_producer(state)
+            self.view.error(request_id, exc)
+            return
+        if not self.view.closed and self._producers.get(state.producer_id) is state:
+            self._producer_success(request_id, state)
 
     async def _open_producer(self, state: _ProducerState, request: pb.CommandProducer) -> None:
         schemas = self.view.ctx.schemas

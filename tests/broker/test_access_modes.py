@@ -4,15 +4,19 @@ promote waiters)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from magnetar.broker import PersistentTopic, ProducerSpec
+from magnetar.broker import BrokerConfig, BrokerService, PersistentTopic, ProducerSpec
 from magnetar.broker._errors import ProducerBusyError, ProducerFencedError, ServiceNotReadyError
 from magnetar.broker.topics._access_modes import TOPIC_EPOCH_PROPERTY, ExclusiveAccess, Waiter
+from magnetar.storage import Storage
+from magnetar.storage.testing.simfs import SimFileSystem
+from tests.storage.helpers import small_config
 
-from .helpers import broker_env
+from .helpers import broker_env, settle, wait_for
 
 TOPIC = "persistent://public/default/access"
 
@@ -106,3 +110,33 @@ async def test_broker_disconnects_do_not_promote_waiters(tmp_path: Path) -> None
         assert waiting.waiter.admitted.cancelled()
         assert topic.access.epoch == 0
         assert topic.managed_ledger.properties[TOPIC_EPOCH_PROPERTY] == "0"
+
+
+async def test_a_granted_epoch_is_durable_before_the_producer_is_answered(
+        tmp_path: Path) -> None:
+    """The topic epoch goes into the managed ledger's record through the journal; the
+    producer that caused it is answered only once that record is synced (a crash after the
+    answer must not bring back an older epoch). With the journal's syncs held, the creation
+    waits; released, it finishes with epoch 0, stored."""
+    fs = SimFileSystem(seed=5)
+    storage = Storage.open(tmp_path, small_config(), fs=fs)
+    service = BrokerService(storage, BrokerConfig(max_message_size_bytes=128 * 1024))
+    await service.start(maintenance=False)
+    try:
+        await service.get_topic(TOPIC, create=True)
+        fs.hold("sync", "journal")
+        creation = asyncio.ensure_future(
+            service.create_producer(TOPIC, ProducerSpec("only", access_mode="Exclusive")))
+        try:
+            await wait_for(lambda: fs.held("sync") > 0)
+            await settle()
+            assert not creation.done(), "answered before the epoch's record was synced"
+        finally:
+            fs.release("sync")
+        topic, producer = await creation
+        assert producer.topic_epoch == 0
+        assert isinstance(topic, PersistentTopic)
+        assert topic.managed_ledger.properties[TOPIC_EPOCH_PROPERTY] == "0"
+    finally:
+        await service.close()
+        storage.close()
