@@ -16,7 +16,8 @@ done per entry or by pyarrow:
   `range`: list operations in C.
 * At `take`, columns that were never set (no key, no properties, no event time in the whole
   record batch) become null or empty arrays of the right length without a per-row value, and
-  `messageId` (`ledger:entry:batch`) is joined by pyarrow compute from the integer columns.
+  `messageId` (`ledger:entry:batch`) is joined by pyarrow compute from each entry's prefix and
+  the batch indexes' decimal strings (gathered from a table built once).
 
 Rows are kept by batch index in `[low, high)` of each entry, which is how a range's first and
 last entries are cut to `(start, end]`.
@@ -145,6 +146,24 @@ def _binary(values: list[bytes]) -> pyarrow.Array:
               out=offsets[1:])
     return pa.Array.from_buffers(pa.binary(), len(values), [
         None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+
+
+_DECIMALS_MAX = 1 << 16  # batch indexes whose decimal strings are kept (one table per process)
+_decimals: list[pyarrow.Array] = []
+
+
+def _decimal(indexes: Any) -> pyarrow.Array:
+    """Batch indexes (a numpy int64 array) as decimal strings: gathered from a table built once
+    when all are in `[0, _DECIMALS_MAX)` (about 2.5 times faster than formatting them), else
+    formatted by pyarrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(indexes) and (indexes.min() < 0 or indexes.max() >= _DECIMALS_MAX):
+        return pc.cast(pa.array(indexes), pa.string())
+    if not _decimals:
+        _decimals.append(pa.array([str(i) for i in range(_DECIMALS_MAX)], pa.string()))
+    return _decimals[0].take(pa.array(indexes))
 
 
 def _key_bytes(key: str | None, b64: bool) -> bytes | None:
@@ -287,7 +306,7 @@ class Columns:
         prefixes = pa.array([f"{ledger}:{entry}:" for ledger, entry in
                              zip(ledgers, entries, strict=True)], pa.string())
         message_ids = pc.binary_join_element_wise(
-            prefixes.take(segment_of_row), pc.cast(pa.array(batch), pa.string()), "")
+            prefixes.take(segment_of_row), _decimal(batch), "")
         us = pa.timestamp("us", tz="UTC")
         publish = pa.array(np.asarray(publish_ms, dtype=np.int64) * 1000).cast(us) \
             .take(segment_of_row)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from typing import Any
 
@@ -49,3 +50,13 @@ def read_all(client: magnetar.Client, topic: str) -> list[magnetar.Message]:
         finally:
             reader.close()
     return out
+
+
+def retention_pass(data_dir: str) -> None:
+    """One pass of the retention check of the broker the driver serves on `data_dir` (it
+    runs 1 s after the broker starts, then every retentionCheckIntervalInSeconds)."""
+    from magnetar.spark import _host
+
+    broker = _host._brokers[os.path.realpath(data_dir)][0]
+    service = broker._state["transport"].service
+    broker._thread.run(service.run_maintenance(force=True))
