@@ -26,6 +26,7 @@ from ._auth import AuthenticationToken
 from ._core import ClientCore, ClientSettings, parse_service_url
 from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
 from ._group import ConsumerGroup
+from ._handoff import Handoff
 from ._loop import LoopThread, register_for_exit, unregister_for_exit
 from ._message import Message
 from ._message_id import MessageId, codec_id
@@ -51,6 +52,7 @@ __all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Read
 log = logging.getLogger(__name__)
 
 READ_AHEAD_MAX = 100  # messages one receive() round trip may bring to the caller's thread
+ACK_DRAIN_S = 0.01  # acks queued after a receive reach the loop at most this late (no wake)
 
 T = TypeVar("T")
 _IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
@@ -307,8 +309,8 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises `Timeout` after `timeout_millis`.
 
-        Read-ahead: one round trip to the loop brings the next message and up to
-        `READ_AHEAD_MAX - 1` more already queued; later calls take those without a round trip.
+        Read-ahead: one hand-off to the loop (`Handoff`) brings the next message and up to
+        `READ_AHEAD_MAX - 1` more already queued; later calls take those without a hand-off.
         A message whose consumer was closed by the broker or redelivered everything since
         (its generation moved) is dropped here: the broker sends it again."""
         if self._group.closed:
@@ -317,9 +319,35 @@ class Consumer:
         message = self._next_read_ahead()
         if message is not None:
             return message
-        batch = self._client._run(self._group.receive_some(timeout_millis, self._read_ahead))
+        client = self._client
+        if client._core.closed:
+            raise AlreadyClosed(f"the client of {client.service_url} is closed")
+        thread = client._thread
+        if thread.on_loop():
+            raise RuntimeError("a blocking magnetar call was made from the client's own loop "
+                               "(a callback); use the asyncio API there")
+        waiter = Handoff(self._read_ahead)
+        thread.call_for(waiter, lambda: self._hand_over(waiter, timeout_millis))
+        try:
+            batch = waiter.wait()
+        except BaseException as exc:
+            if not isinstance(exc, PulsarException):  # interrupted: its messages go back
+                thread.call(lambda: self._group.abandon(waiter))
+            raise
+        finally:
+            thread.forget_waiter(waiter)
         self._local.extend(batch[1:])
         return batch[0][0]
+
+    def _hand_over(self, waiter: Handoff, timeout_ms: int | None) -> None:
+        """On the loop: the acks queued so far, then the receive (`ConsumerGroup.hand_over`).
+        Acks that follow the messages handed out now are drained by the next hand-off or by
+        `ACK_DRAIN_S` from now, without a thread switch each (see `acknowledge`)."""
+        self._apply_acks()
+        self._group.hand_over(waiter, timeout_ms)
+        if not self._acks_scheduled:
+            self._acks_scheduled = True
+            asyncio.get_running_loop().call_later(ACK_DRAIN_S, self._drain_acks)
 
     def _next_read_ahead(self) -> Message | None:
         while self._local:
@@ -347,12 +375,13 @@ class Consumer:
             if policy.max_num_bytes > 0 else 0
         if policy.max_num_bytes > 0 and size <= 0:
             return taken
-        return taken + self._client._run(self._group.batch_receive(
+        return taken + self._run(self._group.batch_receive(
             rest, size, policy.timeout_ms))
 
     def acknowledge(self, message: Message | MessageId | CodecMessageId) -> None:
-        """Acknowledge a message (or a message id). A Message's ack is queued to the loop
-        without waiting for it (acks are grouped there anyway); an id is resolved first."""
+        """Acknowledge a message (or a message id). A Message's ack is queued for the loop
+        without waiting for it (acks are grouped there anyway): it wakes the loop only when no
+        drain is due already (`_hand_over` arms one); an id is resolved first."""
         if isinstance(message, Message) and message.owner is not None and \
                 getattr(message.owner, "group", None) is self._group:
             if self._group.closed or self._client._core.closed:
@@ -362,12 +391,16 @@ class Consumer:
                 self._acks_scheduled = True
                 self._client._thread.call(self._drain_acks)
             return
-        self._client._run(_call(self._group.acknowledge, message))
+        self._run(_call(self._group.acknowledge, message))
 
     def _drain_acks(self) -> None:
         """Apply the queued acks (on the loop). The flag drops before the deque is read, so an
         ack appended after the last read schedules another drain; order is kept."""
         self._acks_scheduled = False
+        self._apply_acks()
+
+    def _apply_acks(self) -> None:
+        """Apply the queued acks now (on the loop; a drain still due finds fewer or none)."""
         while self._acks:
             message = self._acks.popleft()
             try:
@@ -375,13 +408,17 @@ class Consumer:
             except PulsarException as exc:  # closed meanwhile: the broker redelivers it
                 log.debug("ack of %s on %s dropped: %s", message, self._group.topic, exc)
 
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a consumer operation on the loop after the acks queued before it."""
+        return self._client._run(_after_acks(self, coro))
+
     def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
                                ) -> None:
-        self._client._run(_call(self._group.acknowledge_cumulative, message))
+        self._run(_call(self._group.acknowledge_cumulative, message))
 
     def negative_acknowledge(self, message: Message | MessageId | CodecMessageId,
                              ) -> None:
-        self._client._run(_call(self._group.negative_acknowledge, message))
+        self._run(_call(self._group.negative_acknowledge, message))
 
     def pause_message_listener(self) -> None:
         """Stop handing messages to the message listener (a call in progress finishes, and
@@ -390,14 +427,14 @@ class Consumer:
 
         Raises:
             InvalidConfiguration: the consumer has no message listener."""
-        self._client._run(self._listener("pause_message_listener").pause())
+        self._run(self._listener("pause_message_listener").pause())
 
     def resume_message_listener(self) -> None:
         """Hand messages to the message listener again (queued ones first).
 
         Raises:
             InvalidConfiguration: the consumer has no message listener."""
-        self._client._run(self._listener("resume_message_listener").resume())
+        self._run(self._listener("resume_message_listener").resume())
 
     def _listener(self, what: str) -> _Listening:
         if self._listening is None:
@@ -407,13 +444,13 @@ class Consumer:
 
     def redeliver_unacknowledged_messages(self) -> None:
         self._local.clear()
-        self._client._run(self._group.redeliver_unacknowledged_messages())
+        self._run(self._group.redeliver_unacknowledged_messages())
 
     def reconsume_later(self, message: Message, delay: int | datetime.timedelta,
                         properties: dict[str, str] | None = None) -> None:
         """Deliver `message` again after `delay` (ms or a timedelta) through the retry topic;
         past the maximum it goes to the dead-letter topic. Needs `retry_enable=True`."""
-        self._client._run(self._group.reconsume_later(
+        self._run(self._group.reconsume_later(
             message, delay_ms(delay), check_properties(properties)))
 
     def seek(self, target: MessageId | CodecMessageId | int) -> None:
@@ -423,18 +460,18 @@ class Consumer:
             raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
         timeout = self._client._settings.operation_timeout_s
         self._local.clear()
-        self._client._run(self._group.seek(target, timeout))
+        self._run(self._group.seek(target, timeout))
 
     def get_last_message_id(self) -> MessageId:
         child = self._group.only_child("get_last_message_id")
         return MessageId.wrap(
-            self._client._run(child.transport.last_message_id(child.consumer_id))[0])
+            self._run(child.transport.last_message_id(child.consumer_id))[0])
 
     def unsubscribe(self) -> None:
-        self._client._run(self._group.unsubscribe())
+        self._run(self._group.unsubscribe())
 
     def close(self) -> None:
-        self._client._run(self._group.close())
+        self._run(self._group.close())
 
     def __enter__(self) -> Consumer:
         return self
@@ -541,6 +578,11 @@ def _call_listener(listener: Callable[[Consumer, Message], None], consumer: Cons
         listener(consumer, message)
     except Exception:
         log.exception("the message listener of %s failed on %s", consumer.topic(), message)
+
+
+async def _after_acks(consumer: Consumer, coro: Coroutine[Any, Any, T]) -> T:
+    consumer._apply_acks()
+    return await coro
 
 
 async def _call(function: Callable[[T], None], argument: T) -> None:
