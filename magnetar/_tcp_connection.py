@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-Each `BrokerConnection` runs one reader task: it feeds received bytes to its sans-IO
-`codec.Connection` and routes each frame -- responses by request id to the waiting future,
+Each `BrokerConnection` is its socket's asyncio protocol (`_Wire`): received bytes go to its
+sans-IO `codec.Connection` right in the transport's callback, with no reader task or stream
+buffer in between, and each frame is routed -- responses by request id to the waiting future,
 SEND_RECEIPT/SEND_ERROR to the producer's queue of sends in order, MESSAGE to the consumer's
 events, CLOSE_PRODUCER/CLOSE_CONSUMER to the broker-close callbacks, PING to a PONG. `write`
 awaits nothing, so SENDs leave in call order: it encodes the frame and appends it to the
@@ -119,10 +120,9 @@ class BrokerConnection:
         self.host, self.port, self.tls = parse_address(url)
         self.conn = Connection(Role.CLIENT)
         self.max_message_size = 5 * 1024 * 1024
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.Transport | None = None
         self._out: list[bytes] = []  # encoded frames not yet written (see the module comment)
         self._out_bytes = 0
-        self._reader_task: asyncio.Task[None] | None = None
         self._requests: dict[int, asyncio.Future[Frame]] = {}
         self.sends: dict[int, deque[tuple[int, SendReceipt]]] = {}
         self.producers: dict[int, ProducerEvents] = {}
@@ -136,15 +136,16 @@ class BrokerConnection:
             ConnectError: the broker cannot be reached or refused the connection.
         """
         context = self.owner.tls.context() if self.tls else None
+        loop = asyncio.get_running_loop()
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=context), timeout_s)
+            transport, _ = await asyncio.wait_for(loop.create_connection(
+                lambda: _Wire(self), self.host, self.port, ssl=context), timeout_s)
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"cannot connect to {self.url}: {exc or 'timed out'}") from None
-        self._writer = writer
-        waiter: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        assert isinstance(transport, asyncio.Transport)
+        self._writer = transport
+        waiter: asyncio.Future[Frame] = loop.create_future()
         self._requests[-1] = waiter  # the handshake's answer
-        self._reader_task = asyncio.ensure_future(self._read(reader))
         connect = pb.CommandConnect(client_version=CLIENT_VERSION,
                                     protocol_version=PROTOCOL_VERSION)
         auth = self.owner.authentication
@@ -218,24 +219,28 @@ class BrokerConnection:
         finally:
             self._requests.pop(request_id, None)
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    def received(self, data: bytes) -> None:
+        """Bytes from the socket (`_Wire`): every whole frame in them is routed now.
+
+        A frame that breaks the protocol closes the connection (`_lost` tells its users)."""
         try:
-            while True:
-                data = await reader.read(READ_BYTES_MAX)
-                self.conn.receive_data(data)
-                while (event := self.conn.next_event()) is not NEED_DATA:
-                    if isinstance(event, ConnectionClosed):
-                        return
-                    if isinstance(event, Frame):
-                        self._route(event)
-                    elif isinstance(event, ChecksumMismatch):
-                        log.warning("a frame from %s failed its checksum", self.url)
-                if not data:
+            self.conn.receive_data(data)
+            while (event := self.conn.next_event()) is not NEED_DATA:
+                if isinstance(event, ConnectionClosed):
+                    self._close_transport()
                     return
-        except (OSError, ProtocolError) as exc:
+                if isinstance(event, Frame):
+                    self._route(event)
+                elif isinstance(event, ChecksumMismatch):
+                    log.warning("a frame from %s failed its checksum", self.url)
+        except ProtocolError as exc:
             log.info("connection to %s failed: %s", self.url, exc)
-        finally:
-            self._lost()
+            self._close_transport()
+
+    def _close_transport(self) -> None:
+        """Close the socket; `connection_lost` follows (`_lost`)."""
+        if self._writer is not None:
+            self._writer.close()
 
     def _route(self, frame: Frame) -> None:
         command = frame.command
@@ -359,8 +364,25 @@ class BrokerConnection:
         self._flush()  # what was written before the close still leaves
         if self._writer is not None:
             self._writer.close()
-        if self._reader_task is not None and not self._reader_task.done():
-            self._reader_task.cancel()
+
+
+class _Wire(asyncio.Protocol):
+    """The socket's protocol: hands what arrives to its connection, and tells it when the
+    socket is gone."""
+
+    def __init__(self, connection: BrokerConnection):
+        self.connection = connection
+
+    def data_received(self, data: bytes) -> None:
+        self.connection.received(data)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes; `connection_lost` follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            log.info("connection to %s failed: %s", self.connection.url, exc)
+        self.connection._lost()
 
 
 def signed(value: int) -> int:
