@@ -400,13 +400,18 @@ class Consumer:
         self._apply_acks()
 
     def _apply_acks(self) -> None:
-        """Apply the queued acks now (on the loop; a drain still due finds fewer or none)."""
-        while self._acks:
-            message = self._acks.popleft()
+        """Apply the queued acks now (on the loop; a drain still due finds fewer or none), a
+        run of messages of one delivered entry (a batch) in one call."""
+        acks = self._acks
+        while acks:
+            run = [acks.popleft()]
+            entry = run[0].received
+            while acks and acks[0].received is entry:
+                run.append(acks.popleft())
             try:
-                self._group.acknowledge(message)
-            except PulsarException as exc:  # closed meanwhile: the broker redelivers it
-                log.debug("ack of %s on %s dropped: %s", message, self._group.topic, exc)
+                self._group.acknowledge_run(run)
+            except PulsarException as exc:  # closed meanwhile: the broker redelivers them
+                log.debug("ack of %s on %s dropped: %s", run[0], self._group.topic, exc)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a consumer operation on the loop after the acks queued before it."""

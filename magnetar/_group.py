@@ -416,6 +416,18 @@ class ConsumerGroup:
         owner, message_id, chunks = self._owner(target)
         owner.acknowledge(message_id, chunks)
 
+    def acknowledge_run(self, messages: list[Message]) -> None:
+        """Acknowledge received messages that share one delivered entry (`Message.received`),
+        as one call (the synchronous API's queued acks, see `_client.Consumer._apply_acks`)."""
+        first = messages[0]
+        owner = first.owner
+        if len(messages) > 1 and not self.closed and type(owner) is TopicConsumer and \
+                owner.group is self:
+            owner.acknowledge_entry(first.received, [m.batch_index for m in messages])
+            return
+        for message in messages:
+            self.acknowledge(message)
+
     def acknowledge_cumulative(self, target: Message | MessageId | ClientMessageId) -> None:
         if self.config.redelivers_by_id:
             raise CumulativeAcknowledgementNotAllowedError(

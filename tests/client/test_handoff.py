@@ -62,3 +62,18 @@ def test_a_receive_waiting_when_the_loop_ends_fails_with_already_closed() -> Non
         waiter.wait()
     with pytest.raises(AlreadyClosed):
         loop.call_for(Handoff(1), registered.set)
+
+
+@pytest.mark.parametrize("batch_index_ack", [False, True], ids=["entry", "batch-index"])
+def test_a_batch_acknowledged_as_one_run_is_not_redelivered(client: magnetar.Client, topic: str,
+                                                            batch_index_ack: bool) -> None:
+    fill(client, topic, 5, batching=True)
+    consumer = client.subscribe(topic, "sub", initial_position=InitialPosition.Earliest,
+                                batch_index_ack_enabled=batch_index_ack)
+    received = [consumer.receive(RECEIVE_MS) for _ in range(5)]
+    for message in [received[0], received[2], received[4], received[1]]:
+        consumer.acknowledge(message)
+    consumer.close()  # the four queued acks are applied as one run first
+    again = client.subscribe(topic, "sub", batch_index_ack_enabled=batch_index_ack)
+    expected = [b"m3"] if batch_index_ack else bodies(received)
+    assert bodies(drain(again, len(expected))) == expected
