@@ -9,8 +9,8 @@ SEND_RECEIPT/SEND_ERROR to the producer's queue of sends in order, MESSAGE to th
 events, CLOSE_PRODUCER/CLOSE_CONSUMER to the broker-close callbacks, PING to a PONG. `write`
 awaits nothing, so SENDs leave in call order: it encodes the frame and appends it to the
 connection's outgoing buffer, which goes to the socket in one write at the end of the loop's
-turn (or at once past `WRITE_BUFFER_BYTES_MAX`) -- one system call for a burst of frames, not
-one per frame.
+turn, or of the transport's burst of sends (`TcpTransport.end_burst`), or at once past
+`WRITE_BUFFER_BYTES_MAX` -- one system call for a burst of frames, not one per frame.
 
 When a connection breaks its producers are told first (their sends failing now are sent again
 once they are re-created), then every request waiting on it fails with `ConnectError` and its
@@ -71,6 +71,7 @@ class ConnectionOwner(Protocol):
 
     tls: TlsSettings
     operation_timeout_s: float
+    bursting: bool  # writes wait for the burst's end instead of the loop turn's
     authentication: AuthenticationToken | None
 
     def forget(self, connection: BrokerConnection) -> None: ...
@@ -123,6 +124,7 @@ class BrokerConnection:
         self._writer: asyncio.Transport | None = None
         self._out: list[bytes] = []  # encoded frames not yet written (see the module comment)
         self._out_bytes = 0
+        self._flush_due = False  # `_flush` is scheduled
         self._requests: dict[int, asyncio.Future[Frame]] = {}
         self.sends: dict[int, deque[tuple[int, SendReceipt]]] = {}
         self.producers: dict[int, ProducerEvents] = {}
@@ -182,15 +184,22 @@ class BrokerConnection:
             data = self.conn.send(command, metadata, payload)
         except ProtocolError as exc:
             raise PulsarException(f"cannot send to {self.url}: {exc}") from None
-        if not self._out:
+        if not self._flush_due and not self.owner.bursting:
+            self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes >= WRITE_BUFFER_BYTES_MAX:
             self._flush()
 
+    def flush_held(self) -> None:
+        """The transport's burst ended: write what it held, unless a flush is due anyway."""
+        if self._out and not self._flush_due:
+            self._flush()
+
     def _flush(self) -> None:
         """Write the buffered frames in one go (nothing when they went already)."""
+        self._flush_due = False
         if not self._out:
             return
         data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
