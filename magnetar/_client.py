@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from magnetar.codec import MessageId as CodecMessageId
 
-from ._auth import AuthenticationToken
-from ._core import ClientCore, ClientSettings, parse_service_url
 from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
+from ._facade import on_loop, seek_target, start_client
 from ._group import ConsumerGroup
 from ._handoff import Handoff
-from ._loop import LoopThread, register_for_exit, unregister_for_exit
+from ._loop import register_for_exit, unregister_for_exit
 from ._message import Message
-from ._message_id import MessageId, codec_id
+from ._message_id import MessageId
 from ._options import (
     check_properties,
     consumer_options,
@@ -38,10 +37,8 @@ from ._options import (
     producer_options,
     reader_options,
 )
-from ._producer import OutMessage
 from ._routing import ProducerSet
 from ._sender import AsyncSender, SendCallback, SendWaiter
-from ._tcp_connection import TlsSettings
 
 if TYPE_CHECKING:
     from magnetar.broker import BrokerConfig
@@ -55,44 +52,6 @@ READ_AHEAD_MAX = 100  # messages one receive() round trip may bring to the calle
 ACK_DRAIN_S = 0.01  # acks queued after a receive reach the loop at most this late (no wake)
 
 T = TypeVar("T")
-_IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
-                                  "concurrent_lookup_requests", "log_conf_file_path",
-                                  "stats_interval_in_seconds", "use_tls", "logger",
-                                  "listener_name"})
-
-
-def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
-    """The client's keyword arguments, checked (shared with `magnetar.asyncio.Client`)."""
-    authentication = kwargs.pop("authentication", None)
-    if authentication is not None and not isinstance(authentication, AuthenticationToken):
-        raise InvalidConfiguration("authentication must be a magnetar.AuthenticationToken "
-                                   "(token authentication is the one supported)")
-    unknown = set(kwargs) - _IGNORED_CLIENT_ARGS - {
-        "operation_timeout_seconds", "connection_timeout_ms", "tls_trust_certs_file_path",
-        "tls_allow_insecure_connection", "tls_validate_hostname", "broker_config",
-        "partitions_update_interval_seconds"}
-    if unknown:
-        raise TypeError(f"Client() got unexpected keyword argument(s): {sorted(unknown)}")
-    return ClientSettings(
-        operation_timeout_s=float(kwargs.get("operation_timeout_seconds", 30)),
-        connection_timeout_s=kwargs.get("connection_timeout_ms", 10000) / 1000,
-        tls=TlsSettings(kwargs.get("tls_trust_certs_file_path"),
-                        bool(kwargs.get("tls_allow_insecure_connection", False)),
-                        bool(kwargs.get("tls_validate_hostname", False))),
-        broker_config=kwargs.get("broker_config"), authentication=authentication,
-        partitions_update_interval_s=_interval_s(kwargs.get(
-            "partitions_update_interval_seconds", 60), "partitions_update_interval_seconds"))
-
-
-def _interval_s(value: Any, name: str) -> float:
-    """A non-negative number of seconds.
-
-    Raises:
-        InvalidConfiguration: not one."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidConfiguration(f"{name} must be a non-negative number of seconds, "
-                                   f"not {value!r}")
-    return float(value)
 
 
 class Client:
@@ -110,13 +69,12 @@ class Client:
 
     def __init__(self, service_url: str, *, broker_config: BrokerConfig | None = None,
                  **kwargs: Any):
-        target = parse_service_url(service_url)
         self.service_url = service_url
-        self._settings = client_settings(dict(kwargs, broker_config=broker_config))
+        self._settings, self._thread, opening = start_client(service_url, broker_config, kwargs,
+                                                             "magnetar-client")
         self._listeners: concurrent.futures.ThreadPoolExecutor | None = None
-        self._thread = LoopThread("magnetar-client")
         try:
-            self._core = self._thread.run(ClientCore.open(target, self._settings))
+            self._core = opening.result()
         except BaseException:
             self._thread.stop()
             raise
@@ -153,7 +111,7 @@ class Client:
         consumer = Consumer(self, self._run(self._core.subscribe(options)), batch_policy)
         if listener is not None:
             consumer._listening = _Listening(consumer, listener, self._listener_pool())
-            self._run(_call(_Listening.start, consumer._listening))
+            self._run(on_loop(_Listening.start, consumer._listening))
         return consumer
 
     def _listener_pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -269,10 +227,6 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-async def _send_and_wait(core: ProducerSet, message: OutMessage) -> MessageId:
-    return MessageId.wrap(await (await core.send(message)))
 
 
 async def _after(first: Coroutine[Any, Any, None], then: Coroutine[Any, Any, None]) -> None:
@@ -391,7 +345,7 @@ class Consumer:
                 self._acks_scheduled = True
                 self._client._thread.call(self._drain_acks)
             return
-        self._run(_call(self._group.acknowledge, message))
+        self._run(on_loop(self._group.acknowledge, message))
 
     def _drain_acks(self) -> None:
         """Apply the queued acks (on the loop). The flag drops before the deque is read, so an
@@ -419,11 +373,11 @@ class Consumer:
 
     def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
                                ) -> None:
-        self._run(_call(self._group.acknowledge_cumulative, message))
+        self._run(on_loop(self._group.acknowledge_cumulative, message))
 
     def negative_acknowledge(self, message: Message | MessageId | CodecMessageId,
                              ) -> None:
-        self._run(_call(self._group.negative_acknowledge, message))
+        self._run(on_loop(self._group.negative_acknowledge, message))
 
     def pause_message_listener(self) -> None:
         """Stop handing messages to the message listener (a call in progress finishes, and
@@ -460,12 +414,9 @@ class Consumer:
 
     def seek(self, target: MessageId | CodecMessageId | int) -> None:
         """Move the subscription to a message id or a publish time (ms since the epoch)."""
-        target = codec_id(target)
-        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
-            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
-        timeout = self._client._settings.operation_timeout_s
+        target = seek_target(target)
         self._local.clear()
-        self._run(self._group.seek(target, timeout))
+        self._run(self._group.seek(target, self._client._settings.operation_timeout_s))
 
     def get_last_message_id(self) -> MessageId:
         child = self._group.only_child("get_last_message_id")
@@ -505,10 +456,8 @@ class Reader:
         return self._client._run(self._group.has_message_available())
 
     def seek(self, target: MessageId | CodecMessageId | int) -> None:
-        target = codec_id(target)
-        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
-            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
-        self._client._run(self._group.seek(target, self._client._settings.operation_timeout_s))
+        self._client._run(self._group.seek(seek_target(target),
+                                           self._client._settings.operation_timeout_s))
 
     def close(self) -> None:
         self._client._run(self._group.close())
@@ -590,6 +539,3 @@ async def _after_acks(consumer: Consumer, coro: Coroutine[Any, Any, T]) -> T:
     return await coro
 
 
-async def _call(function: Callable[[T], None], argument: T) -> None:
-    """Run a plain core method on the loop (the core's state is only touched there)."""
-    function(argument)

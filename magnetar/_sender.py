@@ -12,8 +12,9 @@ callback, each with a `_Receipt` (the core's result sink: it calls back directly
 future per message); only a message that must wait for room in the core's own queue starts a
 drain task, which waits and goes on from there. A message the core refuses (too big, producer
 closed) reports its error through the callback. Slots come back when callbacks ran, in bulk:
-once per loop iteration, not once per message (a synchronous send's at once: its caller waits). The synchronous `send` queues the same way with
-a `SendWaiter` for a callback, so sends and send_asyncs keep their order.
+once per loop iteration, not once per message (a synchronous send's at once: its caller
+waits). The synchronous `send` queues the same way with a `SendWaiter` for a callback, so sends
+and send_asyncs keep their order.
 
 No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
 and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
