@@ -31,7 +31,6 @@ from urllib.parse import urlsplit
 from google.protobuf.message import Message as ProtoMessage
 
 from magnetar.codec import (
-    NEED_DATA,
     ChecksumMismatch,
     Connection,
     ConnectionClosed,
@@ -234,14 +233,15 @@ class BrokerConnection:
         A frame that breaks the protocol closes the connection (`_lost` tells its users)."""
         try:
             self.conn.receive_data(data)
-            while (event := self.conn.next_event()) is not NEED_DATA:
-                if isinstance(event, ConnectionClosed):
-                    self._close_transport()
-                    return
-                if isinstance(event, Frame):
-                    self._route(event)
-                elif isinstance(event, ChecksumMismatch):
-                    log.warning("a frame from %s failed its checksum", self.url)
+            while events := self.conn.next_events():  # the frames of a read in one pass
+                for event in events:
+                    if isinstance(event, Frame):
+                        self._route(event)
+                    elif isinstance(event, ConnectionClosed):
+                        self._close_transport()
+                        return
+                    elif isinstance(event, ChecksumMismatch):
+                        log.warning("a frame from %s failed its checksum", self.url)
         except ProtocolError as exc:
             log.info("connection to %s failed: %s", self.url, exc)
             self._close_transport()
