@@ -312,7 +312,7 @@ class Consumer:
                 message, generation = self._local.popleft()
             except IndexError:  # another thread took the last one
                 return None
-            if message.owner.generation == generation:
+            if message._entry.owner.generation == generation:  # `Message.owner`, inline
                 return message
         return None
 
@@ -339,16 +339,17 @@ class Consumer:
         """Acknowledge a message (or a message id). A Message's ack is queued for the loop
         without waiting for it (acks are grouped there anyway): it wakes the loop only when no
         drain is due already (`_hand_over` arms one); an id is resolved first."""
-        if isinstance(message, Message) and message.owner is not None and \
-                getattr(message.owner, "group", None) is self._group:
-            if self._group.closed or self._client._core.closed:
-                raise AlreadyClosed(f"consumer on {self._group.topic} is closed")
+        group = self._group
+        if isinstance(message, Message) and \
+                getattr(message._entry.owner, "group", None) is group:  # `owner`, inline
+            if group.closed or self._client._core.closed:
+                raise AlreadyClosed(f"consumer on {group.topic} is closed")
             self._acks.append(message)
             if not self._acks_scheduled:  # one hand-off per burst (see `_drain_acks`)
                 self._acks_scheduled = True
                 self._client._thread.call(self._drain_acks)
             return
-        self._run(on_loop(self._group.acknowledge, message))
+        self._run(on_loop(group.acknowledge, message))
 
     def _drain_acks(self) -> None:
         """Apply the queued acks (on the loop). The flag drops before the deque is read, so an
