@@ -134,9 +134,11 @@ class TcpTransport:
             del self._pool[connection.url]
 
     async def close(self) -> None:
-        for connection in list(self._pool.values()):
-            connection.close()
+        connections = list(self._pool.values())
         self._pool.clear()
+        for connection in connections:
+            connection.close()
+        await asyncio.gather(*(c.closed_socket() for c in connections))
         if self.http is not None:
             await self.http.close()
 

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION: Final = 19
 CLIENT_VERSION: Final = "magnetar"
 READ_BYTES_MAX: Final = 256 * 1024
+CLOSE_WAIT_S_MAX: Final = 2.0  # how long `closed_socket` waits for a clean close (TLS's too)
 WRITE_BUFFER_BYTES_MAX: Final = 256 * 1024  # encoded frames held for one write, at most
 _T = pb.BaseCommand
 _2_63: Final = 1 << 63
@@ -124,6 +125,7 @@ class BrokerConnection:
         self._out: list[bytes] = []  # encoded frames not yet written (see the module comment)
         self._out_bytes = 0
         self._flush_due = False  # `_flush` is scheduled
+        self._socket_gone: asyncio.Future[None] | None = None  # resolved by connection_lost
         self._requests: dict[int, asyncio.Future[Frame]] = {}
         self.sends: dict[int, deque[tuple[int, SendReceipt]]] = {}
         self.producers: dict[int, ProducerEvents] = {}
@@ -145,6 +147,7 @@ class BrokerConnection:
             raise ConnectError(f"cannot connect to {self.url}: {exc or 'timed out'}") from None
         assert isinstance(transport, asyncio.Transport)
         self._writer = transport
+        self._socket_gone = loop.create_future()
         waiter: asyncio.Future[Frame] = loop.create_future()
         self._requests[-1] = waiter  # the handshake's answer
         connect = pb.CommandConnect(client_version=CLIENT_VERSION,
@@ -374,6 +377,23 @@ class BrokerConnection:
         if self._writer is not None:
             self._writer.close()
 
+    async def closed_socket(self) -> None:
+        """After `close`: until the socket is closed (a TLS connection's only once the broker
+        answered its close_notify), aborted after `CLOSE_WAIT_S_MAX`, so no socket outlives
+        the client's loop."""
+        gone = self._socket_gone
+        if gone is None or self._writer is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(gone), CLOSE_WAIT_S_MAX)
+        except TimeoutError:
+            self._writer.abort()
+
+    def socket_gone(self) -> None:
+        """The socket is closed (`_Wire.connection_lost`)."""
+        if self._socket_gone is not None and not self._socket_gone.done():
+            self._socket_gone.set_result(None)
+
 
 class _Wire(asyncio.Protocol):
     """The socket's protocol: hands what arrives to its connection, and tells it when the
@@ -391,6 +411,7 @@ class _Wire(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
             log.info("connection to %s failed: %s", self.connection.url, exc)
+        self.connection.socket_gone()
         self.connection._lost()
 
 
