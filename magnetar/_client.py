@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from magnetar.codec import MessageId as CodecMessageId
 
-from ._auth import AuthenticationToken
-from ._core import ClientCore, ClientSettings, parse_service_url
 from ._errors import AlreadyClosed, InvalidConfiguration, PulsarException
+from ._facade import on_loop, seek_target, start_client
 from ._group import ConsumerGroup
-from ._loop import LoopThread, register_for_exit, unregister_for_exit
+from ._handoff import Handoff
+from ._loop import register_for_exit, unregister_for_exit
 from ._message import Message
-from ._message_id import MessageId, codec_id
+from ._message_id import MessageId
 from ._options import (
     check_properties,
     consumer_options,
@@ -37,10 +37,9 @@ from ._options import (
     producer_options,
     reader_options,
 )
-from ._producer import OutMessage
+from ._producer import plain_message
 from ._routing import ProducerSet
 from ._sender import AsyncSender, SendCallback, SendWaiter
-from ._tcp_connection import TlsSettings
 
 if TYPE_CHECKING:
     from magnetar.broker import BrokerConfig
@@ -51,46 +50,9 @@ __all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Read
 log = logging.getLogger(__name__)
 
 READ_AHEAD_MAX = 100  # messages one receive() round trip may bring to the caller's thread
+ACK_DRAIN_S = 0.01  # acks queued after a receive reach the loop at most this late (no wake)
 
 T = TypeVar("T")
-_IGNORED_CLIENT_ARGS = frozenset({"io_threads", "message_listener_threads",
-                                  "concurrent_lookup_requests", "log_conf_file_path",
-                                  "stats_interval_in_seconds", "use_tls", "logger",
-                                  "listener_name"})
-
-
-def client_settings(kwargs: dict[str, Any]) -> ClientSettings:
-    """The client's keyword arguments, checked (shared with `magnetar.asyncio.Client`)."""
-    authentication = kwargs.pop("authentication", None)
-    if authentication is not None and not isinstance(authentication, AuthenticationToken):
-        raise InvalidConfiguration("authentication must be a magnetar.AuthenticationToken "
-                                   "(token authentication is the one supported)")
-    unknown = set(kwargs) - _IGNORED_CLIENT_ARGS - {
-        "operation_timeout_seconds", "connection_timeout_ms", "tls_trust_certs_file_path",
-        "tls_allow_insecure_connection", "tls_validate_hostname", "broker_config",
-        "partitions_update_interval_seconds"}
-    if unknown:
-        raise TypeError(f"Client() got unexpected keyword argument(s): {sorted(unknown)}")
-    return ClientSettings(
-        operation_timeout_s=float(kwargs.get("operation_timeout_seconds", 30)),
-        connection_timeout_s=kwargs.get("connection_timeout_ms", 10000) / 1000,
-        tls=TlsSettings(kwargs.get("tls_trust_certs_file_path"),
-                        bool(kwargs.get("tls_allow_insecure_connection", False)),
-                        bool(kwargs.get("tls_validate_hostname", False))),
-        broker_config=kwargs.get("broker_config"), authentication=authentication,
-        partitions_update_interval_s=_interval_s(kwargs.get(
-            "partitions_update_interval_seconds", 60), "partitions_update_interval_seconds"))
-
-
-def _interval_s(value: Any, name: str) -> float:
-    """A non-negative number of seconds.
-
-    Raises:
-        InvalidConfiguration: not one."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidConfiguration(f"{name} must be a non-negative number of seconds, "
-                                   f"not {value!r}")
-    return float(value)
 
 
 class Client:
@@ -108,13 +70,12 @@ class Client:
 
     def __init__(self, service_url: str, *, broker_config: BrokerConfig | None = None,
                  **kwargs: Any):
-        target = parse_service_url(service_url)
         self.service_url = service_url
-        self._settings = client_settings(dict(kwargs, broker_config=broker_config))
+        self._settings, self._thread, opening = start_client(service_url, broker_config, kwargs,
+                                                             "magnetar-client")
         self._listeners: concurrent.futures.ThreadPoolExecutor | None = None
-        self._thread = LoopThread("magnetar-client")
         try:
-            self._core = self._thread.run(ClientCore.open(target, self._settings))
+            self._core = opening.result()
         except BaseException:
             self._thread.stop()
             raise
@@ -151,7 +112,7 @@ class Client:
         consumer = Consumer(self, self._run(self._core.subscribe(options)), batch_policy)
         if listener is not None:
             consumer._listening = _Listening(consumer, listener, self._listener_pool())
-            self._run(_call(_Listening.start, consumer._listening))
+            self._run(on_loop(_Listening.start, consumer._listening))
         return consumer
 
     def _listener_pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -231,7 +192,8 @@ class Producer:
         Raises:
             PulsarException: the send failed (`Timeout`, `MessageTooBig`, ...).
             RuntimeError: called from a callback on the client's own thread."""
-        message = out_message(content, **kwargs)
+        message = plain_message(content) if not kwargs and type(content) is bytes else \
+            out_message(content, **kwargs)
         if self._client._core.closed:
             raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
         if self._client._thread.on_loop():
@@ -251,7 +213,8 @@ class Producer:
         Raises:
             ProducerQueueIsFull: the queue is full and blocking is off.
             AlreadyClosed: the client is closed."""
-        message = out_message(content, **kwargs)
+        message = plain_message(content) if not kwargs and type(content) is bytes else \
+            out_message(content, **kwargs)
         if self._client._core.closed:
             raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
         self._sender.send_async(message, callback)
@@ -267,10 +230,6 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-async def _send_and_wait(core: ProducerSet, message: OutMessage) -> MessageId:
-    return MessageId.wrap(await (await core.send(message)))
 
 
 async def _after(first: Coroutine[Any, Any, None], then: Coroutine[Any, Any, None]) -> None:
@@ -307,8 +266,8 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises `Timeout` after `timeout_millis`.
 
-        Read-ahead: one round trip to the loop brings the next message and up to
-        `READ_AHEAD_MAX - 1` more already queued; later calls take those without a round trip.
+        Read-ahead: one hand-off to the loop (`Handoff`) brings the next message and up to
+        `READ_AHEAD_MAX - 1` more already queued; later calls take those without a hand-off.
         A message whose consumer was closed by the broker or redelivered everything since
         (its generation moved) is dropped here: the broker sends it again."""
         if self._group.closed:
@@ -317,9 +276,35 @@ class Consumer:
         message = self._next_read_ahead()
         if message is not None:
             return message
-        batch = self._client._run(self._group.receive_some(timeout_millis, self._read_ahead))
+        client = self._client
+        if client._core.closed:
+            raise AlreadyClosed(f"the client of {client.service_url} is closed")
+        thread = client._thread
+        if thread.on_loop():
+            raise RuntimeError("a blocking magnetar call was made from the client's own loop "
+                               "(a callback); use the asyncio API there")
+        waiter = Handoff(self._read_ahead)
+        thread.call_for(waiter, lambda: self._hand_over(waiter, timeout_millis))
+        try:
+            batch = waiter.wait()
+        except BaseException as exc:
+            if not isinstance(exc, PulsarException):  # interrupted: its messages go back
+                thread.call(lambda: self._group.abandon(waiter))
+            raise
+        finally:
+            thread.forget_waiter(waiter)
         self._local.extend(batch[1:])
         return batch[0][0]
+
+    def _hand_over(self, waiter: Handoff, timeout_ms: int | None) -> None:
+        """On the loop: the acks queued so far, then the receive (`ConsumerGroup.hand_over`).
+        Acks that follow the messages handed out now are drained by the next hand-off or by
+        `ACK_DRAIN_S` from now, without a thread switch each (see `acknowledge`)."""
+        self._apply_acks()
+        self._group.hand_over(waiter, timeout_ms)
+        if not self._acks_scheduled:
+            self._acks_scheduled = True
+            asyncio.get_running_loop().call_later(ACK_DRAIN_S, self._drain_acks)
 
     def _next_read_ahead(self) -> Message | None:
         while self._local:
@@ -327,7 +312,7 @@ class Consumer:
                 message, generation = self._local.popleft()
             except IndexError:  # another thread took the last one
                 return None
-            if message.owner.generation == generation:
+            if message._entry.owner.generation == generation:  # `Message.owner`, inline
                 return message
         return None
 
@@ -347,41 +332,56 @@ class Consumer:
             if policy.max_num_bytes > 0 else 0
         if policy.max_num_bytes > 0 and size <= 0:
             return taken
-        return taken + self._client._run(self._group.batch_receive(
+        return taken + self._run(self._group.batch_receive(
             rest, size, policy.timeout_ms))
 
     def acknowledge(self, message: Message | MessageId | CodecMessageId) -> None:
-        """Acknowledge a message (or a message id). A Message's ack is queued to the loop
-        without waiting for it (acks are grouped there anyway); an id is resolved first."""
-        if isinstance(message, Message) and message.owner is not None and \
-                getattr(message.owner, "group", None) is self._group:
-            if self._group.closed or self._client._core.closed:
-                raise AlreadyClosed(f"consumer on {self._group.topic} is closed")
+        """Acknowledge a message (or a message id). A Message's ack is queued for the loop
+        without waiting for it (acks are grouped there anyway): it wakes the loop only when no
+        drain is due already (`_hand_over` arms one); an id is resolved first."""
+        group = self._group
+        if isinstance(message, Message) and \
+                getattr(message._entry.owner, "group", None) is group:  # `owner`, inline
+            if group.closed or self._client._core.closed:
+                raise AlreadyClosed(f"consumer on {group.topic} is closed")
             self._acks.append(message)
             if not self._acks_scheduled:  # one hand-off per burst (see `_drain_acks`)
                 self._acks_scheduled = True
                 self._client._thread.call(self._drain_acks)
             return
-        self._client._run(_call(self._group.acknowledge, message))
+        self._run(on_loop(group.acknowledge, message))
 
     def _drain_acks(self) -> None:
         """Apply the queued acks (on the loop). The flag drops before the deque is read, so an
         ack appended after the last read schedules another drain; order is kept."""
         self._acks_scheduled = False
-        while self._acks:
-            message = self._acks.popleft()
+        self._apply_acks()
+
+    def _apply_acks(self) -> None:
+        """Apply the queued acks now (on the loop; a drain still due finds fewer or none), a
+        run of messages of one delivered entry (a batch) in one call."""
+        acks = self._acks
+        while acks:
+            run = [acks.popleft()]
+            entry = run[0].received
+            while acks and acks[0].received is entry:
+                run.append(acks.popleft())
             try:
-                self._group.acknowledge(message)
-            except PulsarException as exc:  # closed meanwhile: the broker redelivers it
-                log.debug("ack of %s on %s dropped: %s", message, self._group.topic, exc)
+                self._group.acknowledge_run(run)
+            except PulsarException as exc:  # closed meanwhile: the broker redelivers them
+                log.debug("ack of %s on %s dropped: %s", run[0], self._group.topic, exc)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a consumer operation on the loop after the acks queued before it."""
+        return self._client._run(_after_acks(self, coro))
 
     def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
                                ) -> None:
-        self._client._run(_call(self._group.acknowledge_cumulative, message))
+        self._run(on_loop(self._group.acknowledge_cumulative, message))
 
     def negative_acknowledge(self, message: Message | MessageId | CodecMessageId,
                              ) -> None:
-        self._client._run(_call(self._group.negative_acknowledge, message))
+        self._run(on_loop(self._group.negative_acknowledge, message))
 
     def pause_message_listener(self) -> None:
         """Stop handing messages to the message listener (a call in progress finishes, and
@@ -390,14 +390,14 @@ class Consumer:
 
         Raises:
             InvalidConfiguration: the consumer has no message listener."""
-        self._client._run(self._listener("pause_message_listener").pause())
+        self._run(self._listener("pause_message_listener").pause())
 
     def resume_message_listener(self) -> None:
         """Hand messages to the message listener again (queued ones first).
 
         Raises:
             InvalidConfiguration: the consumer has no message listener."""
-        self._client._run(self._listener("resume_message_listener").resume())
+        self._run(self._listener("resume_message_listener").resume())
 
     def _listener(self, what: str) -> _Listening:
         if self._listening is None:
@@ -407,34 +407,31 @@ class Consumer:
 
     def redeliver_unacknowledged_messages(self) -> None:
         self._local.clear()
-        self._client._run(self._group.redeliver_unacknowledged_messages())
+        self._run(self._group.redeliver_unacknowledged_messages())
 
     def reconsume_later(self, message: Message, delay: int | datetime.timedelta,
                         properties: dict[str, str] | None = None) -> None:
         """Deliver `message` again after `delay` (ms or a timedelta) through the retry topic;
         past the maximum it goes to the dead-letter topic. Needs `retry_enable=True`."""
-        self._client._run(self._group.reconsume_later(
+        self._run(self._group.reconsume_later(
             message, delay_ms(delay), check_properties(properties)))
 
     def seek(self, target: MessageId | CodecMessageId | int) -> None:
         """Move the subscription to a message id or a publish time (ms since the epoch)."""
-        target = codec_id(target)
-        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
-            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
-        timeout = self._client._settings.operation_timeout_s
+        target = seek_target(target)
         self._local.clear()
-        self._client._run(self._group.seek(target, timeout))
+        self._run(self._group.seek(target, self._client._settings.operation_timeout_s))
 
     def get_last_message_id(self) -> MessageId:
         child = self._group.only_child("get_last_message_id")
         return MessageId.wrap(
-            self._client._run(child.transport.last_message_id(child.consumer_id))[0])
+            self._run(child.transport.last_message_id(child.consumer_id))[0])
 
     def unsubscribe(self) -> None:
-        self._client._run(self._group.unsubscribe())
+        self._run(self._group.unsubscribe())
 
     def close(self) -> None:
-        self._client._run(self._group.close())
+        self._run(self._group.close())
 
     def __enter__(self) -> Consumer:
         return self
@@ -463,10 +460,8 @@ class Reader:
         return self._client._run(self._group.has_message_available())
 
     def seek(self, target: MessageId | CodecMessageId | int) -> None:
-        target = codec_id(target)
-        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
-            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
-        self._client._run(self._group.seek(target, self._client._settings.operation_timeout_s))
+        self._client._run(self._group.seek(seek_target(target),
+                                           self._client._settings.operation_timeout_s))
 
     def close(self) -> None:
         self._client._run(self._group.close())
@@ -543,6 +538,8 @@ def _call_listener(listener: Callable[[Consumer, Message], None], consumer: Cons
         log.exception("the message listener of %s failed on %s", consumer.topic(), message)
 
 
-async def _call(function: Callable[[T], None], argument: T) -> None:
-    """Run a plain core method on the loop (the core's state is only touched there)."""
-    function(argument)
+async def _after_acks(consumer: Consumer, coro: Coroutine[Any, Any, T]) -> T:
+    consumer._apply_acks()
+    return await coro
+
+

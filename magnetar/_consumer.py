@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -384,17 +384,22 @@ class TopicConsumer:
 
     def acknowledge(self, message_id: MessageId, chunk_ids: tuple[MessageId, ...] = ()) -> None:
         """Acknowledge one message (grouped; see the module comment)."""
-        self._acknowledge(message_id.ledger_id, message_id.entry_id, message_id.batch_index,
+        self._acknowledge(message_id.ledger_id, message_id.entry_id, (message_id.batch_index,),
                           chunk_ids)
 
     def acknowledge_message(self, message: Message) -> None:
         """`acknowledge` for a message this consumer received (without building its id)."""
         entry = message.received
-        self._acknowledge(entry.ledger_id, entry.entry_id, message.batch_index,
+        self._acknowledge(entry.ledger_id, entry.entry_id, (message.batch_index,),
                           entry.chunk_ids)
 
-    def _acknowledge(self, ledger_id: int, entry_id: int, batch_index: int,
+    def acknowledge_entry(self, entry: Received, batch_indexes: list[int]) -> None:
+        """`acknowledge_message` for messages of one delivered entry at once."""
+        self._acknowledge(entry.ledger_id, entry.entry_id, batch_indexes, entry.chunk_ids)
+
+    def _acknowledge(self, ledger_id: int, entry_id: int, batch_indexes: Sequence[int],
                      chunk_ids: tuple[MessageId, ...]) -> None:
+        """Acknowledge messages of one entry (their batch indexes; -1: not batched)."""
         for chunk in chunk_ids:
             self._queue_ack(chunk.ledger_id, chunk.entry_id, None)
         key = (ledger_id, entry_id)
@@ -405,12 +410,12 @@ class TopicConsumer:
         if self.dead_letters is not None:
             self.dead_letters.forget(key)
         batch = self._batches.get(key)
-        if batch is None or batch_index < 0:
+        if batch is None or min(batch_indexes) < 0:
             self._batches.pop(key, None)
             self._queue_ack(ledger_id, entry_id, None)
             return
         unacked, size = batch
-        unacked.discard(batch_index)
+        unacked.difference_update(batch_indexes)
         if not unacked:
             del self._batches[key]
             self._queue_ack(ledger_id, entry_id, None)

@@ -17,7 +17,8 @@ ack issued before it.
 Publishes: `send` appends to its producer's run of sends, and once per turn of the loop every
 run goes to the topic as one `publish_many` (one task per run, not per entry: the topic admits
 them in order and hands them to the managed ledger as one group, `ManagedLedger.add_entries`),
-whose outcomes then resolve the run's receipts in order, all in that one task. Runs start in
+whose outcomes then resolve the run's receipts in order, all in that one task (or at once at the
+end of a burst of sends, `end_burst`). Runs start in
 call order and the managed ledger's submit lock is first come first served, so one producer's
 entries are stored in call order. A run is bounded by its producer's pending-message limit
 (`max_pending_messages`: a send holds a slot until its receipt).
@@ -137,6 +138,8 @@ class EmbeddedTransport:
         # Sends of this turn of the loop, by producer (see the module comment).
         self._runs: dict[int, list[tuple[int, int, pb.MessageMetadata, bytes, SendReceipt]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._bursting = False
+        self._runs_due = False  # `_start_runs` is scheduled
 
     @classmethod
     async def open(cls, data_dir: str, config: BrokerConfig | None = None,
@@ -224,7 +227,8 @@ class EmbeddedTransport:
     def send(self, producer_id: int, sequence_id: int, highest_sequence_id: int,
              num_messages: int, metadata: pb.MessageMetadata, payload: bytes) -> SendReceipt:
         receipt = SendReceipt()
-        if not self._runs:
+        if not self._runs_due and not self._bursting:
+            self._runs_due = True
             asyncio.get_running_loop().call_soon(self._start_runs)
         run = self._runs.get(producer_id)
         if run is None:
@@ -232,7 +236,16 @@ class EmbeddedTransport:
         run.append((sequence_id, highest_sequence_id, metadata, payload, receipt))
         return receipt
 
+    def begin_burst(self) -> None:
+        self._bursting = True
+
+    def end_burst(self) -> None:
+        self._bursting = False
+        if self._runs and not self._runs_due:
+            self._start_runs()
+
     def _start_runs(self) -> None:
+        self._runs_due = False
         runs, self._runs = self._runs, {}
         for producer_id, run in runs.items():
             task = asyncio.ensure_future(self._publish(producer_id, run))

@@ -37,6 +37,7 @@ from ._errors import (
     OperationNotSupported,
     Timeout,
 )
+from ._handoff import Handoff
 from ._message import Message
 from ._message_id import MessageId as ClientMessageId
 from ._message_id import codec_id
@@ -101,7 +102,8 @@ class ConsumerGroup:
         self.children: dict[str, TopicConsumer] = {}
         self.closed = False
         self._queue: deque[Message] = deque()
-        self._waiters: deque[asyncio.Future[Message]] = deque()
+        # Asynchronous receives (futures) and synchronous ones (`Handoff`s), oldest first.
+        self._waiters: deque[asyncio.Future[Message] | Handoff] = deque()
         self._discovery: asyncio.TimerHandle | None = None
         self._partitioned = False  # one partitioned topic: bare ids route by partition
         self.partitions_update_interval_s = partitions_update_interval_s
@@ -221,18 +223,31 @@ class ConsumerGroup:
     # -- the queue -------------------------------------------------------------------------
 
     def enqueue(self, messages: list[Message]) -> None:
+        """Messages of one consumer, in order: to the waiting receives, the rest queued."""
         waiters = self._waiters
         if not waiters:
             self._queue.extend(messages)
             return
-        for index, message in enumerate(messages):
+        index, count = 0, len(messages)
+        while index < count:
             while waiters and waiters[0].done():
                 waiters.popleft()
             if not waiters:
                 self._queue.extend(messages[index:])
                 return
+            waiter = waiters.popleft()
+            if isinstance(waiter, Handoff):  # a synchronous receive takes a run at once
+                run = messages[index:index + waiter.most]
+                owner = run[0].owner
+                owner.taken(run)
+                generation = owner.generation
+                waiter.give([(message, generation) for message in run])
+                index += len(run)
+                continue
+            message = messages[index]
             message.owner.taken([message])
-            waiters.popleft().set_result(message)
+            waiter.set_result(message)
+            index += 1
 
     def waiting(self) -> bool:
         """Whether a receive waits and nothing is queued for it."""
@@ -286,14 +301,47 @@ class ConsumerGroup:
         queued, each with its consumer's generation at this moment (for a caller's read-ahead;
         each counts as taken now)."""
         self._check_open()
-        queue = self._queue
         out: list[tuple[Message, int]] = []
-        if not queue:
+        if not self._queue:
             first = await self.receive(timeout_ms)
             out.append((first, first.owner.generation))
+        return out + self._take_some(most - len(out))
+
+    def hand_over(self, waiter: Handoff, timeout_ms: int | None) -> None:
+        """A synchronous receive (`Handoff`, see there): up to `waiter.most` queued messages
+        now, or the first that arrive within `timeout_ms` (None: no limit)."""
+        if waiter.done():
+            return  # failed already (the loop thread's end)
+        if self.closed:
+            waiter.set_exception(AlreadyClosed(f"consumer {self.config.subscription!r} on "
+                                               f"{self.topic} is closed"))
+            return
+        if self._queue:
+            waiter.give(self._take_some(waiter.most))
+            return
+        self._waiters.append(waiter)
+        if self.config.receiver_queue_size == 0:
+            for child in self.children.values():
+                child.ask_one()
+        if timeout_ms is not None:
+            waiter.timer = asyncio.get_running_loop().call_later(
+                max(0, timeout_ms) / 1000, self._time_out, waiter, timeout_ms)
+
+    def abandon(self, waiter: Handoff) -> None:
+        """The caller stopped waiting (interrupted): what it was given is queued again, first."""
+        waiter.abandoned = True
+        if not waiter.done():
+            waiter.set_exception(AlreadyClosed("the receive was interrupted"))
+            return
+        self._queue.extendleft(reversed(waiter.taken_back()))
+
+    def _take_some(self, most: int) -> list[tuple[Message, int]]:
+        """Up to `most` queued messages, each with its consumer's generation, taken now."""
+        queue = self._queue
+        out: list[tuple[Message, int]] = []
         run: list[Message] = []  # consecutive messages of one consumer: told in one call
         owner: TopicConsumer | None = None
-        for _ in range(min(most - len(out), len(queue))):
+        for _ in range(min(most, len(queue))):
             message = queue.popleft()
             current = message.owner
             if current is not owner:
@@ -327,7 +375,7 @@ class ConsumerGroup:
             size += len(message.data())
         return batch
 
-    def _time_out(self, waiter: asyncio.Future[Message], timeout_ms: int) -> None:
+    def _time_out(self, waiter: asyncio.Future[Message] | Handoff, timeout_ms: int) -> None:
         if not waiter.done():
             waiter.set_exception(Timeout(f"no message on {self.topic} within {timeout_ms} ms"))
 
@@ -367,6 +415,18 @@ class ConsumerGroup:
                 return
         owner, message_id, chunks = self._owner(target)
         owner.acknowledge(message_id, chunks)
+
+    def acknowledge_run(self, messages: list[Message]) -> None:
+        """Acknowledge received messages that share one delivered entry (`Message.received`),
+        as one call (the synchronous API's queued acks, see `_client.Consumer._apply_acks`)."""
+        first = messages[0]
+        owner = first.owner
+        if len(messages) > 1 and not self.closed and type(owner) is TopicConsumer and \
+                owner.group is self:
+            owner.acknowledge_entry(first.received, [m.batch_index for m in messages])
+            return
+        for message in messages:
+            self.acknowledge(message)
 
     def acknowledge_cumulative(self, target: Message | MessageId | ClientMessageId) -> None:
         if self.config.redelivers_by_id:

@@ -30,6 +30,15 @@ from ._errors import AlreadyClosed
 __all__ = ["EXIT_CLOSE_S", "LoopThread", "register_for_exit"]
 
 T = TypeVar("T")
+
+
+class Failable(Protocol):
+    """What a caller's thread may wait on (a concurrent future, or a lighter waiter of the
+    client's own): failed with AlreadyClosed if the loop ends before resolving it."""
+
+    def done(self) -> bool: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 EXIT_CLOSE_S: Final = 10.0  # at interpreter exit, the longest one open client may take to close
 _STOP_JOIN_S: Final = 10.0  # the longest `stop` waits for the loop thread to end
 
@@ -54,7 +63,7 @@ class LoopThread:
         self._running = True  # until the loop thread ends
         self._ready = threading.Event()
         # Calls submitted and not finished: failed when the loop ends without finishing them.
-        self._waiting: set[concurrent.futures.Future[Any]] = set()
+        self._waiting: set[Failable] = set()
         self._waiting_lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -80,9 +89,31 @@ class LoopThread:
                 future.set_exception(AlreadyClosed(
                     "the client was closed while this call waited for it"))
 
-    def _forget(self, future: concurrent.futures.Future[Any]) -> None:
+    def _forget(self, future: Failable) -> None:
         with self._waiting_lock:
             self._waiting.discard(future)
+
+    def call_for(self, waiter: Failable, callback: Callable[[], None]) -> None:
+        """Run `callback` on the loop soon, for a caller that then waits on `waiter`, which
+        the callback (or what it starts) resolves; until `forget_waiter`, the waiter fails with
+        AlreadyClosed if the loop ends first. One thread switch, no task or future.
+
+        Raises:
+            AlreadyClosed: the loop is gone (closed client, or a forked child).
+        """
+        if not self.alive:
+            raise AlreadyClosed("the client's event loop is not running (closed, or forked)")
+        with self._waiting_lock:  # before the callback is queued: see `_fail_waiting`
+            self._waiting.add(waiter)
+        try:
+            self.loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop closed meanwhile
+            self._forget(waiter)
+            raise AlreadyClosed("the client's event loop is not running") from None
+
+    def forget_waiter(self, waiter: Failable) -> None:
+        """The caller stopped waiting on `waiter` (see `call_for`)."""
+        self._forget(waiter)
 
     @property
     def alive(self) -> bool:

@@ -81,7 +81,8 @@ from ._errors import (
 from ._message_id import trusted_id
 from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
-__all__ = ["OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "ResultSink"]
+__all__ = ["OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "ResultSink",
+           "plain_message"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -148,6 +149,16 @@ class OutMessage(NamedTuple):
         return _new_tuple(SingleMessage, (
             self.payload, self.properties, self.partition_key, False, self.ordering_key,
             self.event_time, sequence_id, False, -1, False))
+
+
+assert OutMessage._fields == ("payload", "properties", "partition_key", "ordering_key",
+                              "event_time", "sequence_id", "deliver_at_ms")
+
+
+def plain_message(payload: bytes) -> OutMessage:
+    """A message of bare bytes and no options (the hot path of `send` and `send_async`:
+    nothing to check)."""
+    return _new_tuple(OutMessage, (payload, _NO_PROPERTIES, None, None, 0, None, None))
 
 
 class PartsSink:

@@ -12,8 +12,9 @@ callback, each with a `_Receipt` (the core's result sink: it calls back directly
 future per message); only a message that must wait for room in the core's own queue starts a
 drain task, which waits and goes on from there. A message the core refuses (too big, producer
 closed) reports its error through the callback. Slots come back when callbacks ran, in bulk:
-once per loop iteration, not once per message. The synchronous `send` queues the same way with
-a `SendWaiter` for a callback, so sends and send_asyncs keep their order.
+once per loop iteration, not once per message (a synchronous send's at once: its caller
+waits). The synchronous `send` queues the same way with a `SendWaiter` for a callback, so sends
+and send_asyncs keep their order.
 
 No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
 and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
@@ -137,14 +138,15 @@ class _Receipt(PartsSink):
         """Stored (the hot path: the callback's id is built from the parts)."""
         self._finished = True
         sender, callback = self._sender, self._callback
+        if isinstance(callback, SendWaiter):  # its caller waits: its slot comes back at once
+            sender._slots.give(1)
+            callback.finish(None, trusted_id(ledger_id, entry_id, partition, batch_index,
+                                             batch_size))
+            return
         if not sender._slots_done:
             asyncio.get_running_loop().call_soon(sender._give_slots)
         sender._slots_done += 1
         if callback is None:
-            return
-        if isinstance(callback, SendWaiter):
-            callback.finish(None, trusted_id(ledger_id, entry_id, partition, batch_index,
-                                             batch_size))
             return
         try:
             callback(_OK, ClientMessageId.of_parts(ledger_id, entry_id, partition, batch_index,
@@ -189,9 +191,18 @@ class AsyncSender:
 
     def _start_drain(self) -> None:
         """Hand the queued messages to the core right here while it has room; only a message
-        that must wait for room starts a drain task (which goes on from it)."""
+        that must wait for room starts a drain task (which goes on from it). The sends leave
+        when this burst ends (`Transport.end_burst`), not a loop turn later."""
         if self._draining:
             return
+        transport = self._core.transport
+        transport.begin_burst()
+        try:
+            self._drain_now()
+        finally:
+            transport.end_burst()
+
+    def _drain_now(self) -> None:
         while True:
             self._scheduled = False
             if not self._queue:

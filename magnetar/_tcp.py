@@ -73,6 +73,7 @@ class TcpTransport:
         self._producers: dict[int, BrokerConnection] = {}
         self._consumers: dict[int, BrokerConnection] = {}
         self._request_ids = iter(range(1, 1 << 62))
+        self.bursting = False  # writes wait for `end_burst` (see `BrokerConnection.write`)
 
     @classmethod
     async def open(cls, url: str, tls: TlsSettings, operation_timeout_s: float = 30,
@@ -94,6 +95,14 @@ class TcpTransport:
         """The broker's (from CONNECTED; with HTTP lookup, of the first broker reached)."""
         service = self._pool.get(self.url) or next(iter(self._pool.values()), None)
         return service.max_message_size if service is not None else 5 * 1024 * 1024
+
+    def begin_burst(self) -> None:
+        self.bursting = True
+
+    def end_burst(self) -> None:
+        self.bursting = False
+        for connection in self._pool.values():
+            connection.flush_held()
 
     def _rid(self) -> int:
         return next(self._request_ids)
@@ -125,9 +134,11 @@ class TcpTransport:
             del self._pool[connection.url]
 
     async def close(self) -> None:
-        for connection in list(self._pool.values()):
-            connection.close()
+        connections = list(self._pool.values())
         self._pool.clear()
+        for connection in connections:
+            connection.close()
+        await asyncio.gather(*(c.closed_socket() for c in connections))
         if self.http is not None:
             await self.http.close()
 

@@ -2,14 +2,15 @@
 
 Theory of operation
 -------------------
-Each `BrokerConnection` runs one reader task: it feeds received bytes to its sans-IO
-`codec.Connection` and routes each frame -- responses by request id to the waiting future,
+Each `BrokerConnection` is its socket's asyncio protocol (`_Wire`): received bytes go to its
+sans-IO `codec.Connection` right in the transport's callback, with no reader task or stream
+buffer in between, and each frame is routed -- responses by request id to the waiting future,
 SEND_RECEIPT/SEND_ERROR to the producer's queue of sends in order, MESSAGE to the consumer's
 events, CLOSE_PRODUCER/CLOSE_CONSUMER to the broker-close callbacks, PING to a PONG. `write`
 awaits nothing, so SENDs leave in call order: it encodes the frame and appends it to the
 connection's outgoing buffer, which goes to the socket in one write at the end of the loop's
-turn (or at once past `WRITE_BUFFER_BYTES_MAX`) -- one system call for a burst of frames, not
-one per frame.
+turn, or of the transport's burst of sends (`TcpTransport.end_burst`), or at once past
+`WRITE_BUFFER_BYTES_MAX` -- one system call for a burst of frames, not one per frame.
 
 When a connection breaks its producers are told first (their sends failing now are sent again
 once they are re-created), then every request waiting on it fails with `ConnectError` and its
@@ -30,7 +31,6 @@ from urllib.parse import urlsplit
 from google.protobuf.message import Message as ProtoMessage
 
 from magnetar.codec import (
-    NEED_DATA,
     ChecksumMismatch,
     Connection,
     ConnectionClosed,
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION: Final = 19
 CLIENT_VERSION: Final = "magnetar"
 READ_BYTES_MAX: Final = 256 * 1024
+CLOSE_WAIT_S_MAX: Final = 2.0  # how long `closed_socket` waits for a clean close (TLS's too)
 WRITE_BUFFER_BYTES_MAX: Final = 256 * 1024  # encoded frames held for one write, at most
 _T = pb.BaseCommand
 _2_63: Final = 1 << 63
@@ -70,6 +71,7 @@ class ConnectionOwner(Protocol):
 
     tls: TlsSettings
     operation_timeout_s: float
+    bursting: bool  # writes wait for the burst's end instead of the loop turn's
     authentication: AuthenticationToken | None
 
     def forget(self, connection: BrokerConnection) -> None: ...
@@ -119,10 +121,11 @@ class BrokerConnection:
         self.host, self.port, self.tls = parse_address(url)
         self.conn = Connection(Role.CLIENT)
         self.max_message_size = 5 * 1024 * 1024
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.Transport | None = None
         self._out: list[bytes] = []  # encoded frames not yet written (see the module comment)
         self._out_bytes = 0
-        self._reader_task: asyncio.Task[None] | None = None
+        self._flush_due = False  # `_flush` is scheduled
+        self._socket_gone: asyncio.Future[None] | None = None  # resolved by connection_lost
         self._requests: dict[int, asyncio.Future[Frame]] = {}
         self.sends: dict[int, deque[tuple[int, SendReceipt]]] = {}
         self.producers: dict[int, ProducerEvents] = {}
@@ -136,15 +139,17 @@ class BrokerConnection:
             ConnectError: the broker cannot be reached or refused the connection.
         """
         context = self.owner.tls.context() if self.tls else None
+        loop = asyncio.get_running_loop()
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=context), timeout_s)
+            transport, _ = await asyncio.wait_for(loop.create_connection(
+                lambda: _Wire(self), self.host, self.port, ssl=context), timeout_s)
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"cannot connect to {self.url}: {exc or 'timed out'}") from None
-        self._writer = writer
-        waiter: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        assert isinstance(transport, asyncio.Transport)
+        self._writer = transport
+        self._socket_gone = loop.create_future()
+        waiter: asyncio.Future[Frame] = loop.create_future()
         self._requests[-1] = waiter  # the handshake's answer
-        self._reader_task = asyncio.ensure_future(self._read(reader))
         connect = pb.CommandConnect(client_version=CLIENT_VERSION,
                                     protocol_version=PROTOCOL_VERSION)
         auth = self.owner.authentication
@@ -181,15 +186,22 @@ class BrokerConnection:
             data = self.conn.send(command, metadata, payload)
         except ProtocolError as exc:
             raise PulsarException(f"cannot send to {self.url}: {exc}") from None
-        if not self._out:
+        if not self._flush_due and not self.owner.bursting:
+            self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes >= WRITE_BUFFER_BYTES_MAX:
             self._flush()
 
+    def flush_held(self) -> None:
+        """The transport's burst ended: write what it held, unless a flush is due anyway."""
+        if self._out and not self._flush_due:
+            self._flush()
+
     def _flush(self) -> None:
         """Write the buffered frames in one go (nothing when they went already)."""
+        self._flush_due = False
         if not self._out:
             return
         data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
@@ -218,24 +230,29 @@ class BrokerConnection:
         finally:
             self._requests.pop(request_id, None)
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    def received(self, data: bytes) -> None:
+        """Bytes from the socket (`_Wire`): every whole frame in them is routed now.
+
+        A frame that breaks the protocol closes the connection (`_lost` tells its users)."""
         try:
-            while True:
-                data = await reader.read(READ_BYTES_MAX)
-                self.conn.receive_data(data)
-                while (event := self.conn.next_event()) is not NEED_DATA:
-                    if isinstance(event, ConnectionClosed):
-                        return
+            self.conn.receive_data(data)
+            while events := self.conn.next_events():  # the frames of a read in one pass
+                for event in events:
                     if isinstance(event, Frame):
                         self._route(event)
+                    elif isinstance(event, ConnectionClosed):
+                        self._close_transport()
+                        return
                     elif isinstance(event, ChecksumMismatch):
                         log.warning("a frame from %s failed its checksum", self.url)
-                if not data:
-                    return
-        except (OSError, ProtocolError) as exc:
+        except ProtocolError as exc:
             log.info("connection to %s failed: %s", self.url, exc)
-        finally:
-            self._lost()
+            self._close_transport()
+
+    def _close_transport(self) -> None:
+        """Close the socket; `connection_lost` follows (`_lost`)."""
+        if self._writer is not None:
+            self._writer.close()
 
     def _route(self, frame: Frame) -> None:
         command = frame.command
@@ -359,8 +376,43 @@ class BrokerConnection:
         self._flush()  # what was written before the close still leaves
         if self._writer is not None:
             self._writer.close()
-        if self._reader_task is not None and not self._reader_task.done():
-            self._reader_task.cancel()
+
+    async def closed_socket(self) -> None:
+        """After `close`: until the socket is closed (a TLS connection's only once the broker
+        answered its close_notify), aborted after `CLOSE_WAIT_S_MAX`, so no socket outlives
+        the client's loop."""
+        gone = self._socket_gone
+        if gone is None or self._writer is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(gone), CLOSE_WAIT_S_MAX)
+        except TimeoutError:
+            self._writer.abort()
+
+    def socket_gone(self) -> None:
+        """The socket is closed (`_Wire.connection_lost`)."""
+        if self._socket_gone is not None and not self._socket_gone.done():
+            self._socket_gone.set_result(None)
+
+
+class _Wire(asyncio.Protocol):
+    """The socket's protocol: hands what arrives to its connection, and tells it when the
+    socket is gone."""
+
+    def __init__(self, connection: BrokerConnection):
+        self.connection = connection
+
+    def data_received(self, data: bytes) -> None:
+        self.connection.received(data)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes; `connection_lost` follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            log.info("connection to %s failed: %s", self.connection.url, exc)
+        self.connection.socket_gone()
+        self.connection._lost()
 
 
 def signed(value: int) -> int:

@@ -15,21 +15,20 @@ broker, the disk or a lock. As in `pulsar.asyncio`, `create_producer` batches by
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime
 import re
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from magnetar.codec import MessageId as CodecMessageId
 
-from ._client import _send_and_wait, client_settings
-from ._core import ClientCore, parse_service_url
-from ._errors import AlreadyClosed, InvalidConfiguration
+from ._core import ClientCore
+from ._errors import AlreadyClosed
+from ._facade import on_loop, seek_target, send_and_wait, start_client
 from ._group import ConsumerGroup, complete_topic_name
-from ._loop import LoopThread, register_for_exit, unregister_for_exit
+from ._loop import register_for_exit, unregister_for_exit
 from ._message import Message
-from ._message_id import MessageId, codec_id
+from ._message_id import MessageId
 from ._options import (
     check_properties,
     consumer_options,
@@ -54,12 +53,9 @@ class Client:
 
     def __init__(self, service_url: str, *, broker_config: BrokerConfig | None = None,
                  **kwargs: Any):
-        target = parse_service_url(service_url)
         self.service_url = service_url
-        self._settings = client_settings(dict(kwargs, broker_config=broker_config))
-        self._thread = LoopThread("magnetar-asyncio-client")
-        self._opening: concurrent.futures.Future[ClientCore] = self._thread.submit(
-            ClientCore.open(target, self._settings))
+        self._settings, self._thread, self._opening = start_client(
+            service_url, broker_config, kwargs, "magnetar-asyncio-client")
         self._core: ClientCore | None = None
         register_for_exit(self)
 
@@ -149,7 +145,7 @@ class Producer:
 
     async def send(self, content: bytes | None, **kwargs: Any) -> MessageId:
         """Send and wait until the broker stored the message."""
-        return await self._client._run(_send_and_wait(self._core, out_message(content, **kwargs)))
+        return await self._client._run(send_and_wait(self._core, out_message(content, **kwargs)))
 
     async def flush(self) -> None:
         await self._client._run(self._core.flush())
@@ -184,15 +180,15 @@ class Consumer:
 
     async def acknowledge(self, message: Message | MessageId | CodecMessageId,
                   ) -> None:
-        await self._client._run(_call(self._group.acknowledge, message))
+        await self._client._run(on_loop(self._group.acknowledge, message))
 
     async def acknowledge_cumulative(self, message: Message | MessageId | CodecMessageId,
                   ) -> None:
-        await self._client._run(_call(self._group.acknowledge_cumulative, message))
+        await self._client._run(on_loop(self._group.acknowledge_cumulative, message))
 
     async def negative_acknowledge(self, message: Message | MessageId | CodecMessageId,
                   ) -> None:
-        await self._client._run(_call(self._group.negative_acknowledge, message))
+        await self._client._run(on_loop(self._group.negative_acknowledge, message))
 
     async def redeliver_unacknowledged_messages(self) -> None:
         await self._client._run(self._group.redeliver_unacknowledged_messages())
@@ -204,10 +200,7 @@ class Consumer:
             message, delay_ms(delay), check_properties(properties)))
 
     async def seek(self, target: MessageId | CodecMessageId | int) -> None:
-        target = codec_id(target)
-        if not isinstance(target, CodecMessageId | int) or isinstance(target, bool):
-            raise InvalidConfiguration(f"seek needs a MessageId or a timestamp, not {target!r}")
-        await self._client._run(self._group.seek(target,
+        await self._client._run(self._group.seek(seek_target(target),
                                                  self._client._settings.operation_timeout_s))
 
     async def get_last_message_id(self) -> MessageId:
@@ -237,12 +230,10 @@ class Reader:
         return await self._client._run(self._group.has_message_available())
 
     async def seek(self, target: MessageId | CodecMessageId | int) -> None:
-        await self._client._run(self._group.seek(target,
+        await self._client._run(self._group.seek(seek_target(target),
                                                  self._client._settings.operation_timeout_s))
 
     async def close(self) -> None:
         await self._client._run(self._group.close())
 
 
-async def _call(function: Callable[[T], None], argument: T) -> None:
-    function(argument)

@@ -45,3 +45,19 @@ def test_asyncio_errors_surface_on_await(service_url: str, topic: str) -> None:
             await client.create_producer(topic)
 
     asyncio.run(main())
+
+
+def test_asyncio_seek_refuses_what_is_neither_an_id_nor_a_time(service_url: str,
+                                                               topic: str) -> None:
+    """The asyncio Reader's seek took any value and seeked somewhere (a string, silently):
+    the facades now share one check of a seek's target (`_facade.seek_target`)."""
+    async def main() -> None:
+        async with maio.Client(service_url) as client:
+            reader = await client.create_reader(topic, MessageId.earliest)
+            consumer = await client.subscribe(topic, "sub")
+            for seekable in (reader, consumer):
+                for bad in ("nope", 1.5, True):
+                    with pytest.raises(magnetar.InvalidConfiguration, match="seek needs"):
+                        await seekable.seek(bad)  # type: ignore[arg-type]
+
+    asyncio.run(main())
