@@ -144,6 +144,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.entry_metadata = EntryMetadataAppender.open(
             interceptors, ml, lambda: int(service.clock() * 1000)) if interceptors else None
         self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
+        self._publishes_queued = 0
         self.fenced = False
         self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
         self.access = ExclusiveAccess(

@@ -7,11 +7,15 @@ Theory of operation
 client's producer ids.
 
 Receipts. The SENDs of one socket read are gathered (`unsent`) and handed over at the end of
-the read, or before any other command: each run of one producer's SENDs is one task and one
-`topic.publish_many` (one managed-ledger add of the group; the managed ledger assigns
-positions in call order and no await comes before it), and receipts leave in the order the
-SENDs arrived, per producer, those completed in one loop turn in one write: each producer
-keeps a queue of pending sends, and a completed publish flushes the queue's completed head.
+the read, or before any other command, a run of one producer's SENDs at a time: a persistent
+topic admits the run at once (checks, dedup) and adds what it admitted through the read's one
+`AddGroup`, so the SENDs of every producer and topic of the read reach the storage as one
+write with one completion, and are answered from one callback on the loop, with no task
+(`PersistentTopic.publish_grouped`). A topic whose earlier publish is still queued, and a
+non-persistent topic, publish the run in a task (`publish_many_soon`, `publish_many`); each
+managed ledger assigns positions in call order. Receipts leave in the order the SENDs
+arrived, per producer, those completed in one loop turn in one write: each producer keeps a
+queue of pending sends, and a completed publish flushes the queue's completed head.
 The connection counts unanswered SENDs; at `ServerContext.pending_sends_max` the server stops
 reading (`wait_send_room`) until half of them are answered.
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -48,10 +53,11 @@ from magnetar.codec import ChecksumMismatch, Frame, pb, send_receipt_frame
 from .._errors import DiskFullError
 from .._names import TopicName, check_producer_name, check_subscription_name
 from ..dispatch._entry import batch_count_error
+from ..ledger._add_group import AddGroup
 from ..schemas._schemas import StoredSchema, encode_schema_version
 from ..security._authz import PRODUCE_REFUSED
 from ..topics._service import Topic
-from ..topics._topic import Producer, ProducerSpec, PublishResult
+from ..topics._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
 from ._connection_view import (
     REQUEST_ID_NONE,
     SHUTTING_DOWN,
@@ -308,26 +314,48 @@ class ProducerCommands:
         self.unsent.append((state, pending, frame))
 
     def flush_sends(self) -> None:
-        """Hand the SENDs gathered so far to their topics: one task per run of one producer's
-        SENDs, spawned in arrival order."""
+        """Hand the SENDs gathered so far to their topics, each run of one producer's SENDs
+        in arrival order: a persistent topic admits a run at once and adds it through the
+        read's one `AddGroup` (one storage write for the whole read); a non-persistent one,
+        and a persistent one whose earlier publish is still queued, publishes it in a task."""
         unsent, self.unsent = self.unsent, []
+        group = AddGroup()
         start = 0
         for end in range(1, len(unsent) + 1):
             if end == len(unsent) or unsent[end][0] is not unsent[start][0]:
-                self.view.spawn(self._publish(unsent[start][0], unsent[start:end]))
+                self._publish_run(unsent[start][0], unsent[start:end], group)
                 start = end
+        added = group.submit()
+        if added is not None:
+            self.view.spawn(added)
 
-    async def _publish(self, state: _ProducerState,
-                       run: list[tuple[_ProducerState, _PendingSend, Frame]]) -> None:
-        # No await before topic.publish_many: publishes must start in the order SENDs arrived.
-        assert state.topic is not None
-        assert state.producer is not None
+    def _publish_run(self, state: _ProducerState,
+                     run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                     group: AddGroup) -> None:
+        topic, producer = state.topic, state.producer
+        assert topic is not None
+        assert producer is not None
         sends = [(frame.entry, pending.sequence_id, pending.highest_sequence_id,
                   frame.metadata) for _, pending, frame in run]
+        if not isinstance(topic, PersistentTopic):
+            self.view.spawn(self._publish(state, run, topic.publish_many(producer, sends)))
+        elif not topic.publish_grouped(producer, sends, group,
+                                       lambda outcomes: self._answer(state, run, outcomes)):
+            self.view.spawn(self._publish(state, run, topic.publish_many_soon(producer, sends)))
+
+    async def _publish(self, state: _ProducerState,
+                       run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                       publish: Awaitable[list[PublishResult | BaseException]]) -> None:
         try:
-            outcomes = await state.topic.publish_many(state.producer, sends)
+            outcomes = await publish
         except Exception as exc:
             outcomes = [exc] * len(run)
+        self._answer(state, run, outcomes)
+
+    def _answer(self, state: _ProducerState,
+                run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                outcomes: Sequence[PublishResult | BaseException]) -> None:
+        """A run's publish finished: each SEND's receipt (or error) in turn."""
         for (_, pending, _), outcome in zip(run, outcomes, strict=True):
             if isinstance(outcome, DiskFullError):
                 # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client
