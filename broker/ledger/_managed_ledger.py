@@ -648,12 +648,12 @@ class ManagedLedger(LedgerReads):
         assert first == ledger.entries, "adds of a ledger complete in order"
         ledger.entries = last + 1
         ledger.size += size
-        latency_us = (time.perf_counter_ns() - submitted_ns) // 1000
+        self.add_latency_us.add((time.perf_counter_ns() - submitted_ns) // 1000, len(entries))
+        add_size = self.entry_size_bytes.add
         for data in entries:
-            self.add_latency_us.add(latency_us)
-            self.entry_size_bytes.add(len(data))
-        ledger_id = ledger.ledger_id
-        positions = [Position(ledger_id, entry_id) for entry_id in range(first, last + 1)]
+            add_size(len(data))
+        ledger_id, new = ledger.ledger_id, tuple.__new__  # Position(...) without its __new__
+        positions = [new(Position, (ledger_id, entry_id)) for entry_id in range(first, last + 1)]
         assert positions[0] > self._last_confirmed
         self._last_confirmed = positions[-1]
         for hook in list(self.on_entries_added):

@@ -84,7 +84,7 @@ _ACCESS_MODES: Final = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingSend:
     sequence_id: int
     highest_sequence_id: int
@@ -355,19 +355,22 @@ class ProducerCommands:
     def _answer(self, state: _ProducerState,
                 run: list[tuple[_ProducerState, _PendingSend, Frame]],
                 outcomes: Sequence[PublishResult | BaseException]) -> None:
-        """A run's publish finished: each SEND's receipt (or error) in turn."""
+        """A run's publish finished: each SEND's receipt (or error), then the completed head
+        of the producer's queue goes out in one write."""
         for (_, pending, _), outcome in zip(run, outcomes, strict=True):
-            if isinstance(outcome, DiskFullError):
+            pending.done = True
+            if isinstance(outcome, PublishResult):
+                pending.result = outcome
+            elif isinstance(outcome, DiskFullError):
                 # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client
                 # fails the send itself once its reconnection is refused (see _topic.py).
                 log.debug("SEND of %s dropped: %s", self.view.peer, outcome)
                 pending.dropped = True
-                self._finish_send(state, pending, error=server_error(outcome))
-            elif isinstance(outcome, BaseException):
-                self.view.log_failure(outcome)
-                self._finish_send(state, pending, error=server_error(outcome))
+                pending.error = server_error(outcome)
             else:
-                self._finish_send(state, pending, result=outcome)
+                self.view.log_failure(outcome)
+                pending.error = server_error(outcome)
+        self._send_receipts(state)
 
     def on_corrupt_send(self, event: ChecksumMismatch) -> None:
         send = event.command.send
@@ -386,15 +389,22 @@ class ProducerCommands:
                      error: tuple[int, str] | None = None) -> None:
         assert (result is None) != (error is None)
         pending.done, pending.result, pending.error = True, result, error
+        self._send_receipts(state)
+
+    def _send_receipts(self, state: _ProducerState) -> None:
+        """Write the receipts of the completed head of the producer's queue (one write)."""
+        queue = state.pending
         out = bytearray()
-        while state.pending and state.pending[0].done:
-            head = state.pending.popleft()
-            self.pending_sends -= 1
-            out += self._receipt_bytes(state.producer_id, head)
+        producer_id = state.producer_id
+        answered = 0
+        while queue and queue[0].done:
+            out += self._receipt_bytes(producer_id, queue.popleft())
+            answered += 1
+        self.pending_sends -= answered
         assert self.pending_sends >= 0
         if out and not self.view.closed:
             self.view.write_soon(bytes(out))
-        if not state.pending:
+        if not queue:
             state.drained.set()
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
             self._send_room.set()

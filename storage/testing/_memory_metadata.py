@@ -3,16 +3,30 @@ journaled batches that become durable with the store's other writes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .._completion import Completion
 from .._index import MetaOp
 from .._metadata import _check_key
 
-if TYPE_CHECKING:
-    from .memory import InMemoryLedgerStorage
+
+class _Owner(Protocol):
+    """What the metadata uses of its `InMemoryLedgerStorage`."""
+
+    _lock: threading.RLock
+
+    @property
+    def full(self) -> bool: ...
+
+    def _check_writable(self) -> None: ...
+
+    def _queue(self, value: int, on_durable: Callable[[], None],
+               undo: Callable[[], None]) -> Completion[int]: ...
+
+    def _drain(self) -> None: ...
 
 __all__ = ["InMemoryMetadata", "InMemoryMetadataTransaction"]
 
@@ -40,7 +54,7 @@ class InMemoryMetadataTransaction:
 class InMemoryMetadata:
     """The metadata of an `InMemoryLedgerStorage` (see `storage._metadata`)."""
 
-    def __init__(self, owner: InMemoryLedgerStorage):
+    def __init__(self, owner: _Owner):
         self._owner = owner
         self._values: dict[bytes, bytes] = {}
 
