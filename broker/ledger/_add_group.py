@@ -72,8 +72,7 @@ class AddGroup:
         if id(ml) in self._ordinary or self._storage not in (None, ml.storage):
             self._ordinary.add(id(ml))
             return
-        size_max = ml.storage.config.entry_size_bytes_max
-        if all(len(data) <= size_max for data in entries):  # else refused alone
+        if max(map(len, entries)) <= ml.storage.config.entry_size_bytes_max:  # else refused alone
             part.ledger = ml.reserve(len(entries), part.size)
         if part.ledger is None:
             self._ordinary.add(id(ml))

@@ -678,10 +678,10 @@ class ManagedLedger(LedgerReads):
         rollover due before or after them, within a run's limits. Else None, nothing
         changed. The caller hands them over (`storage.try_add_runs`) before it yields, or
         gives them back (`unreserve`)."""
+        # Not full after them means not full now either: fullness only grows with entries.
         if (self._state != "open" or self.terminated_position is not None or self._fenced
                 or self._add_failed or self._queued_adds or self._submit_lock.locked()
                 or count > ADD_RUN_ENTRIES_MAX or size > ADD_RUN_BYTES_MAX
-                or self._current_is_full()
                 or self._is_full(self._submitted_entries + count, self._submitted_bytes + size)):
             return None
         self._submitted_entries += count
