@@ -142,6 +142,7 @@ def _confirm(parts: list[_Part], completion: Completion[int], submitted_ns: int,
              finished: asyncio.Future[None]) -> None:
     """On the loop: the group's write finished; confirm each run and answer it."""
     error = completion.exception()
+    latency_us = (time.perf_counter_ns() - submitted_ns) // 1000
     try:
         for part in parts:
             if error is not None:
@@ -149,7 +150,7 @@ def _confirm(parts: list[_Part], completion: Completion[int], submitted_ns: int,
                 part.on_added([error] * len(part.entries))
             else:
                 part.on_added(part.ml.confirm_run(part.ledger, part.entries, part.size,
-                                                  part.last, submitted_ns))
+                                                  part.last, latency_us))
     finally:
         if not finished.done():
             finished.set_result(None)

@@ -634,21 +634,22 @@ class ManagedLedger(LedgerReads):
             if not run.done.done():
                 run.done.set_exception(error)
             return
+        latency_us = (time.perf_counter_ns() - run.submitted_ns) // 1000
         positions = self.confirm_run(ledger, run.entries, run.size, run.completion.result(),
-                                     run.submitted_ns)
+                                     latency_us)
         if not run.done.done():
             run.done.set_result(positions)
 
     def confirm_run(self, ledger: _Ledger, entries: Sequence[bytes], size: int, last: int,
-                    submitted_ns: int) -> list[Position]:
-        """A run handed over to `ledger` is durable up to entry `last`: advance the entry
-        count, size and `last_confirmed_position`, call the `on_entries_added` hooks; the
-        run's positions."""
+                    latency_us: int) -> list[Position]:
+        """A run handed over to `ledger` is durable up to entry `last`, `latency_us` after it
+        was handed over: advance the entry count, size and `last_confirmed_position`, call
+        the `on_entries_added` hooks; the run's positions."""
         first = last - len(entries) + 1
         assert first == ledger.entries, "adds of a ledger complete in order"
         ledger.entries = last + 1
         ledger.size += size
-        self.add_latency_us.add((time.perf_counter_ns() - submitted_ns) // 1000, len(entries))
+        self.add_latency_us.add(latency_us, len(entries))
         add_size = self.entry_size_bytes.add
         for data in entries:
             add_size(len(data))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from magnetar.codec import FRAME_PADDING_BYTES, pb
 
@@ -41,7 +41,6 @@ from ._producer import Producer, PublishResult, _count_in, _metadata_of
 
 if TYPE_CHECKING:
     from ._service import BrokerService
-    from ._topic import PersistentTopic
 
 __all__ = ["Publisher", "Send"]
 
@@ -238,7 +237,7 @@ class Publisher:
                     dedup.entries_since_snapshot >= \
                     self.service.config.broker_deduplication_entries_interval:
                 self._spawn(self._take_dedup_snapshot())
-        _count_in(cast("PersistentTopic", self), producer, entry, metadata)
+        _count_in(self, producer, entry, metadata)  # type: ignore[arg-type]  # a PersistentTopic
         return PublishResult(position.ledger_id, position.entry_id)
 
     def _refuse_for_full_disk(self, producer: Producer, error: Exception) -> DiskFullError:

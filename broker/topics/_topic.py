@@ -279,8 +279,9 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
     def _entries_added(self, position: Position) -> None:
         for subscription in self.subscriptions.values():
             subscription.kick()
-        for subscription in self._non_durable_subscriptions():
-            subscription.kick()
+        if self.readers:
+            for subscription in self._non_durable_subscriptions():
+                subscription.kick()
 
     def messages_out(self, messages: int, size: int) -> None:
         self.msg_out_counter += messages

@@ -226,11 +226,12 @@ class ConnectionHandler:
         if isinstance(event, ChecksumMismatch):
             self.producers.on_corrupt_send(event)
             return
-        if event.type != T.SEND and self.producers.unsent:
+        kind = event.command.type
+        if kind != T.SEND and self.producers.unsent:
             self.producers.flush_sends()  # commands take effect in the order they came
-        handler = self._dispatch_table.get(event.type)
+        handler = self._dispatch_table.get(kind)
         if handler is None:
-            raise CloseConnection(f"unexpected {T.Type.Name(event.type)}")
+            raise CloseConnection(f"unexpected {T.Type.Name(kind)}")
         handler(event)
 
     # -- output ----------------------------------------------------------------------------
