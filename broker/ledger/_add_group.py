@@ -32,7 +32,7 @@ from typing import Any
 from magnetar.storage import Completion
 
 from ._completions import call_soon
-from ._managed_ledger import ManagedLedger
+from ._managed_ledger import ADD_RUN_BYTES_MAX, ADD_RUN_ENTRIES_MAX, ManagedLedger
 from ._position import Position
 
 __all__ = ["AddGroup", "AddOutcomes"]
@@ -53,7 +53,8 @@ class _Part:
 
 class AddGroup:
     """Runs of entries for many managed ledgers of one storage, handed over as one write
-    (see the module comment). Use it within one turn of the event loop."""
+    (see the module comment). Use it within one turn of the event loop; the caller bounds
+    what it adds (a connection: one socket read, `RECEIVE_BYTES_MAX`)."""
 
     def __init__(self) -> None:
         self._parts: list[_Part] = []
@@ -91,17 +92,17 @@ class AddGroup:
         reserved = [part for part in parts if part.ledger is not None]
         added = None
         if reserved:
+            runs, ends = _storage_runs(reserved)
             try:
-                added = reserved[0].ml.storage.try_add_runs(
-                    [(part.ledger.ledger_id, part.entries) for part in reserved])
+                added = reserved[0].ml.storage.try_add_runs(runs)
             except Exception:  # each ledger's own add raises its own refusal
                 added = None
         waits: list[asyncio.Future[None]] = []
         if added is not None:
             confirmed: asyncio.Future[None] = loop.create_future()
             lasts, completion = added
-            for part, last in zip(reserved, lasts, strict=True):
-                part.last = last
+            for part, end in zip(reserved, ends, strict=True):
+                part.last = lasts[end]
                 part.ml.handed_over(confirmed)
             submitted_ns = time.perf_counter_ns()
             completion.add_done_callback(lambda done: call_soon(
@@ -115,6 +116,29 @@ class AddGroup:
                 waits.append(_answer_when_added(part.ml.add_entries_soon(part.entries),
                                                 len(part.entries), part.on_added))
         return waits[0] if len(waits) == 1 else asyncio.gather(*waits)
+
+
+def _storage_runs(parts: list[_Part]) -> tuple[list[tuple[int, Sequence[bytes]]], list[int]]:
+    """The parts as runs for `try_add_runs`, each part cut where a managed ledger's own add
+    would cut it (`ADD_RUN_ENTRIES_MAX`, `ADD_RUN_BYTES_MAX`); and the index of each part's
+    last run."""
+    runs: list[tuple[int, Sequence[bytes]]] = []
+    ends = []
+    for part in parts:
+        ledger_id, entries = part.ledger.ledger_id, part.entries
+        if len(entries) <= ADD_RUN_ENTRIES_MAX and part.size <= ADD_RUN_BYTES_MAX:
+            runs.append((ledger_id, entries))
+        else:
+            start = size = 0
+            for index, data in enumerate(entries):
+                if index > start and (index - start == ADD_RUN_ENTRIES_MAX
+                                      or size + len(data) > ADD_RUN_BYTES_MAX):
+                    runs.append((ledger_id, entries[start:index]))
+                    start, size = index, 0
+                size += len(data)
+            runs.append((ledger_id, entries[start:]))
+        ends.append(len(runs) - 1)
+    return runs, ends
 
 
 def _answer_when_added(task: asyncio.Task[list[Position | BaseException]], count: int,

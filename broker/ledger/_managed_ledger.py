@@ -676,13 +676,13 @@ class ManagedLedger(LedgerReads):
         """For an `AddGroup`: take `count` entries of `size` bytes as handed over to the
         current ledger now, and return it, when an add could hand them over at once as one
         run: open and writable, no add queued and no one holding the submit lock, no
-        rollover due before or after them, within a run's limits. Else None, nothing
-        changed. The caller hands them over (`storage.try_add_runs`) before it yields, or
-        gives them back (`unreserve`)."""
+        rollover due before or after them. Else None, nothing changed. The caller bounds
+        them, hands them over (`storage.try_add_runs`, cut into runs within
+        `ADD_RUN_ENTRIES_MAX` and `ADD_RUN_BYTES_MAX`) before it yields, or gives them back
+        (`unreserve`)."""
         # Not full after them means not full now either: fullness only grows with entries.
         if (self._state != "open" or self.terminated_position is not None or self._fenced
                 or self._add_failed or self._queued_adds or self._submit_lock.locked()
-                or count > ADD_RUN_ENTRIES_MAX or size > ADD_RUN_BYTES_MAX
                 or self._is_full(self._submitted_entries + count, self._submitted_bytes + size)):
             return None
         self._submitted_entries += count

@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 
 from magnetar.broker.ledger._add_group import AddGroup, AddOutcomes
-from magnetar.broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig
+from magnetar.broker.ledger._managed_ledger import (
+    ADD_RUN_ENTRIES_MAX,
+    ManagedLedger,
+    ManagedLedgerConfig,
+)
 from magnetar.broker.ledger._position import Position
 from magnetar.storage import Storage, StorageConfig, StorageFailedError
 from magnetar.storage.testing.memory import InMemoryLedgerStorage
@@ -68,6 +72,24 @@ async def test_runs_of_many_managed_ledgers_are_one_storage_write() -> None:
     assert second.number_of_entries == 1
     entries = await first.read_entries_async(Position(a, 0), 3, 1 << 20)
     assert [data for _, data in entries] == [b"a0", b"a1", b"a2"]
+
+
+async def test_a_long_run_is_cut_as_an_add_would_cut_it_and_stays_one_write() -> None:
+    store = InMemoryLedgerStorage()
+    ml = await ManagedLedger.open(store, "t", KEEP_ALL)
+    store.hold_completions()
+    answers = Answers()
+    group = AddGroup()
+    entries = [b"%d" % i for i in range(ADD_RUN_ENTRIES_MAX * 2 + 3)]
+    group.add(ml, entries, answers.to("t"))
+    done = group.submit()
+    assert done is not None
+    assert store.pending_writes == 1
+    store.complete_pending()
+    await asyncio.wait_for(done, 5)
+    ledger = ml.current_ledger_id
+    assert ids(answers.calls[0][1]) == [(ledger, i) for i in range(len(entries))]
+    assert ml.number_of_entries == len(entries)
 
 
 async def test_a_run_behind_a_queued_add_waits_its_turn(storage: Storage) -> None:
