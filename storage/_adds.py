@@ -69,15 +69,14 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
     assert runs, "a list of runs has at least one"
     assert all(entries for _, entries in runs), "every run has at least one entry"
     size_max = engine.config.entry_size_bytes_max
-    datas = [[bytes(data) for data in entries] for _, entries in runs]
+    datas = [list(map(bytes, entries)) for _, entries in runs]
     records = 0
     for (ledger_id, _), run in zip(runs, datas, strict=True):
         records += len(run)
-        for data in run:
-            if len(data) > size_max:
-                raise EntryTooLargeError(
-                    f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
-                    f"entry_size_bytes_max={size_max}")
+        if (largest := max(map(len, run))) > size_max:
+            raise EntryTooLargeError(
+                f"entry of {largest} bytes for ledger {ledger_id} exceeds "
+                f"entry_size_bytes_max={size_max}")
     with engine.lock:
         engine._check_writable()
         ledgers = [engine._writable_ledger(ledger_id) for ledger_id, _ in runs]

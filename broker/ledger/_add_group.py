@@ -41,7 +41,7 @@ __all__ = ["AddGroup", "AddOutcomes"]
 AddOutcomes = Sequence[Position | BaseException]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Part:
     ml: ManagedLedger
     entries: Sequence[bytes]
