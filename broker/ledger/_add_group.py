@@ -164,17 +164,24 @@ def _answer_when_added(task: asyncio.Task[list[Position | BaseException]], count
 
 def _confirm(parts: list[_Part], completion: Completion[int], submitted_ns: int,
              finished: asyncio.Future[None]) -> None:
-    """On the loop: the group's write finished; confirm each run and answer it."""
+    """On the loop: the group's write finished; confirm each run and answer it. A run whose
+    answer raises (a bug) does not keep the others from theirs: `finished` fails with the
+    first such error once every run is done."""
     error = completion.exception()
     latency_us = (time.perf_counter_ns() - submitted_ns) // 1000
-    try:
-        for part in parts:
+    failure: BaseException | None = None
+    for part in parts:
+        try:
             if error is not None:
                 part.ml.run_failed()
                 part.on_added([error] * len(part.entries))
             else:
                 part.on_added(part.ml.confirm_run(part.ledger, part.entries, part.size,
                                                   part.last, latency_us))
-    finally:
-        if not finished.done():
+        except Exception as exc:
+            failure = failure or exc
+    if not finished.done():
+        if failure is None:
             finished.set_result(None)
+        else:
+            finished.set_exception(failure)

@@ -162,3 +162,23 @@ async def test_a_failed_group_write_fails_every_run_and_the_next_add_rolls_over(
     assert len(outcomes) == 2
     assert all(isinstance(outcome, StorageFailedError) for outcome in outcomes)
     assert ml.number_of_entries == 0
+
+
+async def test_an_answer_that_raises_does_not_keep_the_other_runs_from_theirs() -> None:
+    store = InMemoryLedgerStorage()
+    first = await ManagedLedger.open(store, "a", KEEP_ALL)
+    second = await ManagedLedger.open(store, "b", KEEP_ALL)
+    answers = Answers()
+
+    def broken(outcomes: AddOutcomes) -> None:
+        raise RuntimeError("a bug in an answer")
+
+    group = AddGroup()
+    group.add(first, [b"a0"], broken)
+    group.add(second, [b"b0"], answers.to("b"))
+    done = group.submit()
+    assert done is not None
+    with pytest.raises(RuntimeError, match="a bug in an answer"):
+        await asyncio.wait_for(done, 5)
+    assert ids(answers.calls[0][1]) == [(second.current_ledger_id, 0)]
+    assert first.number_of_entries == 1  # confirmed all the same
