@@ -33,6 +33,7 @@ __all__ = [
     "decode_varint",
     "encode_varint",
     "field_key",
+    "holds_strings",
     "parse_message",
     "serialize_message",
 ]
@@ -195,6 +196,12 @@ def _checker(descriptor: Any, required: bool = False) -> _Checker | None:
 
     _CHECKERS[key] = check
     return check
+
+
+def holds_strings(descriptor: Any) -> bool:
+    """Whether messages of this type can hold a string anywhere (else `check_strings` of
+    one has nothing to check)."""
+    return _checker(descriptor) is not None
 
 
 def check_strings(message: Message, what: str) -> None:
