@@ -60,7 +60,7 @@ from google.protobuf.message import Message
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._frames import FIELD_OF_TYPE, ChecksumMismatch, Frame
 from ._proto import pulsar_api_pb2 as pb
-from ._wire import check_strings, parse_message, serialize_message
+from ._wire import check_strings, holds_strings, parse_message, serialize_message
 
 __all__ = [
     "BROKER_ENTRY_METADATA_BYTES_MAX",
@@ -98,6 +98,10 @@ BROKER_ENTRY_METADATA_BYTES_MAX: Final = 2 + 4 + 2 * (1 + 10)
 PAYLOAD_COMMAND_TYPES: Final = frozenset({pb.BaseCommand.SEND, pb.BaseCommand.MESSAGE})
 # Empty sub-commands: a frame that omits them still means the command.
 _EMPTY_BODY_TYPES: Final = frozenset({pb.BaseCommand.PING, pb.BaseCommand.PONG})
+# The sub-command fields whose message type can hold strings (the others have none to check).
+_FIELDS_WITH_STRINGS: Final = frozenset(
+    field.name for field in pb.BaseCommand.DESCRIPTOR.fields
+    if field.message_type is not None and holds_strings(field.message_type))
 
 _U32: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
@@ -362,13 +366,15 @@ def decode_frame(frame: bytes) -> Frame | ChecksumMismatch:
     # Strings are checked on the sub-command only: the envelope holds none of its own, and
     # walking its sixty optional fields would cost more than the rest of the decode.
     command = parse_message(pb.BaseCommand, frame[4:command_end], "BaseCommand", check_utf8=False)
-    field = FIELD_OF_TYPE[command.type]
+    kind = command.type
+    field = FIELD_OF_TYPE[kind]
     if command.HasField(field):
-        check_strings(getattr(command, field), "BaseCommand")
-    elif command.type not in _EMPTY_BODY_TYPES:
-        name = pb.BaseCommand.Type.Name(command.type)
+        if field in _FIELDS_WITH_STRINGS:  # not SEND's, for one
+            check_strings(getattr(command, field), "BaseCommand")
+    elif kind not in _EMPTY_BODY_TYPES:
+        name = pb.BaseCommand.Type.Name(kind)
         raise RemoteProtocolError(f"{name} command without its sub-command")
-    if command.type not in PAYLOAD_COMMAND_TYPES:
+    if kind not in PAYLOAD_COMMAND_TYPES:
         if command_end != len(frame):
             raise RemoteProtocolError(f"{len(frame) - command_end} bytes after a simple command")
         return Frame(command)

@@ -4,8 +4,9 @@ Two kinds of help live here:
 
 * `parse_message` wraps the generated protobuf classes so that every way a message can be bad
   becomes a `RemoteProtocolError`: corrupt wire format (`DecodeError`), a missing proto2 `required`
-  field (the runtime parses those without complaint; `IsInitialized` finds them), and a string field
-  that is not UTF-8 (the runtime hands those back as `bytes`, which no caller expects).
+  field (the runtime parses those without complaint), and a string field that is not UTF-8 (the
+  runtime hands those back as `bytes`, which no caller expects). The last two are found in one
+  walk of the fields the message holds, which costs less than the runtime's `IsInitialized`.
 * Varint encoding and decoding for the hand-written `SingleMessageMetadata` codec in
   `_batching.py`, which is the one hot path where the protobuf runtime's per-object cost matters.
 
@@ -32,6 +33,7 @@ __all__ = [
     "decode_varint",
     "encode_varint",
     "field_key",
+    "holds_strings",
     "parse_message",
     "serialize_message",
 ]
@@ -130,38 +132,55 @@ def decode_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
 # keeps the check cheap on the hot path (every command, and the metadata of every SEND and
 # MESSAGE).
 _Checker = Callable[[Any], None]
-_CHECKERS: dict[str, _Checker | None] = {}
+# Keyed by (full name, whether required fields are checked too).
+_CHECKERS: dict[tuple[str, bool], _Checker | None] = {}
 # The same checkers by generated class: reading a descriptor's full_name costs more than the
 # check of a small message, so the hot path looks the class up instead.
-_CHECKER_OF_CLASS: dict[type, _Checker | None] = {}
-_STRING, _STRINGS, _MESSAGE, _MESSAGES = range(4)
+_CHECKER_OF_CLASS: dict[tuple[type, bool], _Checker | None] = {}
+_STRING, _STRINGS, _MESSAGE, _MESSAGES, _SCALAR = range(5)
 
 
-def _checker(descriptor: Any) -> _Checker | None:
-    """The checker for a message type, or None when the type holds no strings at all."""
-    if descriptor.full_name in _CHECKERS:
-        return _CHECKERS[descriptor.full_name]
-    _CHECKERS[descriptor.full_name] = None  # breaks recursion (MessageIdData holds itself)
+class _MissingRequired(Exception):
+    """A required field is absent (the check of `parse_message` then asks the runtime which)."""
+
+
+def _checker(descriptor: Any, required: bool = False) -> _Checker | None:
+    """The checker for a message type, or None when there is nothing to check (no strings,
+    and with `required`, no required fields, at any depth). With `required`, the walk also
+    counts the required fields present: the one pass replaces the runtime's `IsInitialized`."""
+    key = (descriptor.full_name, required)
+    if key in _CHECKERS:
+        return _CHECKERS[key]
+    _CHECKERS[key] = None  # breaks recursion (MessageIdData holds itself)
     # Keyed by the field descriptors themselves: ListFields hands back the same objects, and
     # hashing one is cheaper than reading its name (a third of the check's cost).
     plan: dict[FieldDescriptor, tuple[int, _Checker | None]] = {}
+    needed = 0  # required fields the message must have
     for field in descriptor.fields:
         if field.type == FieldDescriptor.TYPE_STRING:
             plan[field] = (_STRINGS if field.is_repeated else _STRING, None)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            child = _checker(field.message_type)
+            child = _checker(field.message_type, required)
             if child is not None:
                 plan[field] = (_MESSAGES if field.is_repeated else _MESSAGE, child)
-    if not plan:
+        if required and field.is_required:
+            needed += 1
+            plan.setdefault(field, (_SCALAR, None))  # counted, nothing inside to check
+    if not plan and not needed:
         return None
     join = "".join
     steps = plan.get
+    required_fields = frozenset(field for field in descriptor.fields
+                                if required and field.is_required)
 
     def check(message: Any) -> None:
+        present = 0
         for field, value in message.ListFields():
             step = steps(field)
             if step is None:
                 continue
+            if field in required_fields:
+                present += 1
             kind, child = step
             if kind == _STRING:
                 join((value,))
@@ -169,12 +188,20 @@ def _checker(descriptor: Any) -> _Checker | None:
                 join(value)
             elif kind == _MESSAGE:
                 child(value)  # type: ignore[misc]
-            else:
+            elif kind == _MESSAGES:
                 for item in value:
                     child(item)  # type: ignore[misc]
+        if present != needed:
+            raise _MissingRequired
 
-    _CHECKERS[descriptor.full_name] = check
+    _CHECKERS[key] = check
     return check
+
+
+def holds_strings(descriptor: Any) -> bool:
+    """Whether messages of this type can hold a string anywhere (else `check_strings` of
+    one has nothing to check)."""
+    return _checker(descriptor) is not None
 
 
 def check_strings(message: Message, what: str) -> None:
@@ -183,17 +210,30 @@ def check_strings(message: Message, what: str) -> None:
     The runtime hands such strings back as `bytes` (proto2 does not validate them); an unset
     string field reads as "" and passes.
     """
-    kind = type(message)
+    _check(message, what, False)
+
+
+def _check(message: Message, what: str, required: bool) -> None:
+    """`check_strings`; with `required`, also what `IsInitialized` checks, in the same walk.
+
+    Raises:
+        RemoteProtocolError: a string is not UTF-8, or (`required`) a required field is
+            missing, named as the runtime names it.
+    """
+    key = (type(message), required)
     try:
-        checker = _CHECKER_OF_CLASS[kind]
+        checker = _CHECKER_OF_CLASS[key]
     except KeyError:
-        checker = _CHECKER_OF_CLASS[kind] = _checker(message.DESCRIPTOR)
+        checker = _CHECKER_OF_CLASS[key] = _checker(message.DESCRIPTOR, required)
     if checker is None:
         return
     try:
         checker(message)
     except TypeError:
         raise RemoteProtocolError(f"{what} holds a string that is not valid UTF-8") from None
+    except _MissingRequired:
+        missing = ", ".join(_initialization_errors(message))
+        raise RemoteProtocolError(f"{what} lacks required fields: {missing}") from None
 
 
 def _initialization_errors(message: Message) -> list[str]:
@@ -222,11 +262,11 @@ def parse_message(cls: type[M], data: bytes, what: str, *, check_utf8: bool = Tr
         message.ParseFromString(data)
     except DecodeError as exc:
         raise RemoteProtocolError(f"{what} is not valid protobuf ({exc})") from None
-    if not message.IsInitialized():
+    if check_utf8:
+        _check(message, what, True)  # required fields and strings in one walk
+    elif not message.IsInitialized():
         missing = ", ".join(_initialization_errors(message))
         raise RemoteProtocolError(f"{what} lacks required fields: {missing}")
-    if check_utf8:
-        check_strings(message, what)
     return message
 
 

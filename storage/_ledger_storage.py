@@ -21,7 +21,8 @@ failures, no disk) alike. Both promise the same behaviour, checked by one shared
 * `add_entry` may block while the write cache is full (back-pressure for threads);
   `try_add_entry` refuses instead (None) and `cache_space` finishes when to try again.
   `add_entries`/`try_add_entries` do the same for a run of entries of one ledger as one
-  write (one lock hold, one journal request, one completion).
+  write (one lock hold, one journal request, one completion), and `try_add_runs` for runs
+  of several ledgers (one lock hold, one completion).
   `try_read_entries` serves a range from memory or says None (it would need the disk).
   An event loop uses only these, and `read_entries` from a worker thread.
 * `full` is true while a full disk stopped the writes; `try_resume_writes` turns writes back
@@ -130,6 +131,14 @@ class LedgerStorage(Protocol):
     def try_add_entries(self, ledger_id: int,
                         entries: Sequence[bytes]) -> Completion[int] | None:
         """`add_entries` that never blocks: None (none written) as `try_add_entry`."""
+
+    def try_add_runs(self, runs: Sequence[tuple[int, Sequence[bytes]]],
+                     ) -> tuple[list[int], Completion[int]] | None:
+        """`try_add_entries` for runs of several ledgers (ledger id, entries; a ledger may
+        come more than once), in order, as one write: each run's last entry id, and one
+        completion that finishes once every run is durable (giving the last run's last id)
+        or fails for all (any of them may then be durable). None (none written) as
+        `try_add_entry`; a refusal of any run raises before any is written."""
 
     def cache_space(self) -> Completion[None]:
         """Finishes (never fails) once `try_add_entry` may accept again, or the store stopped

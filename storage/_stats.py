@@ -59,9 +59,10 @@ class Buckets:
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0
 
-    def add(self, value: int) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
+    def add(self, value: int, count: int = 1) -> None:
+        """Count `value` (`count` times)."""
+        self.counts[bisect_left(self.bounds, value)] += count
+        self.sum += value * count
 
     def snapshot(self) -> BucketsSnapshot:
         return BucketsSnapshot(self.bounds, tuple(self.counts), self.sum)

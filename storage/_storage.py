@@ -69,6 +69,7 @@ from typing import TypeVar
 
 import lmdb
 
+from ._adds import AddedRuns, add_runs
 from ._checkpoint import Checkpointer
 from ._completion import Completion
 from ._config import StorageConfig
@@ -76,7 +77,6 @@ from ._entry_logs import EntryLogs
 from ._errors import (
     CorruptionError,
     DataDirLockedError,
-    EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
     LedgerNotFoundError,
@@ -476,40 +476,23 @@ class Storage:
         """
         return self._try_add(ledger_id, entries, journal_may_wait=False)
 
+    def try_add_runs(self, runs: Sequence[tuple[int, Sequence[bytes]]]) -> AddedRuns | None:
+        """`try_add_entries` for runs of several ledgers (ledger id, entries) as one write
+        (`_adds.py`): one lock hold, and one completion that finishes once every run is
+        durable (or fails for all); returns each run's last entry id with it. None (none
+        written) as `try_add_entries`; a refusal of any run writes none of them.
+
+        Raises:
+            As `add_entry` for any of the runs, but never for a full cache.
+        """
+        return add_runs(self, runs, journal_may_wait=False)
+
     def _try_add(self, ledger_id: int, entries: Sequence[bytes],
                  journal_may_wait: bool) -> Completion[int] | None:
         """One run of adds unless the cache is full (None); a full journal queue gives None
         too unless `journal_may_wait` (a thread's add waits in `Journal.submit`)."""
-        assert entries, "a run of adds has at least one entry"
-        size_max = self.config.entry_size_bytes_max
-        datas = [bytes(data) for data in entries]
-        for data in datas:
-            if len(data) > size_max:
-                raise EntryTooLargeError(
-                    f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
-                    f"entry_size_bytes_max={size_max}")
-        with self.lock:
-            self._check_writable()
-            ledger = self._writable_ledger(ledger_id)
-            journal = self.journal
-            assert journal is not None
-            if not journal_may_wait and not journal.has_room_for_adds(len(datas)):
-                return None
-            cache = self.cache
-            if cache.active_full():
-                self._checkpoint_wanted.set()
-                if cache.flushing is not None:
-                    return None  # else the next checkpoint swaps; may overshoot by one run
-            first = ledger.next_entry_id
-            last = first + len(datas) - 1
-            ledger.next_entry_id = last + 1
-            cache.put_run(ledger_id, first, datas)
-            completion: Completion[int] = Completion()
-            if self.config.journal_caller_syncs_when_idle:
-                completion.before_blocking = journal.try_lead
-            journal.submit(JournalRequest(RecordType.ADD_ENTRY, b"", completion, ledger, last,
-                                          entries=datas, ledger_id=ledger_id))
-        return completion
+        added = add_runs(self, [(ledger_id, entries)], journal_may_wait)
+        return None if added is None else added[1]
 
     def cache_space(self) -> Completion[None]:
         """Finishes once `try_add_entry` may accept an entry again: the journal's writer

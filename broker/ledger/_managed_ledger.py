@@ -253,7 +253,8 @@ class ManagedLedger(LedgerReads):
         self.on_entries_added: list[Callable[[Position], None]] = []
         self._last_confirmed = self._initial_last_confirmed()
         self.terminated_position = terminated
-        self._last_add: asyncio.Future[list[Position]] | None = None
+        self._last_add: asyncio.Future[Any] | None = None
+        self._queued_adds = 0  # `add_entries_soon` tasks not finished
         # Pulsar's ManagedLedgerMBean figures, cumulative: each durable add's latency (from
         # its submission to its confirmation on the loop) and size.
         self.add_latency_us = Buckets(ENTRY_LATENCY_BUCKETS_US)
@@ -648,22 +649,74 @@ class ManagedLedger(LedgerReads):
             if not run.done.done():
                 run.done.set_exception(error)
             return
-        last = run.completion.result()
-        first = last - len(run.entries) + 1
-        assert first == ledger.entries, "adds of a ledger complete in order"
-        ledger.entries = last + 1
-        ledger.size += run.size
         latency_us = (time.perf_counter_ns() - run.submitted_ns) // 1000
-        for data in run.entries:
-            self.add_latency_us.add(latency_us)
-            self.entry_size_bytes.add(len(data))
-        positions = [Position(ledger.ledger_id, entry_id) for entry_id in range(first, last + 1)]
-        assert positions[0] > self._last_confirmed
-        self._last_confirmed = positions[-1]
+        positions = self.confirm_run(ledger, run.entries, run.size, run.completion.result(),
+                                     latency_us)
         if not run.done.done():
             run.done.set_result(positions)
+
+    def confirm_run(self, ledger: _Ledger, entries: Sequence[bytes], size: int, last: int,
+                    latency_us: int) -> list[Position]:
+        """A run handed over to `ledger` is durable up to entry `last`, `latency_us` after it
+        was handed over: advance the entry count, size and `last_confirmed_position`, call
+        the `on_entries_added` hooks; the run's positions."""
+        first = last - len(entries) + 1
+        assert first == ledger.entries, "adds of a ledger complete in order"
+        ledger.entries = last + 1
+        ledger.size += size
+        self.add_latency_us.add(latency_us, len(entries))
+        add_size = self.entry_size_bytes.add
+        for data in entries:
+            add_size(len(data))
+        ledger_id, new = ledger.ledger_id, tuple.__new__  # Position(...) without its __new__
+        positions = [new(Position, (ledger_id, entry_id)) for entry_id in range(first, last + 1)]
+        assert positions[0] > self._last_confirmed
+        self._last_confirmed = positions[-1]
         for hook in list(self.on_entries_added):
             hook(positions[-1])
+        return positions
+
+    def add_entries_soon(self, entries: Sequence[bytes],
+                         ) -> asyncio.Task[list[Position | BaseException]]:
+        """`add_entries` as a task started now: `reserve` refuses until it has finished."""
+        self._queued_adds += 1
+        task = asyncio.ensure_future(self.add_entries(entries))
+        task.add_done_callback(self._queued_add_done)
+        return task
+
+    def _queued_add_done(self, _: object) -> None:
+        self._queued_adds -= 1
+
+    def reserve(self, count: int, size: int) -> _Ledger | None:
+        """For an `AddGroup`: take `count` entries of `size` bytes as handed over to the
+        current ledger now, and return it, when an add could hand them over at once as one
+        run: open and writable, no add queued and no one holding the submit lock, no
+        rollover due before or after them. Else None, nothing changed. The caller bounds
+        them, hands them over (`storage.try_add_runs`, cut into runs within
+        `ADD_RUN_ENTRIES_MAX` and `ADD_RUN_BYTES_MAX`) before it yields, or gives them back
+        (`unreserve`)."""
+        # Not full after them means not full now either: fullness only grows with entries.
+        if (self._state != "open" or self.terminated_position is not None or self._fenced
+                or self._add_failed or self._queued_adds or self._submit_lock.locked()
+                or self._is_full(self._submitted_entries + count, self._submitted_bytes + size)):
+            return None
+        self._submitted_entries += count
+        self._submitted_bytes += size
+        return self._ledgers[-1]
+
+    def unreserve(self, count: int, size: int) -> None:
+        """Give back a `reserve` that was not handed over."""
+        self._submitted_entries -= count
+        self._submitted_bytes -= size
+
+    def handed_over(self, confirmed: asyncio.Future[Any]) -> None:
+        """Reserved runs were handed over; `confirmed` finishes once they are confirmed
+        (or failed: `run_failed`), what `terminate` waits for."""
+        self._last_add = confirmed
+
+    def run_failed(self) -> None:
+        """A reserved run failed in the storage: the next add rolls over first."""
+        self._add_failed = True
 
     def _current_is_full(self) -> bool:
         """Pulsar's `currentLedgerIsFull`, for a ledger that has entries."""

@@ -10,8 +10,10 @@ order. `publish` is a run of one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from magnetar.codec import FRAME_PADDING_BYTES, pb
 
@@ -25,6 +27,7 @@ from .._errors import (
 )
 from .._names import TopicName
 from .._namespaces import EffectivePolicies
+from ..ledger._add_group import AddGroup, AddOutcomes
 from ..ledger._managed_ledger import ManagedLedger
 from ..ledger._position import Position
 from ._dedup import (
@@ -38,7 +41,6 @@ from ._producer import Producer, PublishResult, _count_in, _metadata_of
 
 if TYPE_CHECKING:
     from ._service import BrokerService
-    from ._topic import PersistentTopic
 
 __all__ = ["Publisher", "Send"]
 
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 
 # One SEND for `publish_many`: entry, sequence id, stated highest sequence id, metadata.
 Send = tuple[bytes, int, int, "pb.MessageMetadata | None"]
+# An admitted SEND: its index, the bytes to store, highest sequence id, last chunk, metadata.
+_Admitted = tuple[int, bytes, int, bool, pb.MessageMetadata]
 
 
 class Publisher:
@@ -62,6 +66,7 @@ class Publisher:
     managed_ledger: ManagedLedger
     policies: EffectivePolicies
     _dedup_recorded: Position
+    _publishes_queued: int  # `publish_many_soon` tasks not finished
 
     def remove_producer(self, producer: Producer) -> None:
         raise NotImplementedError
@@ -105,8 +110,55 @@ class Publisher:
         """`publish` for a run of one producer's SENDs (entry, sequence id, highest sequence
         id, metadata), in order, with one managed-ledger add for those admitted; returns
         each one's result or what `publish` would have raised for it."""
+        outcomes, admitted = self._admit_many(producer, sends)
+        if admitted:
+            try:
+                positions: AddOutcomes = await self.managed_ledger.add_entries(
+                    [a[1] for a in admitted])
+            except Exception as exc:
+                positions = [exc] * len(admitted)
+            self._finish_many(producer, sends, outcomes, admitted, positions)
+        assert all(outcome is not None for outcome in outcomes)
+        return outcomes  # type: ignore[return-value]
+
+    def publish_many_soon(self, producer: Producer, sends: list[Send],
+                          ) -> asyncio.Task[list[PublishResult | BaseException]]:
+        """`publish_many` as a task started now: `publish_grouped` declines until it has
+        finished (publishes keep their order)."""
+        self._publishes_queued += 1
+        task = asyncio.ensure_future(self.publish_many(producer, sends))
+        task.add_done_callback(self._queued_publish_done)
+        return task
+
+    def _queued_publish_done(self, _: object) -> None:
+        self._publishes_queued -= 1
+
+    def publish_grouped(self, producer: Producer, sends: list[Send], group: AddGroup,
+                        answer: Callable[[list[PublishResult | BaseException]], None]) -> bool:
+        """`publish_many` with the admitted entries added through `group` (one storage write
+        for a socket read's SENDs of many topics): admits the SENDs now and calls `answer`
+        with the outcomes once they are known (at once when none was admitted). False
+        (nothing done) while a `publish_many_soon` has not finished: then use that."""
+        if self._publishes_queued:
+            return False
+        outcomes, admitted = self._admit_many(producer, sends)
+        if not admitted:
+            answer(outcomes)  # type: ignore[arg-type]
+            return True
+
+        def added(positions: AddOutcomes) -> None:
+            self._finish_many(producer, sends, outcomes, admitted, positions)
+            answer(outcomes)  # type: ignore[arg-type]
+
+        group.add(self.managed_ledger, [a[1] for a in admitted], added)
+        return True
+
+    def _admit_many(self, producer: Producer, sends: list[Send],
+                    ) -> tuple[list[PublishResult | BaseException | None], list[_Admitted]]:
+        """Checks and dedup of each SEND in order: the outcomes known already (refusals,
+        duplicates; None for the rest) and the admitted SENDs."""
         outcomes: list[PublishResult | BaseException | None] = [None] * len(sends)
-        admitted: list[tuple[int, bytes, int, bool, pb.MessageMetadata]] = []
+        admitted: list[_Admitted] = []
         for index, (entry, sequence_id, highest, metadata) in enumerate(sends):
             try:
                 verdict = self._admit_send(producer, entry, sequence_id, highest, metadata)
@@ -117,18 +169,17 @@ class Publisher:
                 outcomes[index] = PublishResult(-1, -1)  # a duplicate: nothing written
             else:
                 admitted.append((index, *verdict))
-        if admitted:
-            try:
-                positions = await self.managed_ledger.add_entries([a[1] for a in admitted])
-            except Exception as exc:
-                positions = [exc] * len(admitted)
-            for (index, _, highest, last_chunk, metadata), position in zip(
-                    admitted, positions, strict=True):
-                entry, sequence_id = sends[index][:2]
-                outcomes[index] = self._added(producer, position, entry, sequence_id,
-                                              highest, last_chunk, metadata)
-        assert all(outcome is not None for outcome in outcomes)
-        return outcomes  # type: ignore[return-value]
+        return outcomes, admitted
+
+    def _finish_many(self, producer: Producer, sends: list[Send],
+                     outcomes: list[PublishResult | BaseException | None],
+                     admitted: list[_Admitted], positions: AddOutcomes) -> None:
+        """The admitted SENDs' adds finished: record each (`_added`) into `outcomes`."""
+        for (index, _, highest, last_chunk, metadata), position in zip(
+                admitted, positions, strict=True):
+            entry, sequence_id = sends[index][:2]
+            outcomes[index] = self._added(producer, position, entry, sequence_id,
+                                          highest, last_chunk, metadata)
 
     def _admit_send(self, producer: Producer, entry: bytes, sequence_id: int,
                highest_sequence_id: int, metadata: pb.MessageMetadata | None,
@@ -186,7 +237,7 @@ class Publisher:
                     dedup.entries_since_snapshot >= \
                     self.service.config.broker_deduplication_entries_interval:
                 self._spawn(self._take_dedup_snapshot())
-        _count_in(cast("PersistentTopic", self), producer, entry, metadata)
+        _count_in(self, producer, entry, metadata)  # type: ignore[arg-type]  # a PersistentTopic
         return PublishResult(position.ledger_id, position.entry_id)
 
     def _refuse_for_full_disk(self, producer: Producer, error: Exception) -> DiskFullError:

@@ -144,6 +144,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.entry_metadata = EntryMetadataAppender.open(
             interceptors, ml, lambda: int(service.clock() * 1000)) if interceptors else None
         self._dedup_recorded = ml.last_confirmed_position  # see _take_dedup_snapshot
+        self._publishes_queued = 0
         self.fenced = False
         self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
         self.access = ExclusiveAccess(
@@ -281,8 +282,9 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
     def _entries_added(self, position: Position) -> None:
         for subscription in self.subscriptions.values():
             subscription.kick()
-        for subscription in self._non_durable_subscriptions():
-            subscription.kick()
+        if self.readers:
+            for subscription in self._non_durable_subscriptions():
+                subscription.kick()
 
     def messages_out(self, messages: int, size: int) -> None:
         self.msg_out_counter += messages

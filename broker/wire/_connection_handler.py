@@ -151,7 +151,7 @@ class ConnectionHandler:
         self._tls_common_name = tls_common_name
         self.wants_entry_metadata = False  # the client declared supports_broker_entry_metadata
         self._logged_once: set[str] = set()  # what `warn_once`/`log_failure` logged once
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[object]] = set()
         self._received_since_ping = True
         self._ping_outstanding = False
         self._keepalive: asyncio.TimerHandle | None = None
@@ -226,11 +226,12 @@ class ConnectionHandler:
         if isinstance(event, ChecksumMismatch):
             self.producers.on_corrupt_send(event)
             return
-        if event.type != T.SEND and self.producers.unsent:
+        kind = event.command.type
+        if kind != T.SEND and self.producers.unsent:
             self.producers.flush_sends()  # commands take effect in the order they came
-        handler = self._dispatch_table.get(event.type)
+        handler = self._dispatch_table.get(kind)
         if handler is None:
-            raise CloseConnection(f"unexpected {T.Type.Name(event.type)}")
+            raise CloseConnection(f"unexpected {T.Type.Name(kind)}")
         handler(event)
 
     # -- output ----------------------------------------------------------------------------
@@ -351,13 +352,14 @@ class ConnectionHandler:
 
     # -- tasks and lifetime ----------------------------------------------------------------
 
-    def spawn(self, work: Awaitable[None]) -> None:
-        """Run a command as a task `wait_idle` waits for; a failure is logged."""
+    def spawn(self, work: Awaitable[object]) -> None:
+        """Run a command as a task `wait_idle` waits for (a future is waited for as it is);
+        a failure is logged."""
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Future[object]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("a command task of %s failed", self.peer, exc_info=exc)

@@ -198,8 +198,9 @@ class ConnectionView(Protocol):
     def warn_once(self, key: str, message: str, *args: object) -> None:
         """A client's mistake: WARNING the first time on this connection, DEBUG after."""
 
-    def spawn(self, work: Awaitable[None]) -> None:
-        """Run a command as a task the connection tracks (shutdown waits for it)."""
+    def spawn(self, work: Awaitable[object]) -> None:
+        """Run a command as a task the connection tracks (shutdown waits for it); a future
+        is tracked as it is."""
 
 
 def authorize(view: ConnectionView, action: str, resource: str,

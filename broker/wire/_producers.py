@@ -7,11 +7,15 @@ Theory of operation
 client's producer ids.
 
 Receipts. The SENDs of one socket read are gathered (`unsent`) and handed over at the end of
-the read, or before any other command: each run of one producer's SENDs is one task and one
-`topic.publish_many` (one managed-ledger add of the group; the managed ledger assigns
-positions in call order and no await comes before it), and receipts leave in the order the
-SENDs arrived, per producer, those completed in one loop turn in one write: each producer
-keeps a queue of pending sends, and a completed publish flushes the queue's completed head.
+the read, or before any other command, a run of one producer's SENDs at a time: a persistent
+topic admits the run at once (checks, dedup) and adds what it admitted through the read's one
+`AddGroup`, so the SENDs of every producer and topic of the read reach the storage as one
+write with one completion, and are answered from one callback on the loop, with no task
+(`PersistentTopic.publish_grouped`). A topic whose earlier publish is still queued, and a
+non-persistent topic, publish the run in a task (`publish_many_soon`, `publish_many`); each
+managed ledger assigns positions in call order. Receipts leave in the order the SENDs
+arrived, per producer, those completed in one loop turn in one write: each producer keeps a
+queue of pending sends, and a completed publish flushes the queue's completed head.
 The connection counts unanswered SENDs; at `ServerContext.pending_sends_max` the server stops
 reading (`wait_send_room`) until half of them are answered.
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -48,10 +53,11 @@ from magnetar.codec import ChecksumMismatch, Frame, pb, send_receipt_frame
 from .._errors import DiskFullError
 from .._names import TopicName, check_producer_name, check_subscription_name
 from ..dispatch._entry import batch_count_error
+from ..ledger._add_group import AddGroup
 from ..schemas._schemas import StoredSchema, encode_schema_version
 from ..security._authz import PRODUCE_REFUSED
 from ..topics._service import Topic
-from ..topics._topic import Producer, ProducerSpec, PublishResult
+from ..topics._topic import PersistentTopic, Producer, ProducerSpec, PublishResult
 from ._connection_view import (
     REQUEST_ID_NONE,
     SHUTTING_DOWN,
@@ -78,7 +84,7 @@ _ACCESS_MODES: Final = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingSend:
     sequence_id: int
     highest_sequence_id: int
@@ -325,38 +331,63 @@ class ProducerCommands:
         self.unsent.append((state, pending, frame))
 
     def flush_sends(self) -> None:
-        """Hand the SENDs gathered so far to their topics: one task per run of one producer's
-        SENDs, spawned in arrival order."""
+        """Hand the SENDs gathered so far to their topics, each run of one producer's SENDs
+        in arrival order: a persistent topic admits a run at once and adds it through the
+        read's one `AddGroup` (one storage write for the whole read); a non-persistent one,
+        and a persistent one whose earlier publish is still queued, publishes it in a task."""
         unsent, self.unsent = self.unsent, []
+        group = AddGroup()
         start = 0
         for end in range(1, len(unsent) + 1):
             if end == len(unsent) or unsent[end][0] is not unsent[start][0]:
-                self.view.spawn(self._publish(unsent[start][0], unsent[start:end]))
+                self._publish_run(unsent[start][0], unsent[start:end], group)
                 start = end
+        added = group.submit()
+        if added is not None:
+            self.view.spawn(added)
 
-    async def _publish(self, state: _ProducerState,
-                       run: list[tuple[_ProducerState, _PendingSend, Frame]]) -> None:
-        # No await before topic.publish_many: publishes must start in the order SENDs arrived.
-        assert state.topic is not None
-        assert state.producer is not None
+    def _publish_run(self, state: _ProducerState,
+                     run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                     group: AddGroup) -> None:
+        topic, producer = state.topic, state.producer
+        assert topic is not None
+        assert producer is not None
         sends = [(frame.entry, pending.sequence_id, pending.highest_sequence_id,
                   frame.metadata) for _, pending, frame in run]
+        if not isinstance(topic, PersistentTopic):
+            self.view.spawn(self._publish(state, run, topic.publish_many(producer, sends)))
+        elif not topic.publish_grouped(producer, sends, group,
+                                       lambda outcomes: self._answer(state, run, outcomes)):
+            self.view.spawn(self._publish(state, run, topic.publish_many_soon(producer, sends)))
+
+    async def _publish(self, state: _ProducerState,
+                       run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                       publish: Awaitable[list[PublishResult | BaseException]]) -> None:
         try:
-            outcomes = await state.topic.publish_many(state.producer, sends)
+            outcomes = await publish
         except Exception as exc:
             outcomes = [exc] * len(run)
+        self._answer(state, run, outcomes)
+
+    def _answer(self, state: _ProducerState,
+                run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                outcomes: Sequence[PublishResult | BaseException]) -> None:
+        """A run's publish finished: each SEND's receipt (or error), then the completed head
+        of the producer's queue goes out in one write."""
         for (_, pending, _), outcome in zip(run, outcomes, strict=True):
-            if isinstance(outcome, DiskFullError):
+            pending.done = True
+            if isinstance(outcome, PublishResult):
+                pending.result = outcome
+            elif isinstance(outcome, DiskFullError):
                 # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client
                 # fails the send itself once its reconnection is refused (see _topic.py).
                 log.debug("SEND of %s dropped: %s", self.view.peer, outcome)
                 pending.dropped = True
-                self._finish_send(state, pending, error=server_error(outcome))
-            elif isinstance(outcome, BaseException):
-                self.view.log_failure(outcome)
-                self._finish_send(state, pending, error=server_error(outcome))
+                pending.error = server_error(outcome)
             else:
-                self._finish_send(state, pending, result=outcome)
+                self.view.log_failure(outcome)
+                pending.error = server_error(outcome)
+        self._send_receipts(state)
 
     def on_corrupt_send(self, event: ChecksumMismatch) -> None:
         send = event.command.send
@@ -375,15 +406,22 @@ class ProducerCommands:
                      error: tuple[int, str] | None = None) -> None:
         assert (result is None) != (error is None)
         pending.done, pending.result, pending.error = True, result, error
+        self._send_receipts(state)
+
+    def _send_receipts(self, state: _ProducerState) -> None:
+        """Write the receipts of the completed head of the producer's queue (one write)."""
+        queue = state.pending
         out = bytearray()
-        while state.pending and state.pending[0].done:
-            head = state.pending.popleft()
-            self.pending_sends -= 1
-            out += self._receipt_bytes(state.producer_id, head)
+        producer_id = state.producer_id
+        answered = 0
+        while queue and queue[0].done:
+            out += self._receipt_bytes(producer_id, queue.popleft())
+            answered += 1
+        self.pending_sends -= answered
         assert self.pending_sends >= 0
         if out and not self.view.closed:
             self.view.write_soon(bytes(out))
-        if not state.pending:
+        if not queue:
             state.drained.set()
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
             self._send_room.set()

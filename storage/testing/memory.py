@@ -47,8 +47,7 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,9 +65,8 @@ from .._errors import (
     StorageFailedError,
     StorageFullError,
 )
-from .._index import MetaOp
 from .._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo
-from .._metadata import _check_key
+from ._memory_metadata import InMemoryMetadata, InMemoryMetadataTransaction, _nothing
 
 __all__ = ["InMemoryLedgerStorage", "InMemoryMetadata", "InMemoryMetadataTransaction"]
 
@@ -95,90 +93,6 @@ class _Pending:
     value: int
     on_durable: Callable[[], None]
     undo: Callable[[], None]
-
-
-class InMemoryMetadataTransaction:
-    """Buffered operations, applied by `InMemoryMetadata.transaction` on success."""
-
-    def __init__(self, store: InMemoryMetadata):
-        self._store = store
-        self.ops: dict[bytes, bytes | None] = {}
-
-    def get(self, key: bytes) -> bytes | None:
-        if key in self.ops:
-            return self.ops[key]
-        return self._store.get(key)
-
-    def put(self, key: bytes, value: bytes) -> None:
-        _check_key(key)
-        self.ops[key] = bytes(value)
-
-    def delete(self, key: bytes) -> None:
-        self.ops[key] = None
-
-
-class InMemoryMetadata:
-    """The metadata of an `InMemoryLedgerStorage` (see `storage._metadata`)."""
-
-    def __init__(self, owner: InMemoryLedgerStorage):
-        self._owner = owner
-        self._values: dict[bytes, bytes] = {}
-
-    def get(self, key: bytes) -> bytes | None:
-        with self._owner._lock:
-            return self._values.get(key)
-
-    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        with self._owner._lock:
-            return sorted((k, v) for k, v in self._values.items() if k.startswith(prefix))
-
-    def put(self, key: bytes, value: bytes) -> None:
-        with self.transaction() as txn:
-            txn.put(key, value)
-
-    def delete(self, key: bytes) -> None:
-        with self.transaction() as txn:
-            txn.delete(key)
-
-    @contextmanager
-    def transaction(self) -> Iterator[InMemoryMetadataTransaction]:
-        txn = InMemoryMetadataTransaction(self)
-        yield txn
-        with self._owner._lock:
-            self._apply(list(txn.ops.items()))
-
-    def apply_journaled(self, ops: list[MetaOp]) -> Completion[int]:
-        """Visible at once, durable when the completion finishes.
-
-        Raises:
-            ValueError: a bad key; nothing applied.
-            StorageFailedError, StorageClosedError: the store accepts no writes.
-        """
-        for key, _ in ops:
-            _check_key(key)
-        owner = self._owner
-        with owner._lock:
-            if owner.full and all(value is None for _, value in ops):
-                self._apply(ops)  # straight to the "index", as `Storage` does when full
-                return Completion.resolved(0)
-            owner._check_writable()
-            before = [(key, self._values.get(key)) for key, _ in ops]
-            self._apply(ops)
-            completion = owner._queue(0, _nothing,
-                                      lambda: self._apply(list(reversed(before))))
-        owner._drain()
-        return completion
-
-    def _apply(self, ops: list[MetaOp]) -> None:
-        for key, value in ops:
-            if value is None:
-                self._values.pop(key, None)
-            else:
-                self._values[key] = bytes(value)
-
-
-def _nothing() -> None:
-    return None
 
 
 class InMemoryLedgerStorage:
@@ -374,35 +288,46 @@ class InMemoryLedgerStorage:
 
     def try_add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int] | None:
         """`add_entries` answering None while the scripted cache is full; one queued write."""
-        assert entries, "a run of adds has at least one entry"
-        datas = [bytes(data) for data in entries]
-        for data in datas:
-            if len(data) > self.config.entry_size_bytes_max:
-                raise EntryTooLargeError(
-                    f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
-                    f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
+        added = self.try_add_runs([(ledger_id, entries)])
+        return None if added is None else added[1]
+
+    def try_add_runs(self, runs: Sequence[tuple[int, Sequence[bytes]]],
+                     ) -> tuple[list[int], Completion[int]] | None:
+        """As `Storage.try_add_runs`: every run checked first, then one queued write."""
+        assert runs, "a list of runs has at least one"
+        datas = [[bytes(data) for data in entries] for _, entries in runs]
+        for (ledger_id, _), run in zip(runs, datas, strict=True):
+            assert run, "a run of adds has at least one entry"
+            for data in run:
+                if len(data) > self.config.entry_size_bytes_max:
+                    raise EntryTooLargeError(
+                        f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
+                        f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
         with self._lock:
             self._check_writable()
-            ledger = self._writable_ledger(ledger_id)
+            ledgers = [self._writable_ledger(ledger_id) for ledger_id, _ in runs]
             if self._cache_full:
                 return None
             if self._refuse_adds:
                 raise self._refuse_adds.pop(0)
-            first = len(ledger.entries)
-            last = first + len(datas) - 1
-            ledger.entries.extend(datas)
+            spans = []  # (ledger, first, last) of each run
+            for ledger, run in zip(ledgers, datas, strict=True):
+                spans.append((ledger, len(ledger.entries), len(ledger.entries) + len(run) - 1))
+                ledger.entries.extend(run)
 
             def durable() -> None:
-                assert ledger.lac + 1 == first, "adds become durable in order"
-                ledger.lac = last
+                for ledger, first, last in spans:
+                    assert ledger.lac + 1 == first, "adds become durable in order"
+                    ledger.lac = last
 
             def undo() -> None:
-                assert len(ledger.entries) == last + 1
-                del ledger.entries[first:]
+                for ledger, first, last in reversed(spans):
+                    assert len(ledger.entries) == last + 1
+                    del ledger.entries[first:]
 
-            completion = self._queue(last, durable, undo)
+            completion = self._queue(spans[-1][2], durable, undo)
         self._drain()
-        return completion
+        return [last for _, _, last in spans], completion
 
     def cache_space(self) -> Completion[None]:
         with self._lock:

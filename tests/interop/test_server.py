@@ -83,12 +83,12 @@ class _AsyncClient:
 
 
 @asynccontextmanager
-async def _serving(tmp_path: Path, **options: object,
+async def _serving(tmp_path: Path, config: BrokerConfig | None = None, **options: object,
                    ) -> AsyncIterator[tuple[BrokerServer, BrokerService]]:
     """A started service on the storage in `tmp_path / "data"` and its server on a free
     loopback port (`options` go to `serve`); shut down and closed on the way out."""
     storage = Storage.open(tmp_path / "data")
-    service = BrokerService(storage, BrokerConfig())
+    service = BrokerService(storage, config or BrokerConfig())
     await service.start(maintenance=False)
     server = await serve(service, "127.0.0.1", 0, **options)  # type: ignore[arg-type]
     try:
@@ -141,6 +141,58 @@ async def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None
         assert receipts == list(range(len(receipts)))
         stored = service.topics[topic].managed_ledger.number_of_entries  # type: ignore[union-attr]
         assert stored == len(receipts), "every persisted SEND was receipted before the close"
+
+
+async def test_sends_of_many_producers_in_one_read_keep_each_ones_order(
+        tmp_path: Path) -> None:
+    """Interleaved SENDs of three producers on two topics, written at once (one group for the
+    storage): each producer's receipts in its order, a topic's entries in arrival order; dedup
+    then drops a repeated sequence id."""
+    topics = ["persistent://public/default/grouped-a", "persistent://public/default/grouped-b"]
+    producers = [(0, topics[0]), (1, topics[1]), (2, topics[0])]
+    async with _serving(tmp_path, BrokerConfig(broker_deduplication_enabled=True),
+                        keepalive_interval_s=0) as (server, service):
+        client = await _AsyncClient.connect(server.port)
+        for producer_id, topic in producers:
+            client.send(pb.CommandProducer(topic=topic, producer_id=producer_id,
+                                           request_id=producer_id, producer_name=f"p{producer_id}"))
+            await client.expect(T.PRODUCER_SUCCESS)
+        sent = [(producer_id, sequence_id) for sequence_id in range(20)
+                for producer_id, _ in producers]
+
+        def sends(which: list[tuple[int, int]]) -> bytes:
+            data = b""
+            for producer_id, sequence_id in which:
+                metadata, payload = build_message(
+                    SingleMessage(b"%d-%d" % (producer_id, sequence_id), sequence_id=sequence_id),
+                    producer_name=f"p{producer_id}", publish_time=1)
+                data += client.conn.send(base_command(pb.CommandSend(
+                    producer_id=producer_id, sequence_id=sequence_id)), metadata, payload)
+            return data
+
+        client.writer.write(sends(sent))
+        receipts: dict[int, list[tuple[int, int]]] = {0: [], 1: [], 2: []}
+        for _ in sent:
+            receipt = (await client.expect(T.SEND_RECEIPT)).body
+            receipts[receipt.producer_id].append((receipt.sequence_id,
+                                                  receipt.message_id.entryId))
+        client.writer.write(sends([(1, 5), (0, 20)]))  # a duplicate, then a new one
+        duplicate = (await client.expect(T.SEND_RECEIPT)).body
+        assert (duplicate.producer_id, duplicate.sequence_id) == (1, 5)
+        assert (await client.expect(T.SEND_RECEIPT)).body.message_id.entryId == 40
+        await client.close()
+        for producer_id, _ in producers:
+            assert [seq for seq, _ in receipts[producer_id]] == list(range(20))
+        ml_a = service.topics[topics[0]].managed_ledger  # type: ignore[union-attr]
+        ml_b = service.topics[topics[1]].managed_ledger  # type: ignore[union-attr]
+        assert ml_b.number_of_entries == 20  # not the duplicate
+        stored = await ml_a.read_entries_async(ml_a.first_position(), 40, 1 << 20)
+        expected = [b"%d-%d" % (producer_id, sequence_id) for producer_id, sequence_id in sent
+                    if producer_id != 1]
+        assert [data.endswith(text) for (_, data), text in zip(stored, expected, strict=True)] \
+            == [True] * 40
+        assert [entry for _, entry in receipts[0]] == list(range(0, 40, 2))  # arrival order
+        assert [entry for _, entry in receipts[2]] == list(range(1, 40, 2))
 
 
 def test_the_server_serves_on_uvloop(tmp_path: Path) -> None:

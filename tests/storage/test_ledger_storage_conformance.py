@@ -421,6 +421,40 @@ def test_a_refused_run_of_adds_writes_none_of_them(impl: Impl) -> None:
     assert store.last_add_confirmed(ledger) == 1
 
 
+def test_runs_of_several_ledgers_are_one_write_with_one_completion(impl: Impl) -> None:
+    """Each run gets consecutive ids in its ledger (a ledger may come twice); the one
+    completion finishes with every run durable and gives the last run's last id."""
+    store = impl.store
+    first, second = new_ledger(store), new_ledger(store)
+    fill(store, first, 0, 2)
+    added = store.try_add_runs([(first, [b"a", b"b"]), (second, [b"c"]), (first, [b"d"])])
+    assert added is not None
+    lasts, completion = added
+    assert lasts == [3, 0, 4]
+    assert done(completion) == 4
+    assert store.last_add_confirmed(first) == 4
+    assert store.last_add_confirmed(second) == 0
+    assert store.read_entries(first, 2, 4) == [b"a", b"b", b"d"]
+    assert store.read_entries(second, 0, 0) == [b"c"]
+
+
+def test_a_refused_run_of_several_ledgers_writes_none_of_them(impl: Impl) -> None:
+    store = impl.store
+    first, second = new_ledger(store), new_ledger(store)
+    fill(store, first, 0, 1)
+    done(store.close_ledger(second))
+    with pytest.raises(LedgerClosedError):
+        store.try_add_runs([(first, [b"a"]), (second, [b"b"])])
+    too_large = b"x" * (store.config.entry_size_bytes_max + 1)
+    with pytest.raises(EntryTooLargeError):
+        store.try_add_runs([(first, [b"a"]), (first, [too_large])])
+    with pytest.raises(LedgerNotFoundError):
+        store.try_add_runs([(first, [b"a"]), (second + 100, [b"b"])])
+    assert store.ledger_info(first).entries == 1
+    assert store.last_add_confirmed(first) == 0
+    assert done(store.add_entry(first, b"next")) == 1
+
+
 def test_try_read_entries_answers_from_memory_or_not_at_all(impl: Impl) -> None:
     """None (it would need the disk) or exactly what `read_entries` gives; the same range
     checks either way."""

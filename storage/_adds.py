@@ -1,0 +1,106 @@
+"""Adds to the engine's ledgers: runs of entries, of one ledger or of several at once.
+
+Theory of operation
+-------------------
+An add is applied in memory under the storage lock (the ledger's next entry id advances and
+the entries go into the write cache), then journaled; its completion finishes once the
+journal's group commit has synced it (see `_storage.py`). `add_runs` does that for a list of
+runs, each a ledger id and its entries, under ONE hold of the lock: every run is checked
+first (nothing is written when any is refused), then each gets consecutive entry ids in its
+ledger and its own journal request, in list order. Only the last request carries the
+completion: the journal completes requests in order, so when it finishes, every run is
+durable (and each ledger's LAC has advanced with its request); when the journal fails, it
+fails, and any of the runs may or may not be durable.
+
+The broker uses a list of many ledgers' runs to hand everything one socket read delivered
+(the SENDs of many producers, on many topics) to the storage as one write: one lock hold,
+one completion, one hand-off back to its event loop. `Storage.try_add_entries` is the list
+of one run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+from ._completion import Completion
+from ._config import StorageConfig
+from ._errors import EntryTooLargeError
+from ._journal import Journal, JournalRequest
+from ._journal_format import RecordType
+from ._ledger import LedgerState
+from ._write_cache import WriteCache
+
+__all__ = ["AddedRuns", "add_runs"]
+
+# What `add_runs` hands back: each run's LAST entry id, and the completion of the whole list.
+AddedRuns = tuple[list[int], Completion[int]]
+
+
+class _Engine(Protocol):
+    """The parts of `Storage` that adds use."""
+
+    config: StorageConfig
+    lock: threading.Condition
+    journal: Journal | None
+    cache: WriteCache
+    _checkpoint_wanted: threading.Event
+
+    def _check_writable(self) -> None: ...
+
+    def _writable_ledger(self, ledger_id: int) -> LedgerState: ...
+
+
+def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
+             journal_may_wait: bool) -> AddedRuns | None:
+    """Apply and journal `runs` (ledger id, entries) in order, as the module comment says;
+    None (nothing written) while the write cache is full and its other half is still being
+    flushed, or, unless `journal_may_wait` (a thread's add then waits in `Journal.submit`),
+    while the journal's queue has no room for all of their records. The completion gives
+    the last run's last entry id.
+
+    Raises:
+        EntryTooLargeError: an entry is above `entry_size_bytes_max`; nothing written.
+        LedgerNotFoundError, LedgerFencedError, LedgerClosedError: for any of the ledgers;
+            nothing written.
+        StorageFailedError, StorageClosedError: the engine accepts no writes.
+    """
+    assert runs, "a list of runs has at least one"
+    assert all(entries for _, entries in runs), "every run has at least one entry"
+    size_max = engine.config.entry_size_bytes_max
+    datas = [list(map(bytes, entries)) for _, entries in runs]
+    records = 0
+    for (ledger_id, _), run in zip(runs, datas, strict=True):
+        records += len(run)
+        if (largest := max(map(len, run))) > size_max:
+            raise EntryTooLargeError(
+                f"entry of {largest} bytes for ledger {ledger_id} exceeds "
+                f"entry_size_bytes_max={size_max}")
+    with engine.lock:
+        engine._check_writable()
+        ledgers = [engine._writable_ledger(ledger_id) for ledger_id, _ in runs]
+        journal = engine.journal
+        assert journal is not None
+        if not journal_may_wait and not journal.has_room_for_adds(records):
+            return None
+        cache = engine.cache
+        if cache.active_full():
+            engine._checkpoint_wanted.set()
+            if cache.flushing is not None:
+                return None  # else the next checkpoint swaps; may overshoot by one list
+        completion: Completion[int] = Completion()
+        if engine.config.journal_caller_syncs_when_idle:
+            completion.before_blocking = journal.try_lead
+        lasts = []
+        for index, ((ledger_id, _), ledger, run) in enumerate(zip(runs, ledgers, datas,
+                                                                   strict=True)):
+            first = ledger.next_entry_id
+            last = first + len(run) - 1
+            ledger.next_entry_id = last + 1
+            cache.put_run(ledger_id, first, run)
+            lasts.append(last)
+            journal.submit(JournalRequest(
+                RecordType.ADD_ENTRY, b"", completion if index == len(runs) - 1 else None,
+                ledger, last, entries=run, ledger_id=ledger_id))
+    return lasts, completion
