@@ -307,32 +307,10 @@ class Storage:
             StorageFailedError: removing a dead entry log failed (it stays referenced
                 or is removed at the next start); the deletion itself is committed.
         """
-        logs = self.logs
         with self.lock:
             ledger = self._ledger(ledger_id)
             ledger.state = DELETED
-            touched = [record for record in logs.records.values()
-                       if record.ledgers.pop(ledger_id, None) is not None]
-            self.index.commit_checkpoint(CheckpointWrite(
-                mark=None, ledgers=[ledger.record()], purge_ledgers=[ledger_id],
-                entry_logs=touched))
-            dead = sorted(log_id for log_id in logs.records
-                          if log_id in {r.log_id for r in touched}
-                          and logs.records[log_id].live_bytes() == 0)
-            if logs.writer is not None and logs.writer.log_id in dead:
-                logs.close_current()  # writes are off; a resume starts a new log
-            for log_id in dead:
-                self.index.commit_checkpoint(CheckpointWrite(mark=None,
-                                                             drop_entry_logs=[log_id]))
-                path = logs.path(log_id)
-                logs.forget(log_id)
-                try:
-                    self.fs.remove(path)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    raise StorageFailedError(f"removing entry log {log_id} failed: {exc}",
-                                             path=path, errno=exc.errno) from exc
+            dead = self.collector.delete_while_full(ledger.record())
         log.info("ledger %d deleted while the disk is full; entry logs freed: %s",
                  ledger_id, dead)
         return Completion.resolved(ledger_id)
