@@ -93,6 +93,8 @@ _ZERO_HEADER = bytes(RECORD_HEADER_BYTES)
 _PAD_SYNCED_LSN = struct.Struct(">Q")  # the first bytes of a PAD payload written by the journal
 _ADD_IDS = struct.Struct(">QQ")  # an ADD_ENTRY payload starts with ledger id and entry id
 ADD_IDS_BYTES = _ADD_IDS.size
+_ADD_HEAD = struct.Struct(">IQBBHIQQ")  # an ADD_ENTRY's tail and ids: one pack, one CRC call
+assert _ADD_HEAD.size == _RECORD_TAIL.size + ADD_IDS_BYTES
 
 
 class RecordType(enum.IntEnum):
@@ -167,18 +169,15 @@ def encode_add_runs(out: bytearray, segment_id: int, lsn: int, runs: Iterable[Ad
     The journal writer's hot loop: the payload (ids ‖ data) is never built, its CRC chains
     over the pieces, and the segment seed and the loop's set-up are paid once per batch,
     not once per run (a batch of single adds is hundreds of runs of one)."""
-    crc, pack_tail, pack_ids, pack_crc = crc32c_native, _RECORD_TAIL.pack, _ADD_IDS.pack, \
-        _U32.pack
+    crc, pack_head, pack_crc = crc32c_native, _ADD_HEAD.pack, _U32.pack
     seed = crc(_SEGMENT_ID.pack(segment_id), 0)
     kind, ids_bytes = _ADD_KIND, ADD_IDS_BYTES
     for ledger_id, entry_id, entries in runs:
         for data in entries:
             length = ids_bytes + len(data)
-            tail = pack_tail(length, lsn, kind, 0, 0, length ^ 0xFFFFFFFF)
-            ids = pack_ids(ledger_id, entry_id)
-            out += pack_crc(crc(data, crc(ids, crc(tail, seed))))
-            out += tail
-            out += ids
+            head = pack_head(length, lsn, kind, 0, 0, length ^ 0xFFFFFFFF, ledger_id, entry_id)
+            out += pack_crc(crc(data, crc(head, seed)))
+            out += head
             out += data
             lsn += 1
             entry_id += 1
