@@ -305,14 +305,19 @@ def _replay_segment(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayF
 
 def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayFlusher,
                    segment_id: int, records: Iterator[Record], path: str) -> None:
-    """Apply a segment's records in order, flushing each cache half that fills. The hot
-    loop of replay: an add that extends its ledger (nearly every record) is applied here,
-    every other record by `_apply_record`."""
+    """Apply a segment's records in order, flushing each cache half that fills once
+    another record comes (a half that fills with the journal's last record is left to the
+    checkpoint that follows the replay: the open need not wait for it). The hot loop of
+    replay: an add that extends its ledger (nearly every record) is applied here, every
+    other record by `_apply_record`."""
     add, ids_size, unpack_ids = RecordType.ADD_ENTRY, _IDS.size, _IDS.unpack_from
     ledgers, cache = store.ledgers.ledgers, store.cache
     count = size = 0
+    end = (0, 0)  # offset past the last record applied in this segment, and its LSN
     try:
         for record in records:
+            if count and cache.active.entry_bytes >= cache.half_bytes_max:
+                flusher.flush(JournalMark(segment_id, *end))  # covers the half exactly
             payload = record.payload
             length = len(payload)
             ledger = None
@@ -327,8 +332,7 @@ def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayFl
                 _apply_record(store, stats, record, path)
             count += 1
             size += length + 24
-            if cache.active.entry_bytes >= cache.half_bytes_max:
-                flusher.flush(JournalMark(segment_id, record.offset + 24 + length, record.lsn))
+            end = (record.offset + 24 + length, record.lsn)
     finally:
         stats.records += count
         stats.bytes += size
