@@ -58,6 +58,9 @@ Theory of operation
    the same way again: the older segments replay to the same state (every effect is an
    assignment; a torn tail of theirs is passed over as an earlier run's, since the next
    segment starts right after its last good record), then the fresh segment's own records.
+   What the replay read is synced first (a process crash leaves records written but never
+   synced in the page cache, and replay shows them): the open does not return, nor does a
+   new record follow them, while a power loss could still take them away.
    A flush that fails after the open returned fails the engine like a failed checkpoint.
 
 Recovery works on a `RecoveryTarget` (a fresh `Storage`): it fills the ledger table and the
@@ -166,6 +169,8 @@ def recover(store: RecoveryTarget, *, flush_in_background: bool = False) -> Repl
                                      or bool(cache.active.meta) or store.ledgers.has_changes())
     if not defer:  # nothing replayed to flush: the checkpoint only persists the new mark
         flusher.wait()
+    else:
+        _sync_replayed_segments(store)
     store.start_journal(next_segment, last_lsn)
     if defer:
         flusher.detach()
@@ -176,6 +181,21 @@ def recover(store: RecoveryTarget, *, flush_in_background: bool = False) -> Repl
              f"; {stats.torn_tail}" if stats.torn_tail else "")
     store.replay_stats = stats
     return stats
+
+
+def _sync_replayed_segments(store: RecoveryTarget) -> None:
+    """Make what the replay read durable before anything is shown or added after it: a
+    process crash leaves records written but never synced in the page cache, and replay
+    applies them; the open must not return (nor the new segment's records follow them)
+    while a power loss could still take them away."""
+    mark = store.index.persisted_mark
+    for segment_id, path in _segments(store):
+        if mark is None or segment_id >= mark.segment_id:
+            handle = store.fs.open(path)
+            try:
+                handle.fdatasync()
+            finally:
+                handle.close()
 
 
 def _load_ledgers(store: RecoveryTarget) -> None:

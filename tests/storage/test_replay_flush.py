@@ -154,3 +154,38 @@ def test_a_replay_flush_failing_after_the_open_fails_the_engine(tmp_path: Path) 
         assert_holds(again, expected)
         report = again.check()
         assert report.ok, report.render()
+
+
+def test_records_replayed_from_the_page_cache_are_synced_before_the_open_returns(
+        tmp_path: Path) -> None:
+    """A process crash leaves journal records written but never synced (in the page cache);
+    replay shows them, and new adds follow them. Were they not synced before the open
+    returns, a power loss before the flush could drop them under the new, synced records
+    (recovery would then refuse: adds beyond a ledger's last entry)."""
+    rng = random.Random(9)
+    fs = SimFileSystem(seed=9)
+    crashed = Storage.open(tmp_path, CRASHED_RUN, fs=fs)
+    ledger_id = crashed.wait(crashed.create_ledger())
+    datas = [entry(rng, ledger_id, e) for e in range(JOURNALED)]
+    for data in datas:
+        crashed.add_entry(ledger_id, data)
+    assert crashed.journal is not None
+    assert crashed.journal._write_once()  # written (page cache), never synced: a kill
+    crashed.abandon()
+    fs.hold("sync", "entrylogs")
+    store = open_in_thread(tmp_path, CONFIG, fs)
+    try:
+        wait_until(lambda: fs.held("sync") > 0, "the replay's flush to reach its held sync")
+        assert_holds(store, {ledger_id: datas})  # shown, though never acknowledged
+        more = [entry(rng, ledger_id, JOURNALED + i) for i in range(3)]
+        assert [store.add_entry(ledger_id, d).result(WAIT_SECONDS_MAX) for d in more] == [
+            JOURNALED, JOURNALED + 1, JOURNALED + 2]
+        fs.crash("power loss before the replayed records were committed")
+    finally:
+        fs.release("sync")
+        store.abandon()
+    fs.power_loss()
+    with Storage.open(tmp_path, CONFIG, fs=OsFileSystem()) as again:
+        assert_holds(again, {ledger_id: datas + more})
+        report = again.check()
+        assert report.ok, report.render()
