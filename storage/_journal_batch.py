@@ -19,6 +19,8 @@ from ._journal_format import (
 
 __all__ = ["JournalRequest", "encode_batch"]
 
+_ADD = int(RecordType.ADD_ENTRY)
+
 
 class JournalRequest:
     """One record to journal, or a run of ADD_ENTRY records of one ledger (`entries`: their
@@ -30,7 +32,7 @@ class JournalRequest:
     def __init__(self, kind: int, payload: bytes, completion: Completion[int] | None,
                  ledger: object = None, entry_id: int = -1, *,
                  entries: list[bytes] | None = None, ledger_id: int = -1):
-        assert entries is None or (kind == RecordType.ADD_ENTRY and entries and ledger_id >= 0)
+        assert entries is None or (kind == _ADD and entries and ledger_id >= 0)
         self.kind = kind
         self.payload = payload
         self.completion = completion
@@ -41,9 +43,10 @@ class JournalRequest:
         if entries is None:
             self.records = 1
             self.size = len(payload)
-        else:
-            self.records = len(entries)
-            self.size = sum(map(len, entries)) + ADD_IDS_BYTES * len(entries)
+        else:  # one entry (a single add) is the common case
+            count = self.records = len(entries)
+            self.size = ADD_IDS_BYTES * count + (
+                len(entries[0]) if count == 1 else sum(map(len, entries)))
 
 
 @dataclass
