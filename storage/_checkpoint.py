@@ -79,6 +79,18 @@ class Checkpointer:
         state after a full disk)."""
         self._state_lock, self._failure, self._on_failure = lock, failure, on_failure
 
+    def fail(self, exc: BaseException) -> None:
+        """A flush made outside `checkpoint` (recovery's, once the open no longer waits for
+        it) failed: the engine accepts no writes, as after a failed checkpoint."""
+        if isinstance(exc, StorageFailedError):
+            error = exc
+        elif isinstance(exc, OSError):
+            error = storage_error(exc)
+        else:
+            error = StorageFailedError(f"flush of replayed entries failed: {exc!r}")
+        log.error("flush of replayed journal records failed: %s", error)
+        self._on_failure(error)
+
     def checkpoint(self) -> None:
         """Steps 1 to 6 (module comment).
 
@@ -90,6 +102,9 @@ class Checkpointer:
         journal = self._journal
         assert journal is not None
         with self.lock:
+            failed = self._failure()
+            if failed is not None:  # e.g. a replay flush that held this lock failed
+                raise failed
             self._fs.point("checkpoint:begin")
             with self._state_lock:
                 failed = self._failure()

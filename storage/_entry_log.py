@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ._crc import crc32c
+from ._crc import crc32c, crc32c_native
 from ._errors import CorruptionError
 from ._fs import FileHandle, FileSystem
 from ._gil import HAND_OVER_BYTES, HAND_OVER_ITEMS, hand_over_gil
@@ -148,7 +148,7 @@ class EntryLogWriter:
         locations: list[int] = []
         base = self.position  # the file offset of out[0]
         log_bits = self.log_id << OFFSET_BITS
-        pack_ids, pack_size_crc = _IDS.pack, _SIZE_CRC.pack
+        pack_ids, pack_size_crc, crc = _IDS.pack, _SIZE_CRC.pack, crc32c_native
         run_ledger, run_bytes = -1, 0
         start = base
         countdown = HAND_OVER_ITEMS
@@ -156,7 +156,7 @@ class EntryLogWriter:
             start = base + len(out)
             locations.append(log_bits | start)
             ids = pack_ids(ledger_id, entry_id)
-            out += pack_size_crc(16 + len(data), crc32c(data, crc32c(ids)))
+            out += pack_size_crc(16 + len(data), crc(data, crc(ids, 0)))
             out += ids
             out += data
             if keys is not None:

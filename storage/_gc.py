@@ -27,8 +27,9 @@ from ._checkpoint import FailureProbe, FailureSink, storage_error
 from ._config import StorageConfig
 from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter, location_of, scan_entry_log
 from ._entry_logs import EntryLogs
+from ._errors import StorageFailedError
 from ._fs import FileSystem
-from ._index import CheckpointWrite, EntryLogRecord, Index, location_key
+from ._index import CheckpointWrite, EntryLogRecord, Index, LedgerRecord, location_key
 from ._stats import StorageMetrics
 
 __all__ = ["GarbageCollector"]
@@ -57,6 +58,37 @@ class GarbageCollector:
     def rebind(self, failure: FailureProbe, on_failure: FailureSink) -> None:
         """Serve another owner's failure state (see `Checkpointer.rebind`)."""
         self._failure, self._on_failure = failure, on_failure
+
+    def delete_while_full(self, ledger: LedgerRecord) -> list[int]:
+        """A ledger deleted while the disk is full (`Storage.delete_ledger`, storage lock
+        held): commit its tombstone, the purge of its locations and the entry logs' live
+        counts straight to the index, then forget and remove every entry log it leaves
+        without live data. Returns their ids.
+
+        Raises:
+            StorageFailedError: removing a dead entry log failed (it stays referenced or is
+                removed at the next start); the deletion itself is committed.
+        """
+        logs, ledger_id = self._logs, ledger.ledger_id
+        touched = [record for record in logs.records.values()
+                   if record.ledgers.pop(ledger_id, None) is not None]
+        self._index.commit_checkpoint(CheckpointWrite(
+            mark=None, ledgers=[ledger], purge_ledgers=[ledger_id], entry_logs=touched))
+        dead = sorted(r.log_id for r in touched if r.live_bytes() == 0)
+        if logs.writer is not None and logs.writer.log_id in dead:
+            logs.close_current()  # writes are off; a resume starts a new log
+        for log_id in dead:
+            self._index.commit_checkpoint(CheckpointWrite(mark=None, drop_entry_logs=[log_id]))
+            path = logs.path(log_id)
+            logs.forget(log_id)
+            try:
+                self._fs.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StorageFailedError(f"removing entry log {log_id} failed: {exc}",
+                                         path=path, errno=exc.errno) from exc
+        return dead
 
     def collect(self) -> dict[str, int]:
         """One GC pass; returns counts of what was done.

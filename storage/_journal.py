@@ -50,14 +50,11 @@ from ._completion import Completion
 from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
 from ._fs import FileHandle, FileSystem
-from ._journal_batch import JournalRequest, _Batch, _Segment
+from ._journal_batch import JournalRequest, _Batch, _Segment, encode_batch
 from ._journal_format import (
     RECORD_HEADER_BYTES,
     JournalMark,
     SegmentHeader,
-    encode_adds,
-    encode_record,
-    pad_record,
     parse_segment_name,
     segment_file_name,
 )
@@ -399,23 +396,9 @@ class Journal:
                 self._fail([], journal_io_error(exc, segment.handle.path))
 
     def _encode(self, requests: list[JournalRequest], segment: _Segment) -> bytearray:
-        out = bytearray()
-        segment_id = segment.segment_id
-        lsn = self._next_lsn
-        for request in requests:
-            entries = request.entries
-            if entries is None:
-                encode_record(out, segment_id, lsn, request.kind, request.payload)
-                lsn += 1
-            else:
-                lsn = encode_adds(out, segment_id, lsn, request.ledger_id,
-                                  request.entry_id - len(entries) + 1, entries)
-        # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced)
-        # from a damaged record that was synced before a later batch was written.
-        if pad_record(out, segment_id, lsn, segment.position,
-                      self._config.journal_alignment_bytes, self.synced_mark.lsn):
-            lsn += 1
-        self._next_lsn = lsn
+        out, self._next_lsn = encode_batch(requests, segment, self._next_lsn,
+                                           self._config.journal_alignment_bytes,
+                                           self.synced_mark.lsn)
         return out
 
     def _write_batch_bytes(self, segment: _Segment, batch: bytearray) -> None:

@@ -8,9 +8,18 @@ from dataclasses import dataclass
 
 from ._completion import Completion
 from ._fs import FileHandle
-from ._journal_format import ADD_IDS_BYTES, RecordType
+from ._journal_format import (
+    ADD_IDS_BYTES,
+    AddRun,
+    RecordType,
+    encode_add_runs,
+    encode_record,
+    pad_record,
+)
 
-__all__ = ["JournalRequest"]
+__all__ = ["JournalRequest", "encode_batch"]
+
+_ADD = int(RecordType.ADD_ENTRY)
 
 
 class JournalRequest:
@@ -23,7 +32,7 @@ class JournalRequest:
     def __init__(self, kind: int, payload: bytes, completion: Completion[int] | None,
                  ledger: object = None, entry_id: int = -1, *,
                  entries: list[bytes] | None = None, ledger_id: int = -1):
-        assert entries is None or (kind == RecordType.ADD_ENTRY and entries and ledger_id >= 0)
+        assert entries is None or (kind == _ADD and entries and ledger_id >= 0)
         self.kind = kind
         self.payload = payload
         self.completion = completion
@@ -34,9 +43,10 @@ class JournalRequest:
         if entries is None:
             self.records = 1
             self.size = len(payload)
-        else:
-            self.records = len(entries)
-            self.size = sum(map(len, entries)) + ADD_IDS_BYTES * len(entries)
+        else:  # one entry (a single add) is the common case
+            count = self.records = len(entries)
+            self.size = ADD_IDS_BYTES * count + (
+                len(entries[0]) if count == 1 else sum(map(len, entries)))
 
 
 @dataclass
@@ -54,3 +64,29 @@ class _Segment:
         self.handle = handle
         self.position = position
         self.allocated = allocated
+
+
+def encode_batch(requests: list[JournalRequest], segment: _Segment, lsn: int, alignment: int,
+                 synced_lsn: int) -> tuple[bytearray, int]:
+    """The bytes of one batch written at `segment.position` (its records from LSN `lsn`,
+    then a PAD to the alignment boundary), and the LSN after them."""
+    out = bytearray()
+    segment_id = segment.segment_id
+    runs: list[AddRun] = []  # consecutive runs of adds, encoded together
+    for request in requests:
+        entries = request.entries
+        if entries is None:
+            if runs:
+                lsn = encode_add_runs(out, segment_id, lsn, runs)
+                runs = []
+            encode_record(out, segment_id, lsn, request.kind, request.payload)
+            lsn += 1
+        else:
+            runs.append((request.ledger_id, request.entry_id - len(entries) + 1, entries))
+    if runs:
+        lsn = encode_add_runs(out, segment_id, lsn, runs)
+    # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced) from
+    # a damaged record that was synced before a later batch was written.
+    if pad_record(out, segment_id, lsn, segment.position, alignment, synced_lsn):
+        lsn += 1
+    return out, lsn

@@ -48,6 +48,21 @@ Theory of operation
 4. Open a fresh journal segment (its first LSN follows the last replayed one) and run a
    checkpoint, which persists a mark at the start of that segment.
 
+   With `flush_in_background` (`Storage.open` with background threads) the open does not
+   wait for step 4's checkpoint, nor for a flush of a full cache half still under way: the
+   engine accepts writes and reads (from the write cache) at once, and the storage's
+   checkpoint thread runs that checkpoint straight away. Until it commits, the replayed
+   records are durable where they were, in the journal segments that recovery read: no
+   segment is deleted before a checkpoint persists a mark past it, and the fresh segment's
+   first LSN follows the last record replayed. A crash in that window therefore recovers
+   the same way again: the older segments replay to the same state (every effect is an
+   assignment; a torn tail of theirs is passed over as an earlier run's, since the next
+   segment starts right after its last good record), then the fresh segment's own records.
+   What the replay read is synced first (a process crash leaves records written but never
+   synced in the page cache, and replay shows them): the open does not return, nor does a
+   new record follow them, while a power loss could still take them away.
+   A flush that fails after the open returned fails the engine like a failed checkpoint.
+
 Recovery works on a `RecoveryTarget` (a fresh `Storage`): it fills the ledger table and the
 entry-log manager, puts replayed entries in the write cache, flushes through the
 checkpointer, and starts the journal; it never imports `Storage`.
@@ -119,6 +134,7 @@ class RecoveryTarget(Protocol):
     logs: EntryLogs
     checkpointer: Checkpointer
     replay_stats: ReplayStats | None
+    lock: threading.Condition
 
     def start_journal(self, segment_id: int, last_lsn: int) -> None: ...
 
@@ -136,17 +152,50 @@ class ReplayStats:
     dropped_bytes: int = 0
 
 
-def recover(store: RecoveryTarget) -> ReplayStats:
+def recover(store: RecoveryTarget, *, flush_in_background: bool = False) -> ReplayStats:
+    """Steps 1 to 4 (module comment); with `flush_in_background` the checkpoint of step 4
+    (and a flush still under way) is left to the caller's checkpoint thread, unless the
+    replay left nothing to flush (the checkpoint then only persists the new mark, at once).
+
+    Raises:
+        CorruptionError: as `Storage.open`; an OSError or StorageError of a flush.
+    """
     _load_ledgers(store)
     _load_entry_logs(store)
-    stats, last_lsn, next_segment = _replay_journal(store)
+    flusher = _ReplayFlusher(store)
+    stats, last_lsn, next_segment = _replay_journal(store, flusher)
+    cache = store.cache
+    defer = flush_in_background and (flusher.busy or bool(cache.active.entries)
+                                     or bool(cache.active.meta) or store.ledgers.has_changes())
+    if not defer:  # nothing replayed to flush: the checkpoint only persists the new mark
+        flusher.wait()
+    else:
+        _sync_replayed_segments(store)
     store.start_journal(next_segment, last_lsn)
-    store.checkpointer.checkpoint()
+    if defer:
+        flusher.detach()
+    else:
+        store.checkpointer.checkpoint()
     log.info("recovered %s: %d ledgers, replayed %d records (%d bytes) from %d segments%s",
              store.data_dir, len(store.ledgers), stats.records, stats.bytes, stats.segments,
              f"; {stats.torn_tail}" if stats.torn_tail else "")
     store.replay_stats = stats
     return stats
+
+
+def _sync_replayed_segments(store: RecoveryTarget) -> None:
+    """Make what the replay read durable before anything is shown or added after it: a
+    process crash leaves records written but never synced in the page cache, and replay
+    applies them; the open must not return (nor the new segment's records follow them)
+    while a power loss could still take them away."""
+    mark = store.index.persisted_mark
+    for segment_id, path in _segments(store):
+        if mark is None or segment_id >= mark.segment_id:
+            handle = store.fs.open(path)
+            try:
+                handle.fdatasync()
+            finally:
+                handle.close()
 
 
 def _load_ledgers(store: RecoveryTarget) -> None:
@@ -205,8 +254,10 @@ def _segments(store: RecoveryTarget) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _replay_journal(store: RecoveryTarget) -> tuple[ReplayStats, int, int]:
-    """Replay; returns (stats, last LSN, id for the fresh segment)."""
+def _replay_journal(store: RecoveryTarget,
+                    flusher: _ReplayFlusher) -> tuple[ReplayStats, int, int]:
+    """Replay; returns (stats, last LSN, id for the fresh segment). A flush of the last
+    full cache half may still be under way (`flusher`)."""
     stats = ReplayStats()
     mark = store.index.persisted_mark
     if mark is None and store.index.raw_mark() is not None:
@@ -220,7 +271,6 @@ def _replay_journal(store: RecoveryTarget) -> tuple[ReplayStats, int, int]:
                                 store.journal_dir, f"{mark.segment_id:016x}.jnl"), 0)
         segments = [(s, p) for s, p in segments if s >= mark.segment_id]
     expected: int | None = None if mark is None else mark.lsn
-    flusher = _ReplayFlusher(store)
     try:
         for position, (segment_id, path) in enumerate(segments):
             newest = position == len(segments) - 1
@@ -231,7 +281,6 @@ def _replay_journal(store: RecoveryTarget) -> tuple[ReplayStats, int, int]:
     except BaseException:
         flusher.wait_quietly()
         raise
-    flusher.wait()
     last_lsn = expected if expected is not None else (mark.lsn if mark else 0)
     return stats, max(last_lsn, 0), next_segment
 
@@ -276,14 +325,19 @@ def _replay_segment(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayF
 
 def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayFlusher,
                    segment_id: int, records: Iterator[Record], path: str) -> None:
-    """Apply a segment's records in order, flushing each cache half that fills. The hot
-    loop of replay: an add that extends its ledger (nearly every record) is applied here,
-    every other record by `_apply_record`."""
+    """Apply a segment's records in order, flushing each cache half that fills once
+    another record comes (a half that fills with the journal's last record is left to the
+    checkpoint that follows the replay: the open need not wait for it). The hot loop of
+    replay: an add that extends its ledger (nearly every record) is applied here, every
+    other record by `_apply_record`."""
     add, ids_size, unpack_ids = RecordType.ADD_ENTRY, _IDS.size, _IDS.unpack_from
     ledgers, cache = store.ledgers.ledgers, store.cache
     count = size = 0
+    end = (0, 0)  # offset past the last record applied in this segment, and its LSN
     try:
         for record in records:
+            if count and cache.active.entry_bytes >= cache.half_bytes_max:
+                flusher.flush(JournalMark(segment_id, *end))  # covers the half exactly
             payload = record.payload
             length = len(payload)
             ledger = None
@@ -298,8 +352,7 @@ def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayFl
                 _apply_record(store, stats, record, path)
             count += 1
             size += length + 24
-            if cache.active.entry_bytes >= cache.half_bytes_max:
-                flusher.flush(JournalMark(segment_id, record.offset + 24 + length, record.lsn))
+            end = (record.offset + 24 + length, record.lsn)
     finally:
         stats.records += count
         stats.bytes += size
@@ -407,13 +460,19 @@ class _ReplayFlusher:
     the other half; its entry-log writes, fdatasync and LMDB commit release the GIL, so
     the disk works while the journal is parsed. Without them (deterministic simulations)
     every flush runs in line, as all other I/O does.
+
+    A flush holds the checkpoint lock from its start (taken by the replaying thread, before
+    the cache swap) to its end (released by the flush, once its half has left the cache
+    under the storage lock): a checkpoint, GC, `check` or a close after a `detach`ed open
+    thereby waits for it, and never finds a half still flushing.
     """
 
     def __init__(self, store: RecoveryTarget):
         self._store = store
         self._thread: threading.Thread | None = None
-        self._pending = False
         self._error: BaseException | None = None
+        self._handoff = threading.Lock()  # who reports a failed flush: `wait` or the flush
+        self._detached = False
 
     def flush(self, mark: JournalMark) -> None:
         """Wait for the previous flush, then flush the active half, covered by `mark`.
@@ -422,9 +481,13 @@ class _ReplayFlusher:
         """
         self.wait()
         store = self._store
-        half = store.cache.swap()
-        records, purge = store.ledgers.take_changes()
-        self._pending = True
+        store.checkpointer.lock.acquire()  # released by `_run`
+        try:
+            half = store.cache.swap()
+            records, purge = store.ledgers.take_changes()
+        except BaseException:
+            store.checkpointer.lock.release()
+            raise
         job = partial(self._run, half, records, purge, mark)
         if not store.config.background_threads:
             job()
@@ -435,13 +498,28 @@ class _ReplayFlusher:
 
     def _run(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
              mark: JournalMark) -> None:
+        store = self._store
         try:
-            self._store.checkpointer.flush(half, records, purge, mark)
-        except BaseException as exc:  # raised in the replaying thread by `wait`
-            self._error = exc
+            store.checkpointer.flush(half, records, purge, mark)
+            with store.lock:
+                store.cache.clear_flushing()
+                store.lock.notify_all()
+        except BaseException as exc:  # the half stays, as after a failed checkpoint
+            with self._handoff:
+                self._error = exc
+                detached = self._detached
+            if detached:  # the open has returned: fail the engine as a checkpoint would
+                store.checkpointer.fail(exc)
+        finally:
+            store.checkpointer.lock.release()
+
+    @property
+    def busy(self) -> bool:
+        """A flush may be under way (not waited for yet)."""
+        return self._thread is not None
 
     def wait(self) -> None:
-        """Wait for the flush under way, if any; once it succeeded its half leaves the
+        """Wait for the flush under way, if any; once it succeeded its half has left the
         cache. Raises its error (the half then stays, as after a failed checkpoint)."""
         if self._thread is not None:
             self._thread.join()
@@ -449,9 +527,16 @@ class _ReplayFlusher:
         error, self._error = self._error, None
         if error is not None:
             raise error
-        if self._pending:
-            self._pending = False
-            self._store.cache.clear_flushing()
+
+    def detach(self) -> None:
+        """Stop waiting for the flush under way (`recover(flush_in_background=True)`): from
+        now on it fails the engine itself if it fails. Raises its error when it has
+        already failed."""
+        with self._handoff:
+            self._detached = True
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def wait_quietly(self) -> None:
         """`wait` while another error is on its way out: a flush error is only logged."""

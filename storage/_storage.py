@@ -28,9 +28,11 @@ the current entry log, fsyncs it, and commits the locations, the ledger records 
 mark in one LMDB transaction; journal segments wholly before the mark are then deleted.
 
 Opening a directory recovers it (`_recovery.py`): the journal is replayed from the
-persisted mark into the cache, a checkpoint makes the result durable, and a fresh journal
-segment starts. Garbage collection (`_gc.py`) drops entry logs whose ledgers are all
-deleted and compacts the ones that are mostly dead.
+persisted mark into the cache, a fresh journal segment starts, and a checkpoint makes the
+result durable outside the journal; with background threads the open returns before that
+checkpoint (the checkpoint thread runs it at once; the journal covers the data meanwhile).
+Garbage collection (`_gc.py`) drops entry logs whose ledgers are all deleted and compacts
+the ones that are mostly dead.
 
 A full disk (`StorageFullError`) fails the engine like any I/O error, but need not end it:
 `try_resume_writes` (the owner calls it periodically while `full`) stops the failed journal,
@@ -177,14 +179,15 @@ class Storage:
             raise
         store = cls(path, config, fs, lock, index)
         started = time.monotonic()
-        try:
-            stats = recover(store)
+        try:  # with background threads, the open returns before the replay's flush
+            stats = recover(store, flush_in_background=config.background_threads)
         except BaseException:
             store.abandon()
             raise
         store.metrics.replay_seconds = time.monotonic() - started
         store.metrics.replay_records = stats.records
         if config.background_threads:
+            store._checkpoint_wanted.set()  # the replayed records leave the journal now
             store._background = threading.Thread(target=store._background_loop,
                                                  name="storage-checkpoint", daemon=True)
             store._background.start()
@@ -242,6 +245,8 @@ class Storage:
             self._background.join()
 
     def _release(self) -> None:
+        with self.checkpointer.lock:  # a replay flush the open did not wait for ends first
+            pass
         self.logs.close()
         self.index.close()
         self._dir_lock.release()
@@ -307,32 +312,10 @@ class Storage:
             StorageFailedError: removing a dead entry log failed (it stays referenced
                 or is removed at the next start); the deletion itself is committed.
         """
-        logs = self.logs
         with self.lock:
             ledger = self._ledger(ledger_id)
             ledger.state = DELETED
-            touched = [record for record in logs.records.values()
-                       if record.ledgers.pop(ledger_id, None) is not None]
-            self.index.commit_checkpoint(CheckpointWrite(
-                mark=None, ledgers=[ledger.record()], purge_ledgers=[ledger_id],
-                entry_logs=touched))
-            dead = sorted(log_id for log_id in logs.records
-                          if log_id in {r.log_id for r in touched}
-                          and logs.records[log_id].live_bytes() == 0)
-            if logs.writer is not None and logs.writer.log_id in dead:
-                logs.close_current()  # writes are off; a resume starts a new log
-            for log_id in dead:
-                self.index.commit_checkpoint(CheckpointWrite(mark=None,
-                                                             drop_entry_logs=[log_id]))
-                path = logs.path(log_id)
-                logs.forget(log_id)
-                try:
-                    self.fs.remove(path)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    raise StorageFailedError(f"removing entry log {log_id} failed: {exc}",
-                                             path=path, errno=exc.errno) from exc
+            dead = self.collector.delete_while_full(ledger.record())
         log.info("ledger %d deleted while the disk is full; entry logs freed: %s",
                  ledger_id, dead)
         return Completion.resolved(ledger_id)

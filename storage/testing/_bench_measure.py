@@ -126,18 +126,26 @@ def _sequential_bandwidth(path: str, size: int) -> float:
 # -- step 2: durable appends -------------------------------------------------------------
 
 def _run_append_cell(scale: BenchScale, scratch: str, results: _Results, entry_bytes: int,
-                     in_flight: int, *, one_cpu: bool = False) -> None:
-    directory = _fresh_dir(scratch, f"append-{entry_bytes}-{in_flight}-{int(one_cpu)}")
+                     in_flight: int, *, one_cpu: bool = False, runs: bool = False) -> None:
+    directory = _fresh_dir(scratch, f"append-{entry_bytes}-{in_flight}-{int(one_cpu)}"
+                                    f"{'-runs' if runs else ''}")
     data = os.urandom(entry_bytes)
     with _on_one_cpu(one_cpu), Storage.open(directory, scale.storage_config()) as store:
         ledger_id = store.create_ledger({"bench": "append"}).result()
+        cpu_started = time.process_time()
         if in_flight == 1:
             window = _append_and_wait(store, ledger_id, data, scale)
+        elif runs:
+            window = _RunPipeline(store, ledger_id, data, in_flight, scale).run(
+                _drain_seconds(scale))
         else:
             window = _append_pipelined(store, ledger_id, data, in_flight, scale)
+        cpu = time.process_time() - cpu_started
     shutil.rmtree(directory)
     cell = _append_cell(entry_bytes, in_flight, window)
     cell.one_cpu = one_cpu
+    cell.runs = runs
+    cell.cpu_us_per_append = cpu * 1e6 / window.total
     results.appends.append(cell)
 
 
@@ -165,6 +173,7 @@ class _Window:
     start: float
     end: float
     latencies: list[float]
+    total: int  # adds completed in the whole cell, warm-up included (for CPU per add)
 
 
 def _append_and_wait(store: Storage, ledger_id: int, data: bytes,
@@ -172,6 +181,7 @@ def _append_and_wait(store: Storage, ledger_id: int, data: bytes,
     warm_end = time.perf_counter() + scale.warmup_seconds
     stop_at = warm_end + scale.cell_seconds
     latencies: list[float] = []
+    total = 0
     now = time.perf_counter()
     while now < stop_at or len(latencies) < scale.cell_ops_min:
         store.add_entry(ledger_id, data).result()
@@ -179,7 +189,8 @@ def _append_and_wait(store: Storage, ledger_id: int, data: bytes,
         if now >= warm_end:
             latencies.append(done - now)
         now = done
-    return _Window(warm_end, now, latencies)
+        total += 1
+    return _Window(warm_end, now, latencies, total)
 
 
 class _Pipeline:
@@ -216,7 +227,7 @@ class _Pipeline:
         assert self.first_stop is not None
         in_window = [lat for done, lat in zip(self.done_at, self.latencies, strict=True)
                      if self.warm_end <= done <= self.first_stop]
-        return _Window(self.warm_end, self.first_stop, in_window)
+        return _Window(self.warm_end, self.first_stop, in_window, len(self.done_at))
 
     def _submit(self) -> None:
         now = time.perf_counter()
@@ -257,8 +268,75 @@ class _Pipeline:
 def _append_pipelined(store: Storage, ledger_id: int, data: bytes, in_flight: int,
                       scale: BenchScale) -> _Window:
     pipeline = _Pipeline(store, ledger_id, data, in_flight, scale)
-    timeout = 60.0 + 10 * (scale.warmup_seconds + scale.cell_seconds)
-    return pipeline.run(timeout)
+    return pipeline.run(_drain_seconds(scale))
+
+
+def _drain_seconds(scale: BenchScale) -> float:
+    return 60.0 + 10 * (scale.warmup_seconds + scale.cell_seconds)
+
+
+class _RunPipeline:
+    """Keeps `in_flight` adds outstanding as a broker connection does: a submitter thread
+    takes every slot freed since its last turn and submits them as ONE `add_entries` run
+    (a socket read's SENDs), while completions (in the journal's thread) only free their
+    run's slots. Latency is per entry: its run's submit to its run's completion. Stops
+    submitting once the window has lasted long enough and measured enough adds."""
+
+    def __init__(self, store: Storage, ledger_id: int, data: bytes, in_flight: int,
+                 scale: BenchScale):
+        self._store = store
+        self._ledger_id = ledger_id
+        self._data = data
+        self._ops_min = scale.cell_ops_min
+        self.warm_end = time.perf_counter() + scale.warmup_seconds
+        self._stop_at = self.warm_end + scale.cell_seconds
+        self._changed = threading.Condition()
+        self._free = in_flight
+        self._in_flight = in_flight
+        self._error: BaseException | None = None
+        self._done: list[tuple[float, float, int]] = []  # (when, latency, adds) per run
+        self._measured = 0  # adds finished after the warm-up
+        self._total = 0
+
+    def run(self, timeout: float) -> _Window:
+        """Raises the first add error, or TimeoutError when the adds do not drain."""
+        deadline = time.perf_counter() + timeout
+        stopped: float | None = None
+        while True:
+            with self._changed:
+                while self._free == 0 and self._error is None:
+                    if not self._changed.wait(max(0.0, deadline - time.perf_counter())):
+                        raise TimeoutError(f"{self._in_flight} adds in flight did not drain "
+                                           f"in {timeout} s")
+                if self._error is not None:
+                    raise self._error
+                now = time.perf_counter()
+                if stopped is None and now >= self._stop_at and self._measured >= self._ops_min:
+                    stopped = now
+                if stopped is not None:
+                    if self._free == self._in_flight:
+                        return _Window(self.warm_end, stopped, [
+                            latency for when, latency, count in self._done
+                            if self.warm_end <= when <= stopped for _ in range(count)],
+                            self._total)
+                    self._changed.wait(max(0.0, deadline - now))
+                    continue
+                count, self._free = self._free, 0
+            completion = self._store.add_entries(self._ledger_id, [self._data] * count)
+            completion.add_done_callback(partial(self._on_done, now, count))
+
+    def _on_done(self, submitted: float, count: int, completion: Completion[int]) -> None:
+        now = time.perf_counter()
+        error = completion.exception()
+        with self._changed:
+            if error is not None and self._error is None:
+                self._error = error
+            self._free += count
+            self._total += count
+            self._done.append((now, now - submitted, count))
+            if self.warm_end <= now:
+                self._measured += count
+            self._changed.notify()
 
 
 def _append_cell(entry_bytes: int, in_flight: int, window: _Window) -> AppendCell:
@@ -389,15 +467,20 @@ def _run_replay_cell(scale: BenchScale, scratch: str, results: _Results,
         assert store.index.last_indexed_entry(ledger_id) == -1, "nothing may be checkpointed"
     finally:
         store.abandon()
+    cpu_started = time.process_time()
     started = time.perf_counter()
     reopened = Storage.open(directory, scale.storage_config())
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     try:
         stats = reopened.replay_stats
         assert isinstance(stats, ReplayStats)
         assert reopened.last_add_confirmed(ledger_id) == count - 1, "replay lost entries"
+        reopened.checkpoint()  # after the replay's own flush: all of it out of the journal
+        flushed = time.perf_counter() - started
+        assert reopened.index.last_indexed_entry(ledger_id) == count - 1
     finally:
         reopened.close()
     shutil.rmtree(directory)
     results.replay.append(ReplayCell(entry_bytes, stats.bytes, stats.records, seconds,
-                                     stats.bytes / MB / seconds))
+                                     stats.bytes / MB / seconds, cpu, flushed))

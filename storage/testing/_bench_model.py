@@ -127,6 +127,10 @@ class AppendCell:
     p50_ms: float
     p99_ms: float
     one_cpu: bool = False  # the process, engine threads included, held to one CPU
+    # The client resubmits the slots one completion frees as ONE `add_entries` run (as the
+    # broker submits the SENDs of one socket read), instead of one add per slot.
+    runs: bool = False
+    cpu_us_per_append: float = 0.0  # CPU of the whole process (every thread) per append
     vs_fsync: float = 0.0
     vs_fsync_overwrite: float = 0.0
     vs_bandwidth: float = 0.0
@@ -149,8 +153,10 @@ class ReplayCell:
     entry_bytes: int
     journal_bytes: int
     records: int
-    seconds: float
+    seconds: float  # the open
     mb_per_s: float
+    cpu_seconds: float = 0.0  # CPU of the process (every thread) during the open
+    flushed_seconds: float = 0.0  # the open and the checkpoint of what it replayed
     vs_bandwidth: float = 0.0
 
 

@@ -17,17 +17,27 @@ the disk being judged) and removed at the end. The steps, one progress-bar cell 
    with the default configuration and a fresh ledger. With 1 in flight the caller adds and
    waits, as a synchronous client would. With N > 1 exactly N adds are outstanding: each
    completion's callback submits the next add. A cell runs for a fixed time after a short
-   warm-up and reports appends/s, MB/s of entry data, and latency p50/p99 (submit to
-   completion). One more cell repeats 1 KB with 1 in flight with the process held to one
-   CPU (Linux), to show what cross-CPU thread wake-ups cost that case.
+   warm-up and reports appends/s, MB/s of entry data, latency p50/p99 (submit to
+   completion), and the CPU of the whole process (every thread) per add, warm-up
+   included. One more cell repeats 1 KB with 1 in flight with the process held to one
+   CPU (Linux), to show what cross-CPU thread wake-ups cost that case. Another repeats
+   1 KB with 256 in flight the way a broker connection submits (`runs`): a client thread
+   takes every slot freed since its last turn and submits them as ONE `add_entries` run,
+   as the broker does with the SENDs of one socket read (one lock hold, one journal
+   request and one completion per run); the plain cell submits each freed slot as an add
+   of its own from the completing thread.
 3. Reads: tailing reads from the write cache (the checkpoint interval is made huge so the
    cache keeps everything), then catch-up reads front to back from the entry logs after a
    checkpoint has emptied the cache, first with the logs in the page cache (warm), then
    with their pages dropped before each pass (`POSIX_FADV_DONTNEED`, cold).
 4. Journal replay: entries are journaled with nothing checkpointed, the store is abandoned
    (the un-checkpointed journal a kill leaves), and `Storage.open` is timed. The rate is
-   the journal bytes replayed (record headers included) over the whole open, which also
-   flushes the replayed entries to entry logs and the index, as a restart must.
+   the journal bytes replayed (record headers included) over the whole open: until the
+   store accepts writes and serves reads. The open does not wait for the replayed
+   entries to reach entry logs and the index (the journal covers them until then; the
+   checkpoint thread flushes them next), so the cell also reports the time until that
+   flush is done (`flushed s`: the open and a checkpoint right after it), and the CPU of
+   the process during the open.
 
 Ratios: appends/s over the raw fsync rate (1 in flight: how close an add is to one bare
 fsync; more in flight: how many adds group commit fits in one fsync's time), and every
@@ -150,6 +160,8 @@ def _steps(scale: BenchScale, scratch: str, results: _Results) -> list[Step]:
     steps += [(f"append {_size_name(size)} x{in_flight}",
                partial(_run_append_cell, scale, scratch, results, size, in_flight))
               for size in ENTRY_SIZES for in_flight in IN_FLIGHT]
+    steps.append((f"append 1 KB x{max(IN_FLIGHT)} runs", partial(
+        _run_append_cell, scale, scratch, results, KB, max(IN_FLIGHT), runs=True)))
     if hasattr(os, "sched_setaffinity"):
         steps.append(("append 1 KB x1, one CPU", partial(_run_append_cell, scale, scratch,
                                                           results, KB, 1, one_cpu=True)))

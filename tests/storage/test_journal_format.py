@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from magnetar.storage import CorruptionError, OsFileSystem
+from magnetar.storage._journal_batch import JournalRequest, _Segment, encode_batch
 from magnetar.storage._journal_format import (
     RECORD_HEADER_BYTES,
     RecordType,
@@ -162,6 +163,35 @@ def test_a_run_of_adds_encodes_as_one_add_record_each(entries: list[bytes], lsn:
         encode_record(slow, SEGMENT_ID, lsn + i, RecordType.ADD_ENTRY,
                       struct.pack(">QQ", ledger_id, first + i) + data)
     assert fast == slow
+
+
+@given(runs=st.lists(st.one_of(
+    st.tuples(st.integers(0, 2**63), st.integers(0, 2**62),
+              st.lists(st.binary(max_size=100), min_size=1, max_size=4)),
+    st.tuples(st.just(None), st.just(0), st.lists(st.binary(min_size=1, max_size=50),
+                                                  min_size=1, max_size=1))), max_size=8),
+       lsn=st.integers(1, 2**62))
+def test_a_batch_of_runs_and_records_encodes_as_one_record_each(
+        runs: list[tuple[int | None, int, list[bytes]]], lsn: int) -> None:
+    """The writer's batch (runs of adds, single adds and other records in any order)
+    writes exactly what `encode_record` writes for each record, then its PAD."""
+    requests = [JournalRequest(RecordType.ADD_ENTRY, b"", None, None, first + len(datas) - 1,
+                               entries=datas, ledger_id=ledger_id) if ledger_id is not None
+                else JournalRequest(RecordType.FENCE, datas[0], None) for ledger_id, first, datas
+                in runs]
+    fast, after = encode_batch(requests, _Segment(SEGMENT_ID, None, 512, 1 << 20),  # type: ignore[arg-type]
+                               lsn, 512, 7)
+    slow = bytearray()
+    for ledger_id, first, datas in runs:
+        for i, data in enumerate(datas):
+            payload = data if ledger_id is None else struct.pack(">QQ", ledger_id, first + i) + data
+            encode_record(slow, SEGMENT_ID, lsn, RecordType.ADD_ENTRY if ledger_id is not None
+                          else RecordType.FENCE, payload)
+            lsn += 1
+    padded = pad_record(slow, SEGMENT_ID, lsn, 512, 512, 7)
+    assert padded == bool(runs)
+    assert fast == slow
+    assert after == lsn + padded
 
 
 record_lists = st.lists(
