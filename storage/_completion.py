@@ -122,7 +122,10 @@ class Completion(Generic[T]):
             waiter: asyncio.Future[None] = loop.create_future()
 
             def wake(_: Completion[T]) -> None:
-                loop.call_soon_threadsafe(_set_if_pending, waiter)
+                try:
+                    loop.call_soon_threadsafe(_set_if_pending, waiter)
+                except RuntimeError:  # the loop is closed: nobody waits any more, and the
+                    pass              # completing thread (journal, checkpoint) must go on
 
             self.add_done_callback(wake)
             yield from waiter.__await__()

@@ -151,3 +151,22 @@ async def test_await_of_a_done_completion_does_not_suspend() -> None:
 
 async def _await(pending: Completion[int]) -> int:
     return await pending
+
+
+def test_completing_after_the_awaiting_loop_closed_does_not_raise() -> None:
+    """A coroutine awaits a completion, then its loop is closed (a process shutting down
+    its broker's loop while a write is in flight). The thread that completes it later (the
+    journal's, the checkpointer's) must go on: before, `set_result` raised the loop's
+    "Event loop is closed" into that thread and stopped it."""
+    pending: Completion[int] = Completion()
+    loop = asyncio.new_event_loop()
+
+    async def waits() -> int:
+        return await pending
+
+    task = loop.create_task(waits())
+    loop.run_until_complete(asyncio.sleep(0))  # the task now waits on `pending`
+    loop.close()
+    pending.set_result(1)  # must not raise
+    assert pending.result() == 1
+    assert not task.done()
