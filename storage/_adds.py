@@ -52,6 +52,25 @@ class _Engine(Protocol):
     def _writable_ledger(self, ledger_id: int) -> LedgerState: ...
 
 
+def checked_runs(runs: Sequence[tuple[int, Sequence[bytes]]],
+                 size_max: int) -> list[list[bytes]]:
+    """Each run's entries as bytes, once every entry is checked against `size_max` (every
+    implementation of `try_add_runs` refuses the same way).
+
+    Raises:
+        EntryTooLargeError: an entry is above `size_max`, naming its ledger.
+    """
+    assert runs, "a list of runs has at least one"
+    assert all(entries for _, entries in runs), "every run has at least one entry"
+    datas = [list(map(bytes, entries)) for _, entries in runs]
+    for (ledger_id, _), run in zip(runs, datas, strict=True):
+        if (largest := max(map(len, run))) > size_max:
+            raise EntryTooLargeError(
+                f"entry of {largest} bytes for ledger {ledger_id} exceeds "
+                f"entry_size_bytes_max={size_max}")
+    return datas
+
+
 def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
              journal_may_wait: bool) -> AddedRuns | None:
     """Apply and journal `runs` (ledger id, entries) in order, as the module comment says;
@@ -66,17 +85,8 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
             nothing written.
         StorageFailedError, StorageClosedError: the engine accepts no writes.
     """
-    assert runs, "a list of runs has at least one"
-    assert all(entries for _, entries in runs), "every run has at least one entry"
-    size_max = engine.config.entry_size_bytes_max
-    datas = [list(map(bytes, entries)) for _, entries in runs]
-    records = 0
-    for (ledger_id, _), run in zip(runs, datas, strict=True):
-        records += len(run)
-        if (largest := max(map(len, run))) > size_max:
-            raise EntryTooLargeError(
-                f"entry of {largest} bytes for ledger {ledger_id} exceeds "
-                f"entry_size_bytes_max={size_max}")
+    datas = checked_runs(runs, engine.config.entry_size_bytes_max)
+    records = sum(map(len, datas))
     with engine.lock:
         engine._check_writable()
         ledgers = [engine._writable_ledger(ledger_id) for ledger_id, _ in runs]

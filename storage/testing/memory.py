@@ -51,11 +51,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._adds import checked_runs
 from .._completion import Completion
 from .._config import StorageConfig
 from .._errors import (
     CorruptionError,
-    EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
     LedgerNotFoundError,
@@ -294,15 +294,7 @@ class InMemoryLedgerStorage:
     def try_add_runs(self, runs: Sequence[tuple[int, Sequence[bytes]]],
                      ) -> tuple[list[int], Completion[int]] | None:
         """As `Storage.try_add_runs`: every run checked first, then one queued write."""
-        assert runs, "a list of runs has at least one"
-        datas = [[bytes(data) for data in entries] for _, entries in runs]
-        for (ledger_id, _), run in zip(runs, datas, strict=True):
-            assert run, "a run of adds has at least one entry"
-            for data in run:
-                if len(data) > self.config.entry_size_bytes_max:
-                    raise EntryTooLargeError(
-                        f"entry of {len(data)} bytes for ledger {ledger_id} exceeds "
-                        f"entry_size_bytes_max={self.config.entry_size_bytes_max}")
+        datas = checked_runs(runs, self.config.entry_size_bytes_max)
         with self._lock:
             self._check_writable()
             ledgers = [self._writable_ledger(ledger_id) for ledger_id, _ in runs]
