@@ -71,6 +71,11 @@ MAP_ENTRY_ID = 2**64 - 2
 OFFSET_BITS = 32
 _OFFSET_MASK = 2**OFFSET_BITS - 1
 _RUN_TAIL_BYTES = 64 * 1024  # read past a run's last location: its record, most often
+# A writer starts the writeback of what it appended every this many bytes (`FileHandle.
+# start_writeback`), so that a checkpoint's entry-log fdatasync finds at most about this much
+# still to write: one big sync (5 MB after a second at 5,000 1 KB msg/s, 64 MB after a full
+# write cache) made the journal's fdatasyncs that overlap it wait behind it on the disk.
+WRITEBACK_BYTES = 1024 * 1024
 
 
 def entry_log_name(log_id: int) -> str:
@@ -126,6 +131,7 @@ class EntryLogWriter:
             self._handle.close()
             raise
         self.position = ENTRY_LOG_HEADER_BYTES
+        self._writeback_from = self.position  # the first byte no writeback was started for
         self.ledger_bytes: dict[int, int] = {}
 
     def append(self, entries: list[tuple[int, int, bytes]],
@@ -179,6 +185,10 @@ class EntryLogWriter:
     def _write(self, out: bytearray) -> None:
         self._handle.pwrite(out, self.position)
         self.position += len(out)
+        if self.position - self._writeback_from >= WRITEBACK_BYTES:
+            self._handle.start_writeback(self._writeback_from,
+                                         self.position - self._writeback_from)
+            self._writeback_from = self.position
 
     def _count_ledger_bytes(self, ledger_id: int, size: int) -> None:
         if size:

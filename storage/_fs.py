@@ -17,9 +17,12 @@ and atomic). It is the one exception, and the crash harness models it as such.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
+import sys
+from collections.abc import Callable
 from typing import Protocol
 
 __all__ = ["FileHandle", "FileSystem", "LockHandle", "OsFileSystem"]
@@ -40,6 +43,11 @@ class FileHandle(Protocol):
 
     def fdatasync(self) -> None:
         """Make every write so far durable (data, and the size needed to read it)."""
+
+    def start_writeback(self, offset: int, length: int) -> None:
+        """Start writing the range's dirty pages to the disk and return without waiting for
+        them: a hint that spreads a big write over time, so that the `fdatasync` which
+        follows has little left to do. It makes nothing durable and may do nothing."""
 
     def fsync(self) -> None: ...
 
@@ -104,6 +112,9 @@ class OsFile:
 
     def fdatasync(self) -> None:
         os.fdatasync(self._fd)
+
+    def start_writeback(self, offset: int, length: int) -> None:
+        _start_writeback(self._fd, offset, length)
 
     def fsync(self) -> None:
         os.fsync(self._fd)
@@ -180,3 +191,30 @@ class OsFileSystem:
 
     def point(self, label: str) -> None:
         return None
+
+
+# sync_file_range(2) with SYNC_FILE_RANGE_WRITE: queue the range's dirty pages for writeback
+# and return (Linux; the standard library does not wrap it). A ctypes call releases the GIL.
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    return function
+
+
+_sync_file_range = _load_sync_file_range()
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """`FileHandle.start_writeback` on a descriptor; a failure is ignored (a hint: the
+    `fdatasync` that makes the range durable reports any I/O error)."""
+    if _sync_file_range is not None and length > 0:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)

@@ -113,6 +113,11 @@ class SimFile:
         self._real.fdatasync()
         self._sim.synced(self.path, self._real.size())
 
+    def start_writeback(self, offset: int, length: int) -> None:
+        # Makes nothing durable: the writes stay unsynced (a power loss may still drop them).
+        self._sim.check_alive(self.path)
+        self._real.start_writeback(offset, length)
+
     def fsync(self) -> None:
         self.fdatasync()
 

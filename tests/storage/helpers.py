@@ -84,6 +84,10 @@ class CountingFile:
         self._owner.count("sync", self.path)
         self._inner.fdatasync()
 
+    def start_writeback(self, offset: int, length: int) -> None:
+        self._owner.count("writeback", self.path)
+        self._inner.start_writeback(offset, length)
+
     def fsync(self) -> None:
         self._owner.count("sync", self.path)
         self._inner.fsync()
@@ -105,10 +109,17 @@ class CountingFileSystem:
         self.counts: Counter[tuple[str, str]] = Counter()
         self._unsynced: dict[str, int] = {}  # bytes written to a file since its last sync
         self.synced_bytes_max: dict[str, int] = {}  # the most one sync of the file had
+        self._unstarted: dict[str, int] = {}  # bytes written since the last sync or writeback
+        # the most bytes a file had written and not yet handed to a writeback or a sync
+        self.unstarted_bytes_max: dict[str, int] = {}
 
     def count(self, kind: str, path: str) -> None:
         with self._lock:
             self.counts[(kind, path)] += 1
+            if kind in ("sync", "writeback"):
+                unstarted = self._unstarted.pop(path, 0)
+                self.unstarted_bytes_max[path] = max(self.unstarted_bytes_max.get(path, 0),
+                                                     unstarted)
             if kind == "sync":
                 unsynced = self._unsynced.pop(path, 0)
                 self.synced_bytes_max[path] = max(self.synced_bytes_max.get(path, 0), unsynced)
@@ -116,6 +127,7 @@ class CountingFileSystem:
     def wrote(self, path: str, size: int) -> None:
         with self._lock:
             self._unsynced[path] = self._unsynced.get(path, 0) + size
+            self._unstarted[path] = self._unstarted.get(path, 0) + size
 
     def total(self, kind: str, directory: str | os.PathLike[str] | None = None) -> int:
         """How many `kind` operations hit files (in `directory`, when given)."""

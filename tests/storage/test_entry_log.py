@@ -19,6 +19,7 @@ from magnetar.storage._entry_log import (
     MAP_ENTRY_ID,
     MAP_LEDGER_ID,
     RECORD_HEADER_BYTES,
+    WRITEBACK_BYTES,
     EntryLogReader,
     EntryLogWriter,
     entry_log_name,
@@ -28,7 +29,7 @@ from magnetar.storage._entry_log import (
     scan_entry_log,
     split_location,
 )
-from magnetar.storage._gil import HAND_OVER_ITEMS
+from magnetar.storage._gil import HAND_OVER_BYTES, HAND_OVER_ITEMS
 from tests.storage.helpers import CountingFileSystem
 
 Entry = tuple[int, int, bytes]
@@ -396,3 +397,20 @@ def test_a_long_append_lets_other_threads_run(tmp_path: Path) -> None:
         sys.setswitchinterval(interval)
         writer.close()
     assert [first < position < writer.position for position in seen].count(True) >= 2
+
+
+def test_a_big_append_starts_its_writeback_in_chunks(tmp_path: Path) -> None:
+    """A checkpoint-sized append hands its bytes to the disk's writeback as it goes, so the
+    sync after it finds at most about `WRITEBACK_BYTES` not yet started; the sync still makes
+    everything durable and readable."""
+    fs = CountingFileSystem()
+    entries = [(7, i, bytes([i % 251]) * 1024) for i in range(4096)]  # about 4 MiB
+    writer, locations = make_log(tmp_path, 1, entries, fs=fs)  # appends, then syncs
+    path = writer.path
+    assert fs.counts[("writeback", path)] >= 3
+    assert fs.unstarted_bytes_max[path] <= WRITEBACK_BYTES + HAND_OVER_BYTES
+    reader = EntryLogReader(OsFileSystem(), str(tmp_path), 4)
+    for (ledger_id, entry_id, data), location in zip(entries[::500], locations[::500],
+                                                     strict=True):
+        assert reader.read(location, ledger_id, entry_id) == data
+    reader.close()

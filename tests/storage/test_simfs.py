@@ -277,3 +277,24 @@ def test_fail_syncs_after_n(tmp_path: Path) -> None:
     sim.crash()
     sim.power_loss()
     assert path.read_bytes()[:1] == b"a"
+
+
+def test_a_started_writeback_is_not_durable(tmp_path: Path) -> None:
+    """`start_writeback` only hints the disk: a power loss may still drop what it covered,
+    so the engine's durability rests on the fdatasync after it, as before."""
+    synced = b"\x01" * 1024
+    append = b"\xcc" * 4096
+    outcomes: set[str] = set()
+    for seed in range(40):
+        path = tmp_path / f"w{seed}"
+        sim = SimFileSystem(seed)
+        make_file(sim, path, synced)
+        handle = sim.open(str(path))
+        handle.pwrite(append, 1024)
+        handle.start_writeback(1024, len(append))
+        sim.crash()
+        sim.power_loss()
+        tail = path.read_bytes()[1024:]
+        assert path.read_bytes()[:1024] == synced
+        outcomes.add("kept" if tail == append else "lost" if not tail else "torn")
+    assert "lost" in outcomes  # some seed dropped the writeback's bytes
