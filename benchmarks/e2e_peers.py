@@ -20,6 +20,14 @@ as stalled with what it completed, rather than ending the run.
 pulsar-lite is the binary the `pulsar-lite` wheel ships (`pulsar_lite/bin/pulsar-lite`), started
 on a free loopback port with its data in a temporary directory and its metrics endpoint off (a
 config file), stopped by PID.
+
+The peer's receipts do not wait for the disk: pulsar-lite 0.2 stores in RocksDB and an entry
+log opened without O_SYNC/O_DSYNC, and `strace -f -c` of it through 4 s of batched publish
+(about 120,000 messages) counted no fsync, fdatasync or sync_file_range. Magnetar answers a
+SEND only after the fdatasync that covers it, so in the publish workloads its receipts carry
+a group commit's latency (about 2.4 ms at the median on a shared machine: waiting for the
+fdatasync under way, the write, then its own fdatasync), and with 1000 pending a publisher's
+rate is about 1000 / (its own round trip + that latency).
 """
 
 from __future__ import annotations
