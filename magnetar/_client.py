@@ -446,6 +446,9 @@ class Reader:
     def __init__(self, client: Client, group: ConsumerGroup):
         self._client = client
         self._group = group
+        # A reader receives as a consumer does: one hand-off to the loop brings the next
+        # message and the ones already queued behind it (`Consumer.receive`'s read-ahead).
+        self._receiver = Consumer(client, group)
 
     def topic(self) -> str:
         return self._group.topic
@@ -454,16 +457,19 @@ class Reader:
         return not self._group.closed and not self._client._core.closed
 
     def read_next(self, timeout_millis: int | None = None) -> Message:
-        return self._client._run(self._group.receive(timeout_millis))
+        return self._receiver.receive(timeout_millis)
 
     def has_message_available(self) -> bool:
+        """True while messages read ahead wait here, else as the broker and the loop say."""
+        if self._receiver._local:
+            return True
         return self._client._run(self._group.has_message_available())
 
     def seek(self, target: MessageId | CodecMessageId | int) -> None:
-        self._client._run(self._group.seek(seek_target(target),
-                                           self._client._settings.operation_timeout_s))
+        self._receiver.seek(target)
 
     def close(self) -> None:
+        self._receiver._local.clear()
         self._client._run(self._group.close())
 
     def __enter__(self) -> Reader:
