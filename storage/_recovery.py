@@ -74,10 +74,8 @@ import json
 import logging
 import os
 import struct
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from ._config import StorageConfig
@@ -96,14 +94,12 @@ from ._journal_format import (
     scan_after_bad_record,
     scan_segment,
 )
-from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState, LedgerTable
+from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerState
 from ._metadata import decode_meta_ops
-from ._write_cache import WriteCache
+from ._replay_flush import FlushTarget, ReplayFlusher
 
 if TYPE_CHECKING:
-    from ._checkpoint import Checkpointer
-    from ._index import LedgerRecord
-    from ._write_cache import CacheHalf
+    pass
 
 __all__ = ["RecoveryPlan", "RecoveryTarget", "ReplayStats", "plan_recovery", "recover"]
 
@@ -121,20 +117,15 @@ class _Place(Protocol):
     config: StorageConfig
 
 
-class RecoveryTarget(Protocol):
+class RecoveryTarget(FlushTarget, Protocol):
     """The engine state recovery fills (`Storage` is one)."""
 
     fs: FileSystem
-    config: StorageConfig
     data_dir: str
     journal_dir: str
     index: Index
-    cache: WriteCache
-    ledgers: LedgerTable
     logs: EntryLogs
-    checkpointer: Checkpointer
     replay_stats: ReplayStats | None
-    lock: threading.Condition
 
     def start_journal(self, segment_id: int, last_lsn: int) -> None: ...
 
@@ -162,7 +153,7 @@ def recover(store: RecoveryTarget, *, flush_in_background: bool = False) -> Repl
     """
     _load_ledgers(store)
     _load_entry_logs(store)
-    flusher = _ReplayFlusher(store)
+    flusher = ReplayFlusher(store)
     stats, last_lsn, next_segment = _replay_journal(store, flusher)
     cache = store.cache
     defer = flush_in_background and (flusher.busy or bool(cache.active.entries)
@@ -255,7 +246,7 @@ def _segments(store: RecoveryTarget) -> list[tuple[int, str]]:
 
 
 def _replay_journal(store: RecoveryTarget,
-                    flusher: _ReplayFlusher) -> tuple[ReplayStats, int, int]:
+                    flusher: ReplayFlusher) -> tuple[ReplayStats, int, int]:
     """Replay; returns (stats, last LSN, id for the fresh segment). A flush of the last
     full cache half may still be under way (`flusher`)."""
     stats = ReplayStats()
@@ -285,7 +276,7 @@ def _replay_journal(store: RecoveryTarget,
     return stats, max(last_lsn, 0), next_segment
 
 
-def _replay_segment(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayFlusher,
+def _replay_segment(store: RecoveryTarget, stats: ReplayStats, flusher: ReplayFlusher,
                     segment_id: int, path: str, start: int | None, expected: int | None,
                     newest: bool, next_path: str | None) -> int | None:
     """Replay one segment; returns the last LSN seen (or `expected` when none)."""
@@ -323,7 +314,7 @@ def _replay_segment(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayF
         handle.close()
 
 
-def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: _ReplayFlusher,
+def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: ReplayFlusher,
                    segment_id: int, records: Iterator[Record], path: str) -> None:
     """Apply a segment's records in order, flushing each cache half that fills once
     another record comes (a half that fills with the journal's last record is left to the
@@ -450,100 +441,6 @@ def _refuse_or_skip(store: RecoveryTarget, message: str, path: str, offset: int)
                               "would skip it and lose what follows)", path=path, offset=offset)
     log.error("%s (%s at %d): skipped as configured; data after it is lost", message, path,
               offset)
-
-
-class _ReplayFlusher:
-    """Flushes the write-cache halves that fill up during replay: in order, one at a time,
-    each committing the mark just past its last record.
-
-    With background threads a flush runs in a helper thread while replay goes on into
-    the other half; its entry-log writes, fdatasync and LMDB commit release the GIL, so
-    the disk works while the journal is parsed. Without them (deterministic simulations)
-    every flush runs in line, as all other I/O does.
-
-    A flush holds the checkpoint lock from its start (taken by the replaying thread, before
-    the cache swap) to its end (released by the flush, once its half has left the cache
-    under the storage lock): a checkpoint, GC, `check` or a close after a `detach`ed open
-    thereby waits for it, and never finds a half still flushing.
-    """
-
-    def __init__(self, store: RecoveryTarget):
-        self._store = store
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._handoff = threading.Lock()  # who reports a failed flush: `wait` or the flush
-        self._detached = False
-
-    def flush(self, mark: JournalMark) -> None:
-        """Wait for the previous flush, then flush the active half, covered by `mark`.
-
-        Raises the previous flush's error (an OSError, a StorageError).
-        """
-        self.wait()
-        store = self._store
-        store.checkpointer.lock.acquire()  # released by `_run`
-        try:
-            half = store.cache.swap()
-            records, purge = store.ledgers.take_changes()
-        except BaseException:
-            store.checkpointer.lock.release()
-            raise
-        job = partial(self._run, half, records, purge, mark)
-        if not store.config.background_threads:
-            job()
-            self.wait()
-            return
-        self._thread = threading.Thread(target=job, name="storage-replay-flush", daemon=True)
-        self._thread.start()
-
-    def _run(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
-             mark: JournalMark) -> None:
-        store = self._store
-        try:
-            store.checkpointer.flush(half, records, purge, mark)
-            with store.lock:
-                store.cache.clear_flushing()
-                store.lock.notify_all()
-        except BaseException as exc:  # the half stays, as after a failed checkpoint
-            with self._handoff:
-                self._error = exc
-                detached = self._detached
-            if detached:  # the open has returned: fail the engine as a checkpoint would
-                store.checkpointer.fail(exc)
-        finally:
-            store.checkpointer.lock.release()
-
-    @property
-    def busy(self) -> bool:
-        """A flush may be under way (not waited for yet)."""
-        return self._thread is not None
-
-    def wait(self) -> None:
-        """Wait for the flush under way, if any; once it succeeded its half has left the
-        cache. Raises its error (the half then stays, as after a failed checkpoint)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def detach(self) -> None:
-        """Stop waiting for the flush under way (`recover(flush_in_background=True)`): from
-        now on it fails the engine itself if it fails. Raises its error when it has
-        already failed."""
-        with self._handoff:
-            self._detached = True
-            error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def wait_quietly(self) -> None:
-        """`wait` while another error is on its way out: a flush error is only logged."""
-        try:
-            self.wait()
-        except BaseException as exc:
-            log.error("journal replay stopped; the flush under way failed too: %s", exc)
 
 
 # -- applying records ---------------------------------------------------------------------

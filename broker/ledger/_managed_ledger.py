@@ -333,11 +333,8 @@ class ManagedLedger(LedgerReads):
 
         Raises:
             StorageError: its write failed (the record may or may not be on disk)."""
-        written = self._record_written
-        if written is not None and not written.done():
-            await written
-        elif written is not None:
-            written.result()
+        if self._record_written is not None:
+            await self._record_written
 
     async def terminate(self) -> Position:
         """Take no more entries from now on; returns the last entry's position (entry -1 of
