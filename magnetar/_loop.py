@@ -137,6 +137,8 @@ class LoopThread:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         with self._waiting_lock:
             self._waiting.add(future)
+        if not self._running:  # the loop ended, maybe after `_fail_waiting` took its set:
+            self._fail_waiting()  # the future joined too late for it, so fail it here
         future.add_done_callback(self._forget)
         return future
 
