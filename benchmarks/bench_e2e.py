@@ -394,12 +394,14 @@ def _run_single_topic(scratch: str, options: BenchOptions, scale: E2EScale,
             results.cells.append(_run_cell(broker.url, scale, size, batching))
             bar.update()
         bar.set_description("side by side: Magnetar")
-        results.side_by_side += run_workloads("magnetar", broker.url, scale.publish_seconds,
+        results.side_by_side += run_workloads("magnetar", broker.url, broker.pid,
+                                              scale.publish_seconds,
                                               scale.consume_messages, options.workloads)
         bar.update()
     bar.set_description("side by side: pulsar-lite")
     with running_pulsar_lite(scratch) as peer:
-        results.side_by_side += run_workloads("pulsar-lite", peer.url, scale.publish_seconds,
+        results.side_by_side += run_workloads("pulsar-lite", peer.url, peer.pid,
+                                              scale.publish_seconds,
                                               scale.consume_messages, options.workloads)
     bar.update()
 

@@ -14,6 +14,11 @@ Workloads (1 KB messages, one producer or one consumer, a fresh topic per broker
   its receipt callback's time minus its send time; p50, p99 and max. Issue 14's target is a
   p99 of at most `LATENCY_P99_ALLOWANCE_MS` over the disk's fdatasync p99 (same run).
 
+Each workload also records the CPU seconds it cost the broker's process (from
+`/proc/<pid>/stat`) and this process, which runs the official client (`getrusage`, all its
+threads), per message: with both on two cores, a client near one core per second of wall time
+sets the rate whatever the broker does.
+
 A workload that stops making progress (no receipt or no message within `STALL_S`) is recorded
 as stalled with what it completed, rather than ending the run.
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -76,12 +82,47 @@ class Workload:
     p50_ms: float = 0.0  # the publish-latency workload only
     p99_ms: float = 0.0
     max_ms: float = 0.0
+    broker_cpu_s: float = 0.0  # CPU the broker's process used during the workload
+    client_cpu_s: float = 0.0  # CPU this process (the official client) used, all threads
+    wall_s: float = 0.0  # the workload's wall time, set-up included, for the CPU figures
 
     def finish(self, messages: int, seconds: float, stalled: bool = False) -> None:
         self.messages = messages
         self.seconds = seconds
         self.per_s = messages / seconds if seconds > 0 else 0.0
         self.stalled = stalled
+
+    def cpu_us_per_message(self) -> tuple[float, float]:
+        """(broker, client) CPU microseconds per message; zeros when nothing completed."""
+        if self.messages <= 0:
+            return 0.0, 0.0
+        return (self.broker_cpu_s / self.messages * 1e6,
+                self.client_cpu_s / self.messages * 1e6)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@contextlib.contextmanager
+def cpu_accounted(result: Workload, broker_pid: int) -> Iterator[None]:
+    """Add the broker's and this process's CPU seconds, and the wall time, of the block to
+    `result`."""
+    broker_before, own_before, started = process_cpu_s(broker_pid), own_cpu_s(), time.perf_counter()
+    try:
+        yield
+    finally:
+        result.broker_cpu_s += process_cpu_s(broker_pid) - broker_before
+        result.client_cpu_s += own_cpu_s() - own_before
+        result.wall_s += time.perf_counter() - started
 
 
 # -- pulsar-lite ----------------------------------------------------------------------------
@@ -339,14 +380,19 @@ def _consume(client: pulsar.Client, topic: str, wanted: int, result: Workload) -
     consumer.close()
 
 
-def run_workloads(broker: str, url: str, seconds: float, consume_max: int,
+def run_workloads(broker: str, url: str, broker_pid: int, seconds: float, consume_max: int,
                   only: Sequence[str] = WORKLOADS) -> list[Workload]:
-    """The workloads `only` names (default: all) against the broker at `url`; one `Workload`
-    each, in `WORKLOADS` order (a workload not run has zeros)."""
+    """The workloads `only` names (default: all) against the broker at `url` (process
+    `broker_pid`, for its CPU); one `Workload` each, in `WORKLOADS` order (a workload not run
+    has zeros)."""
     results = {name: Workload(broker, name) for name in WORKLOADS}
     client = pulsar.Client(url, operation_timeout_seconds=30,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     prefix = f"persistent://public/default/side-{broker}-{os.getpid()}"
+
+    def accounted(name: str) -> contextlib.AbstractContextManager[None]:
+        return cpu_accounted(results[name], broker_pid)
+
     try:
         for kind in ("batched", "unbatched"):
             topic = f"{prefix}-{kind}"
@@ -358,13 +404,18 @@ def run_workloads(broker: str, url: str, seconds: float, consume_max: int,
                 # The backlog subscription exists before the publish, so it keeps the messages.
                 client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
                                  initial_position=pulsar.InitialPosition.Earliest).close()
-            _publish(client, topic, kind == "batched", seconds, published)
+            with accounted(published.name):
+                _publish(client, topic, kind == "batched", seconds, published)
             if consumed in only:
-                _consume(client, topic, min(consume_max, published.messages), results[consumed])
+                with accounted(consumed):
+                    _consume(client, topic, min(consume_max, published.messages),
+                             results[consumed])
         if "sync publish" in only:
-            _sync_publish(client, f"{prefix}-sync", seconds, results["sync publish"])
+            with accounted("sync publish"):
+                _sync_publish(client, f"{prefix}-sync", seconds, results["sync publish"])
         if LATENCY in only:
-            _publish_latency(client, f"{prefix}-latency", seconds, results[LATENCY])
+            with accounted(LATENCY):
+                _publish_latency(client, f"{prefix}-latency", seconds, results[LATENCY])
     finally:
         client.close()
     return [results[name] for name in WORKLOADS]
@@ -386,8 +437,21 @@ def side_by_side_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
             "ratio": ours["per_s"] / peer["per_s"] if peer["per_s"] > 0 else None,
             "vs_fsync": ours["per_s"] / fsync_per_s if name == "sync publish" else None,
             "magnetar_p50_ms": ours.get("p50_ms", 0.0), "magnetar_p99_ms": ours.get("p99_ms", 0.0),
-            "peer_p50_ms": peer.get("p50_ms", 0.0), "peer_p99_ms": peer.get("p99_ms", 0.0)})
+            "peer_p50_ms": peer.get("p50_ms", 0.0), "peer_p99_ms": peer.get("p99_ms", 0.0),
+            "magnetar_cpu": _cpu_figures(ours), "peer_cpu": _cpu_figures(peer)})
     return rows
+
+
+def _cpu_figures(workload: dict[str, Any]) -> dict[str, float]:
+    """Broker and client CPU microseconds per message, and the client's cores (its CPU seconds
+    per wall second), of one workload's JSON; zeros when nothing completed."""
+    messages = workload["messages"]
+    wall_s = workload.get("wall_s", 0.0)
+    if messages <= 0 or wall_s <= 0:
+        return {"broker_us": 0.0, "client_us": 0.0, "client_cores": 0.0}
+    return {"broker_us": workload["broker_cpu_s"] / messages * 1e6,
+            "client_us": workload["client_cpu_s"] / messages * 1e6,
+            "client_cores": workload["client_cpu_s"] / wall_s}
 
 
 def latency_target_ms(document: dict[str, Any]) -> float:
@@ -406,15 +470,26 @@ def render_side_by_side(document: dict[str, Any],
              "-" if r["ratio"] is None else f"{r['ratio']:.2f}",
              "" if r["vs_fsync"] is None else f"{r['vs_fsync']:.2f}",
              _latency(r["magnetar_p50_ms"], r["magnetar_p99_ms"]),
-             _latency(r["peer_p50_ms"], r["peer_p99_ms"])]
+             _latency(r["peer_p50_ms"], r["peer_p99_ms"]),
+             _cpu(r["magnetar_cpu"]), _cpu(r["peer_cpu"])]
             for r in side_by_side_rows(document)]
     headers = ["workload (1 KB)", "Magnetar msg/s", "pulsar-lite msg/s", "ratio", "x fsync",
-               "Magnetar p50/p99 ms", "pulsar-lite p50/p99 ms"]
+               "Magnetar p50/p99 ms", "pulsar-lite p50/p99 ms",
+               "Magnetar CPU us/msg", "pulsar-lite CPU us/msg"]
     return ("Side by side with pulsar-lite (same run, same disk; ratio = Magnetar / "
             f"pulsar-lite; publish latency at {LATENCY_RATE_PER_S:,.0f} msg/s unbatched, "
             f"target p99 <= {latency_target_ms(document):.2f} ms = "
-            f"{LATENCY_P99_ALLOWANCE_MS:g} ms + the fdatasync p99)\n"
-            + table(headers, rows, "lrrrrrr"))
+            f"{LATENCY_P99_ALLOWANCE_MS:g} ms + the fdatasync p99; CPU: broker / official "
+            "client microseconds per message, and in brackets the client's CPU seconds per "
+            "wall second)\n"
+            + table(headers, rows, "lrrrrrrrr"))
+
+
+def _cpu(figures: dict[str, float]) -> str:
+    if figures["client_cores"] <= 0:
+        return ""
+    return (f"{figures['broker_us']:.1f} / {figures['client_us']:.1f} "
+            f"({figures['client_cores']:.2f})")
 
 
 def _latency(p50_ms: float, p99_ms: float) -> str:
