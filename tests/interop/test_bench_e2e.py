@@ -117,7 +117,7 @@ def test_side_by_side_measures_both_brokers(tiny_run: TinyRun) -> None:
     # The broker's CPU is read from /proc: Magnetar's (Python) can't do a workload for free.
     _positive(runs[("magnetar", "unbatched publish")], "broker_cpu_s")
     assert "Side by side with pulsar-lite" in printed
-    assert "client cores" in printed
+    assert "CPU us/msg" in printed
     for name in peers.WORKLOADS:
         assert f"  {name} " in printed
 
