@@ -10,6 +10,7 @@ consumers, then the transport -- for the embedded one, the broker and its storag
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -82,8 +83,10 @@ class ClientCore:
         self.transport = transport
         self.settings = settings
         self._ids = itertools.count(1)
-        self.producers: list[ProducerSet] = []
-        self.consumers: list[ConsumerGroup] = []
+        # Open ones only: each one's close removes it (a client that opens and closes one
+        # producer per request must not grow).
+        self.producers: set[ProducerSet] = set()
+        self.consumers: set[ConsumerGroup] = set()
         self.closed = False
 
     @classmethod
@@ -111,7 +114,8 @@ class ClientCore:
                                options.routing, options.router,
                                self.settings.partitions_update_interval_s)
         await producer.start()
-        self.producers.append(producer)
+        self.producers.add(producer)
+        producer.on_closed = functools.partial(self.producers.discard, producer)
         return producer
 
     async def subscribe(self, options: ConsumerOptions) -> ConsumerGroup:
@@ -120,7 +124,8 @@ class ClientCore:
                               options.pattern, options.regex_mode, options.discovery_period_s,
                               self.settings.partitions_update_interval_s)
         await group.start()
-        self.consumers.append(group)
+        self.consumers.add(group)
+        group.on_closed = functools.partial(self.consumers.discard, group)
         return group
 
     async def partitions(self, topic: str) -> list[str]:
@@ -136,7 +141,9 @@ class ClientCore:
         self.closed = True
         self.transport.immediate_close = immediate
         try:
-            await asyncio.gather(*(p.close() for p in self.producers), return_exceptions=True)
-            await asyncio.gather(*(c.close() for c in self.consumers), return_exceptions=True)
+            await asyncio.gather(*(p.close() for p in list(self.producers)),
+                                 return_exceptions=True)
+            await asyncio.gather(*(c.close() for c in list(self.consumers)),
+                                 return_exceptions=True)
         finally:
             await self.transport.close()

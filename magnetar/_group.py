@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import re
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from magnetar.codec import MessageId
@@ -101,6 +101,7 @@ class ConsumerGroup:
         self.discovery_period_s = pattern_auto_discovery_period_s
         self.children: dict[str, TopicConsumer] = {}
         self.closed = False
+        self.on_closed: Callable[[], None] | None = None  # the client's: forget this consumer
         self._queue: deque[Message] = deque()
         # Asynchronous receives (futures) and synchronous ones (`Handoff`s), oldest first.
         self._waiters: deque[asyncio.Future[Message] | Handoff] = deque()
@@ -498,11 +499,16 @@ class ConsumerGroup:
             self._updating.cancel()
         already = self.closed
         self.closed = True
-        if not already:
-            for child in list(self.children.values()):
-                await child.close()
-            if self.retry is not None:
-                await self.retry.close()
+        try:
+            if not already:
+                for child in list(self.children.values()):
+                    await child.close()
+                if self.retry is not None:
+                    await self.retry.close()
+        finally:
+            forget, self.on_closed = self.on_closed, None
+            if forget is not None:
+                forget()
         error = AlreadyClosed(f"consumer on {self.topic} was closed")
         while self._waiters:
             waiter = self._waiters.popleft()

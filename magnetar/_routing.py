@@ -67,6 +67,7 @@ class ProducerSet:
         self.partitions_update_interval_s = partitions_update_interval_s
         self._partitioned = False
         self._closing = False
+        self.on_closed: Callable[[], None] | None = None  # the client's: forget this producer
         self._update_timer: asyncio.TimerHandle | None = None
         self._updating: asyncio.Task[None] | None = None
         self._next = 0
@@ -173,7 +174,12 @@ class ProducerSet:
             self._update_timer.cancel()
         if self._updating is not None:
             self._updating.cancel()
-        await asyncio.gather(*(core.close() for core in self.cores))
+        try:
+            await asyncio.gather(*(core.close() for core in self.cores))
+        finally:
+            forget, self.on_closed = self.on_closed, None
+            if forget is not None:
+                forget()
 
 
 async def _start_all(cores: list[ProducerCore]) -> None:

@@ -26,7 +26,8 @@ def test_deliveries_without_an_epoch_are_kept_after_a_redelivery(tmp_path: Path)
     with magnetar.Client(str(tmp_path / "data")) as client:
         consumer = client.subscribe("t", "sub")
         consumer.redeliver_unacknowledged_messages()  # epoch 1
-        (child,) = client._core.consumers[0].children.values()
+        (group,) = client._core.consumers
+        (child,) = group.children.values()
         assert isinstance(child, TopicConsumer)
         assert child.epoch == 1
 

@@ -7,6 +7,9 @@ a deadline; a test expecting nothing uses a short receive that must time out.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 import magnetar
@@ -326,3 +329,29 @@ def test_non_persistent_topic(client: magnetar.Client, topic: str) -> None:
     assert [m.data() for m in drain(consumer, 3)] == [b"m0", b"m1", b"m2"]
     with pytest.raises(magnetar.NotAllowedError, match="non-persistent"):
         consumer.seek(magnetar.MessageId.earliest)
+
+
+def test_closed_producers_consumers_and_readers_are_not_kept(client: magnetar.Client,
+                                                              topic: str) -> None:
+    """A service that opens and closes a producer, consumer or reader per request must not grow:
+    the client forgets each one once closed (before, it held every one until the client itself
+    closed), and still closes what is open when it closes."""
+    gone: list[weakref.ref[object]] = []
+    for i in range(3):
+        producer = client.create_producer(topic)
+        producer.send(f"m{i}".encode())
+        gone.append(weakref.ref(producer._core))
+        producer.close()
+        consumer = client.subscribe(topic, f"sub-{i}")
+        gone.append(weakref.ref(consumer._group))
+        consumer.close()
+        reader = client.create_reader(topic, magnetar.MessageId.earliest)
+        gone.append(weakref.ref(reader._group))
+        reader.close()
+    del producer, consumer, reader
+    gc.collect()
+    assert [ref() for ref in gone] == [None] * len(gone)
+    still_open = client.create_producer(topic)
+    client.close()
+    with pytest.raises(magnetar.AlreadyClosed):
+        still_open.send(b"after close")
