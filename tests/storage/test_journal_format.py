@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from magnetar.storage import CorruptionError, OsFileSystem
@@ -171,6 +171,10 @@ def test_a_run_of_adds_encodes_as_one_add_record_each(entries: list[bytes], lsn:
     st.tuples(st.just(None), st.just(0), st.lists(st.binary(min_size=1, max_size=50),
                                                   min_size=1, max_size=1))), max_size=8),
        lsn=st.integers(1, 2**62))
+# Records that end exactly on the 512-byte boundary, so no PAD follows (hypothesis found it).
+@example(runs=[(0, 0, [b"\0", b"\0" * 4, b"\0" * 9]), (None, 0, [b"\0"]), (None, 0, [b"\0"]),
+               (None, 0, [b"\0" * 2]), (None, 0, [b"\0" * 17]), (0, 0, [b"", b"\0" * 12]),
+               (0, 0, [b"", b"", b"\0" * 2, b"\0" * 7])], lsn=1)
 def test_a_batch_of_runs_and_records_encodes_as_one_record_each(
         runs: list[tuple[int | None, int, list[bytes]]], lsn: int) -> None:
     """The writer's batch (runs of adds, single adds and other records in any order)
@@ -188,8 +192,10 @@ def test_a_batch_of_runs_and_records_encodes_as_one_record_each(
             encode_record(slow, SEGMENT_ID, lsn, RecordType.ADD_ENTRY if ledger_id is not None
                           else RecordType.FENCE, payload)
             lsn += 1
+    records_bytes = len(slow)
     padded = pad_record(slow, SEGMENT_ID, lsn, 512, 512, 7)
-    assert padded == bool(runs)
+    # A PAD follows unless the records end on the 512-byte boundary (or there are none).
+    assert padded == (records_bytes % 512 != 0)
     assert fast == slow
     assert after == lsn + padded
 
