@@ -8,9 +8,10 @@ second's worth of entries (20 ms of Python for 5,000 1 KB entries), every one of
 could wait up to 5 ms, and a SEND's receipt, which needs several, 10-20 ms -- the publish
 latency p99 of issue 14.
 
-So the storage's background loops over many items (the entry-log append of a checkpoint or a
-GC copy) call `hand_over_gil` every `HAND_OVER_ITEMS` items or `HAND_OVER_BYTES` bytes, about
-half a millisecond of work: a short sleep. A zero-length sleep or `sched_yield` is not enough:
+So the storage's background loops over many items (a checkpoint's sort of its entries, its
+entry-log append and its index puts; a GC copy) call `hand_over_gil` every `HAND_OVER_ITEMS`
+items (or, in the append, `HAND_OVER_BYTES` bytes), a fraction of a millisecond of work: a short
+sleep. A zero-length sleep or `sched_yield` is not enough:
 the yielding thread usually takes the GIL back before the waiting one has woken up, whereas
 during a sleep it cannot. The sleep costs the background thread a few tens of microseconds of
 wall time per hand-over and no CPU.
