@@ -156,11 +156,11 @@ class _PointsSeen(OsFileSystem):
 
 def test_a_big_checkpoint_hands_the_gil_over_in_every_loop_over_its_entries(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sorting a second's entries, appending them and packing their index locations are each
-    a loop over every entry in Python: each hands the GIL over as it goes (`_gil.py`), so an
-    event loop waiting for it never waits behind a whole loop (issue 14's publish latency).
-    The phase of each hand-over is the crash point passed last: before this test's fix only
-    the append handed it over."""
+    """Sorting a second's entries, appending them, packing their index locations and freeing
+    them are each a loop over every entry in Python: each hands the GIL over as it goes
+    (`_gil.py`), so an event loop waiting for it never waits behind a whole loop (issue 14's
+    publish latency). The phase of each hand-over is the crash point passed last: before
+    this test's fixes only the append handed it over."""
     fs = _PointsSeen()
     parts = Parts(tmp_path, fs)
     phases: list[str] = []
@@ -173,16 +173,18 @@ def test_a_big_checkpoint_hands_the_gil_over_in_every_loop_over_its_entries(
     try:
         parts.ledgers.add(LedgerState(1, {}))
         parts.ledgers.add(LedgerState(2, {}))
-        for entry_id in range(HAND_OVER_ITEMS * 2):
+        for entry_id in range(HAND_OVER_ITEMS * 4):
             parts.cache.put(1, entry_id, b"a" * 100)
             parts.cache.put(2, entry_id, b"b" * 100)
         parts.checkpointer.checkpoint()
-        assert parts.index.location(2, HAND_OVER_ITEMS * 2 - 1) is not None
+        assert parts.index.location(2, HAND_OVER_ITEMS * 4 - 1) is not None
     finally:
         parts.close()
     counts = {phase: phases.count(phase) for phase in set(phases)}
-    # 4 chunks of entries: 3 hand-overs between them in the sort and the index, more in the
-    # append (which also writes between its chunks).
-    assert counts.get("checkpoint:begin") == 3, counts  # building the sorted list
-    assert counts.get("checkpoint:after-swap", 0) >= 3, counts  # the entry-log append
-    assert counts.get("checkpoint:before-index-commit") == 3, counts  # the locations' puts
+    # 8 chunks of entries: 7 hand-overs between them in the sort and the index, more in the
+    # append (which also writes between its chunks); freeing goes 4 chunks at a time: the
+    # entries' list, their locations and the flushed half, 1 hand-over in each.
+    assert counts.get("checkpoint:begin") == 7, counts  # building the sorted list
+    assert counts.get("checkpoint:after-swap", 0) >= 7, counts  # the entry-log append
+    assert counts.get("checkpoint:before-index-commit") == 7, counts  # the locations' puts
+    assert counts.get("checkpoint:after-index-commit") == 3, counts  # freeing
