@@ -32,12 +32,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ._config import StorageConfig
 from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter
 from ._entry_logs import EntryLogs
 from ._errors import StorageError, StorageFailedError, StorageFullError
 from ._fs import FileSystem
+from ._gil import HAND_OVER_ITEMS, hand_over_gil
 from ._index import CheckpointWrite, Index, LedgerRecord, location_key
 from ._journal import Journal, JournalMark
 from ._ledger import DELETED, LedgerTable
@@ -131,6 +133,7 @@ class Checkpointer:
                 self._cache.clear_flushing()
                 self._state_lock.notify_all()
             self._delete_old_segments(journal)
+            _free_half(half)
 
     def flush(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
               mark: JournalMark) -> None:
@@ -140,13 +143,11 @@ class Checkpointer:
         # Only deletions this commit makes durable may drop entries: a ledger deleted in
         # memory since the snapshot is not deleted on disk yet, and the mark covers its adds.
         deleted = {r.ledger_id for r in records if r.state == DELETED} | set(purge)
-        entries = [(ledger_id, entry_id, data) for ledger_id in sorted(half.entries)
-                   if ledger_id not in deleted
-                   for entry_id, data in sorted(half.entries[ledger_id].items())]
+        entries, data_bytes = _sorted_entries(half, deleted)
         self._fs.point("checkpoint:after-swap")
         write = CheckpointWrite(mark=None, ledgers=records, purge_ledgers=purge,
                                 meta_ops=half.meta_ops())
-        touched = self._append_entries(entries, write)
+        touched = self._append_entries(entries, data_bytes, write)
         self._drop_purged_from_logs(deleted, touched)
         write.entry_logs = [self._logs.records[i] for i in sorted(touched)]
         write.counters = {"nextLedgerId": self._ledgers.next_id, "nextLogId": self._logs.next_id}
@@ -157,15 +158,18 @@ class Checkpointer:
         self._fs.point("checkpoint:after-index-commit")
         log.debug("checkpoint: %d entries, %d ledgers, mark %s in %.1f ms", len(entries),
                   len(records), write.mark, (time.monotonic() - started) * 1000)
+        _free_list(entries)
+        _free_list(write.locations)
 
-    def _append_entries(self, entries: list[tuple[int, int, bytes]],
+    def _append_entries(self, entries: list[tuple[int, int, bytes]], data_bytes: int,
                         write: CheckpointWrite) -> set[int]:
-        """Write the entries to entry logs and sync them; returns the log ids touched."""
+        """Write the entries (`data_bytes` of data in all) to entry logs and sync them;
+        returns the log ids touched."""
         touched: set[int] = set()
         if not entries:
             return touched
         limit = self._config.entry_log_bytes_max
-        remaining = RECORD_HEADER_BYTES * len(entries) + sum(len(e[2]) for e in entries)
+        remaining = RECORD_HEADER_BYTES * len(entries) + data_bytes
         start = 0
         while start < len(entries):
             writer = self._writer_with_room(entries[start], limit, touched)
@@ -235,6 +239,61 @@ class Checkpointer:
             journal.delete_segments_before(persisted.segment_id)
         except OSError as exc:
             log.warning("could not delete old journal segments: %s", exc)
+
+
+def _sorted_entries(half: CacheHalf,
+                    deleted: set[int]) -> tuple[list[tuple[int, int, bytes]], int]:
+    """The half's entries of the ledgers not in `deleted` as (ledger, entry, data) sorted by
+    (ledger, entry), and the bytes of their data. A second of adds is thousands of entries:
+    the list grows `HAND_OVER_ITEMS` at a time and the GIL is handed over between (`_gil.py`),
+    as the entry-log append and the index commit that follow do."""
+    entries: list[tuple[int, int, bytes]] = []
+    data_bytes = 0
+    since_hand_over = 0
+    for ledger_id in sorted(half.entries):
+        if ledger_id in deleted:
+            continue
+        ledger = half.entries[ledger_id]
+        ids = sorted(ledger)
+        for start in range(0, len(ids), HAND_OVER_ITEMS):
+            if since_hand_over >= HAND_OVER_ITEMS:
+                hand_over_gil()
+                since_hand_over = 0
+            run = [(ledger_id, entry_id, ledger[entry_id])
+                   for entry_id in ids[start:start + HAND_OVER_ITEMS]]
+            data_bytes += sum([len(entry[2]) for entry in run])
+            entries += run
+            since_hand_over += len(run)
+    return entries, data_bytes
+
+
+# Items freed between two hand-overs: freeing an entry costs a fraction of encoding it.
+_FREE_ITEMS = HAND_OVER_ITEMS * 4
+
+
+def _free_list(items: list[Any]) -> None:
+    """Empty a flush's list of a second's entries (or their locations) a chunk at a time,
+    handing the GIL over between: freed at once when the flush returned, 5,000 of them held
+    it for a few tenths of a millisecond."""
+    while items:
+        del items[-_FREE_ITEMS:]
+        if items:
+            hand_over_gil()
+
+
+def _free_half(half: CacheHalf) -> None:
+    """Free a flushed half (out of the cache by now) a chunk of entries at a time, handing
+    the GIL over between: dropped whole, 5,000 1 KB entries held it for about a millisecond."""
+    since_hand_over = 0
+    for ledger in half.entries.values():
+        while ledger:
+            if since_hand_over >= _FREE_ITEMS:
+                hand_over_gil()
+                since_hand_over = 0
+            count = min(len(ledger), _FREE_ITEMS - since_hand_over)
+            for _ in range(count):
+                ledger.popitem()
+            since_hand_over += count
 
 
 def _run_end(entries: list[tuple[int, int, bytes]], start: int, position: int,

@@ -30,6 +30,7 @@ from typing import Any
 import lmdb
 
 from ._crc import crc32c
+from ._gil import HAND_OVER_ITEMS, hand_over_gil
 from ._journal import JournalMark
 
 __all__ = ["CheckpointWrite", "EntryLogRecord", "Index", "LedgerRecord", "MetaOp"]
@@ -250,10 +251,16 @@ class Index:
             self.persisted_mark = write.mark
 
     def _apply(self, txn: Any, write: CheckpointWrite) -> None:
-        if write.locations:  # one C loop for a whole flush instead of a put per entry
-            pack = _U64.pack
-            txn.cursor(db=self._locations).putmulti(
-                [(key, pack(location)) for key, location in write.locations])
+        if write.locations:  # C loops (putmulti) of `HAND_OVER_ITEMS` puts; between them
+            # the GIL is handed over, as the checkpoint's append does (`_gil.py`): packing a
+            # second's locations in one go held it for a millisecond or more.
+            pack, locations = _U64.pack, write.locations
+            cursor = txn.cursor(db=self._locations)
+            for start in range(0, len(locations), HAND_OVER_ITEMS):
+                if start:
+                    hand_over_gil()
+                cursor.putmulti([(key, pack(location)) for key, location
+                                 in locations[start:start + HAND_OVER_ITEMS]])
         for key, old, new in write.relocations:
             current = txn.get(key, db=self._locations)
             if current is not None and _U64.unpack(current)[0] == old:

@@ -15,11 +15,15 @@ from pathlib import Path
 import pytest
 
 from magnetar.storage import StorageConfig, StorageFailedError, StorageFullError
+from magnetar.storage import _checkpoint as _checkpoint_module
+from magnetar.storage import _entry_log as _entry_log_module
+from magnetar.storage import _index as _index_module
 from magnetar.storage._checkpoint import Checkpointer
 from magnetar.storage._entry_logs import EntryLogs
 from magnetar.storage._errors import StorageError
 from magnetar.storage._fs import FileSystem, OsFileSystem
 from magnetar.storage._gc import GarbageCollector
+from magnetar.storage._gil import HAND_OVER_ITEMS
 from magnetar.storage._index import Index
 from magnetar.storage._journal import Journal, JournalMark
 from magnetar.storage._ledger import DELETED, LedgerState, LedgerTable
@@ -139,3 +143,48 @@ def test_a_full_disk_during_a_checkpoint_reaches_the_failure_callback(tmp_path: 
     finally:
         fs.heal()
         parts.close()
+
+
+class _PointsSeen(OsFileSystem):
+    """The OS file system, remembering the last crash point the engine passed."""
+
+    last_point = ""
+
+    def point(self, label: str) -> None:
+        self.last_point = label
+
+
+def test_a_big_checkpoint_hands_the_gil_over_in_every_loop_over_its_entries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sorting a second's entries, appending them, packing their index locations and freeing
+    them are each a loop over every entry in Python: each hands the GIL over as it goes
+    (`_gil.py`), so an event loop waiting for it never waits behind a whole loop (issue 14's
+    publish latency). The phase of each hand-over is the crash point passed last: before
+    this test's fixes only the append handed it over."""
+    fs = _PointsSeen()
+    parts = Parts(tmp_path, fs)
+    phases: list[str] = []
+
+    def hand_over() -> None:
+        phases.append(fs.last_point)
+
+    for module in (_checkpoint_module, _entry_log_module, _index_module):
+        monkeypatch.setattr(module, "hand_over_gil", hand_over, raising=False)
+    try:
+        parts.ledgers.add(LedgerState(1, {}))
+        parts.ledgers.add(LedgerState(2, {}))
+        for entry_id in range(HAND_OVER_ITEMS * 4):
+            parts.cache.put(1, entry_id, b"a" * 100)
+            parts.cache.put(2, entry_id, b"b" * 100)
+        parts.checkpointer.checkpoint()
+        assert parts.index.location(2, HAND_OVER_ITEMS * 4 - 1) is not None
+    finally:
+        parts.close()
+    counts = {phase: phases.count(phase) for phase in set(phases)}
+    # 8 chunks of entries: 7 hand-overs between them in the sort and the index, more in the
+    # append (which also writes between its chunks); freeing goes 4 chunks at a time: the
+    # entries' list, their locations and the flushed half, 1 hand-over in each.
+    assert counts.get("checkpoint:begin") == 7, counts  # building the sorted list
+    assert counts.get("checkpoint:after-swap", 0) >= 7, counts  # the entry-log append
+    assert counts.get("checkpoint:before-index-commit") == 7, counts  # the locations' puts
+    assert counts.get("checkpoint:after-index-commit") == 3, counts  # freeing
