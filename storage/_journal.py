@@ -89,10 +89,14 @@ class Journal:
         # fsync latency and group-commit size (one writer: whoever holds the syncer role),
         # bytes written (the writer role).
         self.metrics = metrics if metrics is not None else StorageMetrics()
-        lock = threading.RLock()
+        # `with self._mutex` is `with self._lock` without its Python-level wrappers (the
+        # per-add paths use it).
+        self._mutex = lock = threading.RLock()
         self._lock = threading.Condition(lock)
-        # The writer's own condition (same lock): a submission wakes only the writer.
+        # The writer's own condition (same lock): a submission wakes only the writer, and
+        # only while it waits (`_writer_idle`).
         self._writer_wake = threading.Condition(lock)
+        self._writer_idle = False
         self._queue: deque[JournalRequest] = deque()
         self._queued_records = 0  # records of the queued requests (a run of adds counts each)
         self._room_waiters: list[Completion[None]] = []  # one per waiting managed ledger
@@ -123,6 +127,8 @@ class Journal:
             ]
             for thread in self._threads:
                 thread.start()
+        # `Completion.before_blocking` of an add: one bound method for all of them.
+        self.lead: Callable[[], bool] = self.try_lead
 
     # -- segments ------------------------------------------------------------------------
 
@@ -212,7 +218,14 @@ class Journal:
         """Queue a record. Its completion (if any) finishes once the record is durable, or
         fails with `StorageFailedError`. Blocks while `journal_queue_requests_max` requests
         are queued."""
-        with self._lock:
+        with self._mutex:
+            if (self._failed is None and not self._closing
+                    and self._queued_records < self._config.journal_queue_requests_max):
+                self._queue.append(request)  # the common case, first
+                self._queued_records += request.records
+                if self._writer_idle:
+                    self._writer_wake.notify()
+                return
             if self._failed is not None:
                 self._fail_requests([request], self._failed)
                 return
@@ -226,7 +239,7 @@ class Journal:
                     return
             self._queue.append(request)
             self._queued_records += request.records
-            self._writer_wake.notify()
+            self._writer_wake.notify()  # (the writer may not be idle: harmless)
 
     def has_room_for_adds(self, records: int = 1) -> bool:
         """Whether `records` adds fit below `add_requests_max` now, or nothing is queued (a
@@ -321,9 +334,9 @@ class Journal:
             with self._lock:
                 while (not self._queue or self._writing) and not self._closing \
                         and self._failed is None:
-                    self._writer_wake.wait()
+                    self._writer_wait()
                 while self._writing and self._failed is None:  # a leader finishes first
-                    self._writer_wake.wait()
+                    self._writer_wait()
                 if self._failed is not None or (self._closing and not self._queue):
                     self._writer_done = True
                     self._notify_all()
@@ -336,6 +349,13 @@ class Journal:
                 with self._lock:
                     self._writing = False
                     self._notify_all()
+
+    def _writer_wait(self) -> None:  # lock held
+        self._writer_idle = True
+        try:
+            self._writer_wake.wait()
+        finally:
+            self._writer_idle = False
 
     def _write_once(self) -> bool:
         with self._lock:

@@ -71,7 +71,7 @@ from typing import TypeVar
 
 import lmdb
 
-from ._adds import AddedRuns, add_runs
+from ._adds import AddedRuns, add_one, add_runs
 from ._checkpoint import Checkpointer
 from ._completion import Completion
 from ._config import StorageConfig
@@ -125,7 +125,8 @@ class Storage:
         self.entry_log_dir = os.path.join(data_dir, "entrylogs")
         self.index = index
         self._dir_lock = lock
-        self.lock = threading.Condition()
+        self.mutex = threading.RLock()  # `lock`'s own: the add path takes it directly
+        self.lock = threading.Condition(self.mutex)
         self.cache = WriteCache(config.write_cache_bytes_max // 2)
         self.ledgers = LedgerTable()
         self.logs = EntryLogs(fs, self.entry_log_dir, config)
@@ -408,7 +409,8 @@ class Storage:
             StorageError: the cache stayed full for `write_cache_wait_ms_max` (or, without
                 background threads, nobody runs the checkpoint that would free it).
         """
-        return self.add_entries(ledger_id, [data])
+        added = add_one(self, ledger_id, data, journal_may_wait=True)
+        return added if added is not None else self.add_entries(ledger_id, [data])
 
     def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int]:
         """Append a run of entries to one ledger as `add_entry` each, under one hold of the
@@ -448,7 +450,7 @@ class Storage:
         Raises:
             As `add_entry`, but never for a full cache.
         """
-        return self._try_add(ledger_id, [data], journal_may_wait=False)
+        return add_one(self, ledger_id, data, journal_may_wait=False)
 
     def try_add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int] | None:
         """`add_entries` that never waits, as `try_add_entry`: None (none written) when the
