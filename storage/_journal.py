@@ -99,6 +99,7 @@ class Journal:
         self._writer_idle = False
         self._queue: deque[JournalRequest] = deque()
         self._queued_records = 0  # records of the queued requests (a run of adds counts each)
+        self._queued_bytes = 0  # their `size`
         self._room_waiters: list[Completion[None]] = []  # one per waiting managed ledger
         # Adds stop here (`has_room_for_adds`): a tenth of the queue stays for the records that
         # must not wait behind adds (cursor updates, ledger closes), so their submit never blocks.
@@ -223,6 +224,7 @@ class Journal:
                     and self._queued_records < self._config.journal_queue_requests_max):
                 self._queue.append(request)  # the common case, first
                 self._queued_records += request.records
+                self._queued_bytes += request.size
                 if self._writer_idle:
                     self._writer_wake.notify()
                 return
@@ -239,6 +241,7 @@ class Journal:
                     return
             self._queue.append(request)
             self._queued_records += request.records
+            self._queued_bytes += request.size
             self._writer_wake.notify()  # (the writer may not be idle: harmless)
 
     def has_room_for_adds(self, records: int = 1) -> bool:
@@ -284,10 +287,10 @@ class Journal:
                 return False
             self._writing = True
             self._leading = True
-            requests = self._take_batch()
+            taken = self._take_batch()
         segment = None
         try:
-            segment = self._write_and_queue(requests)
+            segment = self._write_and_queue(*taken)
             self._sync_once()
         finally:
             with self._lock:
@@ -312,22 +315,30 @@ class Journal:
 
     # -- the writer ----------------------------------------------------------------------
 
-    def _take_batch(self) -> list[JournalRequest]:
-        """Take queued requests up to the batch byte limit (at least one). Lock held."""
-        taken: list[JournalRequest] = []
-        size = 0
+    def _take_batch(self) -> tuple[list[JournalRequest], int]:
+        """Take queued requests up to the batch byte limit (at least one), and count their
+        records. Lock held."""
         limit = self._config.journal_batch_bytes_max
-        records = 0
-        while self._queue and (not taken or size + self._queue[0].size <= limit):
-            request = self._queue.popleft()
-            size += request.size
-            records += request.records
-            taken.append(request)
-        self._queued_records -= records
+        queue = self._queue
+        if self._queued_bytes <= limit:  # all of them (the common case: no loop over each)
+            taken = list(queue)
+            queue.clear()
+            records = self._queued_records
+            self._queued_records = self._queued_bytes = 0
+        else:
+            taken = []
+            size = records = 0
+            while queue and (not taken or size + queue[0].size <= limit):
+                request = queue.popleft()
+                size += request.size
+                records += request.records
+                taken.append(request)
+            self._queued_records -= records
+            self._queued_bytes -= size
         self._notify_all()
         if self._room_waiters and self._queued_records < self.add_requests_max:
             self._wake_room_waiters()
-        return taken
+        return taken, records
 
     def _writer_loop(self) -> None:
         while True:
@@ -342,9 +353,9 @@ class Journal:
                     self._notify_all()
                     return
                 self._writing = True
-                requests = self._take_batch()
+                taken = self._take_batch()
             try:
-                self._write_requests(requests)
+                self._write_requests(*taken)
             finally:
                 with self._lock:
                     self._writing = False
@@ -361,16 +372,16 @@ class Journal:
         with self._lock:
             if not self._queue or self._failed is not None:
                 return False
-            requests = self._take_batch()
-        self._write_requests(requests)
+            taken = self._take_batch()
+        self._write_requests(*taken)
         return True
 
-    def _write_requests(self, requests: list[JournalRequest]) -> None:
-        segment = self._write_and_queue(requests)
+    def _write_requests(self, requests: list[JournalRequest], records: int) -> None:
+        segment = self._write_and_queue(requests, records)
         if segment is not None:
             self._maybe_roll_over(segment)
 
-    def _write_and_queue(self, requests: list[JournalRequest]) -> _Segment | None:
+    def _write_and_queue(self, requests: list[JournalRequest], records: int) -> _Segment | None:
         """Encode and write one batch and hand it to the syncer; returns the segment
         written to, or None when the journal failed (the requests failed with it)."""
         segment = self._segment
@@ -382,7 +393,7 @@ class Journal:
             self._fail(requests, journal_io_error(exc, segment.handle.path))
             return None
         done = _Batch(segment, segment.position, self._next_lsn - 1, requests,
-                      sum(r.records for r in requests))
+                      records)
         if not self._config.journal_sync:
             self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
@@ -521,6 +532,7 @@ class Journal:
                 self._failed = error
             pending = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
             self._queue.clear()
+            self._queued_records = self._queued_bytes = 0
             self._sync_queue.clear()
             self._notify_all()
             self._wake_room_waiters()
@@ -547,6 +559,7 @@ class Journal:
         with self._lock:
             leftovers = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
             self._queue.clear()
+            self._queued_records = self._queued_bytes = 0
             self._sync_queue.clear()
         self._fail_requests(leftovers, self._failed or StorageClosedError("journal is closed"))
         try:

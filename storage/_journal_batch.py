@@ -12,7 +12,7 @@ from ._journal_format import (
     ADD_IDS_BYTES,
     AddRun,
     RecordType,
-    encode_add_runs,
+    add_run_parts,
     encode_record,
     pad_record,
 )
@@ -87,23 +87,28 @@ def encode_batch(requests: list[JournalRequest], segment: _Segment, lsn: int, al
                  synced_lsn: int) -> tuple[bytearray, int]:
     """The bytes of one batch written at `segment.position` (its records from LSN `lsn`,
     then a PAD to the alignment boundary), and the LSN after them."""
-    out = bytearray()
+    parts: list[bytes | bytearray] = []  # the records' pieces, joined once at the end
     segment_id = segment.segment_id
     runs: list[AddRun] = []  # consecutive runs of adds, encoded together
     for request in requests:
         entries = request.entries
         if entries is None:
             if runs:
-                lsn = encode_add_runs(out, segment_id, lsn, runs)
+                lsn = add_run_parts(parts, segment_id, lsn, runs)
                 runs = []
-            encode_record(out, segment_id, lsn, request.kind, request.payload)
+            record = bytearray()
+            encode_record(record, segment_id, lsn, request.kind, request.payload)
+            parts.append(record)
             lsn += 1
         else:
             runs.append((request.ledger_id, request.entry_id - len(entries) + 1, entries))
     if runs:
-        lsn = encode_add_runs(out, segment_id, lsn, runs)
+        lsn = add_run_parts(parts, segment_id, lsn, runs)
     # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced) from
     # a damaged record that was synced before a later batch was written.
-    if pad_record(out, segment_id, lsn, segment.position, alignment, synced_lsn):
+    pad = bytearray()
+    if pad_record(pad, segment_id, lsn, segment.position + sum(map(len, parts)), alignment,
+                  synced_lsn):
+        parts.append(pad)
         lsn += 1
-    return out, lsn
+    return bytearray().join(parts), lsn
