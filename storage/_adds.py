@@ -39,6 +39,8 @@ from ._write_cache import WriteCache
 
 __all__ = ["AddedRuns", "add_one", "add_runs"]
 
+_ADD = int(RecordType.ADD_ENTRY)  # an enum member costs a class attribute lookup per use
+
 # What `add_runs` hands back: each run's LAST entry id, and the completion of the whole list.
 AddedRuns = tuple[list[int], Completion[int]]
 
@@ -100,7 +102,7 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
     """
     datas = checked_runs(runs, engine.config.entry_size_bytes_max)
     records = sum(map(len, datas))
-    with engine.lock:
+    with engine.mutex:
         engine._check_writable()
         ledgers = [engine._writable_ledger(ledger_id) for ledger_id, _ in runs]
         journal = engine.journal
@@ -114,7 +116,7 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
                 return None  # else the next checkpoint swaps; may overshoot by one list
         completion: Completion[int] = Completion()
         if engine.config.journal_caller_syncs_when_idle:
-            completion.before_blocking = journal.try_lead
+            completion.before_blocking = journal.lead
         lasts = []
         for index, ((ledger_id, _), ledger, run) in enumerate(zip(runs, ledgers, datas,
                                                                    strict=True)):
@@ -124,7 +126,7 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
             cache.put_run(ledger_id, first, run)
             lasts.append(last)
             journal.submit(JournalRequest(
-                RecordType.ADD_ENTRY, b"", completion if index == len(runs) - 1 else None,
+                _ADD, b"", completion if index == len(runs) - 1 else None,
                 ledger, last, entries=run, ledger_id=ledger_id))
     return lasts, completion
 

@@ -247,7 +247,7 @@ class Journal:
     def has_room_for_adds(self, records: int = 1) -> bool:
         """Whether `records` adds fit below `add_requests_max` now, or nothing is queued (a
         longer run then goes alone; its caller bounds it): `submit` would not wait."""
-        with self._lock:
+        with self._mutex:
             queued = self._queued_records
             return queued == 0 or queued + records <= self.add_requests_max
 

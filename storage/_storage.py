@@ -424,11 +424,13 @@ class Storage:
         Raises:
             As `add_entry`.
         """
-        deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
+        deadline = None
         while True:
             added = self._try_add(ledger_id, entries, journal_may_wait=True)
             if added is not None:
                 return added
+            if deadline is None:
+                deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
             if not self.config.background_threads:
                 raise StorageError("write cache is full; run a checkpoint")
             with self.lock:
