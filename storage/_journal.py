@@ -97,6 +97,9 @@ class Journal:
         # only while it waits (`_writer_idle`).
         self._writer_wake = threading.Condition(lock)
         self._writer_idle = False
+        # The syncer's own condition (same lock): woken when there may be a batch to sync or
+        # the journal stops (`_notify_all`), not by every step of the writer.
+        self._syncer_wake = threading.Condition(lock)
         self._queue: deque[JournalRequest] = deque()
         self._queued_records = 0  # records of the queued requests (a run of adds counts each)
         self._queued_bytes = 0  # their `size`
@@ -335,7 +338,7 @@ class Journal:
                 taken.append(request)
             self._queued_records -= records
             self._queued_bytes -= size
-        self._notify_all()
+        self._lock.notify_all()  # room for submissions waiting in `submit`
         if self._room_waiters and self._queued_records < self.add_requests_max:
             self._wake_room_waiters()
         return taken, records
@@ -359,7 +362,7 @@ class Journal:
             finally:
                 with self._lock:
                     self._writing = False
-                    self._notify_all()
+                    self._lock.notify_all()
 
     def _writer_wait(self) -> None:  # lock held
         self._writer_idle = True
@@ -463,11 +466,11 @@ class Journal:
                     remaining = interval - (time.monotonic() - self._last_sync_monotonic)
                     if remaining <= 0:
                         return True
-                    self._lock.wait(remaining)
+                    self._syncer_wake.wait(remaining)
                     continue
                 if self._closing and self._writer_done:
                     return False
-                self._lock.wait()
+                self._syncer_wake.wait()
 
     def _sync_once(self) -> bool:
         with self._lock:
@@ -509,11 +512,12 @@ class Journal:
             self._on_durable(requests)
         with self._lock:
             self._sync_busy = False
-            self._notify_all()
+            self._lock.notify_all()  # a rollover waiting for the syncer to be idle
 
     def _notify_all(self) -> None:  # lock held: wake the writer, the syncer, room waiters
         self._lock.notify_all()
         self._writer_wake.notify_all()
+        self._syncer_wake.notify_all()
 
     # -- failure and shutdown ------------------------------------------------------------
 
