@@ -136,13 +136,14 @@ def add_one(engine: _Engine, ledger_id: int, data: bytes,
     """`add_runs` of one entry, the add a client makes one at a time: the same checks,
     the same refusals (None) and the same errors, with the work per add cut to what one
     entry needs (no lists of runs). Returns the completion, which gives the entry id."""
-    data = bytes(data)
+    if type(data) is not bytes:  # (exactly bytes is kept as it is, without a call)
+        data = bytes(data)
     if len(data) > engine.config.entry_size_bytes_max:
         checked_runs([(ledger_id, [data])], engine.config.entry_size_bytes_max)  # raises
     with engine.mutex:
         if engine.failed is not None or engine.closed:
             engine._check_writable()  # raises
-        ledger = engine.ledgers.get(ledger_id)
+        ledger = engine.ledgers.ledgers.get(ledger_id)
         if ledger is None or ledger.state != OPEN:
             ledger = engine._writable_ledger(ledger_id)  # raises
         journal = engine.journal

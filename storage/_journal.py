@@ -49,12 +49,18 @@ from collections.abc import Callable
 from ._completion import Completion
 from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
-from ._fs import FileHandle, FileSystem
-from ._journal_batch import JournalRequest, _Batch, _Segment, encode_batch
+from ._fs import FileSystem
+from ._journal_batch import (
+    JournalRequest,
+    _Batch,
+    _Segment,
+    create_segment,
+    encode_batch,
+    preallocate,
+)
 from ._journal_format import (
     RECORD_HEADER_BYTES,
     JournalMark,
-    SegmentHeader,
     parse_segment_name,
     segment_file_name,
 )
@@ -64,9 +70,6 @@ __all__ = ["Journal", "JournalMark", "JournalRequest", "parse_segment_name", "se
 
 log = logging.getLogger(__name__)
 
-_ZERO_CHUNK_BYTES = 1024 * 1024
-_FIRST_PREALLOC_BYTES = 1024 * 1024  # an open or a rollover does not wait for a full step
-_ZEROS = bytes(_ZERO_CHUNK_BYTES)
 
 
 DurableCallback = Callable[[list[JournalRequest]], None]
@@ -141,36 +144,7 @@ class Journal:
         return self._segment.segment_id
 
     def _create_segment(self, segment_id: int) -> _Segment:
-        path = os.path.join(self._dir, segment_file_name(segment_id))
-        alignment = self._config.journal_alignment_bytes
-        handle = self._fs.open(path, create=True)
-        try:
-            header = SegmentHeader(segment_id, self._next_lsn, alignment)
-            handle.pwrite(header.encode(), 0)
-            first_step = min(_FIRST_PREALLOC_BYTES, self._config.journal_prealloc_bytes)
-            allocated = self._preallocate(handle, alignment, alignment, first_step)
-            handle.fdatasync()
-            self._fs.fsync_dir(self._dir)
-        except BaseException:
-            handle.close()
-            raise
-        log.debug("journal segment %s created (first LSN %d)", path, self._next_lsn)
-        return _Segment(segment_id, handle, alignment, allocated)
-
-    def _preallocate(self, handle: FileHandle, start: int, need_end: int, step: int = 0) -> int:
-        """Zeros from `start` in `step` (`journal_prealloc_bytes`) steps until `need_end`
-        is covered; returns the new allocated end."""
-        end = start
-        step = step or self._config.journal_prealloc_bytes
-        while end < need_end or end == start:
-            stop = end + step
-            position = end
-            while position < stop:
-                chunk = min(_ZERO_CHUNK_BYTES, stop - position)
-                handle.pwrite(_ZEROS[:chunk], position)
-                position += chunk
-            end = stop
-        return end
+        return create_segment(self._fs, self._dir, self._config, segment_id, self._next_lsn)
 
     def _roll_over(self) -> None:
         """Close the full segment once everything in it is durable, then open the next."""
@@ -438,8 +412,9 @@ class Journal:
     def _write_batch_bytes(self, segment: _Segment, batch: bytearray) -> None:
         end = segment.position + len(batch)
         if end + RECORD_HEADER_BYTES > segment.allocated:
-            segment.allocated = self._preallocate(segment.handle, segment.allocated,
-                                                  end + RECORD_HEADER_BYTES)
+            segment.allocated = preallocate(segment.handle, segment.allocated,
+                                            end + RECORD_HEADER_BYTES,
+                                            self._config.journal_prealloc_bytes)
         segment.handle.pwrite(batch, segment.position)
         segment.position = end
         self.metrics.journal_bytes_written += len(batch)

@@ -612,14 +612,15 @@ class Storage:
     # -- journal callbacks (run in the journal's threads) --------------------------------
 
     def _on_durable(self, requests: list[JournalRequest]) -> None:
-        for request in requests:
+        for request in requests:  # (every add of a group passes here: kept lean)
             ledger = request.ledger
+            entry_id = request.entry_id
             if isinstance(ledger, LedgerState):
-                assert request.entry_id - request.records == ledger.lac, \
-                    "adds become durable in order"
-                ledger.lac = request.entry_id
-            if request.completion is not None:
-                request.completion.set_result(request.entry_id)
+                assert entry_id - request.records == ledger.lac, "adds become durable in order"
+                ledger.lac = entry_id
+            completion = request.completion
+            if completion is not None:
+                completion.set_result(entry_id)
 
     def _on_failed(self, requests: list[JournalRequest], error: BaseException) -> None:
         if isinstance(error, StorageFailedError):
