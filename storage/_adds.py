@@ -37,7 +37,7 @@ from ._journal_format import RecordType
 from ._ledger import OPEN, LedgerState, LedgerTable
 from ._write_cache import WriteCache
 
-__all__ = ["AddedRuns", "add_one", "add_runs"]
+__all__ = ["AddedRuns", "add_one", "add_run", "add_runs"]
 
 _ADD = int(RecordType.ADD_ENTRY)  # an enum member costs a class attribute lookup per use
 
@@ -129,6 +129,14 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
                 _ADD, b"", completion if index == len(runs) - 1 else None,
                 ledger, last, entries=run, ledger_id=ledger_id))
     return lasts, completion
+
+
+def add_run(engine: _Engine, ledger_id: int, entries: Sequence[bytes],
+            journal_may_wait: bool) -> Completion[int] | None:
+    """`add_runs` of one run (its completion gives the run's last entry id), None as
+    `add_runs`."""
+    added = add_runs(engine, [(ledger_id, entries)], journal_may_wait)
+    return None if added is None else added[1]
 
 
 def add_one(engine: _Engine, ledger_id: int, data: bytes,

@@ -71,7 +71,7 @@ from typing import TypeVar
 
 import lmdb
 
-from ._adds import AddedRuns, add_one, add_runs
+from ._adds import AddedRuns, add_one, add_run, add_runs
 from ._checkpoint import Checkpointer
 from ._completion import Completion
 from ._config import StorageConfig
@@ -424,13 +424,11 @@ class Storage:
         Raises:
             As `add_entry`.
         """
-        deadline = None
+        deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
         while True:
-            added = self._try_add(ledger_id, entries, journal_may_wait=True)
+            added = add_run(self, ledger_id, entries, journal_may_wait=True)
             if added is not None:
                 return added
-            if deadline is None:
-                deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
             if not self.config.background_threads:
                 raise StorageError("write cache is full; run a checkpoint")
             with self.lock:
@@ -461,7 +459,7 @@ class Storage:
         Raises:
             As `add_entry`, but never for a full cache.
         """
-        return self._try_add(ledger_id, entries, journal_may_wait=False)
+        return add_run(self, ledger_id, entries, journal_may_wait=False)
 
     def try_add_runs(self, runs: Sequence[tuple[int, Sequence[bytes]]]) -> AddedRuns | None:
         """`try_add_entries` for runs of several ledgers (ledger id, entries) as one write
@@ -473,13 +471,6 @@ class Storage:
             As `add_entry` for any of the runs, but never for a full cache.
         """
         return add_runs(self, runs, journal_may_wait=False)
-
-    def _try_add(self, ledger_id: int, entries: Sequence[bytes],
-                 journal_may_wait: bool) -> Completion[int] | None:
-        """One run of adds unless the cache is full (None); a full journal queue gives None
-        too unless `journal_may_wait` (a thread's add waits in `Journal.submit`)."""
-        added = add_runs(self, [(ledger_id, entries)], journal_may_wait)
-        return None if added is None else added[1]
 
     def cache_space(self) -> Completion[None]:
         """Finishes once `try_add_entry` may accept an entry again: the journal's writer
