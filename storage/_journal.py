@@ -480,7 +480,8 @@ class Journal:
         assert last.end_offset >= self.synced_mark.offset or \
             last.segment.segment_id > self.synced_mark.segment_id
         self.synced_mark = JournalMark(last.segment.segment_id, last.end_offset, last.last_lsn)
-        requests = [r for b in batches for r in b.requests]
+        requests = last.requests if len(batches) == 1 else [
+            r for b in batches for r in b.requests]
         if self._config.journal_sync:
             self.acknowledged_end = (last.segment.segment_id, last.end_offset)
         if requests:
