@@ -19,19 +19,20 @@ __all__ = ["Completion"]
 T = TypeVar("T")
 
 _PENDING = object()
+_STATE_LOCK = threading.Lock()  # one lock for all completions: they are short-lived
 
 
 class Completion(Generic[T]):
     """The outcome of an operation that finishes in another thread."""
 
-    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_value", "before_blocking")
-
-    _state_lock = threading.Lock()  # one lock for all: completions are short-lived
+    __slots__ = ("_callback", "_error", "_event", "_more", "_value", "before_blocking")
 
     def __init__(self) -> None:
         self._value: Any = _PENDING
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[Completion[T]], None]] | None = None
+        # The first callback, then the others (most completions have exactly one: no list).
+        self._callback: Callable[[Completion[T]], None] | None = None
+        self._more: list[Callable[[Completion[T]], None]] | None = None
         # Held until the completion finishes; a blocked `result` waits to acquire it. A raw
         # lock, not a `threading.Event`: waking a synchronous caller is on the path of every
         # add made one at a time.
@@ -63,26 +64,34 @@ class Completion(Generic[T]):
         self._finish(None, error)
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
-        with Completion._state_lock:
+        with _STATE_LOCK:
             assert self._value is _PENDING, "a completion finishes once"
             self._error = error
             self._value = value
-            callbacks, self._callbacks = self._callbacks, None
+            callback = self._callback
             event = self._event
+            if callback is not None:
+                more = self._more
+                self._callback = self._more = None
         if event is not None:
             event.release()
-        if callbacks:
-            for callback in callbacks:
-                callback(self)
+        if callback is not None:
+            callback(self)
+            if more is not None:
+                for callback in more:
+                    callback(self)
 
     def add_done_callback(self, callback: Callable[[Completion[T]], None]) -> None:
         """Call `callback(self)` once done: at once if already done, else in the thread
         that completes it. Callbacks must be quick and must not raise."""
-        with Completion._state_lock:
+        with _STATE_LOCK:
             if self._value is _PENDING:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
+                if self._callback is None:
+                    self._callback = callback
+                elif self._more is None:
+                    self._more = [callback]
+                else:
+                    self._more.append(callback)
                 return
         callback(self)
 
@@ -98,7 +107,7 @@ class Completion(Generic[T]):
             self.before_blocking = None
             hook()
         if self._value is _PENDING:
-            with Completion._state_lock:
+            with _STATE_LOCK:
                 if self._value is _PENDING and self._event is None:
                     self._event = threading.Lock()
                     self._event.acquire()
@@ -113,7 +122,7 @@ class Completion(Generic[T]):
         return value
 
     def exception(self) -> BaseException | None:
-        assert self.done()
+        assert self._value is not _PENDING, "a completion's exception once done"
         return self._error
 
     def __await__(self) -> Generator[Any, None, T]:

@@ -49,12 +49,18 @@ from collections.abc import Callable
 from ._completion import Completion
 from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
-from ._fs import FileHandle, FileSystem
-from ._journal_batch import JournalRequest, _Batch, _Segment, encode_batch
+from ._fs import FileSystem
+from ._journal_batch import (
+    JournalRequest,
+    _Batch,
+    _Segment,
+    create_segment,
+    encode_batch,
+    preallocate,
+)
 from ._journal_format import (
     RECORD_HEADER_BYTES,
     JournalMark,
-    SegmentHeader,
     parse_segment_name,
     segment_file_name,
 )
@@ -64,9 +70,6 @@ __all__ = ["Journal", "JournalMark", "JournalRequest", "parse_segment_name", "se
 
 log = logging.getLogger(__name__)
 
-_ZERO_CHUNK_BYTES = 1024 * 1024
-_FIRST_PREALLOC_BYTES = 1024 * 1024  # an open or a rollover does not wait for a full step
-_ZEROS = bytes(_ZERO_CHUNK_BYTES)
 
 
 DurableCallback = Callable[[list[JournalRequest]], None]
@@ -89,12 +92,20 @@ class Journal:
         # fsync latency and group-commit size (one writer: whoever holds the syncer role),
         # bytes written (the writer role).
         self.metrics = metrics if metrics is not None else StorageMetrics()
-        lock = threading.RLock()
+        # `with self._mutex` is `with self._lock` without its Python-level wrappers (the
+        # per-add paths use it).
+        self._mutex = lock = threading.RLock()
         self._lock = threading.Condition(lock)
-        # The writer's own condition (same lock): a submission wakes only the writer.
+        # The writer's own condition (same lock): a submission wakes only the writer, and
+        # only while it waits (`_writer_idle`).
         self._writer_wake = threading.Condition(lock)
+        self._writer_idle = False
+        # The syncer's own condition (same lock): woken when there may be a batch to sync or
+        # the journal stops (`_notify_all`), not by every step of the writer.
+        self._syncer_wake = threading.Condition(lock)
         self._queue: deque[JournalRequest] = deque()
         self._queued_records = 0  # records of the queued requests (a run of adds counts each)
+        self._queued_bytes = 0  # their `size`
         self._room_waiters: list[Completion[None]] = []  # one per waiting managed ledger
         # Adds stop here (`has_room_for_adds`): a tenth of the queue stays for the records that
         # must not wait behind adds (cursor updates, ledger closes), so their submit never blocks.
@@ -123,6 +134,8 @@ class Journal:
             ]
             for thread in self._threads:
                 thread.start()
+        # `Completion.before_blocking` of an add: one bound method for all of them.
+        self.lead: Callable[[], bool] = self.try_lead
 
     # -- segments ------------------------------------------------------------------------
 
@@ -131,36 +144,7 @@ class Journal:
         return self._segment.segment_id
 
     def _create_segment(self, segment_id: int) -> _Segment:
-        path = os.path.join(self._dir, segment_file_name(segment_id))
-        alignment = self._config.journal_alignment_bytes
-        handle = self._fs.open(path, create=True)
-        try:
-            header = SegmentHeader(segment_id, self._next_lsn, alignment)
-            handle.pwrite(header.encode(), 0)
-            first_step = min(_FIRST_PREALLOC_BYTES, self._config.journal_prealloc_bytes)
-            allocated = self._preallocate(handle, alignment, alignment, first_step)
-            handle.fdatasync()
-            self._fs.fsync_dir(self._dir)
-        except BaseException:
-            handle.close()
-            raise
-        log.debug("journal segment %s created (first LSN %d)", path, self._next_lsn)
-        return _Segment(segment_id, handle, alignment, allocated)
-
-    def _preallocate(self, handle: FileHandle, start: int, need_end: int, step: int = 0) -> int:
-        """Zeros from `start` in `step` (`journal_prealloc_bytes`) steps until `need_end`
-        is covered; returns the new allocated end."""
-        end = start
-        step = step or self._config.journal_prealloc_bytes
-        while end < need_end or end == start:
-            stop = end + step
-            position = end
-            while position < stop:
-                chunk = min(_ZERO_CHUNK_BYTES, stop - position)
-                handle.pwrite(_ZEROS[:chunk], position)
-                position += chunk
-            end = stop
-        return end
+        return create_segment(self._fs, self._dir, self._config, segment_id, self._next_lsn)
 
     def _roll_over(self) -> None:
         """Close the full segment once everything in it is durable, then open the next."""
@@ -212,7 +196,15 @@ class Journal:
         """Queue a record. Its completion (if any) finishes once the record is durable, or
         fails with `StorageFailedError`. Blocks while `journal_queue_requests_max` requests
         are queued."""
-        with self._lock:
+        with self._mutex:
+            if (self._failed is None and not self._closing
+                    and self._queued_records < self._config.journal_queue_requests_max):
+                self._queue.append(request)  # the common case, first
+                self._queued_records += request.records
+                self._queued_bytes += request.size
+                if self._writer_idle:
+                    self._writer_wake.notify()
+                return
             if self._failed is not None:
                 self._fail_requests([request], self._failed)
                 return
@@ -226,12 +218,13 @@ class Journal:
                     return
             self._queue.append(request)
             self._queued_records += request.records
-            self._writer_wake.notify()
+            self._queued_bytes += request.size
+            self._writer_wake.notify()  # (the writer may not be idle: harmless)
 
     def has_room_for_adds(self, records: int = 1) -> bool:
         """Whether `records` adds fit below `add_requests_max` now, or nothing is queued (a
         longer run then goes alone; its caller bounds it): `submit` would not wait."""
-        with self._lock:
+        with self._mutex:
             queued = self._queued_records
             return queued == 0 or queued + records <= self.add_requests_max
 
@@ -271,10 +264,10 @@ class Journal:
                 return False
             self._writing = True
             self._leading = True
-            requests = self._take_batch()
+            taken = self._take_batch()
         segment = None
         try:
-            segment = self._write_and_queue(requests)
+            segment = self._write_and_queue(*taken)
             self._sync_once()
         finally:
             with self._lock:
@@ -299,58 +292,73 @@ class Journal:
 
     # -- the writer ----------------------------------------------------------------------
 
-    def _take_batch(self) -> list[JournalRequest]:
-        """Take queued requests up to the batch byte limit (at least one). Lock held."""
-        taken: list[JournalRequest] = []
-        size = 0
+    def _take_batch(self) -> tuple[list[JournalRequest], int]:
+        """Take queued requests up to the batch byte limit (at least one), and count their
+        records. Lock held."""
         limit = self._config.journal_batch_bytes_max
-        records = 0
-        while self._queue and (not taken or size + self._queue[0].size <= limit):
-            request = self._queue.popleft()
-            size += request.size
-            records += request.records
-            taken.append(request)
-        self._queued_records -= records
-        self._notify_all()
+        queue = self._queue
+        if self._queued_bytes <= limit:  # all of them (the common case: no loop over each)
+            taken = list(queue)
+            queue.clear()
+            records = self._queued_records
+            self._queued_records = self._queued_bytes = 0
+        else:
+            taken = []
+            size = records = 0
+            while queue and (not taken or size + queue[0].size <= limit):
+                request = queue.popleft()
+                size += request.size
+                records += request.records
+                taken.append(request)
+            self._queued_records -= records
+            self._queued_bytes -= size
+        self._lock.notify_all()  # room for submissions waiting in `submit`
         if self._room_waiters and self._queued_records < self.add_requests_max:
             self._wake_room_waiters()
-        return taken
+        return taken, records
 
     def _writer_loop(self) -> None:
         while True:
             with self._lock:
                 while (not self._queue or self._writing) and not self._closing \
                         and self._failed is None:
-                    self._writer_wake.wait()
+                    self._writer_wait()
                 while self._writing and self._failed is None:  # a leader finishes first
-                    self._writer_wake.wait()
+                    self._writer_wait()
                 if self._failed is not None or (self._closing and not self._queue):
                     self._writer_done = True
                     self._notify_all()
                     return
                 self._writing = True
-                requests = self._take_batch()
+                taken = self._take_batch()
             try:
-                self._write_requests(requests)
+                self._write_requests(*taken)
             finally:
                 with self._lock:
                     self._writing = False
-                    self._notify_all()
+                    self._lock.notify_all()
+
+    def _writer_wait(self) -> None:  # lock held
+        self._writer_idle = True
+        try:
+            self._writer_wake.wait()
+        finally:
+            self._writer_idle = False
 
     def _write_once(self) -> bool:
         with self._lock:
             if not self._queue or self._failed is not None:
                 return False
-            requests = self._take_batch()
-        self._write_requests(requests)
+            taken = self._take_batch()
+        self._write_requests(*taken)
         return True
 
-    def _write_requests(self, requests: list[JournalRequest]) -> None:
-        segment = self._write_and_queue(requests)
+    def _write_requests(self, requests: list[JournalRequest], records: int) -> None:
+        segment = self._write_and_queue(requests, records)
         if segment is not None:
             self._maybe_roll_over(segment)
 
-    def _write_and_queue(self, requests: list[JournalRequest]) -> _Segment | None:
+    def _write_and_queue(self, requests: list[JournalRequest], records: int) -> _Segment | None:
         """Encode and write one batch and hand it to the syncer; returns the segment
         written to, or None when the journal failed (the requests failed with it)."""
         segment = self._segment
@@ -362,7 +370,7 @@ class Journal:
             self._fail(requests, journal_io_error(exc, segment.handle.path))
             return None
         done = _Batch(segment, segment.position, self._next_lsn - 1, requests,
-                      sum(r.records for r in requests))
+                      records)
         if not self._config.journal_sync:
             self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
@@ -404,8 +412,9 @@ class Journal:
     def _write_batch_bytes(self, segment: _Segment, batch: bytearray) -> None:
         end = segment.position + len(batch)
         if end + RECORD_HEADER_BYTES > segment.allocated:
-            segment.allocated = self._preallocate(segment.handle, segment.allocated,
-                                                  end + RECORD_HEADER_BYTES)
+            segment.allocated = preallocate(segment.handle, segment.allocated,
+                                            end + RECORD_HEADER_BYTES,
+                                            self._config.journal_prealloc_bytes)
         segment.handle.pwrite(batch, segment.position)
         segment.position = end
         self.metrics.journal_bytes_written += len(batch)
@@ -432,11 +441,11 @@ class Journal:
                     remaining = interval - (time.monotonic() - self._last_sync_monotonic)
                     if remaining <= 0:
                         return True
-                    self._lock.wait(remaining)
+                    self._syncer_wake.wait(remaining)
                     continue
                 if self._closing and self._writer_done:
                     return False
-                self._lock.wait()
+                self._syncer_wake.wait()
 
     def _sync_once(self) -> bool:
         with self._lock:
@@ -471,18 +480,20 @@ class Journal:
         assert last.end_offset >= self.synced_mark.offset or \
             last.segment.segment_id > self.synced_mark.segment_id
         self.synced_mark = JournalMark(last.segment.segment_id, last.end_offset, last.last_lsn)
-        requests = [r for b in batches for r in b.requests]
+        requests = last.requests if len(batches) == 1 else [
+            r for b in batches for r in b.requests]
         if self._config.journal_sync:
             self.acknowledged_end = (last.segment.segment_id, last.end_offset)
         if requests:
             self._on_durable(requests)
         with self._lock:
             self._sync_busy = False
-            self._notify_all()
+            self._lock.notify_all()  # a rollover waiting for the syncer to be idle
 
     def _notify_all(self) -> None:  # lock held: wake the writer, the syncer, room waiters
         self._lock.notify_all()
         self._writer_wake.notify_all()
+        self._syncer_wake.notify_all()
 
     # -- failure and shutdown ------------------------------------------------------------
 
@@ -501,6 +512,7 @@ class Journal:
                 self._failed = error
             pending = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
             self._queue.clear()
+            self._queued_records = self._queued_bytes = 0
             self._sync_queue.clear()
             self._notify_all()
             self._wake_room_waiters()
@@ -527,6 +539,7 @@ class Journal:
         with self._lock:
             leftovers = list(self._queue) + [r for b in self._sync_queue for r in b.requests]
             self._queue.clear()
+            self._queued_records = self._queued_bytes = 0
             self._sync_queue.clear()
         self._fail_requests(leftovers, self._failed or StorageClosedError("journal is closed"))
         try:

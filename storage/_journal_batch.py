@@ -1,23 +1,34 @@
 """What the journal queues and writes: a request (one record, or a run of adds of one
-ledger), a batch written and waiting for its sync, and the segment being written.
-See `_journal.py` for how they move."""
+ledger), a batch written and waiting for its sync, and the segment being written (created
+and preallocated here). See `_journal.py` for how they move."""
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 
 from ._completion import Completion
-from ._fs import FileHandle
+from ._config import StorageConfig
+from ._fs import FileHandle, FileSystem
 from ._journal_format import (
     ADD_IDS_BYTES,
     AddRun,
     RecordType,
-    encode_add_runs,
+    SegmentHeader,
+    add_run_parts,
     encode_record,
     pad_record,
+    segment_file_name,
 )
 
-__all__ = ["JournalRequest", "encode_batch"]
+__all__ = ["JournalRequest", "create_segment", "encode_batch", "preallocate"]
+
+log = logging.getLogger(__name__)
+
+_ZERO_CHUNK_BYTES = 1024 * 1024
+_FIRST_PREALLOC_BYTES = 1024 * 1024  # an open or a rollover does not wait for a full step
+_ZEROS = bytes(_ZERO_CHUNK_BYTES)
 
 _ADD = int(RecordType.ADD_ENTRY)
 
@@ -48,6 +59,23 @@ class JournalRequest:
             self.size = ADD_IDS_BYTES * count + (
                 len(entries[0]) if count == 1 else sum(map(len, entries)))
 
+    @classmethod
+    def add(cls, completion: Completion[int], ledger: object, ledger_id: int, entry_id: int,
+            data: bytes) -> JournalRequest:
+        """The request of one add (what `__init__` makes of a run of one, built for less)."""
+        assert ledger_id >= 0
+        request = cls.__new__(cls)
+        request.kind = _ADD
+        request.payload = b""
+        request.completion = completion
+        request.ledger = ledger
+        request.entry_id = entry_id
+        request.entries = [data]
+        request.ledger_id = ledger_id
+        request.records = 1
+        request.size = ADD_IDS_BYTES + len(data)
+        return request
+
 
 @dataclass
 class _Batch:
@@ -66,27 +94,67 @@ class _Segment:
         self.allocated = allocated
 
 
+def create_segment(fs: FileSystem, directory: str, config: StorageConfig, segment_id: int,
+                   first_lsn: int) -> _Segment:
+    """A new segment file: its header, a first step of zeros, synced with its directory."""
+    path = os.path.join(directory, segment_file_name(segment_id))
+    alignment = config.journal_alignment_bytes
+    handle = fs.open(path, create=True)
+    try:
+        header = SegmentHeader(segment_id, first_lsn, alignment)
+        handle.pwrite(header.encode(), 0)
+        first_step = min(_FIRST_PREALLOC_BYTES, config.journal_prealloc_bytes)
+        allocated = preallocate(handle, alignment, alignment, first_step)
+        handle.fdatasync()
+        fs.fsync_dir(directory)
+    except BaseException:
+        handle.close()
+        raise
+    log.debug("journal segment %s created (first LSN %d)", path, first_lsn)
+    return _Segment(segment_id, handle, alignment, allocated)
+
+
+def preallocate(handle: FileHandle, start: int, need_end: int, step: int) -> int:
+    """Zeros from `start` in `step` (`journal_prealloc_bytes`) steps until `need_end`
+    is covered; returns the new allocated end."""
+    end = start
+    while end < need_end or end == start:
+        stop = end + step
+        position = end
+        while position < stop:
+            chunk = min(_ZERO_CHUNK_BYTES, stop - position)
+            handle.pwrite(_ZEROS[:chunk], position)
+            position += chunk
+        end = stop
+    return end
+
+
 def encode_batch(requests: list[JournalRequest], segment: _Segment, lsn: int, alignment: int,
                  synced_lsn: int) -> tuple[bytearray, int]:
     """The bytes of one batch written at `segment.position` (its records from LSN `lsn`,
     then a PAD to the alignment boundary), and the LSN after them."""
-    out = bytearray()
+    parts: list[bytes | bytearray] = []  # the records' pieces, joined once at the end
     segment_id = segment.segment_id
     runs: list[AddRun] = []  # consecutive runs of adds, encoded together
     for request in requests:
         entries = request.entries
         if entries is None:
             if runs:
-                lsn = encode_add_runs(out, segment_id, lsn, runs)
+                lsn = add_run_parts(parts, segment_id, lsn, runs)
                 runs = []
-            encode_record(out, segment_id, lsn, request.kind, request.payload)
+            record = bytearray()
+            encode_record(record, segment_id, lsn, request.kind, request.payload)
+            parts.append(record)
             lsn += 1
         else:
             runs.append((request.ledger_id, request.entry_id - len(entries) + 1, entries))
     if runs:
-        lsn = encode_add_runs(out, segment_id, lsn, runs)
+        lsn = add_run_parts(parts, segment_id, lsn, runs)
     # The PAD carries the LSN synced so far: recovery tells a torn tail (never synced) from
     # a damaged record that was synced before a later batch was written.
-    if pad_record(out, segment_id, lsn, segment.position, alignment, synced_lsn):
+    pad = bytearray()
+    if pad_record(pad, segment_id, lsn, segment.position + sum(map(len, parts)), alignment,
+                  synced_lsn):
+        parts.append(pad)
         lsn += 1
-    return out, lsn
+    return bytearray().join(parts), lsn

@@ -65,6 +65,7 @@ __all__ = [
     "ScanResult",
     "SegmentHeader",
     "Survivors",
+    "add_run_parts",
     "encode_add_runs",
     "encode_adds",
     "encode_record",
@@ -164,21 +165,32 @@ AddRun = tuple[int, int, Sequence[bytes]]  # ledger id, first entry id, entries
 
 def encode_add_runs(out: bytearray, segment_id: int, lsn: int, runs: Iterable[AddRun]) -> int:
     """`encode_adds` for each run in turn (LSNs continue from run to run); returns the next
-    LSN.
+    LSN."""
+    parts: list[bytes | bytearray] = []
+    lsn = add_run_parts(parts, segment_id, lsn, runs)
+    out += b"".join(parts)
+    return lsn
+
+
+def add_run_parts(parts: list[bytes | bytearray], segment_id: int, lsn: int,
+                  runs: Iterable[AddRun]) -> int:
+    """`encode_add_runs` that appends each record's pieces (CRC, head, data) to `parts`
+    instead of copying them into a buffer; returns the next LSN.
 
     The journal writer's hot loop: the payload (ids ‖ data) is never built, its CRC chains
-    over the pieces, and the segment seed and the loop's set-up are paid once per batch,
-    not once per run (a batch of single adds is hundreds of runs of one)."""
+    over the pieces, the batch's pieces are joined once (appending each to a growing buffer
+    costs more), and the segment seed and the loop's set-up are paid once per batch, not
+    once per run (a batch of single adds is hundreds of runs of one)."""
     crc, pack_head, pack_crc = crc32c_native, _ADD_HEAD.pack, _U32.pack
     seed = crc(_SEGMENT_ID.pack(segment_id), 0)
-    kind, ids_bytes = _ADD_KIND, ADD_IDS_BYTES
+    kind, ids_bytes, append = _ADD_KIND, ADD_IDS_BYTES, parts.append
     for ledger_id, entry_id, entries in runs:
         for data in entries:
             length = ids_bytes + len(data)
             head = pack_head(length, lsn, kind, 0, 0, length ^ 0xFFFFFFFF, ledger_id, entry_id)
-            out += pack_crc(crc(data, crc(head, seed)))
-            out += head
-            out += data
+            append(pack_crc(crc(data, crc(head, seed))))
+            append(head)
+            append(data)
             lsn += 1
             entry_id += 1
     return lsn

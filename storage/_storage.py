@@ -71,7 +71,7 @@ from typing import TypeVar
 
 import lmdb
 
-from ._adds import AddedRuns, add_runs
+from ._adds import AddedRuns, add_one, add_run, add_runs
 from ._checkpoint import Checkpointer
 from ._completion import Completion
 from ._config import StorageConfig
@@ -125,7 +125,8 @@ class Storage:
         self.entry_log_dir = os.path.join(data_dir, "entrylogs")
         self.index = index
         self._dir_lock = lock
-        self.lock = threading.Condition()
+        self.mutex = threading.RLock()  # `lock`'s own: the add path takes it directly
+        self.lock = threading.Condition(self.mutex)
         self.cache = WriteCache(config.write_cache_bytes_max // 2)
         self.ledgers = LedgerTable()
         self.logs = EntryLogs(fs, self.entry_log_dir, config)
@@ -408,7 +409,8 @@ class Storage:
             StorageError: the cache stayed full for `write_cache_wait_ms_max` (or, without
                 background threads, nobody runs the checkpoint that would free it).
         """
-        return self.add_entries(ledger_id, [data])
+        added = add_one(self, ledger_id, data, journal_may_wait=True)
+        return added if added is not None else self.add_entries(ledger_id, [data])
 
     def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int]:
         """Append a run of entries to one ledger as `add_entry` each, under one hold of the
@@ -424,7 +426,7 @@ class Storage:
         """
         deadline = time.monotonic() + self.config.write_cache_wait_ms_max / 1000.0
         while True:
-            added = self._try_add(ledger_id, entries, journal_may_wait=True)
+            added = add_run(self, ledger_id, entries, journal_may_wait=True)
             if added is not None:
                 return added
             if not self.config.background_threads:
@@ -448,7 +450,7 @@ class Storage:
         Raises:
             As `add_entry`, but never for a full cache.
         """
-        return self._try_add(ledger_id, [data], journal_may_wait=False)
+        return add_one(self, ledger_id, data, journal_may_wait=False)
 
     def try_add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> Completion[int] | None:
         """`add_entries` that never waits, as `try_add_entry`: None (none written) when the
@@ -457,7 +459,7 @@ class Storage:
         Raises:
             As `add_entry`, but never for a full cache.
         """
-        return self._try_add(ledger_id, entries, journal_may_wait=False)
+        return add_run(self, ledger_id, entries, journal_may_wait=False)
 
     def try_add_runs(self, runs: Sequence[tuple[int, Sequence[bytes]]]) -> AddedRuns | None:
         """`try_add_entries` for runs of several ledgers (ledger id, entries) as one write
@@ -469,13 +471,6 @@ class Storage:
             As `add_entry` for any of the runs, but never for a full cache.
         """
         return add_runs(self, runs, journal_may_wait=False)
-
-    def _try_add(self, ledger_id: int, entries: Sequence[bytes],
-                 journal_may_wait: bool) -> Completion[int] | None:
-        """One run of adds unless the cache is full (None); a full journal queue gives None
-        too unless `journal_may_wait` (a thread's add waits in `Journal.submit`)."""
-        added = add_runs(self, [(ledger_id, entries)], journal_may_wait)
-        return None if added is None else added[1]
 
     def cache_space(self) -> Completion[None]:
         """Finishes once `try_add_entry` may accept an entry again: the journal's writer
@@ -608,14 +603,15 @@ class Storage:
     # -- journal callbacks (run in the journal's threads) --------------------------------
 
     def _on_durable(self, requests: list[JournalRequest]) -> None:
-        for request in requests:
+        for request in requests:  # (every add of a group passes here: kept lean)
             ledger = request.ledger
+            entry_id = request.entry_id
             if isinstance(ledger, LedgerState):
-                assert request.entry_id - request.records == ledger.lac, \
-                    "adds become durable in order"
-                ledger.lac = request.entry_id
-            if request.completion is not None:
-                request.completion.set_result(request.entry_id)
+                assert entry_id - request.records == ledger.lac, "adds become durable in order"
+                ledger.lac = entry_id
+            completion = request.completion
+            if completion is not None:
+                completion.set_result(entry_id)
 
     def _on_failed(self, requests: list[JournalRequest], error: BaseException) -> None:
         if isinstance(error, StorageFailedError):

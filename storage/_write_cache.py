@@ -52,6 +52,15 @@ class WriteCache:
         ledger[entry_id] = data
         self.active.entry_bytes += len(data)
 
+    def put_new(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        """`put` of a new add, whose id no entry of the cache holds (`put_run` of one)."""
+        active = self.active
+        ledger = active.entries.get(ledger_id)
+        if ledger is None:
+            ledger = active.entries[ledger_id] = {}
+        ledger[entry_id] = data
+        active.entry_bytes += len(data)
+
     def put_run(self, ledger_id: int, first: int, entries: list[bytes]) -> None:
         """`put` for entries `first`, `first + 1`, ... of a ledger: new adds, whose ids no
         entry of the cache holds (replay, which may rewrite one, uses `put`)."""

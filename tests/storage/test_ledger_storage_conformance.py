@@ -392,6 +392,23 @@ def test_try_add_entry_adds_like_add_entry_while_the_cache_has_room(impl: Impl) 
         store.try_add_entry(ledger + 100, b"x")
 
 
+def test_an_entry_given_as_a_buffer_is_stored_as_it_was_when_added(impl: Impl) -> None:
+    """add_entry and try_add_entry keep a copy of a bytearray or memoryview entry: the
+    caller may reuse its buffer at once (the single-add path keeps only exact bytes)."""
+    store = impl.store
+    ledger = new_ledger(store)
+    buffer = bytearray(b"first")
+    added = store.add_entry(ledger, buffer)
+    buffer[:] = b"later"
+    view_source = bytearray(b"second")
+    tried = store.try_add_entry(ledger, memoryview(view_source))
+    assert tried is not None
+    view_source[:] = b"changed"
+    assert [done(added), done(tried)] == [0, 1]
+    assert store.read_entries(ledger, 0, 1) == [b"first", b"second"]
+    assert all(type(data) is bytes for data in store.read_entries(ledger, 0, 1))
+
+
 def test_a_run_of_adds_gets_consecutive_ids_and_one_completion_for_the_last(
         impl: Impl) -> None:
     store = impl.store
