@@ -68,6 +68,7 @@ from magnetar.codec import (
     LocalProtocolError,
     ProtocolError,
     Role,
+    Send,
     State,
     base_command,
     pb,
@@ -143,7 +144,7 @@ class ConnectionHandler:
         self._close_transport = close_transport
         self.peer = peer
         frame_max = self.service.config.max_message_size_bytes + FRAME_PADDING_BYTES
-        self.conn = Connection(Role.BROKER, frame_size_bytes_max=frame_max)
+        self.conn = Connection(Role.BROKER, frame_size_bytes_max=frame_max, plain_sends=True)
         self.closed = False
         self.client_version = ""
         self.protocol_version = 0
@@ -222,7 +223,10 @@ class ConnectionHandler:
             log.warning("closing the connection of %s: %s", self.peer, exc)
             self.close()
 
-    def _dispatch(self, event: Frame | ChecksumMismatch) -> None:
+    def _dispatch(self, event: Frame | Send | ChecksumMismatch) -> None:
+        if isinstance(event, Send):
+            self.producers.on_plain_send(event)
+            return
         if isinstance(event, ChecksumMismatch):
             self.producers.on_corrupt_send(event)
             return
