@@ -212,20 +212,27 @@ class Journal:
         """Queue a record. Its completion (if any) finishes once the record is durable, or
         fails with `StorageFailedError`. Blocks while `journal_queue_requests_max` requests
         are queued."""
+        self.submit_many([request])
+
+    def submit_many(self, requests: list[JournalRequest]) -> None:
+        """`submit` each of `requests` in order, with one hold of the lock and one wake-up
+        of the writer. The list counts as one submission: it waits (blocks) only while the
+        queue is full before it, and may take the queue past `journal_queue_requests_max`
+        by its records, as one long run of adds may."""
         with self._lock:
             if self._failed is not None:
-                self._fail_requests([request], self._failed)
+                self._fail_requests(requests, self._failed)
                 return
             if self._closing:
-                self._fail_requests([request], StorageClosedError("journal is closed"))
+                self._fail_requests(requests, StorageClosedError("journal is closed"))
                 return
             while self._queued_records >= self._config.journal_queue_requests_max:
                 self._lock.wait()
                 if self._failed is not None:
-                    self._fail_requests([request], self._failed)
+                    self._fail_requests(requests, self._failed)
                     return
-            self._queue.append(request)
-            self._queued_records += request.records
+            self._queue.extend(requests)
+            self._queued_records += sum(request.records for request in requests)
             self._writer_wake.notify()
 
     def has_room_for_adds(self, records: int = 1) -> bool:
