@@ -97,7 +97,8 @@ def _count_in(topic: PersistentTopic | NonPersistentTopic, producer: Producer, e
               metadata: pb.MessageMetadata) -> int:
     """Count a published entry in the topic's and the producer's counters; returns its
     number of messages."""
-    messages = messages_in_entry(metadata, entry)
+    messages = (messages_in_entry(metadata, entry)  # 1 unless a batch (the call saved)
+                if metadata.HasField("num_messages_in_batch") else 1)
     producer.msg_in_counter += messages
     producer.bytes_in_counter += len(entry)
     topic.msg_in_counter += messages

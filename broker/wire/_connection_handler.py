@@ -211,6 +211,9 @@ class ConnectionHandler:
                     self.close()
                     return
                 self._received_since_ping = True
+                if isinstance(event, Send):  # the hot command, without `_dispatch`'s call
+                    self.producers.on_plain_send(event)
+                    continue
                 self._dispatch(event)
                 if self.closed:
                     return

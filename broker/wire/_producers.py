@@ -330,9 +330,11 @@ class ProducerCommands:
                  problem: str | None) -> None:
         """A SEND's receipt is queued, then: refused now (a transaction, or the batch count
         `problem`), or gathered in `unsent` for `flush_sends`."""
-        state = self._sender(producer_id)
-        if state is None:
-            return
+        state = self._producers.get(producer_id)
+        if state is None or state.producer is None:  # not ready or closed: `_sender` decides
+            state = self._sender(producer_id)
+            if state is None:
+                return
         if highest is None or highest < sequence_id:
             highest = -1  # none stated: the topic's dedup derives it from the entry
         pending = _PendingSend(sequence_id, highest)
@@ -433,25 +435,31 @@ class ProducerCommands:
         out = bytearray()
         producer_id = state.producer_id
         answered = 0
+        closed = self.view.closed
         while queue and queue[0].done:
-            out += self._receipt_bytes(producer_id, queue.popleft())
+            pending = queue.popleft()
             answered += 1
+            result = pending.result
+            if result is None:
+                out += self._error_bytes(producer_id, pending)
+            elif not closed:  # the protobuf runtime's bytes, built faster
+                out += send_receipt_frame(
+                    producer_id, pending.sequence_id, result.ledger_id, result.entry_id,
+                    max(pending.highest_sequence_id, pending.sequence_id))
         self.pending_sends -= answered
         assert self.pending_sends >= 0
-        if out and not self.view.closed:
+        if out and not closed:
             self.view.write_soon(bytes(out))
         if not queue:
             state.drained.set()
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
             self._send_room.set()
 
-    def _receipt_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
+    def _error_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
+        """The SEND_ERROR of a failed SEND; nothing for a dropped one (a full disk: see
+        `_answer`), nor on a closed connection."""
         if pending.dropped or self.view.closed:
             return b""
-        if pending.result is not None:
-            return send_receipt_frame(  # the protobuf runtime's bytes, built faster
-                producer_id, pending.sequence_id, pending.result.ledger_id,
-                pending.result.entry_id, max(pending.highest_sequence_id, pending.sequence_id))
         assert pending.error is not None
         code, message = pending.error
         return self.view.encode(pb.CommandSendError(
