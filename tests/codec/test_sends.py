@@ -111,7 +111,7 @@ def test_what_the_plain_decode_takes_decodes_the_same_the_ordinary_way(
         assert plain is not None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(commands(), metadatas(plain=True), st.binary(min_size=1, max_size=20),
        st.data())
 def test_a_damaged_send_is_left_to_the_ordinary_decode(
