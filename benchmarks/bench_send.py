@@ -214,12 +214,19 @@ def measure(broker: BrokerProcess, workload: str, producers: int, pending: int,
                   others_after - others_before)
 
 
-def run_round(root: str, scratch: str, seconds: float, producers: int) -> list[Result]:
-    broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch), root=root)
+def run_round(root: str, scratch: str, seconds: float, producers: int,
+              workloads: str = "both", profile_path: str | None = None) -> list[Result]:
+    broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch),
+                           profile_path=profile_path, root=root)
     broker.start()
     try:
-        return [measure(broker, "one producer", 1, PENDING_ONE, seconds),
-                measure(broker, f"{producers} producers", producers, PENDING_MANY, seconds)]
+        results = []
+        if workloads in ("both", "one"):
+            results.append(measure(broker, "one producer", 1, PENDING_ONE, seconds))
+        if workloads in ("both", "many"):
+            results.append(measure(broker, f"{producers} producers", producers, PENDING_MANY,
+                                   seconds))
+        return results
     finally:
         broker.stop()
 
@@ -232,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None, help="per workload (4)")
     parser.add_argument("--producers", type=int, default=None, help="many producers (100)")
     parser.add_argument("--dir", default=tempfile.gettempdir())
+    parser.add_argument("--workloads", choices=("both", "one", "many"), default="both")
+    parser.add_argument("--profile", default=None, metavar="PATH",
+                        help="run the broker under cProfile, its stats written to PATH")
     parser.add_argument("--quick", action="store_true",
                         help="1 s per workload and 10 producers, unless given")
     args = parser.parse_args(argv)
@@ -245,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_no in range(args.rounds):
             order = list(sides) if round_no % 2 == 0 else list(reversed(sides))
             for side in order:
-                for result in run_round(sides[side], scratch, args.seconds, args.producers):
+                for result in run_round(sides[side], scratch, args.seconds, args.producers,
+                                        args.workloads, args.profile):
                     print(f"round {round_no} {side:6s} {result.line()}", flush=True)
     print(f"load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0

@@ -9,6 +9,7 @@ message ids and hashes. No sockets, no threads, no asyncio in this package.
 | `_framer.py`       | one frame's byte layout, CRC32C, stored entries                    |
 | `_connection.py`   | `Connection`: the sans-IO state machine                            |
 | `_receipts.py`     | SEND_RECEIPT frames built without the protobuf runtime             |
+| `_sends.py`        | plain SENDs decoded without the protobuf runtime                   |
 | `_message_frames.py` | MESSAGE frames built without the protobuf runtime                |
 | `_compression.py`  | NONE, LZ4, ZLIB, ZSTD, SNAPPY as Pulsar's clients write them       |
 | `_batching.py`     | batch payloads and the default and key-based batch containers      |
@@ -100,6 +101,7 @@ from ._message_frames import message_frame
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._proto import pulsar_api_pb2 as pb
 from ._receipts import send_receipt_frame
+from ._sends import PLAIN_METADATA_FIELDS, Send, decode_plain_send
 
 __all__ = [
     "BATCH_DELAY_MS_MAX_DEFAULT",
@@ -123,6 +125,7 @@ __all__ = [
     "NONE_KEY",
     "PAYLOAD_COMMAND_TYPES",
     "PENDING_CHUNKED_MESSAGES_MAX_DEFAULT",
+    "PLAIN_METADATA_FIELDS",
     "UNCOMPRESSED_SIZE_BYTES_MAX_DEFAULT",
     "Batch",
     "BatchContainer",
@@ -143,6 +146,7 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "Role",
+    "Send",
     "SingleMessage",
     "State",
     "base_command",
@@ -158,6 +162,7 @@ __all__ = [
     "crc32c",
     "decode_batch_payload",
     "decode_frame",
+    "decode_plain_send",
     "decompress",
     "encode_batch_payload",
     "encode_entry",

@@ -56,6 +56,7 @@ from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._framer import FRAME_SIZE_BYTES_MAX_DEFAULT, decode_frame, encode_frame
 from ._frames import NEED_DATA, ChecksumMismatch, ConnectionClosed, Frame, NeedData
 from ._proto import pulsar_api_pb2 as pb
+from ._sends import Send, decode_plain_send
 
 __all__ = [
     "BROKER_TO_CLIENT_TYPES",
@@ -111,7 +112,7 @@ CPP_CLIENT_ACCEPTED_TYPES: Final = frozenset(
 
 _U32: Final = struct.Struct(">I")
 
-Event = Frame | ChecksumMismatch | ConnectionClosed
+Event = Frame | Send | ChecksumMismatch | ConnectionClosed
 
 
 class Role(enum.Enum):
@@ -169,6 +170,8 @@ class Connection:
         frame_size_bytes_max: the largest frame accepted or sent (default: 5 MiB + 10 KiB).
         peer_accepted_types: for a broker, the command types the client can handle (default: the
             C++ client's list); None allows every broker-to-client type.
+        plain_sends: for a broker, hand plain SENDs out as `Send` events, decoded without the
+            protobuf runtime (`_sends.py`); other SENDs stay `Frame`s.
     """
 
     def __init__(
@@ -177,8 +180,10 @@ class Connection:
         *,
         frame_size_bytes_max: int = FRAME_SIZE_BYTES_MAX_DEFAULT,
         peer_accepted_types: frozenset[int] | None = CPP_CLIENT_ACCEPTED_TYPES,
+        plain_sends: bool = False,
     ) -> None:
         self.role = role
+        self._plain_sends = plain_sends and role is Role.BROKER
         self.frame_size_bytes_max = frame_size_bytes_max
         self.peer_accepted_types = peer_accepted_types if role is Role.BROKER else None
         self.state = State.IDLE
@@ -296,6 +301,7 @@ class Connection:
         limit = self.frame_size_bytes_max
         allowed = self._allowed[_RECEIVED]
         unpack = _U32.unpack_from
+        plain_sends = self._plain_sends
         with memoryview(buffer) as view:
             while end - pos >= 4 and self.state is State.CONNECTED:
                 total = unpack(buffer, pos)[0]
@@ -304,8 +310,12 @@ class Connection:
                 if end - pos - 4 < total:
                     break
                 start = pos + 4
-                event = decode_frame(bytes(view[start : start + total]))
+                data = bytes(view[start : start + total])
                 pos = self._offset = start + total
+                if plain_sends and (send := decode_plain_send(data)) is not None:
+                    events.append(send)  # SEND: allowed from a client once CONNECTED
+                    continue
+                event = decode_frame(data)
                 kind = event.command.type
                 if kind not in allowed or kind in _HANDSHAKE_ONLY:
                     self._transition(_RECEIVED, kind)  # raises the reason

@@ -30,6 +30,8 @@ _MESSAGE_ID: Final = field_key(_RECEIPT_FIELDS["message_id"].number, WIRE_BYTES)
 _HIGHEST: Final = field_key(_RECEIPT_FIELDS["highest_sequence_id"].number, WIRE_VARINT)
 MESSAGE_ID_LEDGER_KEY: Final = field_key(_ID_FIELDS["ledgerId"].number, WIRE_VARINT)
 MESSAGE_ID_ENTRY_KEY: Final = field_key(_ID_FIELDS["entryId"].number, WIRE_VARINT)
+_LENGTH: Final = tuple(encode_varint(length) for length in range(128))  # one byte each
+_HEAD_BYTES: Final = len(_COMMAND_HEAD) + 1  # and the body's one-byte length
 
 
 def send_receipt_frame(producer_id: int, sequence_id: int, ledger_id: int, entry_id: int,
@@ -41,10 +43,14 @@ def send_receipt_frame(producer_id: int, sequence_id: int, ledger_id: int, entry
     assert 0 <= producer_id <= UINT64_MASK
     assert 0 <= sequence_id <= UINT64_MASK
     assert 0 <= highest_sequence_id <= UINT64_MASK
-    message_id = (MESSAGE_ID_LEDGER_KEY + encode_varint(ledger_id & UINT64_MASK)
-                  + MESSAGE_ID_ENTRY_KEY + encode_varint(entry_id & UINT64_MASK))
-    body = b"".join((_PRODUCER, encode_varint(producer_id), _SEQUENCE, encode_varint(sequence_id),
-                     _MESSAGE_ID, encode_varint(len(message_id)), message_id,
-                     _HIGHEST, encode_varint(highest_sequence_id)))
-    command = b"".join((_COMMAND_HEAD, encode_varint(len(body)), body))
-    return _SIZES.pack(len(command) + 4, len(command)) + command
+    sequence = encode_varint(sequence_id)
+    message_id = b"".join((MESSAGE_ID_LEDGER_KEY, encode_varint(ledger_id & UINT64_MASK),
+                           MESSAGE_ID_ENTRY_KEY, encode_varint(entry_id & UINT64_MASK)))
+    # Every length below is under 128, so its varint is the one byte: at most 2 + 10 + 10
+    # for the message id, 4 * (1 + 10) + 1 + 22 for the body.
+    body = b"".join((_PRODUCER, encode_varint(producer_id), _SEQUENCE, sequence, _MESSAGE_ID,
+                     _LENGTH[len(message_id)], message_id, _HIGHEST,
+                     sequence if highest_sequence_id == sequence_id
+                     else encode_varint(highest_sequence_id)))
+    size = _HEAD_BYTES + len(body)
+    return b"".join((_SIZES.pack(size + 4, size), _COMMAND_HEAD, _LENGTH[len(body)], body))

@@ -118,6 +118,7 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
         if engine.config.journal_caller_syncs_when_idle:
             completion.before_blocking = journal.lead
         lasts = []
+        requests = []
         for index, ((ledger_id, _), ledger, run) in enumerate(zip(runs, ledgers, datas,
                                                                    strict=True)):
             first = ledger.next_entry_id
@@ -125,9 +126,10 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
             ledger.next_entry_id = last + 1
             cache.put_run(ledger_id, first, run)
             lasts.append(last)
-            journal.submit(JournalRequest(
+            requests.append(JournalRequest(
                 _ADD, b"", completion if index == len(runs) - 1 else None,
                 ledger, last, entries=run, ledger_id=ledger_id))
+        journal.submit_many(requests)  # one journal lock hold and wake-up for the list
     return lasts, completion
 
 

@@ -205,20 +205,24 @@ class Journal:
                 if self._writer_idle:
                     self._writer_wake.notify()
                 return
-            if self._failed is not None:
-                self._fail_requests([request], self._failed)
-                return
-            if self._closing:
-                self._fail_requests([request], StorageClosedError("journal is closed"))
+        self.submit_many([request])  # failed, closing or full: the slow path
+
+    def submit_many(self, requests: list[JournalRequest]) -> None:
+        """`submit` each of `requests` in order, with one hold of the lock and one wake-up of
+        the writer. The list is one submission: it blocks only while the queue is full before
+        it, and may take the queue past `journal_queue_requests_max` as one long run may."""
+        with self._lock:
+            if self._failed is not None or self._closing:
+                self._fail_requests(requests, self._failed or StorageClosedError("journal closed"))
                 return
             while self._queued_records >= self._config.journal_queue_requests_max:
                 self._lock.wait()
                 if self._failed is not None:
-                    self._fail_requests([request], self._failed)
+                    self._fail_requests(requests, self._failed)
                     return
-            self._queue.append(request)
-            self._queued_records += request.records
-            self._queued_bytes += request.size
+            self._queue.extend(requests)
+            self._queued_records += sum(request.records for request in requests)
+            self._queued_bytes += sum(request.size for request in requests)
             self._writer_wake.notify()  # (the writer may not be idle: harmless)
 
     def has_room_for_adds(self, records: int = 1) -> bool:

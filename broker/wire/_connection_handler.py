@@ -68,6 +68,7 @@ from magnetar.codec import (
     LocalProtocolError,
     ProtocolError,
     Role,
+    Send,
     State,
     base_command,
     pb,
@@ -143,7 +144,7 @@ class ConnectionHandler:
         self._close_transport = close_transport
         self.peer = peer
         frame_max = self.service.config.max_message_size_bytes + FRAME_PADDING_BYTES
-        self.conn = Connection(Role.BROKER, frame_size_bytes_max=frame_max)
+        self.conn = Connection(Role.BROKER, frame_size_bytes_max=frame_max, plain_sends=True)
         self.closed = False
         self.client_version = ""
         self.protocol_version = 0
@@ -210,6 +211,9 @@ class ConnectionHandler:
                     self.close()
                     return
                 self._received_since_ping = True
+                if isinstance(event, Send):  # the hot command, without `_dispatch`'s call
+                    self.producers.on_plain_send(event)
+                    continue
                 self._dispatch(event)
                 if self.closed:
                     return
@@ -222,7 +226,10 @@ class ConnectionHandler:
             log.warning("closing the connection of %s: %s", self.peer, exc)
             self.close()
 
-    def _dispatch(self, event: Frame | ChecksumMismatch) -> None:
+    def _dispatch(self, event: Frame | Send | ChecksumMismatch) -> None:
+        if isinstance(event, Send):
+            self.producers.on_plain_send(event)
+            return
         if isinstance(event, ChecksumMismatch):
             self.producers.on_corrupt_send(event)
             return

@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from magnetar.codec import ChecksumMismatch, Frame, pb, send_receipt_frame
+from magnetar.codec import ChecksumMismatch, Frame, Send, pb, send_receipt_frame
 
 from .._errors import DiskFullError
 from .._names import TopicName, check_producer_name, check_subscription_name
@@ -94,6 +94,10 @@ class _PendingSend:
     dropped: bool = False  # answered by closing the producer instead (a full disk)
 
 
+# A SEND gathered for `flush_sends`: its producer, receipt, entry and metadata.
+_Unsent = tuple["_ProducerState", _PendingSend, bytes, "pb.MessageMetadata | None"]
+
+
 @dataclass
 class _ProducerState:
     producer_id: int
@@ -119,7 +123,7 @@ class ProducerCommands:
         self.pending_sends = 0
         # The SENDs of the socket read being handled, not yet handed to their topics (at most
         # one read's frames: `flush_sends` runs at its end and before any other command).
-        self.unsent: list[tuple[_ProducerState, _PendingSend, Frame]] = []
+        self.unsent: list[_Unsent] = []
         self._send_room = asyncio.Event()
         self._send_room.set()
 
@@ -308,27 +312,44 @@ class ProducerCommands:
 
     def on_send(self, frame: Frame) -> None:
         send = frame.command.send
-        state = self._sender(send.producer_id)
-        if state is None:
-            return
-        highest = send.highest_sequence_id
-        if not send.HasField("highest_sequence_id") or highest < send.sequence_id:
+        highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
+        assert frame.metadata is not None  # the codec gives every SEND its metadata
+        self._on_send(send.producer_id, send.sequence_id, highest,
+                      bool(send.txnid_least_bits or send.txnid_most_bits), frame.entry,
+                      frame.metadata, batch_count_error(frame.metadata, len(frame.payload)))
+
+    def on_plain_send(self, send: Send) -> None:
+        """`on_send` for a plain SEND (codec's `decode_plain_send`): its metadata holds no
+        batch count to refuse."""
+        self._on_send(send.producer_id, send.sequence_id, send.highest_sequence_id,
+                      bool(send.txnid_least_bits or send.txnid_most_bits), send.entry,
+                      send.metadata, None)
+
+    def _on_send(self, producer_id: int, sequence_id: int, highest: int | None,
+                 transactional: bool, entry: bytes, metadata: pb.MessageMetadata,
+                 problem: str | None) -> None:
+        """A SEND's receipt is queued, then: refused now (a transaction, or the batch count
+        `problem`), or gathered in `unsent` for `flush_sends`."""
+        state = self._producers.get(producer_id)
+        if state is None or state.producer is None:  # not ready or closed: `_sender` decides
+            state = self._sender(producer_id)
+            if state is None:
+                return
+        if highest is None or highest < sequence_id:
             highest = -1  # none stated: the topic's dedup derives it from the entry
-        pending = _PendingSend(send.sequence_id, highest)
+        pending = _PendingSend(sequence_id, highest)
         state.pending.append(pending)
         self.pending_sends += 1
-        if send.txnid_least_bits or send.txnid_most_bits:
+        if transactional:
             self._finish_send(state, pending, error=(pb.NotAllowedError, TRANSACTIONS_DISABLED))
             return
-        assert frame.metadata is not None  # the codec gives every SEND its metadata
-        problem = batch_count_error(frame.metadata, len(frame.payload))
         if problem is not None:
             # NotAllowed fails this message only (Java), where other codes make clients
             # reconnect and send the same batch again.
             log.debug("refusing a SEND from %s: %s", self.view.peer, problem)
             self._finish_send(state, pending, error=(pb.NotAllowedError, problem))
             return
-        self.unsent.append((state, pending, frame))
+        self.unsent.append((state, pending, entry, metadata))
 
     def flush_sends(self) -> None:
         """Hand the SENDs gathered so far to their topics, each run of one producer's SENDs
@@ -347,13 +368,13 @@ class ProducerCommands:
             self.view.spawn(added)
 
     def _publish_run(self, state: _ProducerState,
-                     run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                     run: list[_Unsent],
                      group: AddGroup) -> None:
         topic, producer = state.topic, state.producer
         assert topic is not None
         assert producer is not None
-        sends = [(frame.entry, pending.sequence_id, pending.highest_sequence_id,
-                  frame.metadata) for _, pending, frame in run]
+        sends = [(entry, pending.sequence_id, pending.highest_sequence_id, metadata)
+                 for _, pending, entry, metadata in run]
         if not isinstance(topic, PersistentTopic):
             self.view.spawn(self._publish(state, run, topic.publish_many(producer, sends)))
         elif not topic.publish_grouped(producer, sends, group,
@@ -361,7 +382,7 @@ class ProducerCommands:
             self.view.spawn(self._publish(state, run, topic.publish_many_soon(producer, sends)))
 
     async def _publish(self, state: _ProducerState,
-                       run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                       run: list[_Unsent],
                        publish: Awaitable[list[PublishResult | BaseException]]) -> None:
         try:
             outcomes = await publish
@@ -370,11 +391,11 @@ class ProducerCommands:
         self._answer(state, run, outcomes)
 
     def _answer(self, state: _ProducerState,
-                run: list[tuple[_ProducerState, _PendingSend, Frame]],
+                run: list[_Unsent],
                 outcomes: Sequence[PublishResult | BaseException]) -> None:
         """A run's publish finished: each SEND's receipt (or error), then the completed head
         of the producer's queue goes out in one write."""
-        for (_, pending, _), outcome in zip(run, outcomes, strict=True):
+        for (_, pending, _, _), outcome in zip(run, outcomes, strict=True):
             pending.done = True
             if isinstance(outcome, PublishResult):
                 pending.result = outcome
@@ -414,25 +435,31 @@ class ProducerCommands:
         out = bytearray()
         producer_id = state.producer_id
         answered = 0
+        closed = self.view.closed
         while queue and queue[0].done:
-            out += self._receipt_bytes(producer_id, queue.popleft())
+            pending = queue.popleft()
             answered += 1
+            result = pending.result
+            if result is None:
+                out += self._error_bytes(producer_id, pending)
+            elif not closed:  # the protobuf runtime's bytes, built faster
+                out += send_receipt_frame(
+                    producer_id, pending.sequence_id, result.ledger_id, result.entry_id,
+                    max(pending.highest_sequence_id, pending.sequence_id))
         self.pending_sends -= answered
         assert self.pending_sends >= 0
-        if out and not self.view.closed:
+        if out and not closed:
             self.view.write_soon(bytes(out))
         if not queue:
             state.drained.set()
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
             self._send_room.set()
 
-    def _receipt_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
+    def _error_bytes(self, producer_id: int, pending: _PendingSend) -> bytes:
+        """The SEND_ERROR of a failed SEND; nothing for a dropped one (a full disk: see
+        `_answer`), nor on a closed connection."""
         if pending.dropped or self.view.closed:
             return b""
-        if pending.result is not None:
-            return send_receipt_frame(  # the protobuf runtime's bytes, built faster
-                producer_id, pending.sequence_id, pending.result.ledger_id,
-                pending.result.entry_id, max(pending.highest_sequence_id, pending.sequence_id))
         assert pending.error is not None
         code, message = pending.error
         return self.view.encode(pb.CommandSendError(
