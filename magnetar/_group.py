@@ -38,7 +38,7 @@ from ._errors import (
     Timeout,
 )
 from ._handoff import Handoff
-from ._message import Message
+from ._message import Message, batch_indexes
 from ._message_id import MessageId as ClientMessageId
 from ._message_id import codec_id
 from ._retry import RetryLetters
@@ -343,7 +343,7 @@ class ConsumerGroup:
         owner: TopicConsumer | None = None
         for _ in range(min(most, len(queue))):
             message = queue.popleft()
-            current = message.owner
+            current = message._entry.owner  # `Message.owner`, inline (once per message)
             if current is not owner:
                 if owner is not None:
                     owner.taken(run)
@@ -423,7 +423,7 @@ class ConsumerGroup:
         owner = first.owner
         if len(messages) > 1 and not self.closed and type(owner) is TopicConsumer and \
                 owner.group is self:
-            owner.acknowledge_entry(first.received, [m.batch_index for m in messages])
+            owner.acknowledge_entry(first.received, batch_indexes(messages))
             return
         for message in messages:
             self.acknowledge(message)

@@ -48,6 +48,11 @@ class Received:
 _new = object.__new__
 
 
+def batch_indexes(messages: list[Message]) -> list[int]:
+    """The batch index of each message (`Message.batch_index`, in one call)."""
+    return [message._single.batch_index for message in messages]
+
+
 def received_message(entry: Received, single: SingleMessage) -> Message:
     """One message of `entry` (the hot path: no checks, no id yet)."""
     message = _new(Message)

@@ -82,7 +82,7 @@ from ._message_id import trusted_id
 from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
 __all__ = ["OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "ResultSink",
-           "plain_message"]
+           "now_ms", "plain_message", "stored", "stored_one"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -172,6 +172,32 @@ class PartsSink:
                   batch_size: int) -> None:
         raise NotImplementedError
 
+    def set_parts_of_entry(self, sinks: list[ResultSink], ledger_id: int, entry_id: int,
+                           partition: int, batch_size: int) -> None:
+        """Resolve the sinks of one stored entry, this one first (sink i gets batch index i;
+        -1 when `batch_size` is 0): a subclass may do it in one loop."""
+        stored(sinks, ledger_id, entry_id, partition, batch_size)
+
+
+def stored(sinks: list[ResultSink], ledger_id: int, entry_id: int, partition: int,
+           batch_size: int) -> None:
+    """Resolve the sinks of one stored entry not resolved yet: sink i gets batch index i
+    (-1 when `batch_size` is 0, a message alone in its entry)."""
+    for index, sink in enumerate(sinks):
+        stored_one(sink, ledger_id, entry_id, partition, index if batch_size else -1,
+                   batch_size)
+
+
+def stored_one(sink: ResultSink, ledger_id: int, entry_id: int, partition: int,
+               batch_index: int, batch_size: int) -> None:
+    """Resolve one message's sink with its id, unless it is resolved already."""
+    if sink.done():
+        return
+    if isinstance(sink, PartsSink):
+        sink.set_parts(ledger_id, entry_id, partition, batch_index, batch_size)
+    else:
+        sink.set_result(trusted_id(ledger_id, entry_id, partition, batch_index, batch_size))
+
 
 class ResultSink(Protocol):
     """Where one message's outcome goes: an `asyncio.Future`, or any object with the same three
@@ -202,7 +228,8 @@ class _Op:
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # flush calls
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
+    """The wall clock in ms (publish times, batch delays)."""
     return int(time.time() * 1000)
 
 
@@ -360,6 +387,27 @@ class ProducerCore:
             await self._reserve(1 if entry is None else len(entry[2]))
             self._enqueue(message, sink, entry)
 
+    @property
+    def batches(self) -> bool:
+        """Whether messages without a delivery time go into batches (`offer_batched`)."""
+        return self._container is not None
+
+    def offer_batched(self, message: OutMessage, sink: ResultSink, now_ms: int) -> bool:
+        """`offer` for a message without a delivery time on a producer that `batches` (the
+        hot path of `send_async`: one call, the clock read once per burst by the caller).
+
+        Raises:
+            AlreadyClosed: nothing was queued.
+        """
+        if self._closed_reason is not None:
+            self._check_open()
+        used = self._slots_used
+        if used >= self.config.max_pending_messages and used:
+            return False
+        self._slots_used = used + 1
+        self._add_to_batch(message, sink, now_ms)
+        return True
+
     def offer(self, message: OutMessage, sink: ResultSink) -> bool:
         """Queue `message` if its slots are free now, its outcome going to `sink`; False (and
         nothing queued) when it would have to wait for room -- then `send_to` waits.
@@ -383,7 +431,7 @@ class ProducerCore:
         if self._container is not None and message.deliver_at_ms is None:
             return None
         metadata, payload = build_message(
-            message.single(0), producer_name=self.producer_name, publish_time=_now_ms(),
+            message.single(0), producer_name=self.producer_name, publish_time=now_ms(),
             compression=int(self.config.compression_type))
         if message.deliver_at_ms is not None:
             metadata.deliver_at_time = message.deliver_at_ms
@@ -392,22 +440,8 @@ class ProducerCore:
     def _enqueue(self, message: OutMessage, sink: ResultSink,
                  entry: tuple[pb.MessageMetadata, bytes, list[None]] | None) -> None:
         """Put a message whose slots are taken into the batch or on the wire."""
-        if entry is None:  # into the open batch (the hot path: no call it can skip)
-            container = self._container
-            assert container is not None
-            sequence_id = self._assign(message.sequence_id)
-            possible_duplicate = sequence_id <= self._last_pushed
-            if possible_duplicate or self._duplicate_batched:
-                self._send_batches(self._drain_container())
-            self._duplicate_batched = possible_duplicate
-            if sequence_id > self._last_pushed:
-                self._last_pushed = sequence_id
-            self._batch_results[sequence_id] = sink
-            closed = container.add(message.single(sequence_id), _now_ms())
-            if closed:
-                self._send_batches(closed)
-            if self._batch_timer is None:
-                self._arm_batch_timer()
+        if entry is None:
+            self._add_to_batch(message, sink, now_ms())
             return
         metadata, payload, pieces = entry
         sequence_id = self._assign(message.sequence_id)
@@ -419,6 +453,28 @@ class ProducerCore:
             last = index == len(chunks) - 1
             self._dispatch(_Op(sequence_id, sequence_id, 1, [sink] if last else [],
                                time.monotonic()), chunk_metadata, chunk_payload, 1)
+
+    def _add_to_batch(self, message: OutMessage, sink: ResultSink, now_ms: int) -> None:
+        """Put a message whose slot is taken into the open batch (the hot path: no call it can
+        skip)."""
+        container = self._container
+        assert container is not None
+        sequence_id = message.sequence_id
+        if sequence_id is None:  # `_assign`, inline
+            sequence_id = self._next_sequence_id
+            self._next_sequence_id = sequence_id + 1
+        possible_duplicate = sequence_id <= self._last_pushed
+        if possible_duplicate or self._duplicate_batched:
+            self._send_batches(self._drain_container())
+        self._duplicate_batched = possible_duplicate
+        if not possible_duplicate:
+            self._last_pushed = sequence_id
+        self._batch_results[sequence_id] = sink
+        closed = container.add(message.single(sequence_id), now_ms)
+        if closed:
+            self._send_batches(closed)
+        if self._batch_timer is None:
+            self._arm_batch_timer()
 
     def _chunk_size(self, metadata: pb.MessageMetadata) -> int:
         return chunk_payload_size_bytes(metadata, self.transport.max_message_size)
@@ -464,13 +520,13 @@ class ProducerCore:
         container = self._container
         if container is None or self._batch_timer is not None or container.deadline_ms is None:
             return
-        delay_s = max(0.0, (container.deadline_ms - _now_ms()) / 1000)
+        delay_s = max(0.0, (container.deadline_ms - now_ms()) / 1000)
         self._batch_timer = asyncio.get_running_loop().call_later(delay_s, self._batch_due)
 
     def _batch_due(self) -> None:
         self._batch_timer = None
         if self._container is not None:
-            self._send_batches(self._container.expire(_now_ms()))
+            self._send_batches(self._container.expire(now_ms()))
             self._arm_batch_timer()
 
     def _drain_container(self) -> list[Batch]:
@@ -481,7 +537,7 @@ class ProducerCore:
             count = len(batch.messages)
             results = self._take_batch_results(batch)
             metadata, payload = build_batch(
-                batch.messages, producer_name=self.producer_name, publish_time=_now_ms(),
+                batch.messages, producer_name=self.producer_name, publish_time=now_ms(),
                 compression=int(self.config.compression_type))
             metadata.highest_sequence_id = batch.highest_sequence_id
             op = _Op(batch.sequence_id, batch.highest_sequence_id, count, results,
@@ -547,16 +603,12 @@ class ProducerCore:
                 if not result.done():
                     result.set_exception(error)
             return
-        partition, size = self.partition, op.batch_size
-        for index, result in enumerate(op.results):
-            if result.done():
-                continue
-            if not size:
-                index = -1
-            if isinstance(result, PartsSink):
-                result.set_parts(ledger_id, entry_id, partition, index, size)
-            else:
-                result.set_result(trusted_id(ledger_id, entry_id, partition, index, size))
+        results = op.results
+        if results and isinstance(results[0], PartsSink):  # send_async's: one call per entry
+            results[0].set_parts_of_entry(results, ledger_id, entry_id, self.partition,
+                                          op.batch_size)
+        else:
+            stored(results, ledger_id, entry_id, self.partition, op.batch_size)
 
     def _fail_all(self, error: PulsarException) -> None:
         for op in list(self._ops):

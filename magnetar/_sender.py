@@ -40,7 +40,7 @@ from ._errors import AlreadyClosed, ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread
 from ._message_id import MessageId as ClientMessageId
 from ._message_id import trusted_id
-from ._producer import OutMessage, PartsSink
+from ._producer import OutMessage, PartsSink, ResultSink, now_ms, stored_one
 from ._routing import ProducerSet
 
 __all__ = ["AsyncSender", "SendCallback", "SendWaiter"]
@@ -135,24 +135,40 @@ class _Receipt(PartsSink):
 
     def set_parts(self, ledger_id: int, entry_id: int, partition: int, batch_index: int,
                   batch_size: int) -> None:
-        """Stored (the hot path: the callback's id is built from the parts)."""
-        self._finished = True
-        sender, callback = self._sender, self._callback
+        """Stored (the callback's id is built from the parts)."""
+        callback = self._callback
         if isinstance(callback, SendWaiter):  # its caller waits: its slot comes back at once
-            sender._slots.give(1)
+            self._finished = True
+            self._sender._slots.give(1)
             callback.finish(None, trusted_id(ledger_id, entry_id, partition, batch_index,
                                              batch_size))
             return
-        if not sender._slots_done:
-            asyncio.get_running_loop().call_soon(sender._give_slots)
-        sender._slots_done += 1
-        if callback is None:
-            return
-        try:
-            callback(_OK, ClientMessageId.of_parts(ledger_id, entry_id, partition, batch_index,
-                                                   batch_size))
-        except Exception:  # the application's callback must not break the client
-            log.exception("a send_async callback on %s failed", sender._core.topic)
+        self.set_parts_of_entry([self], ledger_id, entry_id, partition, batch_size, batch_index)
+
+    def set_parts_of_entry(self, sinks: list[ResultSink], ledger_id: int, entry_id: int,
+                           partition: int, batch_size: int, first_index: int = 0) -> None:
+        """`set_parts` of every sink of one stored entry (sink i gets batch index
+        `first_index + i`) in one loop: the hot path, a batch's `send_async` callbacks. A sink
+        of another kind, or a synchronous `send`'s, is resolved as `stored_one` does."""
+        of_parts = ClientMessageId.of_parts
+        for index, sink in enumerate(sinks, first_index):
+            batch_index = index if batch_size else -1
+            if type(sink) is not _Receipt or isinstance(sink._callback, SendWaiter):
+                stored_one(sink, ledger_id, entry_id, partition, batch_index, batch_size)
+                continue
+            if sink._finished:
+                continue
+            sink._finished = True
+            sender, callback = sink._sender, sink._callback
+            if not sender._slots_done:
+                asyncio.get_running_loop().call_soon(sender._give_slots)
+            sender._slots_done += 1
+            if callback is None:
+                continue
+            try:
+                callback(_OK, of_parts(ledger_id, entry_id, partition, batch_index, batch_size))
+            except Exception:  # the application's callback must not break the client
+                log.exception("a send_async callback on %s failed", sender._core.topic)
 
 
 class AsyncSender:
@@ -203,13 +219,22 @@ class AsyncSender:
             transport.end_burst()
 
     def _drain_now(self) -> None:
+        queue, core = self._queue, self._core
+        batching = core.only_batching_core()  # the usual batched producer: one call each
+        burst_ms = now_ms()
         while True:
             self._scheduled = False
-            if not self._queue:
+            if not queue:
                 return
-            message, callback = self._queue.popleft()
+            message, callback = queue.popleft()
+            receipt = _Receipt(self, callback)
             try:
-                waiting = self._core.offer(message, _Receipt(self, callback))
+                if batching is None or message.deliver_at_ms is not None:
+                    waiting = core.offer(message, receipt)
+                elif batching.offer_batched(message, receipt, burst_ms):
+                    continue
+                else:
+                    waiting = batching.send_to(message, receipt)
             except Exception as exc:  # refused (a custom router's failure included)
                 self._finished(callback, _as_pulsar(exc), None)
                 continue
