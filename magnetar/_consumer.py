@@ -296,7 +296,8 @@ class TopicConsumer:
             (entry_id.ledger_id, entry_id.entry_id)
         received = Received(ledger_id, entry, self.partition, size if batched else 0,
                             None if batched else entry_id, self.topic, metadata.publish_time,
-                            metadata.producer_name, incoming.redelivery_count, self, chunk_ids)
+                            metadata.producer_name, incoming.redelivery_count, self, chunk_ids,
+                            self.generation)
         acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else None
         check_start = self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
         if acked is None and not check_start and not any(map(_COMPACTED_OUT, messages)):

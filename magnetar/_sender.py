@@ -5,16 +5,18 @@ Theory of operation
 A blocking call into the client's loop costs a thread switch each way; `send_async` is the
 call applications make in a tight loop, so it does not wait for the loop at all. The caller's
 thread takes a slot of `slots` (`_Slots`: waiting for one with `block_if_queue_full`, else
-raising `ProducerQueueIsFull` at once), appends the message to a deque, and schedules a
-drain on the loop unless one is scheduled already -- one thread switch per burst, not per
-message. The drain hands the queued messages to the producer core in order, right in that
-callback, each with a `_Receipt` (the core's result sink: it calls back directly, without a
-future per message); only a message that must wait for room in the core's own queue starts a
-drain task, which waits and goes on from there. A message the core refuses (too big, producer
-closed) reports its error through the callback. Slots come back when callbacks ran, in bulk:
-once per loop iteration, not once per message (a synchronous send's at once: its caller
-waits). The synchronous `send` queues the same way with a `SendWaiter` for a callback, so sends
-and send_asyncs keep their order.
+raising `ProducerQueueIsFull` at once), appends the message with its callback to a deque as
+a `_Receipt`, and schedules a drain on the loop unless one is scheduled already -- one thread
+switch per burst, not per message. The drain hands the queued messages to the producer core
+in order, right in that callback, each with its `_Receipt` as the core's result sink (it
+calls back directly, without a future per message); a one-partition batching producer takes
+each in one call (`ProducerCore.offer_batched`), and a stored batch's receipts are resolved
+in one loop (`_Receipt.set_parts_of_entry`). Only a message that must wait for room in the
+core's own queue starts a drain task, which waits and goes on from there. A message the core
+refuses (too big, producer closed) reports its error through the callback. Slots come back
+when callbacks ran, in bulk: once per loop iteration, not once per message (a synchronous
+send's at once: its caller waits). The synchronous `send` queues the same way with a
+`SendWaiter` for a callback, so sends and send_asyncs keep their order.
 
 No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
 and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
@@ -113,14 +115,17 @@ class _Slots:
 
 
 class _Receipt(PartsSink):
-    """The core's result sink for one `send_async` message (see `ResultSink`)."""
+    """One `send_async` message on its way: queued for the loop with its message, then the
+    core's result sink for it (see `ResultSink`)."""
 
-    __slots__ = ("_callback", "_finished", "_sender")
+    __slots__ = ("_callback", "_finished", "_sender", "message")
 
-    def __init__(self, sender: AsyncSender, callback: SendCallback | SendWaiter | None):
+    def __init__(self, sender: AsyncSender, callback: SendCallback | SendWaiter | None,
+                 message: OutMessage):
         self._sender = sender
         self._callback = callback
         self._finished = False
+        self.message = message
 
     def done(self) -> bool:
         return self._finished
@@ -180,7 +185,7 @@ class AsyncSender:
         self._slots = _Slots(slots)
         self._slots_done = 0  # loop only: slots to give back at the end of this loop turn
         self._block = block
-        self._queue: deque[tuple[OutMessage, SendCallback | SendWaiter | None]] = deque()
+        self._queue: deque[_Receipt] = deque()  # made on the caller's thread
         self._scheduled = False
         self._draining = False  # loop only
         self._idle: asyncio.Event | None = None  # loop only, made on first use
@@ -200,7 +205,7 @@ class AsyncSender:
             raise ProducerQueueIsFull(
                 f"producer {self._core.producer_name!r} on {self._core.topic} has "
                 f"{limit} of {limit} pending messages")
-        self._queue.append((message, callback))
+        self._queue.append(_Receipt(self, callback, message))
         if not self._scheduled:
             self._scheduled = True
             self._thread.call(self._start_drain)
@@ -226,8 +231,8 @@ class AsyncSender:
             self._scheduled = False
             if not queue:
                 return
-            message, callback = queue.popleft()
-            receipt = _Receipt(self, callback)
+            receipt = queue.popleft()
+            message = receipt.message
             try:
                 if batching is None or message.deliver_at_ms is not None:
                     waiting = core.offer(message, receipt)
@@ -236,13 +241,13 @@ class AsyncSender:
                 else:
                     waiting = batching.send_to(message, receipt)
             except Exception as exc:  # refused (a custom router's failure included)
-                self._finished(callback, _as_pulsar(exc), None)
+                self._finished(receipt._callback, _as_pulsar(exc), None)
                 continue
             if waiting is not None:
                 self._draining = True  # before the task runs: no second drain starts
                 if self._idle is not None:
                     self._idle.clear()
-                self._task = asyncio.ensure_future(self._drain(waiting, callback))
+                self._task = asyncio.ensure_future(self._drain(waiting, receipt._callback))
                 return
 
     async def _drain(self, waiting: Coroutine[Any, Any, None] | None,
@@ -258,9 +263,10 @@ class AsyncSender:
                 self._scheduled = False
                 if not self._queue:
                     return
-                message, callback = self._queue.popleft()
+                receipt = self._queue.popleft()
+                callback = receipt._callback
                 try:
-                    waiting = self._core.offer(message, _Receipt(self, callback))
+                    waiting = self._core.offer(receipt.message, receipt)
                 except Exception as exc:
                     self._finished(callback, _as_pulsar(exc), None)
                     waiting = None
