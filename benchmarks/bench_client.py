@@ -15,8 +15,9 @@ Systems: `embedded` (`magnetar.Client(data_dir)`: the broker in this process), `
 `sqlite-ack` (`SQLiteAckQueue`) and `sqlite` (`SQLiteQueue`).
 
 For each client system, each cell -- workload x in flight (1: `send` and wait; 256:
-`send_async` with at most 256 unreceipted) x batching (off; on with the client defaults) --
-runs on a fresh topic for a fixed time:
+`send_async` with at most 256 unreceipted, the producer's own bound: `max_pending_messages=256`
+with `block_if_queue_full`, as an application would bound them) x batching (off; on with the
+client defaults) -- runs on a fresh topic for a fixed time:
 
 * **publish**: messages receipted per second.
 * **publish+consume+ack**: a producer thread publishes for the fixed time while an Exclusive
@@ -63,7 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # send_receipts 
 
 import pulsar  # type: ignore[import-untyped]
 from persistqueue import SQLiteAckQueue, SQLiteQueue  # type: ignore[import-untyped]
-from send_receipts import BoundedReceipts
+from send_receipts import ReceiptCount
 from tqdm import tqdm
 
 import magnetar
@@ -130,6 +131,10 @@ class BenchOptions:
     progress: bool = True
     scale: ClientScale | None = None  # overrides `quick` (the test uses TINY)
     systems: tuple[str, ...] = CLIENT_SYSTEMS + QUEUE_SYSTEMS
+    # Subsets of the client systems' cells (`--workloads`, `--in-flight`, `--batching`).
+    workloads: tuple[str, ...] = WORKLOADS
+    in_flight: tuple[int, ...] = IN_FLIGHT
+    batching: tuple[bool, ...] = BATCHING
 
     def chosen_scale(self) -> ClientScale:
         if self.scale is not None:
@@ -161,7 +166,7 @@ def _publish(client: Any, ok: object, topic: str, in_flight: int, batching: bool
     """Publish for `seconds`; (messages receipted, start, last receipt) in perf_counter s."""
     producer = client.create_producer(topic, batching_enabled=batching,
                                       block_if_queue_full=True,
-                                      max_pending_messages=max(in_flight, 1000))
+                                      max_pending_messages=in_flight if in_flight > 1 else 1000)
     payload = os.urandom(MESSAGE_BYTES)
     started = time.perf_counter()
     stop_at = started + seconds
@@ -172,10 +177,9 @@ def _publish(client: Any, ok: object, topic: str, in_flight: int, batching: bool
                 producer.send(payload)
                 count += 1
             return count, started, time.perf_counter()
-        receipts = BoundedReceipts(ok, in_flight)
+        receipts = _Receipts(ok)
         sent = 0
-        while time.perf_counter() < stop_at:
-            receipts.slots.acquire()
+        while time.perf_counter() < stop_at:  # send_async blocks while 256 are unreceipted
             producer.send_async(payload, receipts.callback)
             sent += 1
         producer.flush()
@@ -183,6 +187,16 @@ def _publish(client: Any, ok: object, topic: str, in_flight: int, batching: bool
         return receipts.done, started, receipts.last_s
     finally:
         producer.close()
+
+
+class _Receipts(ReceiptCount):
+    """The receipts of one producer's `send_async`s, counted by its callback. The producer's
+    own queue bounds the sends in flight (see `_publish`): a semaphore taken per send and
+    released by each callback (`BoundedReceipts`) cost 13 Python calls per message in the
+    client's own threads and woke the publishing thread once per receipt."""
+
+    def callback(self, result: Any, _message_id: Any) -> None:
+        self.count(result)
 
 
 def _client_cell(client: Any, ok: object, exclusive: object, cell: Cell, topic: str,
@@ -209,6 +223,7 @@ def _client_cell_run(client: Any, ok: object, exclusive: object, cell: Cell, top
     consumer = client.subscribe(topic, "bench", consumer_type=exclusive)
     outcome: list[tuple[int, float, float]] = []
     errors: list[BaseException] = []
+    finished: list[bool] = []  # set when the producer thread is done (no call per message)
 
     def produce() -> None:
         try:
@@ -216,6 +231,8 @@ def _client_cell_run(client: Any, ok: object, exclusive: object, cell: Cell, top
                                     seconds))
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
+        finally:
+            finished.append(True)
 
     producer = threading.Thread(target=produce, name="bench-producer")
     started = time.perf_counter()
@@ -223,10 +240,10 @@ def _client_cell_run(client: Any, ok: object, exclusive: object, cell: Cell, top
     received = 0
     last = started
     try:
-        while producer.is_alive() or (outcome and received < outcome[0][0]):
+        while not finished or (outcome and received < outcome[0][0]):
             try:
-                message = consumer.receive(timeout_millis=100 if producer.is_alive()
-                                           else RECEIVE_TIMEOUT_MS)
+                message = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS if finished
+                                           else 100)
             except (magnetar.Timeout, pulsar.Timeout):
                 continue
             consumer.acknowledge(message)
@@ -265,13 +282,14 @@ def _client(system: str, scratch: str, broker_url: str | None) -> Iterator[tuple
         client.close()
 
 
-def _run_client_system(system: str, scale: ClientScale, scratch: str, broker_url: str | None,
-                       step: Callable[[str], None]) -> list[Cell]:
+def _run_client_system(system: str, options: BenchOptions, scratch: str,
+                       broker_url: str | None, step: Callable[[str], None]) -> list[Cell]:
+    scale = options.chosen_scale()
     cells = []
     with _client(system, scratch, broker_url) as (client, ok, exclusive):
-        for workload in WORKLOADS:
-            for in_flight in IN_FLIGHT:
-                for batching in BATCHING:
+        for workload in options.workloads:
+            for in_flight in options.in_flight:
+                for batching in options.batching:
                     step(f"{system} {workload} {in_flight} {'batch' if batching else 'single'}")
                     cell = Cell(system, workload, in_flight, batching)
                     topic = (f"persistent://public/default/bench-{system}-{len(cells)}-"
@@ -340,11 +358,12 @@ def _queue_cell_run(system: str, workload: str, path: str, seconds: float,
     return cell, synchronous
 
 
-def _run_queue_system(system: str, scale: ClientScale, scratch: str,
+def _run_queue_system(system: str, options: BenchOptions, scratch: str,
                       step: Callable[[str], None]) -> tuple[list[Cell], int]:
+    scale = options.chosen_scale()
     cells = []
     synchronous = -1
-    for workload in WORKLOADS:
+    for workload in options.workloads:
         step(f"{system} {workload}")
         path = tempfile.mkdtemp(prefix=f"{system}-", dir=scratch)
         cell, synchronous = _queue_cell(system, workload, path, scale.cell_seconds)
@@ -373,8 +392,9 @@ def run_client_benchmark(options: BenchOptions) -> dict[str, Any]:
     os.makedirs(options.directory, exist_ok=True)
     run = _Run()
     load_before = os.getloadavg()
-    steps = 2 + sum(len(WORKLOADS) * (len(IN_FLIGHT) * len(BATCHING)
-                                      if s in CLIENT_SYSTEMS else 1) for s in options.systems)
+    steps = 2 + sum(len(options.workloads) * (len(options.in_flight) * len(options.batching)
+                                              if s in CLIENT_SYSTEMS else 1)
+                    for s in options.systems)
     with (_quiet_storage_log(), _scratch_dir(options.directory) as scratch,
           tqdm(total=steps, disable=not options.progress, file=sys.stderr, unit="cell") as bar):
         def step(name: str) -> None:
@@ -384,7 +404,7 @@ def run_client_benchmark(options: BenchOptions) -> dict[str, Any]:
         step("disk limits")
         _run_limits(scale.storage, scratch, run.storage, "start")
         if "embedded" in options.systems:
-            run.cells += _run_client_system("embedded", scale, scratch, None, step)
+            run.cells += _run_client_system("embedded", options, scratch, None, step)
         tcp_systems = [s for s in ("tcp", "official") if s in options.systems]
         if tcp_systems:
             broker_dir = tempfile.mkdtemp(prefix="broker-", dir=scratch)
@@ -392,12 +412,12 @@ def run_client_benchmark(options: BenchOptions) -> dict[str, Any]:
             broker.start()
             try:
                 for system in tcp_systems:
-                    run.cells += _run_client_system(system, scale, scratch, broker.url, step)
+                    run.cells += _run_client_system(system, options, scratch, broker.url, step)
             finally:
                 broker.stop()
         for system in QUEUE_SYSTEMS:
             if system in options.systems:
-                cells, run.sqlite_synchronous = _run_queue_system(system, scale, scratch, step)
+                cells, run.sqlite_synchronous = _run_queue_system(system, options, scratch, step)
                 run.cells += cells
         step("disk limits again")
         _run_limits(scale.storage, scratch, run.storage, "end")
@@ -433,8 +453,8 @@ def _document(options: BenchOptions, scale: ClientScale, run: _Run,
             "directory": os.path.abspath(options.directory),
             "scale": dataclasses.asdict(scale),
             "message_bytes": MESSAGE_BYTES,
-            "in_flight": list(IN_FLIGHT),
-            "workloads": list(WORKLOADS),
+            "in_flight": list(options.in_flight),
+            "workloads": list(options.workloads),
             "systems": list(options.systems),
             "official_client": f"pulsar-client {_version('pulsar-client')}",
             "persist_queue": f"persist-queue {_version('persist-queue')}, auto_commit=True, "
@@ -601,8 +621,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", default=None, help="write a PNG chart here")
     parser.add_argument("--systems", default=",".join(CLIENT_SYSTEMS + QUEUE_SYSTEMS),
                         help="comma-separated subset of the systems to run")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="comma-separated subset of the workloads to run")
+    parser.add_argument("--in-flight", default=",".join(map(str, IN_FLIGHT)),
+                        help="comma-separated subset of the client systems' in-flight counts")
+    parser.add_argument("--batching", default="off,on",
+                        help="comma-separated subset of the client systems' batching (off, on)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
+
+
+def _subset(text: str, allowed: dict[str, Any], what: str) -> tuple[Any, ...]:
+    """The chosen values of a comma-separated option, in the order given.
+
+    Raises:
+        ValueError: a value not among `allowed` (the message names it and the option)."""
+    chosen = [s for s in text.split(",") if s]
+    unknown = [s for s in chosen if s not in allowed]
+    if unknown or not chosen:
+        raise ValueError(f"bench_client: {what} must be among {sorted(allowed)}, not {text!r}")
+    return tuple(allowed[s] for s in chosen)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -612,9 +650,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"bench_client: unknown system(s) {sorted(unknown)} in --systems", file=sys.stderr)
         return 2
+    try:
+        workloads = _subset(args.workloads, {w: w for w in WORKLOADS}, "--workloads")
+        in_flight = _subset(args.in_flight, {str(n): n for n in IN_FLIGHT}, "--in-flight")
+        batching = _subset(args.batching, {"off": False, "on": True}, "--batching")
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     run_client_benchmark(BenchOptions(directory=args.dir, quick=args.quick, json_path=args.json,
                                       plot_path=args.plot, progress=not args.no_progress,
-                                      systems=systems))
+                                      systems=systems, workloads=workloads,
+                                      in_flight=in_flight, batching=batching))
     return 0
 
 

@@ -67,7 +67,7 @@ sans-IO: the caller passes the current time and asks `deadline_ms` when to call 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, NamedTuple, cast
@@ -788,6 +788,9 @@ class _ContainerBase:
         batch_delay_ms_max: float = BATCH_DELAY_MS_MAX_DEFAULT,
     ) -> None:
         self._limits = _Limits(batch_messages_max, batch_size_bytes_max, batch_delay_ms_max)
+        # Puts one message in (each subclass's own: a bound list.append for the default one,
+        # so `add` makes no Python call for it).
+        self._insert: Callable[[SingleMessage], None]
         self._count = 0
         self._size_bytes = 0
         self._deadline_ms: float | None = None
@@ -858,9 +861,6 @@ class _ContainerBase:
         self._deadline_ms = None
         return batches
 
-    def _insert(self, message: SingleMessage) -> None:
-        raise NotImplementedError
-
     def _drain(self) -> list[Batch]:
         raise NotImplementedError
 
@@ -886,16 +886,14 @@ class BatchContainer(_ContainerBase):
             batch_size_bytes_max=batch_size_bytes_max,
             batch_delay_ms_max=batch_delay_ms_max,
         )
-        self._messages: list[SingleMessage] = []
-
-    def _insert(self, message: SingleMessage) -> None:
-        self._messages.append(message)
+        self._messages: list[SingleMessage] = []  # kept: `_insert` is its bound append
+        self._insert = self._messages.append
 
     def _drain(self) -> list[Batch]:
         if not self._messages:
             return []
         batch = Batch(tuple(self._messages))
-        self._messages = []
+        self._messages.clear()
         return [batch]
 
 
@@ -935,8 +933,9 @@ class KeyBasedBatchContainer(_ContainerBase):
         )
         # Insertion-ordered: a key's position is that of its first waiting message.
         self._groups: dict[BatchKey, list[SingleMessage]] = {}
+        self._insert = self._insert_keyed
 
-    def _insert(self, message: SingleMessage) -> None:
+    def _insert_keyed(self, message: SingleMessage) -> None:
         self._groups.setdefault(batch_key(message), []).append(message)
 
     def _drain(self) -> list[Batch]:

@@ -246,7 +246,7 @@ class Consumer:
         self._group = group
         self._batch_policy = batch_policy or ConsumerBatchReceivePolicy()
         self._listening: _Listening | None = None
-        self._local: collections.deque[tuple[Message, int]] = collections.deque()
+        self._local: collections.deque[Message] = collections.deque()
         self._acks: collections.deque[Message] = collections.deque()  # to hand to the loop
         self._acks_scheduled = False
         self._read_ahead = max(1, min(READ_AHEAD_MAX, group.config.receiver_queue_size // 2))
@@ -293,8 +293,9 @@ class Consumer:
             raise
         finally:
             thread.forget_waiter(waiter)
-        self._local.extend(batch[1:])
-        return batch[0][0]
+        if len(batch) > 1:
+            self._local.extend(batch[1:])
+        return batch[0]
 
     def _hand_over(self, waiter: Handoff, timeout_ms: int | None) -> None:
         """On the loop: the acks queued so far, then the receive (`ConsumerGroup.hand_over`).
@@ -307,12 +308,14 @@ class Consumer:
             asyncio.get_running_loop().call_later(ACK_DRAIN_S, self._drain_acks)
 
     def _next_read_ahead(self) -> Message | None:
-        while self._local:
+        local = self._local
+        while local:
             try:
-                message, generation = self._local.popleft()
+                message = local.popleft()
             except IndexError:  # another thread took the last one
                 return None
-            if message._entry.owner.generation == generation:  # `Message.owner`, inline
+            entry = message._entry  # stale when its consumer's generation moved since
+            if entry.owner.generation == entry.generation:
                 return message
         return None
 
@@ -363,8 +366,8 @@ class Consumer:
         acks = self._acks
         while acks:
             run = [acks.popleft()]
-            entry = run[0].received
-            while acks and acks[0].received is entry:
+            entry = run[0]._entry  # `Message.received`, inline (once per message)
+            while acks and acks[0]._entry is entry:
                 run.append(acks.popleft())
             try:
                 self._group.acknowledge_run(run)

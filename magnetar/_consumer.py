@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ TRACKER_TICK_S_MAX: Final = 1.0  # nack and ack-timeout timers look at least thi
 _MASK64: Final = (1 << 64) - 1
 
 EntryKey = tuple[int, int]
+_COMPACTED_OUT: Final = operator.attrgetter("compacted_out")  # of a SingleMessage
 
 
 @dataclass(frozen=True)
@@ -294,12 +296,11 @@ class TopicConsumer:
             (entry_id.ledger_id, entry_id.entry_id)
         received = Received(ledger_id, entry, self.partition, size if batched else 0,
                             None if batched else entry_id, self.topic, metadata.publish_time,
-                            metadata.producer_name, incoming.redelivery_count, self, chunk_ids)
+                            metadata.producer_name, incoming.redelivery_count, self, chunk_ids,
+                            self.generation)
         acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else None
         check_start = self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
-        if acked is None and not check_start and not (
-                messages[0].compacted_out if size == 1 else
-                any(single.compacted_out for single in messages)):
+        if acked is None and not check_start and not any(map(_COMPACTED_OUT, messages)):
             out = [received_message(received, single) for single in messages]  # the usual
             skipped = 0
         else:

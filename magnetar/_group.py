@@ -38,7 +38,7 @@ from ._errors import (
     Timeout,
 )
 from ._handoff import Handoff
-from ._message import Message
+from ._message import Message, batch_indexes
 from ._message_id import MessageId as ClientMessageId
 from ._message_id import codec_id
 from ._retry import RetryLetters
@@ -239,10 +239,8 @@ class ConsumerGroup:
             waiter = waiters.popleft()
             if isinstance(waiter, Handoff):  # a synchronous receive takes a run at once
                 run = messages[index:index + waiter.most]
-                owner = run[0].owner
-                owner.taken(run)
-                generation = owner.generation
-                waiter.give([(message, generation) for message in run])
+                run[0].owner.taken(run)
+                waiter.give(run)
                 index += len(run)
                 continue
             message = messages[index]
@@ -299,14 +297,14 @@ class ConsumerGroup:
     async def receive_some(self, timeout_ms: int | None,
                            most: int) -> list[tuple[Message, int]]:
         """The next message (waiting as `receive` does) and up to `most - 1` more already
-        queued, each with its consumer's generation at this moment (for a caller's read-ahead;
-        each counts as taken now)."""
+        queued, each with its consumer's generation when it arrived (for a caller's read-ahead,
+        see `Received.generation`; each counts as taken now)."""
         self._check_open()
-        out: list[tuple[Message, int]] = []
+        out: list[Message] = []
         if not self._queue:
-            first = await self.receive(timeout_ms)
-            out.append((first, first.owner.generation))
-        return out + self._take_some(most - len(out))
+            out.append(await self.receive(timeout_ms))
+        out += self._take_some(most - len(out))
+        return [(message, message.received.generation) for message in out]
 
     def hand_over(self, waiter: Handoff, timeout_ms: int | None) -> None:
         """A synchronous receive (`Handoff`, see there): up to `waiter.most` queued messages
@@ -336,21 +334,21 @@ class ConsumerGroup:
             return
         self._queue.extendleft(reversed(waiter.taken_back()))
 
-    def _take_some(self, most: int) -> list[tuple[Message, int]]:
-        """Up to `most` queued messages, each with its consumer's generation, taken now."""
+    def _take_some(self, most: int) -> list[Message]:
+        """Up to `most` queued messages, taken now."""
         queue = self._queue
-        out: list[tuple[Message, int]] = []
+        out: list[Message] = []
         run: list[Message] = []  # consecutive messages of one consumer: told in one call
         owner: TopicConsumer | None = None
         for _ in range(min(most, len(queue))):
             message = queue.popleft()
-            current = message.owner
+            current = message._entry.owner  # `Message.owner`, inline (once per message)
             if current is not owner:
                 if owner is not None:
                     owner.taken(run)
                 owner, run = current, []
             run.append(message)
-            out.append((message, current.generation))
+            out.append(message)
         if owner is not None:
             owner.taken(run)
         return out
@@ -424,7 +422,7 @@ class ConsumerGroup:
         owner = first.owner
         if len(messages) > 1 and not self.closed and type(owner) is TopicConsumer and \
                 owner.group is self:
-            owner.acknowledge_entry(first.received, [m.batch_index for m in messages])
+            owner.acknowledge_entry(first.received, batch_indexes(messages))
             return
         for message in messages:
             self.acknowledge(message)

@@ -9,7 +9,7 @@ thread switch, `LoopThread.call_for`) to fill it: `ConsumerGroup.hand_over` give
 The caller's thread waits on a lock the loop releases once -- no coroutine, task, concurrent
 future or condition per receive, which at one message in flight cost more than the message.
 
-Resolved once: `give` (messages, each with its consumer's generation at that moment) or
+Resolved once: `give` (messages; the caller skips those gone stale, `Received.generation`) or
 `set_exception` (Timeout, AlreadyClosed); both on the loop, except that the loop thread fails
 what is still registered once it has ended (`LoopThread._fail_waiting`). A caller interrupted
 while waiting (`KeyboardInterrupt`) `abandon`s it on the loop: messages it was given go back
@@ -38,7 +38,7 @@ class Handoff:
         self.timer: asyncio.TimerHandle | None = None  # its timeout, on the loop
         self.abandoned = False
         self._done = False
-        self._items: list[tuple[Message, int]] = []
+        self._items: list[Message] = []
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._lock.acquire()
@@ -46,7 +46,7 @@ class Handoff:
     def done(self) -> bool:
         return self._done
 
-    def give(self, items: list[tuple[Message, int]]) -> None:
+    def give(self, items: list[Message]) -> None:
         """Messages for the caller (loop; at least one)."""
         assert items
         assert not self._done
@@ -64,7 +64,7 @@ class Handoff:
             self.timer = None
         self._lock.release()
 
-    def wait(self) -> list[tuple[Message, int]]:
+    def wait(self) -> list[Message]:
         """What it was given (the caller's thread).
 
         Raises:
@@ -77,4 +77,4 @@ class Handoff:
     def taken_back(self) -> list[Message]:
         """An abandoned hand-off's messages, to queue again (loop)."""
         items, self._items = self._items, []
-        return [message for message, _ in items]
+        return items

@@ -23,15 +23,19 @@ __all__ = ["Message", "Received"]
 class Received:
     """What the messages of one delivered entry share. `message_id` is the id of a
     non-batched entry's one message (for a chunked message, the id naming every chunk);
-    None for a batch, whose messages' ids carry their batch index."""
+    None for a batch, whose messages' ids carry their batch index. `generation` is the
+    owner's (`TopicConsumer.generation`) when the entry arrived: once the owner's has moved
+    (a broker close, a redelivery of everything), its messages not read yet are stale -- a
+    read-ahead skips them, the broker sends them again."""
 
-    __slots__ = ("batch_size", "chunk_ids", "entry_id", "ledger_id", "message_id", "owner",
-                 "partition", "producer_name", "publish_time", "redelivery_count", "topic")
+    __slots__ = ("batch_size", "chunk_ids", "entry_id", "generation", "ledger_id", "message_id",
+                 "owner", "partition", "producer_name", "publish_time", "redelivery_count",
+                 "topic")
 
     def __init__(self, ledger_id: int, entry_id: int, partition: int, batch_size: int,
                  message_id: MessageId | None, topic: str, publish_time: int,
                  producer_name: str, redelivery_count: int, owner: Any,
-                 chunk_ids: tuple[MessageId, ...] = ()):
+                 chunk_ids: tuple[MessageId, ...] = (), generation: int = 0):
         self.ledger_id = ledger_id
         self.entry_id = entry_id
         self.partition = partition
@@ -43,9 +47,15 @@ class Received:
         self.redelivery_count = redelivery_count
         self.owner = owner
         self.chunk_ids = chunk_ids
+        self.generation = generation
 
 
 _new = object.__new__
+
+
+def batch_indexes(messages: list[Message]) -> list[int]:
+    """The batch index of each message (`Message.batch_index`, in one call)."""
+    return [message._single.batch_index for message in messages]
 
 
 def received_message(entry: Received, single: SingleMessage) -> Message:

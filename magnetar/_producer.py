@@ -47,15 +47,13 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Final, NamedTuple, Protocol
+from typing import Final
 
 from magnetar.codec import (
     Batch,
     BatchContainer,
     KeyBasedBatchContainer,
     MessageId,
-    SingleMessage,
     build_batch,
     build_message,
     chunk_payload_size_bytes,
@@ -78,11 +76,11 @@ from ._errors import (
     ServiceUnitNotReady,
     Timeout,
 )
-from ._message_id import trusted_id
+from ._outgoing import OutMessage, PartsSink, ResultSink, plain_message, stored, stored_one
 from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
 __all__ = ["OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "ResultSink",
-           "plain_message"]
+           "now_ms", "plain_message", "stored", "stored_one"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -126,64 +124,6 @@ class ProducerConfig:
             raise InvalidConfiguration("batching_max_messages must be at least 1")
 
 
-_NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
-_new_tuple = tuple.__new__
-assert SingleMessage._fields == (  # the order `OutMessage.single` builds it in
-    "payload", "properties", "partition_key", "partition_key_b64_encoded", "ordering_key",
-    "event_time", "sequence_id", "null_partition_key", "batch_index", "compacted_out")
-
-
-class OutMessage(NamedTuple):
-    """One message to send, as the application gave it (a tuple: one is made per send)."""
-
-    payload: bytes | None
-    properties: Mapping[str, str] = _NO_PROPERTIES
-    partition_key: str | None = None
-    ordering_key: bytes | None = None
-    event_time: int = 0
-    sequence_id: int | None = None
-    deliver_at_ms: int | None = None
-
-    def single(self, sequence_id: int) -> SingleMessage:
-        """The message as it goes into a batch (SingleMessage's fields, in order)."""
-        return _new_tuple(SingleMessage, (
-            self.payload, self.properties, self.partition_key, False, self.ordering_key,
-            self.event_time, sequence_id, False, -1, False))
-
-
-assert OutMessage._fields == ("payload", "properties", "partition_key", "ordering_key",
-                              "event_time", "sequence_id", "deliver_at_ms")
-
-
-def plain_message(payload: bytes) -> OutMessage:
-    """A message of bare bytes and no options (the hot path of `send` and `send_async`:
-    nothing to check)."""
-    return _new_tuple(OutMessage, (payload, _NO_PROPERTIES, None, None, 0, None, None))
-
-
-class PartsSink:
-    """A result sink that takes a stored message's id as its parts (ledger id, entry id,
-    partition, batch index, batch size) -- the send callbacks' sink, which builds the id the
-    application gets from them without the codec id in between."""
-
-    __slots__ = ()
-
-    def set_parts(self, ledger_id: int, entry_id: int, partition: int, batch_index: int,
-                  batch_size: int) -> None:
-        raise NotImplementedError
-
-
-class ResultSink(Protocol):
-    """Where one message's outcome goes: an `asyncio.Future`, or any object with the same three
-    methods (`send_async` passes one that calls back without a future's scheduling)."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, result: MessageId, /) -> None: ...
-
-    def set_exception(self, exception: BaseException, /) -> None: ...
-
-
 @dataclass(eq=False, slots=True)
 class _Op:
     """One entry in flight (a message, a batch, or one chunk)."""
@@ -202,7 +142,8 @@ class _Op:
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # flush calls
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
+    """The wall clock in ms (publish times, batch delays)."""
     return int(time.time() * 1000)
 
 
@@ -360,6 +301,27 @@ class ProducerCore:
             await self._reserve(1 if entry is None else len(entry[2]))
             self._enqueue(message, sink, entry)
 
+    @property
+    def batches(self) -> bool:
+        """Whether messages without a delivery time go into batches (`offer_batched`)."""
+        return self._container is not None
+
+    def offer_batched(self, message: OutMessage, sink: ResultSink, now_ms: int) -> bool:
+        """`offer` for a message without a delivery time on a producer that `batches` (the
+        hot path of `send_async`: one call, the clock read once per burst by the caller).
+
+        Raises:
+            AlreadyClosed: nothing was queued.
+        """
+        if self._closed_reason is not None:
+            self._check_open()
+        used = self._slots_used
+        if used >= self.config.max_pending_messages and used:
+            return False
+        self._slots_used = used + 1
+        self._add_to_batch(message, sink, now_ms)
+        return True
+
     def offer(self, message: OutMessage, sink: ResultSink) -> bool:
         """Queue `message` if its slots are free now, its outcome going to `sink`; False (and
         nothing queued) when it would have to wait for room -- then `send_to` waits.
@@ -383,7 +345,7 @@ class ProducerCore:
         if self._container is not None and message.deliver_at_ms is None:
             return None
         metadata, payload = build_message(
-            message.single(0), producer_name=self.producer_name, publish_time=_now_ms(),
+            message.single(0), producer_name=self.producer_name, publish_time=now_ms(),
             compression=int(self.config.compression_type))
         if message.deliver_at_ms is not None:
             metadata.deliver_at_time = message.deliver_at_ms
@@ -392,22 +354,8 @@ class ProducerCore:
     def _enqueue(self, message: OutMessage, sink: ResultSink,
                  entry: tuple[pb.MessageMetadata, bytes, list[None]] | None) -> None:
         """Put a message whose slots are taken into the batch or on the wire."""
-        if entry is None:  # into the open batch (the hot path: no call it can skip)
-            container = self._container
-            assert container is not None
-            sequence_id = self._assign(message.sequence_id)
-            possible_duplicate = sequence_id <= self._last_pushed
-            if possible_duplicate or self._duplicate_batched:
-                self._send_batches(self._drain_container())
-            self._duplicate_batched = possible_duplicate
-            if sequence_id > self._last_pushed:
-                self._last_pushed = sequence_id
-            self._batch_results[sequence_id] = sink
-            closed = container.add(message.single(sequence_id), _now_ms())
-            if closed:
-                self._send_batches(closed)
-            if self._batch_timer is None:
-                self._arm_batch_timer()
+        if entry is None:
+            self._add_to_batch(message, sink, now_ms())
             return
         metadata, payload, pieces = entry
         sequence_id = self._assign(message.sequence_id)
@@ -419,6 +367,28 @@ class ProducerCore:
             last = index == len(chunks) - 1
             self._dispatch(_Op(sequence_id, sequence_id, 1, [sink] if last else [],
                                time.monotonic()), chunk_metadata, chunk_payload, 1)
+
+    def _add_to_batch(self, message: OutMessage, sink: ResultSink, now_ms: int) -> None:
+        """Put a message whose slot is taken into the open batch (the hot path: no call it can
+        skip)."""
+        container = self._container
+        assert container is not None
+        sequence_id = message.sequence_id
+        if sequence_id is None:  # `_assign`, inline
+            sequence_id = self._next_sequence_id
+            self._next_sequence_id = sequence_id + 1
+        possible_duplicate = sequence_id <= self._last_pushed
+        if possible_duplicate or self._duplicate_batched:
+            self._send_batches(self._drain_container())
+        self._duplicate_batched = possible_duplicate
+        if not possible_duplicate:
+            self._last_pushed = sequence_id
+        self._batch_results[sequence_id] = sink
+        closed = container.add(message.single(sequence_id), now_ms)
+        if closed:
+            self._send_batches(closed)
+        if self._batch_timer is None:
+            self._arm_batch_timer()
 
     def _chunk_size(self, metadata: pb.MessageMetadata) -> int:
         return chunk_payload_size_bytes(metadata, self.transport.max_message_size)
@@ -464,13 +434,13 @@ class ProducerCore:
         container = self._container
         if container is None or self._batch_timer is not None or container.deadline_ms is None:
             return
-        delay_s = max(0.0, (container.deadline_ms - _now_ms()) / 1000)
+        delay_s = max(0.0, (container.deadline_ms - now_ms()) / 1000)
         self._batch_timer = asyncio.get_running_loop().call_later(delay_s, self._batch_due)
 
     def _batch_due(self) -> None:
         self._batch_timer = None
         if self._container is not None:
-            self._send_batches(self._container.expire(_now_ms()))
+            self._send_batches(self._container.expire(now_ms()))
             self._arm_batch_timer()
 
     def _drain_container(self) -> list[Batch]:
@@ -481,7 +451,7 @@ class ProducerCore:
             count = len(batch.messages)
             results = self._take_batch_results(batch)
             metadata, payload = build_batch(
-                batch.messages, producer_name=self.producer_name, publish_time=_now_ms(),
+                batch.messages, producer_name=self.producer_name, publish_time=now_ms(),
                 compression=int(self.config.compression_type))
             metadata.highest_sequence_id = batch.highest_sequence_id
             op = _Op(batch.sequence_id, batch.highest_sequence_id, count, results,
@@ -547,16 +517,12 @@ class ProducerCore:
                 if not result.done():
                     result.set_exception(error)
             return
-        partition, size = self.partition, op.batch_size
-        for index, result in enumerate(op.results):
-            if result.done():
-                continue
-            if not size:
-                index = -1
-            if isinstance(result, PartsSink):
-                result.set_parts(ledger_id, entry_id, partition, index, size)
-            else:
-                result.set_result(trusted_id(ledger_id, entry_id, partition, index, size))
+        results = op.results
+        if results and isinstance(results[0], PartsSink):  # send_async's: one call per entry
+            results[0].set_parts_of_entry(results, ledger_id, entry_id, self.partition,
+                                          op.batch_size)
+        else:
+            stored(results, ledger_id, entry_id, self.partition, op.batch_size)
 
     def _fail_all(self, error: PulsarException) -> None:
         for op in list(self._ops):

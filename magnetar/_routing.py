@@ -155,6 +155,12 @@ class ProducerSet:
         self._sent_here += 1
         return self.cores[self._next]
 
+    def only_batching_core(self) -> ProducerCore | None:
+        """The core of a one-partition producer that batches (`send_async`'s fast path:
+        no routing, `ProducerCore.offer_batched`), else None."""
+        cores = self.cores
+        return cores[0] if len(cores) == 1 and cores[0].batches else None
+
     async def send(self, message: OutMessage) -> asyncio.Future[MessageId]:
         return await self._choose(message).send(message)
 

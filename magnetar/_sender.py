@@ -5,16 +5,18 @@ Theory of operation
 A blocking call into the client's loop costs a thread switch each way; `send_async` is the
 call applications make in a tight loop, so it does not wait for the loop at all. The caller's
 thread takes a slot of `slots` (`_Slots`: waiting for one with `block_if_queue_full`, else
-raising `ProducerQueueIsFull` at once), appends the message to a deque, and schedules a
-drain on the loop unless one is scheduled already -- one thread switch per burst, not per
-message. The drain hands the queued messages to the producer core in order, right in that
-callback, each with a `_Receipt` (the core's result sink: it calls back directly, without a
-future per message); only a message that must wait for room in the core's own queue starts a
-drain task, which waits and goes on from there. A message the core refuses (too big, producer
-closed) reports its error through the callback. Slots come back when callbacks ran, in bulk:
-once per loop iteration, not once per message (a synchronous send's at once: its caller
-waits). The synchronous `send` queues the same way with a `SendWaiter` for a callback, so sends
-and send_asyncs keep their order.
+raising `ProducerQueueIsFull` at once), appends the message with its callback to a deque as
+a `_Receipt`, and schedules a drain on the loop unless one is scheduled already -- one thread
+switch per burst, not per message. The drain hands the queued messages to the producer core
+in order, right in that callback, each with its `_Receipt` as the core's result sink (it
+calls back directly, without a future per message); a one-partition batching producer takes
+each in one call (`ProducerCore.offer_batched`), and a stored batch's receipts are resolved
+in one loop (`_Receipt.set_parts_of_entry`). Only a message that must wait for room in the
+core's own queue starts a drain task, which waits and goes on from there. A message the core
+refuses (too big, producer closed) reports its error through the callback. Slots come back
+when callbacks ran, in bulk: once per loop iteration, not once per message (a synchronous
+send's at once: its caller waits). The synchronous `send` queues the same way with a
+`SendWaiter` for a callback, so sends and send_asyncs keep their order.
 
 No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
 and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
@@ -40,7 +42,7 @@ from ._errors import AlreadyClosed, ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread
 from ._message_id import MessageId as ClientMessageId
 from ._message_id import trusted_id
-from ._producer import OutMessage, PartsSink
+from ._producer import OutMessage, PartsSink, ResultSink, now_ms, stored_one
 from ._routing import ProducerSet
 
 __all__ = ["AsyncSender", "SendCallback", "SendWaiter"]
@@ -113,14 +115,17 @@ class _Slots:
 
 
 class _Receipt(PartsSink):
-    """The core's result sink for one `send_async` message (see `ResultSink`)."""
+    """One `send_async` message on its way: queued for the loop with its message, then the
+    core's result sink for it (see `ResultSink`)."""
 
-    __slots__ = ("_callback", "_finished", "_sender")
+    __slots__ = ("_callback", "_finished", "_sender", "message")
 
-    def __init__(self, sender: AsyncSender, callback: SendCallback | SendWaiter | None):
+    def __init__(self, sender: AsyncSender, callback: SendCallback | SendWaiter | None,
+                 message: OutMessage):
         self._sender = sender
         self._callback = callback
         self._finished = False
+        self.message = message
 
     def done(self) -> bool:
         return self._finished
@@ -135,24 +140,40 @@ class _Receipt(PartsSink):
 
     def set_parts(self, ledger_id: int, entry_id: int, partition: int, batch_index: int,
                   batch_size: int) -> None:
-        """Stored (the hot path: the callback's id is built from the parts)."""
-        self._finished = True
-        sender, callback = self._sender, self._callback
+        """Stored (the callback's id is built from the parts)."""
+        callback = self._callback
         if isinstance(callback, SendWaiter):  # its caller waits: its slot comes back at once
-            sender._slots.give(1)
+            self._finished = True
+            self._sender._slots.give(1)
             callback.finish(None, trusted_id(ledger_id, entry_id, partition, batch_index,
                                              batch_size))
             return
-        if not sender._slots_done:
-            asyncio.get_running_loop().call_soon(sender._give_slots)
-        sender._slots_done += 1
-        if callback is None:
-            return
-        try:
-            callback(_OK, ClientMessageId.of_parts(ledger_id, entry_id, partition, batch_index,
-                                                   batch_size))
-        except Exception:  # the application's callback must not break the client
-            log.exception("a send_async callback on %s failed", sender._core.topic)
+        self.set_parts_of_entry([self], ledger_id, entry_id, partition, batch_size, batch_index)
+
+    def set_parts_of_entry(self, sinks: list[ResultSink], ledger_id: int, entry_id: int,
+                           partition: int, batch_size: int, first_index: int = 0) -> None:
+        """`set_parts` of every sink of one stored entry (sink i gets batch index
+        `first_index + i`) in one loop: the hot path, a batch's `send_async` callbacks. A sink
+        of another kind, or a synchronous `send`'s, is resolved as `stored_one` does."""
+        of_parts = ClientMessageId.of_parts
+        for index, sink in enumerate(sinks, first_index):
+            batch_index = index if batch_size else -1
+            if type(sink) is not _Receipt or isinstance(sink._callback, SendWaiter):
+                stored_one(sink, ledger_id, entry_id, partition, batch_index, batch_size)
+                continue
+            if sink._finished:
+                continue
+            sink._finished = True
+            sender, callback = sink._sender, sink._callback
+            if not sender._slots_done:
+                asyncio.get_running_loop().call_soon(sender._give_slots)
+            sender._slots_done += 1
+            if callback is None:
+                continue
+            try:
+                callback(_OK, of_parts(ledger_id, entry_id, partition, batch_index, batch_size))
+            except Exception:  # the application's callback must not break the client
+                log.exception("a send_async callback on %s failed", sender._core.topic)
 
 
 class AsyncSender:
@@ -164,7 +185,7 @@ class AsyncSender:
         self._slots = _Slots(slots)
         self._slots_done = 0  # loop only: slots to give back at the end of this loop turn
         self._block = block
-        self._queue: deque[tuple[OutMessage, SendCallback | SendWaiter | None]] = deque()
+        self._queue: deque[_Receipt] = deque()  # made on the caller's thread
         self._scheduled = False
         self._draining = False  # loop only
         self._idle: asyncio.Event | None = None  # loop only, made on first use
@@ -184,7 +205,7 @@ class AsyncSender:
             raise ProducerQueueIsFull(
                 f"producer {self._core.producer_name!r} on {self._core.topic} has "
                 f"{limit} of {limit} pending messages")
-        self._queue.append((message, callback))
+        self._queue.append(_Receipt(self, callback, message))
         if not self._scheduled:
             self._scheduled = True
             self._thread.call(self._start_drain)
@@ -203,21 +224,30 @@ class AsyncSender:
             transport.end_burst()
 
     def _drain_now(self) -> None:
+        queue, core = self._queue, self._core
+        batching = core.only_batching_core()  # the usual batched producer: one call each
+        burst_ms = now_ms()
         while True:
             self._scheduled = False
-            if not self._queue:
+            if not queue:
                 return
-            message, callback = self._queue.popleft()
+            receipt = queue.popleft()
+            message = receipt.message
             try:
-                waiting = self._core.offer(message, _Receipt(self, callback))
+                if batching is None or message.deliver_at_ms is not None:
+                    waiting = core.offer(message, receipt)
+                elif batching.offer_batched(message, receipt, burst_ms):
+                    continue
+                else:
+                    waiting = batching.send_to(message, receipt)
             except Exception as exc:  # refused (a custom router's failure included)
-                self._finished(callback, _as_pulsar(exc), None)
+                self._finished(receipt._callback, _as_pulsar(exc), None)
                 continue
             if waiting is not None:
                 self._draining = True  # before the task runs: no second drain starts
                 if self._idle is not None:
                     self._idle.clear()
-                self._task = asyncio.ensure_future(self._drain(waiting, callback))
+                self._task = asyncio.ensure_future(self._drain(waiting, receipt._callback))
                 return
 
     async def _drain(self, waiting: Coroutine[Any, Any, None] | None,
@@ -233,9 +263,10 @@ class AsyncSender:
                 self._scheduled = False
                 if not self._queue:
                     return
-                message, callback = self._queue.popleft()
+                receipt = self._queue.popleft()
+                callback = receipt._callback
                 try:
-                    waiting = self._core.offer(message, _Receipt(self, callback))
+                    waiting = self._core.offer(receipt.message, receipt)
                 except Exception as exc:
                     self._finished(callback, _as_pulsar(exc), None)
                     waiting = None

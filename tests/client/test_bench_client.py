@@ -83,3 +83,15 @@ def test_the_png_and_the_table(tiny_run: TinyRun) -> None:
     for system in (*bench.CLIENT_SYSTEMS, *bench.QUEUE_SYSTEMS):
         assert f"  {system} " in printed
     assert not list((out / "disk").iterdir()), "the scratch directory was left behind"
+
+
+def test_cell_options_name_a_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load_bench()
+    for option in ("--workloads", "--in-flight", "--batching"):
+        assert bench.main([option, "nope"]) == 2
+        error = capsys.readouterr().err
+        assert option in error
+        assert "'nope'" in error
+        assert "Traceback" not in error
+    assert bench._subset("256", {"1": 1, "256": 256}, "--in-flight") == (256,)
+    assert bench._subset("on,off", {"off": False, "on": True}, "--batching") == (True, False)
