@@ -96,7 +96,7 @@ from ._hashing import (
     murmur3_32_raw,
     sticky_key,
 )
-from ._message_frames import message_frame
+from ._message_frames import message_frame, message_frame_head
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._proto import pulsar_api_pb2 as pb
 from ._receipts import send_receipt_frame
@@ -170,6 +170,7 @@ __all__ = [
     "java_string_hash_utf8",
     "key_hash_slot",
     "message_frame",
+    "message_frame_head",
     "murmur3_32",
     "murmur3_32_raw",
     "parse_entry",

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from magnetar.codec import murmur3_32, sticky_key
@@ -57,7 +58,8 @@ from ._entry import EntryInfo
 if TYPE_CHECKING:
     from ._subscription import Subscription
 
-__all__ = ["Dispatcher", "ReadPending", "SingleActiveConsumerDispatcher", "failover_ring_choice"]
+__all__ = ["Dispatcher", "ReadPending", "SingleActiveConsumerDispatcher", "entries_for_permits",
+           "failover_ring_choice"]
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +192,17 @@ class Dispatcher:
         return messages
 
 
+def entries_for_permits(consumer: Consumer, permits: int) -> int:
+    """How many entries a round reads for `permits` (> 0) messages: the permits over the
+    consumer's average messages per entry, rounded up (Pulsar's precise dispatcher flow
+    control). A consumer of batches so receives about what its receiver queue has room for
+    with each FLOW, rather than a read's worth of batches per permit, and its queue is
+    refilled in steps as it empties. Permits may still go below zero (an entry is never
+    split), by less than one entry's messages when its entries hold alike counts."""
+    assert permits > 0
+    return max(1, math.ceil(permits / consumer.avg_messages_per_entry))
+
+
 def failover_ring_choice(consumers: list[Consumer], topic_name: str) -> Consumer | None:
     """The active consumer of a non-partitioned Failover topic: the owner of the first ring
     point at or after the topic's hash (broker reference §3.6)."""
@@ -292,7 +305,8 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         permits = consumer.available_permits(0)
         if permits <= 0:
             return False
-        limit = min(permits, self.sub.config.dispatcher_max_read_batch_size)
+        limit = min(entries_for_permits(consumer, permits),
+                    self.sub.config.dispatcher_max_read_batch_size)
         entries, more = self.sub.read_new(limit, honour_delay=False)
         if consumer.key_shared_ranges:
             entries = [e for e in entries if _in_ranges(e, consumer.key_shared_ranges)]

@@ -22,6 +22,12 @@ round runs again and takes it. What keeps delivery in order:
 * entries acknowledged meanwhile are skipped at take time, and a load's error is raised
   only by a round that would still take its entries (else it is dropped with them).
 
+Read-ahead: a round that took new entries (from memory or from a load, leaving nothing
+loaded) starts the load of the next ones when they are not in memory, without waiting for
+the consumer's next permits; the round after it takes that load as above. A consumer
+catching up on a backlog on disk so finds its next entries loaded when its permits come,
+instead of waiting for the disk with its receiver queue running dry.
+
 The loaded entries held here are at most one load's (`dispatcher_max_read_size_bytes`).
 """
 
@@ -63,7 +69,8 @@ class SubscriptionReads:
 
     def read_new(self, max_entries: int, max_bytes: int) -> Raw:
         """Up to `max_entries` unacknowledged entries from the read position (moved past
-        them), within `max_bytes`.
+        them), within `max_bytes`. When what follows them needs the disk, its load starts
+        now (`_read_ahead`).
 
         Raises:
             ReadPending: the read needs the disk, or a load is in flight.
@@ -80,6 +87,8 @@ class SubscriptionReads:
                 cursor.advance_past(raw[-1][0])
             if rest:
                 self._loaded = _Loaded("new", cursor.read_epoch, rest, None)
+            else:
+                self._read_ahead(max_entries, max_bytes)
             return [(p, data) for p, data in raw if not cursor.is_acked(p)]
         runs = cursor.plan_read(max_entries)
         if not runs:
@@ -88,7 +97,22 @@ class SubscriptionReads:
         if not raw:
             self._start("new", cursor.read_epoch, runs, max_bytes)
         cursor.advance_past(raw[-1][0])
+        self._read_ahead(max_entries, max_bytes)
         return raw
+
+    def _read_ahead(self, max_entries: int, max_bytes: int) -> None:
+        """After a round took its entries: when the next `max_entries` ones are not in memory,
+        start their load now, so that the consumer's next permits find them loaded rather
+        than wait for the disk (its receiver queue keeps being refilled while it works
+        through what it holds). The load is held like any other (one per subscription, taken
+        only under the read epoch it was planned at)."""
+        if self.in_flight is not None or self._loaded is not None or self.closed:
+            return
+        cursor = self.cursor
+        runs = cursor.plan_read(max_entries)
+        if not runs or cursor.ml.read_cached(runs[:1], 1):
+            return  # nothing more yet, or the next entries are in memory
+        self._begin("new", cursor.read_epoch, runs, max_bytes)
 
     def read_positions(self, positions: list[Position],
                        max_bytes: int) -> tuple[Raw, list[Position]]:
@@ -142,6 +166,12 @@ class SubscriptionReads:
     def _start(self, kind: Literal["new", "replay"], epoch: int, runs: list[Run],
                max_bytes: int, asked: frozenset[Position] = frozenset()) -> None:
         """Hand `runs` to the loader. Always raises ReadPending."""
+        self._begin(kind, epoch, runs, max_bytes, asked)
+        raise ReadPending()
+
+    def _begin(self, kind: Literal["new", "replay"], epoch: int, runs: list[Run],
+               max_bytes: int, asked: frozenset[Position] = frozenset()) -> None:
+        """Hand `runs` to the loader; its result is kept for a later round, which is kicked."""
         future = self.cursor.ml.load(runs, max_bytes)
         self.in_flight = future
 
@@ -155,7 +185,6 @@ class SubscriptionReads:
             self._kick()
 
         future.add_done_callback(finished)
-        raise ReadPending()
 
     def close(self) -> None:
         self.closed = True

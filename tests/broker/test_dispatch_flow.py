@@ -1,0 +1,109 @@
+"""How an Exclusive consumer's receiver queue is refilled (issue 14, batched consume): a round
+reads about as many entries as the permits cover at the consumer's average messages per
+entry (precise flow control), and the next entries of a backlog on disk are loaded ahead,
+before the next permits come; a load ahead that goes stale (a rewind) is dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from magnetar.broker import BrokerConfig, BrokerService, PersistentTopic, SubscribeSpec
+from magnetar.storage.testing.memory import InMemoryLedgerStorage
+from tests.broker.helpers import (
+    RecordingSink,
+    broker_env,
+    persistent_producer,
+    publish,
+    publish_batch,
+    settle,
+    wait_for,
+)
+
+TOPIC = "persistent://public/default/flow"
+
+
+async def test_permits_buy_about_their_worth_of_batches_not_a_batch_each(
+        tmp_path: Path) -> None:
+    """Before: a round read min(permits, dispatcherMaxReadBatchSize) entries, so 20 permits
+    bought all five remaining batches of 10 (permits -30)."""
+    async with broker_env(tmp_path) as env:
+        service = env.service
+        topic, producer = await persistent_producer(service, TOPIC)
+        for batch in range(6):
+            await publish_batch(topic, producer, [b"b%d-%d" % (batch, i) for i in range(10)])
+        sink = RecordingSink()
+        _, consumer = await service.subscribe(
+            TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
+        subscription = topic.subscriptions["sub"]
+        subscription.flow(consumer, 1)  # one entry: the consumer's average becomes 10
+        await wait_for(lambda: len(sink.received) == 1)
+        await settle(service)
+        assert consumer.permits == -9
+        subscription.flow(consumer, 29)  # 20 permits: two batches
+        await wait_for(lambda: len(sink.received) == 3)
+        await settle(service)
+        assert len(sink.received) == 3
+        assert consumer.permits == 0
+        subscription.flow(consumer, 5)  # a part of a batch still buys the whole batch
+        await wait_for(lambda: len(sink.received) == 4)
+        await settle(service)
+        assert len(sink.received) == 4
+        assert consumer.permits == -5
+        assert sink.messages(consumer) == [b"b%d-%d" % (batch, i)
+                                           for batch in range(4) for i in range(10)]
+
+
+async def _cold_backlog(store: InMemoryLedgerStorage, count: int,
+                        ) -> tuple[BrokerService, PersistentTopic, RecordingSink]:
+    service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0))
+    await service.start(maintenance=False)
+    topic, producer = await persistent_producer(service, TOPIC)
+    for i in range(count):
+        await publish(topic, producer, b"m%d" % i)
+    store.cold_reads(True)  # every read needs the loader
+    sink = RecordingSink()
+    await service.subscribe(
+        TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
+    return service, topic, sink
+
+
+async def test_the_next_entries_of_a_backlog_on_disk_load_before_the_next_permits() -> None:
+    """Before: the load of m3.. started only when the next FLOW came."""
+    store = InMemoryLedgerStorage()
+    service, topic, sink = await _cold_backlog(store, 9)
+    subscription = topic.subscriptions["sub"]
+    consumer = subscription.consumers[0]
+    store.hold_reads()
+    subscription.flow(consumer, 3)
+    await wait_for(lambda: store.reads_held == 1)  # m0..m2 loading
+    store.release_reads()  # lets that read through, holds the next
+    store.hold_reads()
+    await wait_for(lambda: len(sink.received) == 3)
+    await wait_for(lambda: store.reads_held == 1)  # m3..m5 loading, no permits asked
+    assert consumer.permits == 0
+    assert len(sink.received) == 3
+    store.release_reads()
+    await wait_for(lambda: subscription.reads.in_flight is None)
+    subscription.flow(consumer, 3)
+    await wait_for(lambda: len(sink.received) == 6)
+    subscription.flow(consumer, 10)
+    await wait_for(lambda: len(sink.received) == 9)
+    assert sink.bodies(consumer) == [b"m%d" % i for i in range(9)]
+    await service.close()
+    store.close()
+
+
+async def test_a_load_ahead_is_dropped_when_the_consumer_rewinds() -> None:
+    store = InMemoryLedgerStorage()
+    service, topic, sink = await _cold_backlog(store, 6)
+    subscription = topic.subscriptions["sub"]
+    consumer = subscription.consumers[0]
+    subscription.flow(consumer, 3)
+    await wait_for(lambda: len(sink.received) == 3)
+    await settle(service)  # m3..m5 loaded ahead
+    subscription.redeliver(consumer, None)  # unacknowledged: m0..m2 come again first
+    subscription.flow(consumer, 6)
+    await wait_for(lambda: len(sink.received) == 9)
+    assert sink.bodies(consumer) == [b"m%d" % i for i in (0, 1, 2, 0, 1, 2, 3, 4, 5)]
+    await service.close()
+    store.close()
