@@ -116,6 +116,9 @@ class BrokerConfig:
     dispatcher_max_read_batch_size: int = 100
     dispatcher_max_read_size_bytes: int = 5 * 1024 * 1024
     dispatcher_max_round_robin_batch_size: int = 20
+    # Exclusive/Failover reads cover the permits at the consumer's average messages per entry
+    # (Pulsar's preciseDispatcherFlowControl, off upstream; on here: see `entries_for_permits`)
+    precise_dispatcher_flow_control: bool = True
     active_consumer_failover_delay_ms: int = 1000
     subscription_redelivery_tracker_enabled: bool = True
     acknowledgment_at_batch_index_level_enabled: bool = True

@@ -298,6 +298,9 @@ _DISPATCH: Final = (
        "per storage read"),
     _b("dispatcherMaxReadSizeBytes", "dispatcher_max_read_size_bytes", "bytes", "bytes per "
        "storage read"),
+    _b("preciseDispatcherFlowControl", "precise_dispatcher_flow_control", "",
+       "an Exclusive/Failover read covers the permits at the consumer's average messages per "
+       "entry, not one entry per permit"),
     _b("dispatcherMaxRoundRobinBatchSize", "dispatcher_max_round_robin_batch_size",
        "entries", "entries to one Shared consumer before the next"),
     _b("activeConsumerFailoverDelayTimeMillis", "active_consumer_failover_delay_ms", "ms",

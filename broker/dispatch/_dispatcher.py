@@ -12,7 +12,8 @@ loop to other work.
 `dispatch_round` is the subscription type's rule:
 
 * `SingleActiveConsumerDispatcher` (Exclusive, Failover): one active consumer receives
-  everything, read in order from the cursor, up to its permits. Redelivery rewinds the
+  everything, read in order from the cursor, up to its permits (a round reads the entries
+  its permits cover, `entries_for_permits`). Redelivery rewinds the
   cursor to the first unacknowledged entry. For Failover the active consumer follows the
   rules of broker reference §3.6 (priority, then name; partition index modulo candidates on
   a partitioned topic; a consistent-hash ring of the consumer names on a non-partitioned
@@ -193,12 +194,14 @@ class Dispatcher:
 
 
 def entries_for_permits(consumer: Consumer, permits: int) -> int:
-    """How many entries a round reads for `permits` (> 0) messages: the permits over the
-    consumer's average messages per entry, rounded up (Pulsar's precise dispatcher flow
-    control). A consumer of batches so receives about what its receiver queue has room for
-    with each FLOW, rather than a read's worth of batches per permit, and its queue is
-    refilled in steps as it empties. Permits may still go below zero (an entry is never
-    split), by less than one entry's messages when its entries hold alike counts."""
+    """How many entries an Exclusive/Failover round reads for `permits` (> 0) messages with
+    `precise_dispatcher_flow_control` (Pulsar's option; its default reads one entry per
+    permit): the permits over the consumer's average messages per entry, rounded up. A
+    consumer of batches so receives about what its receiver queue has room for with each
+    FLOW, rather than up to a read's worth of batches (5 MB) with its first permits, and its
+    queue is refilled in steps as it empties instead of draining before each burst (issue 14,
+    batched consume). Permits may still go below zero (an entry is never split), by less than
+    one entry's messages when its entries hold alike counts."""
     assert permits > 0
     return max(1, math.ceil(permits / consumer.avg_messages_per_entry))
 
@@ -305,8 +308,10 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         permits = consumer.available_permits(0)
         if permits <= 0:
             return False
-        limit = min(entries_for_permits(consumer, permits),
-                    self.sub.config.dispatcher_max_read_batch_size)
+        config = self.sub.config
+        wanted = (entries_for_permits(consumer, permits) if config.precise_dispatcher_flow_control
+                  else permits)
+        limit = min(wanted, config.dispatcher_max_read_batch_size)
         entries, more = self.sub.read_new(limit, honour_delay=False)
         if consumer.key_shared_ranges:
             entries = [e for e in entries if _in_ranges(e, consumer.key_shared_ranges)]

@@ -110,8 +110,11 @@ class SubscriptionReads:
             return
         cursor = self.cursor
         runs = cursor.plan_read(max_entries)
-        if not runs or cursor.ml.read_cached(runs[:1], 1):
-            return  # nothing more yet, or the next entries are in memory
+        if not runs:
+            return  # nothing more yet
+        ledger_id, first, _ = runs[0]
+        if cursor.ml.read_cached([(ledger_id, first, first)], 1):
+            return  # the next entry is in memory (the round that reads it loads the rest)
         self._begin("new", cursor.read_epoch, runs, max_bytes)
 
     def read_positions(self, positions: list[Position],

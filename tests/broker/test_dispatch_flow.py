@@ -53,6 +53,23 @@ async def test_permits_buy_about_their_worth_of_batches_not_a_batch_each(
                                            for batch in range(4) for i in range(10)]
 
 
+async def test_without_precise_flow_control_each_permit_buys_an_entry(tmp_path: Path) -> None:
+    async with broker_env(tmp_path, precise_dispatcher_flow_control=False) as env:
+        service = env.service
+        topic, producer = await persistent_producer(service, TOPIC)
+        for batch in range(6):
+            await publish_batch(topic, producer, [b"b%d-%d" % (batch, i) for i in range(10)])
+        sink = RecordingSink()
+        _, consumer = await service.subscribe(
+            TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
+        subscription = topic.subscriptions["sub"]
+        subscription.flow(consumer, 1)
+        await wait_for(lambda: len(sink.received) == 1)
+        subscription.flow(consumer, 29)  # 20 permits: Pulsar's default reads 20 entries
+        await wait_for(lambda: len(sink.received) == 6)
+        assert consumer.permits == -30
+
+
 async def _cold_backlog(store: InMemoryLedgerStorage, count: int,
                         ) -> tuple[BrokerService, PersistentTopic, RecordingSink]:
     service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0))
