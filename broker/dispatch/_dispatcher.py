@@ -201,8 +201,12 @@ def entries_for_permits(consumer: Consumer, permits: int) -> int:
     FLOW, rather than up to a read's worth of batches (5 MB) with its first permits, and its
     queue is refilled in steps as it empties instead of draining before each burst (issue 14,
     batched consume). Permits may still go below zero (an entry is never split), by less than
-    one entry's messages when its entries hold alike counts."""
+    one entry's messages when its entries hold alike counts. Before its first dispatch the
+    consumer's average is unknown: one entry, which sets it (and reaches the consumer sooner
+    than a whole read's worth from the disk); the same turn's next round reads the rest."""
     assert permits > 0
+    if not consumer.has_average:
+        return 1
     return max(1, math.ceil(permits / consumer.avg_messages_per_entry))
 
 

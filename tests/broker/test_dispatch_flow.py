@@ -85,27 +85,47 @@ async def _cold_backlog(store: InMemoryLedgerStorage, count: int,
 
 
 async def test_the_next_entries_of_a_backlog_on_disk_load_before_the_next_permits() -> None:
-    """Before: the load of m3.. started only when the next FLOW came."""
+    """Before: the load of m1 started only when the next FLOW came."""
     store = InMemoryLedgerStorage()
     service, topic, sink = await _cold_backlog(store, 9)
     subscription = topic.subscriptions["sub"]
     consumer = subscription.consumers[0]
     store.hold_reads()
-    subscription.flow(consumer, 3)
-    await wait_for(lambda: store.reads_held == 1)  # m0..m2 loading
+    subscription.flow(consumer, 1)
+    await wait_for(lambda: store.reads_held == 1)  # m0 loading
     store.release_reads()  # lets that read through, holds the next
     store.hold_reads()
-    await wait_for(lambda: len(sink.received) == 3)
-    await wait_for(lambda: store.reads_held == 1)  # m3..m5 loading, no permits asked
+    await wait_for(lambda: len(sink.received) == 1)
+    await wait_for(lambda: store.reads_held == 1)  # m1 loading, no permits asked
     assert consumer.permits == 0
-    assert len(sink.received) == 3
+    assert len(sink.received) == 1
     store.release_reads()
     await wait_for(lambda: subscription.reads.in_flight is None)
-    subscription.flow(consumer, 3)
-    await wait_for(lambda: len(sink.received) == 6)
-    subscription.flow(consumer, 10)
+    subscription.flow(consumer, 8)
     await wait_for(lambda: len(sink.received) == 9)
     assert sink.bodies(consumer) == [b"m%d" % i for i in range(9)]
+    await service.close()
+    store.close()
+
+
+async def test_a_consumers_first_round_reads_one_entry() -> None:
+    """Its average messages per entry is unknown until then: the first message does not wait
+    for a whole read's worth of entries to load."""
+    store = InMemoryLedgerStorage()
+    service, topic, sink = await _cold_backlog(store, 5)
+    subscription = topic.subscriptions["sub"]
+    consumer = subscription.consumers[0]
+    store.hold_reads()
+    subscription.flow(consumer, 100)
+    await wait_for(lambda: store.reads_held == 1)
+    store.release_reads()  # lets the first load through, holds the next
+    store.hold_reads()
+    await wait_for(lambda: len(sink.received) == 1)
+    await settle()
+    assert len(sink.received) == 1  # the rest waits for its own load
+    store.release_reads()
+    await wait_for(lambda: len(sink.received) == 5)
+    assert sink.bodies(consumer) == [b"m%d" % i for i in range(5)]
     await service.close()
     store.close()
 
