@@ -340,6 +340,9 @@ _LEDGERS: Final = (
        "cold reads (disk) in flight at once in the read worker", pulsar=False),
     _b("managedLedgerReadLoadedBytesMax", "managed_ledger_read_loaded_bytes_max", "bytes",
        "bytes of entries the read worker holds loaded at once", pulsar=False),
+    _b("managedLedgerReadAheadBytesMax", "managed_ledger_read_ahead_bytes_max", "bytes",
+       "bytes of entries loaded ahead of consumers' permits, over all subscriptions (0: "
+       "none)", pulsar=False),
     _b("managedLedgerMaxEntriesPerLedger", "managed_ledger_max_entries_per_ledger",
        "entries", "entries before a topic's ledger rolls over"),
     _b("managedLedgerMaxSizePerLedgerMbytes", "managed_ledger_max_size_per_ledger_bytes",

@@ -26,7 +26,10 @@ Read-ahead: a round that took new entries (from memory or from a load, leaving n
 loaded) starts the load of the next ones when they are not in memory, without waiting for
 the consumer's next permits; the round after it takes that load as above. A consumer
 catching up on a backlog on disk so finds its next entries loaded when its permits come,
-instead of waiting for the disk with its receiver queue running dry.
+instead of waiting for the disk with its receiver queue running dry. What read-aheads hold
+counts against the loader's `read_ahead_bytes_max` (a broker-wide budget, reserved at the
+load's bound while it runs, then what it loaded, given back when taken or dropped); beyond
+it no read-ahead starts.
 
 The loaded entries held here are at most one load's (`dispatcher_max_read_size_bytes`).
 """
@@ -65,6 +68,7 @@ class SubscriptionReads:
         self._kick = kick
         self.in_flight: asyncio.Future[Raw] | None = None
         self._loaded: _Loaded | None = None
+        self._reserved = 0  # bytes of the loader's read-ahead budget this subscription holds
         self.closed = False
 
     def read_new(self, max_entries: int, max_bytes: int) -> Raw:
@@ -109,13 +113,25 @@ class SubscriptionReads:
         if self.in_flight is not None or self._loaded is not None or self.closed:
             return
         cursor = self.cursor
+        loader = cursor.ml.loader
+        if loader.read_ahead_bytes + max_bytes > loader.read_ahead_bytes_max:
+            return  # the broker's budget for read-aheads is spent: load when asked
         runs = cursor.plan_read(max_entries)
         if not runs:
             return  # nothing more yet
         ledger_id, first, _ = runs[0]
         if cursor.ml.read_cached([(ledger_id, first, first)], 1):
             return  # the next entry is in memory (the round that reads it loads the rest)
+        loader.read_ahead_bytes += max_bytes  # until it is loaded: then what it holds
+        self._reserved = max_bytes
         self._begin("new", cursor.read_epoch, runs, max_bytes)
+
+    def _release(self) -> None:
+        """The read-ahead's entries were taken or dropped: its budget goes back."""
+        if self._reserved:
+            self.cursor.ml.loader.read_ahead_bytes -= self._reserved
+            self._reserved = 0
+            assert self.cursor.ml.loader.read_ahead_bytes >= 0
 
     def read_positions(self, positions: list[Position],
                        max_bytes: int) -> tuple[Raw, list[Position]]:
@@ -164,6 +180,7 @@ class SubscriptionReads:
         if loaded is None or loaded.kind != kind:
             return None
         self._loaded = None
+        self._release()
         return loaded
 
     def _start(self, kind: Literal["new", "replay"], epoch: int, runs: list[Run],
@@ -181,9 +198,16 @@ class SubscriptionReads:
         def finished(done: asyncio.Future[Raw]) -> None:
             self.in_flight = None
             if self.closed or done.cancelled():
+                self._release()
                 return
             error = done.exception()
             entries = [] if error is not None else done.result()
+            if self._loaded is not None:  # a replay's load replaces a read-ahead's
+                self._release()
+            elif self._reserved:  # a read-ahead holds what it loaded, not its bound
+                held = sum(len(data) for _, data in entries)
+                self.cursor.ml.loader.read_ahead_bytes += held - self._reserved
+                self._reserved = held
             self._loaded = _Loaded(kind, epoch, entries, error, asked)
             self._kick()
 
@@ -192,3 +216,5 @@ class SubscriptionReads:
     def close(self) -> None:
         self.closed = True
         self._loaded = None
+        if self.in_flight is None:
+            self._release()  # else its `finished` does

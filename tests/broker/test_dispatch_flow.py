@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from magnetar.broker import BrokerConfig, BrokerService, PersistentTopic, SubscribeSpec
+from magnetar.broker import BrokerConfig, BrokerService, Consumer, PersistentTopic, SubscribeSpec
+from magnetar.broker.dispatch._consumer import Delivery
 from magnetar.storage.testing.memory import InMemoryLedgerStorage
 from tests.broker.helpers import (
     RecordingSink,
@@ -70,9 +71,9 @@ async def test_without_precise_flow_control_each_permit_buys_an_entry(tmp_path: 
         assert consumer.permits == -30
 
 
-async def _cold_backlog(store: InMemoryLedgerStorage, count: int,
+async def _cold_backlog(store: InMemoryLedgerStorage, count: int, **config: int,
                         ) -> tuple[BrokerService, PersistentTopic, RecordingSink]:
-    service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0))
+    service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0, **config))
     await service.start(maintenance=False)
     topic, producer = await persistent_producer(service, TOPIC)
     for i in range(count):
@@ -90,42 +91,69 @@ async def test_the_next_entries_of_a_backlog_on_disk_load_before_the_next_permit
     service, topic, sink = await _cold_backlog(store, 9)
     subscription = topic.subscriptions["sub"]
     consumer = subscription.consumers[0]
-    store.hold_reads()
     subscription.flow(consumer, 1)
-    await wait_for(lambda: store.reads_held == 1)  # m0 loading
-    store.release_reads()  # lets that read through, holds the next
-    store.hold_reads()
     await wait_for(lambda: len(sink.received) == 1)
-    await wait_for(lambda: store.reads_held == 1)  # m1 loading, no permits asked
+    # m1 loads with no permits asked; what it holds counts against the broker's budget
+    await wait_for(lambda: subscription.reads.in_flight is None
+                   and 0 < service.loader.read_ahead_bytes <= 100)
     assert consumer.permits == 0
     assert len(sink.received) == 1
-    store.release_reads()
-    await wait_for(lambda: subscription.reads.in_flight is None)
     subscription.flow(consumer, 8)
     await wait_for(lambda: len(sink.received) == 9)
     assert sink.bodies(consumer) == [b"m%d" % i for i in range(9)]
     await service.close()
+    assert service.loader.read_ahead_bytes == 0
     store.close()
+
+
+class _CallSink(RecordingSink):
+    """Also records how many deliveries each `deliver` call brought."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def deliver(self, consumer: Consumer, deliveries: list[Delivery]) -> None:
+        self.calls.append(len(deliveries))
+        super().deliver(consumer, deliveries)
 
 
 async def test_a_consumers_first_round_reads_one_entry() -> None:
     """Its average messages per entry is unknown until then: the first message does not wait
-    for a whole read's worth of entries to load."""
+    for a whole read's worth of entries to load (before: one call with all five)."""
     store = InMemoryLedgerStorage()
-    service, topic, sink = await _cold_backlog(store, 5)
+    service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0))
+    await service.start(maintenance=False)
+    topic, producer = await persistent_producer(service, TOPIC)
+    for i in range(5):
+        await publish(topic, producer, b"m%d" % i)
+    store.cold_reads(True)
+    sink = _CallSink()
+    _, consumer = await service.subscribe(
+        TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
+    topic.subscriptions["sub"].flow(consumer, 100)
+    await wait_for(lambda: len(sink.received) == 5)
+    assert sink.calls[0] == 1
+    assert sink.bodies(consumer) == [b"m%d" % i for i in range(5)]
+    await service.close()
+    store.close()
+
+
+async def test_no_read_ahead_beyond_the_brokers_budget() -> None:
+    store = InMemoryLedgerStorage()
+    service, topic, sink = await _cold_backlog(store, 3, managed_ledger_read_ahead_bytes_max=0)
     subscription = topic.subscriptions["sub"]
     consumer = subscription.consumers[0]
-    store.hold_reads()
-    subscription.flow(consumer, 100)
-    await wait_for(lambda: store.reads_held == 1)
-    store.release_reads()  # lets the first load through, holds the next
-    store.hold_reads()
+    subscription.flow(consumer, 1)
     await wait_for(lambda: len(sink.received) == 1)
-    await settle()
-    assert len(sink.received) == 1  # the rest waits for its own load
+    store.hold_reads()
+    await settle(service)
+    assert store.reads_held == 0  # nothing loads before the next permits
+    subscription.flow(consumer, 2)
+    await wait_for(lambda: store.reads_held == 1)
     store.release_reads()
-    await wait_for(lambda: len(sink.received) == 5)
-    assert sink.bodies(consumer) == [b"m%d" % i for i in range(5)]
+    await wait_for(lambda: len(sink.received) == 3)
+    assert service.loader.read_ahead_bytes == 0
     await service.close()
     store.close()
 
