@@ -20,7 +20,11 @@ round runs again and takes it. What keeps delivery in order:
   longest prefix of them it holds, in position order, and the round removes from the replay
   queue only what was served (or skipped); an answer that holds none of them is dropped;
 * entries acknowledged meanwhile are skipped at take time, and a load's error is raised
-  only by a round that would still take its entries (else it is dropped with them).
+  only by a round that would still take its entries (else it is dropped with them). A
+  failed load of several new entries is not raised: the subscription then reads the entries
+  that load covered one at a time (its reads ahead too), so the entries before a damaged one
+  are delivered and the damaged one's own read raises (Pulsar too drops its read size to one
+  after a failed read).
 
 Read-ahead: a round that took new entries (from memory or from a load, leaving nothing
 loaded) starts the load of the next ones when they are not in memory, without waiting for
@@ -58,6 +62,7 @@ class _Loaded:
     entries: Raw
     error: BaseException | None
     asked: frozenset[Position] = frozenset()  # the positions a replay load was for
+    planned: int = 0  # the entries its runs covered
 
 
 class SubscriptionReads:
@@ -69,6 +74,7 @@ class SubscriptionReads:
         self.in_flight: asyncio.Future[Raw] | None = None
         self._loaded: _Loaded | None = None
         self._reserved = 0  # bytes of the loader's read-ahead budget this subscription holds
+        self._singles_left = 0  # after a failed load of new entries: see `read_new`
         self.closed = False
 
     def read_new(self, max_entries: int, max_bytes: int) -> Raw:
@@ -82,7 +88,14 @@ class SubscriptionReads:
         """
         cursor = self.cursor
         loaded = self._take("new")
+        if self._singles_left:
+            max_entries = 1
         if loaded is not None and loaded.epoch == cursor.read_epoch:
+            if loaded.error is not None and loaded.planned > 1:
+                # Which entry failed is not known: read its window one entry at a time, so
+                # that every entry before the failing one is delivered and its read raises.
+                self._singles_left = loaded.planned
+                return self.read_new(1, max_bytes)
             if loaded.error is not None:
                 raise loaded.error
             assert loaded.entries, "a load of planned runs returns at least one entry"
@@ -91,7 +104,8 @@ class SubscriptionReads:
                 cursor.advance_past(raw[-1][0])
             if rest:
                 self._loaded = _Loaded("new", cursor.read_epoch, rest, None)
-            else:
+            self._singles_left = max(0, self._singles_left - len(raw))
+            if not rest:
                 self._read_ahead(max_entries, max_bytes)
             return [(p, data) for p, data in raw if not cursor.is_acked(p)]
         runs = cursor.plan_read(max_entries)
@@ -101,6 +115,7 @@ class SubscriptionReads:
         if not raw:
             self._start("new", cursor.read_epoch, runs, max_bytes)
         cursor.advance_past(raw[-1][0])
+        self._singles_left = max(0, self._singles_left - len(raw))
         self._read_ahead(max_entries, max_bytes)
         return raw
 
@@ -116,12 +131,17 @@ class SubscriptionReads:
         loader = cursor.ml.loader
         if loader.read_ahead_bytes + max_bytes > loader.read_ahead_bytes_max:
             return  # the broker's budget for read-aheads is spent: load when asked
-        runs = cursor.plan_read(max_entries)
-        if not runs:
-            return  # nothing more yet
-        ledger_id, first, _ = runs[0]
-        if cursor.ml.read_cached([(ledger_id, first, first)], 1):
-            return  # the next entry is in memory (the round that reads it loads the rest)
+        try:
+            runs = cursor.plan_read(max_entries)
+            if not runs:
+                return  # nothing more yet
+            ledger_id, first, _ = runs[0]
+            if cursor.ml.read_cached([(ledger_id, first, first)], 1):
+                return  # the next entry is in memory (the round that reads it loads the rest)
+        except AssertionError:
+            raise
+        except Exception:  # the round that reads these entries meets it
+            return  # (raising here would lose the entries this round already took)
         loader.read_ahead_bytes += max_bytes  # until it is loaded: then what it holds
         self._reserved = max_bytes
         self._begin("new", cursor.read_epoch, runs, max_bytes)
@@ -195,6 +215,8 @@ class SubscriptionReads:
         future = self.cursor.ml.load(runs, max_bytes)
         self.in_flight = future
 
+        planned = sum(last - first + 1 for _, first, last in runs)
+
         def finished(done: asyncio.Future[Raw]) -> None:
             self.in_flight = None
             if self.closed or done.cancelled():
@@ -208,7 +230,7 @@ class SubscriptionReads:
                 held = sum(len(data) for _, data in entries)
                 self.cursor.ml.loader.read_ahead_bytes += held - self._reserved
                 self._reserved = held
-            self._loaded = _Loaded(kind, epoch, entries, error, asked)
+            self._loaded = _Loaded(kind, epoch, entries, error, asked, planned)
             self._kick()
 
         future.add_done_callback(finished)
