@@ -51,6 +51,7 @@ SETTING_RANGES: Final[dict[str, tuple[float, float | None]]] = {
     "managed_ledger_max_redelivery_counts_to_persist": (0, None),
     "managed_ledger_read_loads_in_flight_max": (1, None),
     "managed_ledger_read_loaded_bytes_max": (1, None),
+    "managed_ledger_read_ahead_bytes_max": (0, None),
     "broker_deduplication_entries_interval": (1, None),
     "broker_deduplication_snapshot_interval_s": (0, None),
     "broker_deduplication_max_number_of_producers": (1, None),
@@ -116,6 +117,9 @@ class BrokerConfig:
     dispatcher_max_read_batch_size: int = 100
     dispatcher_max_read_size_bytes: int = 5 * 1024 * 1024
     dispatcher_max_round_robin_batch_size: int = 20
+    # Exclusive/Failover reads cover the permits at the consumer's average messages per entry
+    # (Pulsar's preciseDispatcherFlowControl, off upstream; on here: see `entries_for_permits`)
+    precise_dispatcher_flow_control: bool = True
     active_consumer_failover_delay_ms: int = 1000
     subscription_redelivery_tracker_enabled: bool = True
     acknowledgment_at_batch_index_level_enabled: bool = True
@@ -141,6 +145,8 @@ class BrokerConfig:
     # within the second limit (one may always run).
     managed_ledger_read_loads_in_flight_max: int = 4
     managed_ledger_read_loaded_bytes_max: int = 64 * 1024 * 1024
+    # What subscriptions' read-aheads (dispatch/_reads.py) may hold loaded, over the broker.
+    managed_ledger_read_ahead_bytes_max: int = 64 * 1024 * 1024
 
     # Deduplication.
     broker_deduplication_enabled: bool = False

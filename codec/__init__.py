@@ -79,6 +79,7 @@ from ._framer import (
     entry_payload,
     entry_payload_bytes,
     parse_entry,
+    parse_entry_metadata,
     prefix_broker_entry_metadata,
     split_broker_entry_metadata,
     strip_broker_entry_metadata,
@@ -97,7 +98,7 @@ from ._hashing import (
     murmur3_32_raw,
     sticky_key,
 )
-from ._message_frames import message_frame
+from ._message_frames import message_frame, message_frame_head
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._proto import pulsar_api_pb2 as pb
 from ._receipts import send_receipt_frame
@@ -175,9 +176,11 @@ __all__ = [
     "java_string_hash_utf8",
     "key_hash_slot",
     "message_frame",
+    "message_frame_head",
     "murmur3_32",
     "murmur3_32_raw",
     "parse_entry",
+    "parse_entry_metadata",
     "pb",
     "prefix_broker_entry_metadata",
     "send_receipt_frame",

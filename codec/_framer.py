@@ -335,6 +335,25 @@ def entry_payload(entry: bytes) -> bytes:
     return entry[start + meta_end :]
 
 
+def parse_entry_metadata(entry: bytes,
+                         ) -> tuple[pb.MessageMetadata, int, pb.BrokerEntryMetadata | None]:
+    """What `parse_entry(entry, verify_checksum=False)` tells but the payload itself: (the
+    metadata, the payload's length, the 0x0e02 block or None). Only the metadata's bytes are
+    copied, not the payload (a broker asks this of every entry it dispatches).
+
+    Raises:
+        RemoteProtocolError: the entry is truncated or its metadata (or block) is invalid.
+    """
+    view = memoryview(entry)
+    start = _broker_entry_metadata_end(view, 0)
+    block = (parse_message(pb.BrokerEntryMetadata, bytes(view[6:start]), "BrokerEntryMetadata")
+             if start else None)
+    _, pos, meta_end = _split_entry(view[start:])
+    metadata = parse_message(pb.MessageMetadata, bytes(view[start + pos + 4 : start + meta_end]),
+                             "MessageMetadata")
+    return metadata, len(entry) - start - meta_end, block
+
+
 def entry_payload_bytes(entry: bytes) -> int:
     """The length of `entry_payload(entry)`, found without copying the payload.
 

@@ -18,7 +18,7 @@ from ._proto import pulsar_api_pb2 as pb
 from ._receipts import MESSAGE_ID_ENTRY_KEY, MESSAGE_ID_LEDGER_KEY
 from ._wire import UINT64_MASK, WIRE_BYTES, WIRE_VARINT, encode_varint, field_key
 
-__all__ = ["message_frame"]
+__all__ = ["message_frame", "message_frame_head"]
 
 _SIZES: Final = struct.Struct(">II")
 _MESSAGE_FIELDS: Final = pb.CommandMessage.DESCRIPTOR.fields_by_name
@@ -43,9 +43,26 @@ def message_frame(consumer_id: int, ledger_id: int, entry_id: int, partition: in
                   frame_size_bytes_max: int | None = None) -> bytes:
     """The whole frame (size prefixes included) of
     `CommandMessage(consumer_id, MessageIdData(ledgerId, entryId, partition),
-    redelivery_count, ack_set, consumer_epoch)` followed by the stored `entry` verbatim.
-    Negative ledger and entry ids go out as their uint64 form. The ids are the broker's own
-    (asserted to fit their types).
+    redelivery_count, ack_set, consumer_epoch)` followed by the stored `entry` verbatim:
+    `message_frame_head(...) + entry`.
+
+    Raises:
+        LocalProtocolError: the frame would exceed `frame_size_bytes_max` (nothing built).
+    """
+    return message_frame_head(consumer_id, ledger_id, entry_id, partition, redelivery_count,
+                              len(entry), ack_set=ack_set, consumer_epoch=consumer_epoch,
+                              frame_size_bytes_max=frame_size_bytes_max) + entry
+
+
+def message_frame_head(consumer_id: int, ledger_id: int, entry_id: int, partition: int,
+                       redelivery_count: int, entry_bytes: int, *, ack_set: Sequence[int] = (),
+                       consumer_epoch: int | None = None,
+                       frame_size_bytes_max: int | None = None) -> bytes:
+    """The bytes of `message_frame` before its entry (of `entry_bytes` bytes): the size
+    prefixes and the command. A broker writes them and the stored entry as separate buffers
+    (one gathering write), so the entry is not copied into a frame. Negative ledger and entry
+    ids go out as their uint64 form. The ids are the broker's own (asserted to fit their
+    types).
 
     Raises:
         LocalProtocolError: the frame would exceed `frame_size_bytes_max` (nothing built).
@@ -53,6 +70,7 @@ def message_frame(consumer_id: int, ledger_id: int, entry_id: int, partition: in
     assert 0 <= consumer_id <= UINT64_MASK
     assert 0 <= redelivery_count <= 0xFFFFFFFF
     assert _INT32_MIN <= partition <= _INT32_MAX
+    assert entry_bytes >= 0
     message_id = b"".join((MESSAGE_ID_LEDGER_KEY, encode_varint(ledger_id & UINT64_MASK),
                            MESSAGE_ID_ENTRY_KEY, encode_varint(entry_id & UINT64_MASK),
                            _PARTITION, encode_varint(partition)))
@@ -66,7 +84,7 @@ def message_frame(consumer_id: int, ledger_id: int, entry_id: int, partition: in
         parts += (_EPOCH, encode_varint(consumer_epoch))
     body = b"".join(parts)
     command = b"".join((_COMMAND_HEAD, encode_varint(len(body)), body))
-    total = 4 + len(command) + len(entry)
+    total = 4 + len(command) + entry_bytes
     if frame_size_bytes_max is not None and total > frame_size_bytes_max:
         raise LocalProtocolError(f"frame of {total} bytes exceeds {frame_size_bytes_max}")
-    return b"".join((_SIZES.pack(total, len(command)), command, entry))
+    return _SIZES.pack(total, len(command)) + command

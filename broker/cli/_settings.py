@@ -298,6 +298,9 @@ _DISPATCH: Final = (
        "per storage read"),
     _b("dispatcherMaxReadSizeBytes", "dispatcher_max_read_size_bytes", "bytes", "bytes per "
        "storage read"),
+    _b("preciseDispatcherFlowControl", "precise_dispatcher_flow_control", "",
+       "an Exclusive/Failover read covers the permits at the consumer's average messages per "
+       "entry, not one entry per permit"),
     _b("dispatcherMaxRoundRobinBatchSize", "dispatcher_max_round_robin_batch_size",
        "entries", "entries to one Shared consumer before the next"),
     _b("activeConsumerFailoverDelayTimeMillis", "active_consumer_failover_delay_ms", "ms",
@@ -337,6 +340,9 @@ _LEDGERS: Final = (
        "cold reads (disk) in flight at once in the read worker", pulsar=False),
     _b("managedLedgerReadLoadedBytesMax", "managed_ledger_read_loaded_bytes_max", "bytes",
        "bytes of entries the read worker holds loaded at once", pulsar=False),
+    _b("managedLedgerReadAheadBytesMax", "managed_ledger_read_ahead_bytes_max", "bytes",
+       "bytes of entries loaded ahead of consumers' permits, over all subscriptions (0: "
+       "none)", pulsar=False),
     _b("managedLedgerMaxEntriesPerLedger", "managed_ledger_max_entries_per_ledger",
        "entries", "entries before a topic's ledger rolls over"),
     _b("managedLedgerMaxSizePerLedgerMbytes", "managed_ledger_max_size_per_ledger_bytes",

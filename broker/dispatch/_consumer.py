@@ -109,6 +109,11 @@ class Consumer:
     def __repr__(self) -> str:
         return f"Consumer({self.consumer_name}#{self.consumer_serial})"
 
+    @property
+    def has_average(self) -> bool:
+        """Whether `avg_messages_per_entry` comes from a dispatch (else it is the initial 1)."""
+        return not self._first_dispatch
+
     def add_permits(self, permits: int) -> None:
         assert permits >= 0
         self.permits += permits

@@ -12,7 +12,8 @@ loop to other work.
 `dispatch_round` is the subscription type's rule:
 
 * `SingleActiveConsumerDispatcher` (Exclusive, Failover): one active consumer receives
-  everything, read in order from the cursor, up to its permits. Redelivery rewinds the
+  everything, read in order from the cursor, up to its permits (a round reads the entries
+  its permits cover, `entries_for_permits`). Redelivery rewinds the
   cursor to the first unacknowledged entry. For Failover the active consumer follows the
   rules of broker reference §3.6 (priority, then name; partition index modulo candidates on
   a partitioned topic; a consistent-hash ring of the consumer names on a non-partitioned
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from magnetar.codec import murmur3_32, sticky_key
@@ -57,7 +59,8 @@ from ._entry import EntryInfo
 if TYPE_CHECKING:
     from ._subscription import Subscription
 
-__all__ = ["Dispatcher", "ReadPending", "SingleActiveConsumerDispatcher", "failover_ring_choice"]
+__all__ = ["Dispatcher", "ReadPending", "SingleActiveConsumerDispatcher", "entries_for_permits",
+           "failover_ring_choice"]
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +193,23 @@ class Dispatcher:
         return messages
 
 
+def entries_for_permits(consumer: Consumer, permits: int) -> int:
+    """How many entries an Exclusive/Failover round reads for `permits` (> 0) messages with
+    `precise_dispatcher_flow_control` (Pulsar's option; its default reads one entry per
+    permit): the permits over the consumer's average messages per entry, rounded up. A
+    consumer of batches so receives about what its receiver queue has room for with each
+    FLOW, rather than up to a read's worth of batches (5 MB) with its first permits, and its
+    queue is refilled in steps as it empties instead of draining before each burst (issue 14,
+    batched consume). Permits may still go below zero (an entry is never split), by less than
+    one entry's messages when its entries hold alike counts. Before its first dispatch the
+    consumer's average is unknown: one entry, which sets it (and reaches the consumer sooner
+    than a whole read's worth from the disk); the same turn's next round reads the rest."""
+    assert permits > 0
+    if not consumer.has_average:
+        return 1
+    return max(1, math.ceil(permits / consumer.avg_messages_per_entry))
+
+
 def failover_ring_choice(consumers: list[Consumer], topic_name: str) -> Consumer | None:
     """The active consumer of a non-partitioned Failover topic: the owner of the first ring
     point at or after the topic's hash (broker reference §3.6)."""
@@ -292,7 +312,10 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         permits = consumer.available_permits(0)
         if permits <= 0:
             return False
-        limit = min(permits, self.sub.config.dispatcher_max_read_batch_size)
+        config = self.sub.config
+        wanted = (entries_for_permits(consumer, permits) if config.precise_dispatcher_flow_control
+                  else permits)
+        limit = min(wanted, config.dispatcher_max_read_batch_size)
         entries, more = self.sub.read_new(limit, honour_delay=False)
         if consumer.key_shared_ranges:
             entries = [e for e in entries if _in_ranges(e, consumer.key_shared_ranges)]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from magnetar.codec import RemoteProtocolError, entry_payload_bytes, parse_entry, pb
+from magnetar.codec import RemoteProtocolError, entry_payload_bytes, parse_entry_metadata, pb
 
 from ..ledger._position import Position
 
@@ -116,10 +116,7 @@ class EntryInfo:
     def metadata(self) -> pb.MessageMetadata:
         if self._metadata is None:
             try:
-                parsed = parse_entry(self.data, verify_checksum=False)
-                self._metadata = parsed.metadata
-                self._payload_bytes = len(parsed.payload)
-                block = parsed.broker_entry_metadata
+                self._metadata, self._payload_bytes, block = parse_entry_metadata(self.data)
                 if block is not None and block.HasField("broker_timestamp"):
                     self._broker_timestamp = int(block.broker_timestamp)
             except Exception:  # a stored entry we cannot parse: dispatch it as opaque

@@ -20,7 +20,20 @@ round runs again and takes it. What keeps delivery in order:
   longest prefix of them it holds, in position order, and the round removes from the replay
   queue only what was served (or skipped); an answer that holds none of them is dropped;
 * entries acknowledged meanwhile are skipped at take time, and a load's error is raised
-  only by a round that would still take its entries (else it is dropped with them).
+  only by a round that would still take its entries (else it is dropped with them). A
+  failed load of several new entries is not raised: the subscription then reads the entries
+  that load covered one at a time (its reads ahead too), so the entries before a damaged one
+  are delivered and the damaged one's own read raises (Pulsar too drops its read size to one
+  after a failed read).
+
+Read-ahead: a round that took new entries (from memory or from a load, leaving nothing
+loaded) starts the load of the next ones when they are not in memory, without waiting for
+the consumer's next permits; the round after it takes that load as above. A consumer
+catching up on a backlog on disk so finds its next entries loaded when its permits come,
+instead of waiting for the disk with its receiver queue running dry. What read-aheads hold
+counts against the loader's `read_ahead_bytes_max` (a broker-wide budget, reserved at the
+load's bound while it runs, then what it loaded, given back when taken or dropped); beyond
+it no read-ahead starts.
 
 The loaded entries held here are at most one load's (`dispatcher_max_read_size_bytes`).
 """
@@ -49,6 +62,7 @@ class _Loaded:
     entries: Raw
     error: BaseException | None
     asked: frozenset[Position] = frozenset()  # the positions a replay load was for
+    planned: int = 0  # the entries its runs covered
 
 
 class SubscriptionReads:
@@ -59,11 +73,14 @@ class SubscriptionReads:
         self._kick = kick
         self.in_flight: asyncio.Future[Raw] | None = None
         self._loaded: _Loaded | None = None
+        self._reserved = 0  # bytes of the loader's read-ahead budget this subscription holds
+        self._singles_left = 0  # after a failed load of new entries: see `read_new`
         self.closed = False
 
     def read_new(self, max_entries: int, max_bytes: int) -> Raw:
         """Up to `max_entries` unacknowledged entries from the read position (moved past
-        them), within `max_bytes`.
+        them), within `max_bytes`. When what follows them needs the disk, its load starts
+        now (`_read_ahead`).
 
         Raises:
             ReadPending: the read needs the disk, or a load is in flight.
@@ -71,7 +88,14 @@ class SubscriptionReads:
         """
         cursor = self.cursor
         loaded = self._take("new")
+        if self._singles_left:
+            max_entries = 1
         if loaded is not None and loaded.epoch == cursor.read_epoch:
+            if loaded.error is not None and loaded.planned > 1:
+                # Which entry failed is not known: read its window one entry at a time, so
+                # that every entry before the failing one is delivered and its read raises.
+                self._singles_left = loaded.planned
+                return self.read_new(1, max_bytes)
             if loaded.error is not None:
                 raise loaded.error
             assert loaded.entries, "a load of planned runs returns at least one entry"
@@ -80,6 +104,9 @@ class SubscriptionReads:
                 cursor.advance_past(raw[-1][0])
             if rest:
                 self._loaded = _Loaded("new", cursor.read_epoch, rest, None)
+            self._singles_left = max(0, self._singles_left - len(raw))
+            if not rest:
+                self._read_ahead(max_entries, max_bytes)
             return [(p, data) for p, data in raw if not cursor.is_acked(p)]
         runs = cursor.plan_read(max_entries)
         if not runs:
@@ -88,7 +115,43 @@ class SubscriptionReads:
         if not raw:
             self._start("new", cursor.read_epoch, runs, max_bytes)
         cursor.advance_past(raw[-1][0])
+        self._singles_left = max(0, self._singles_left - len(raw))
+        self._read_ahead(max_entries, max_bytes)
         return raw
+
+    def _read_ahead(self, max_entries: int, max_bytes: int) -> None:
+        """After a round took its entries: when the next `max_entries` ones are not in memory,
+        start their load now, so that the consumer's next permits find them loaded rather
+        than wait for the disk (its receiver queue keeps being refilled while it works
+        through what it holds). The load is held like any other (one per subscription, taken
+        only under the read epoch it was planned at)."""
+        if self.in_flight is not None or self._loaded is not None or self.closed:
+            return
+        cursor = self.cursor
+        loader = cursor.ml.loader
+        if loader.read_ahead_bytes + max_bytes > loader.read_ahead_bytes_max:
+            return  # the broker's budget for read-aheads is spent: load when asked
+        try:
+            runs = cursor.plan_read(max_entries)
+            if not runs:
+                return  # nothing more yet
+            ledger_id, first, _ = runs[0]
+            if cursor.ml.read_cached([(ledger_id, first, first)], 1):
+                return  # the next entry is in memory (the round that reads it loads the rest)
+        except AssertionError:
+            raise
+        except Exception:  # the round that reads these entries meets it
+            return  # (raising here would lose the entries this round already took)
+        loader.read_ahead_bytes += max_bytes  # until it is loaded: then what it holds
+        self._reserved = max_bytes
+        self._begin("new", cursor.read_epoch, runs, max_bytes)
+
+    def _release(self) -> None:
+        """The read-ahead's entries were taken or dropped: its budget goes back."""
+        if self._reserved:
+            self.cursor.ml.loader.read_ahead_bytes -= self._reserved
+            self._reserved = 0
+            assert self.cursor.ml.loader.read_ahead_bytes >= 0
 
     def read_positions(self, positions: list[Position],
                        max_bytes: int) -> tuple[Raw, list[Position]]:
@@ -137,26 +200,43 @@ class SubscriptionReads:
         if loaded is None or loaded.kind != kind:
             return None
         self._loaded = None
+        self._release()
         return loaded
 
     def _start(self, kind: Literal["new", "replay"], epoch: int, runs: list[Run],
                max_bytes: int, asked: frozenset[Position] = frozenset()) -> None:
         """Hand `runs` to the loader. Always raises ReadPending."""
+        self._begin(kind, epoch, runs, max_bytes, asked)
+        raise ReadPending()
+
+    def _begin(self, kind: Literal["new", "replay"], epoch: int, runs: list[Run],
+               max_bytes: int, asked: frozenset[Position] = frozenset()) -> None:
+        """Hand `runs` to the loader; its result is kept for a later round, which is kicked."""
         future = self.cursor.ml.load(runs, max_bytes)
         self.in_flight = future
+
+        planned = sum(last - first + 1 for _, first, last in runs)
 
         def finished(done: asyncio.Future[Raw]) -> None:
             self.in_flight = None
             if self.closed or done.cancelled():
+                self._release()
                 return
             error = done.exception()
             entries = [] if error is not None else done.result()
-            self._loaded = _Loaded(kind, epoch, entries, error, asked)
+            if self._loaded is not None:  # a replay's load replaces a read-ahead's
+                self._release()
+            elif self._reserved:  # a read-ahead holds what it loaded, not its bound
+                held = sum(len(data) for _, data in entries)
+                self.cursor.ml.loader.read_ahead_bytes += held - self._reserved
+                self._reserved = held
+            self._loaded = _Loaded(kind, epoch, entries, error, asked, planned)
             self._kick()
 
         future.add_done_callback(finished)
-        raise ReadPending()
 
     def close(self) -> None:
         self.closed = True
         self._loaded = None
+        if self.in_flight is None:
+            self._release()  # else its `finished` does

@@ -22,6 +22,10 @@ at once (threads), and a load starts only while the bytes that the running loads
 Waiting loads queue in arrival order; the queue is bounded by its callers (a subscription
 has at most one load at a time, a topic's dedup recovery one). A load's result or error is
 handed back on the event loop that asked for it.
+
+The loader also holds the broker's budget for loads read ahead (`read_ahead_bytes_max`): the
+subscriptions (`dispatch/_reads.py`) count what their read-aheads may hold, on the loop, and
+start none beyond it, so that consumers that stop asking cannot pin memory without bound.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = ["EntryLoader", "LedgerReads", "Run", "collect", "default_loader"]
 READ_CHUNK_ENTRIES_MAX = 64  # entries fetched from storage per call when reading
 LOADS_IN_FLIGHT_MAX_DEFAULT = 4
 LOADED_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+READ_AHEAD_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 
 Run = tuple[int, int, int]  # (ledger id, first entry, last entry), inclusive
 Fetch = Callable[[int, int, int], "list[bytes] | None"]
@@ -97,7 +102,8 @@ class EntryLoader:
     """The bounded worker for reads that may touch the disk (see the module comment)."""
 
     def __init__(self, loads_in_flight_max: int = LOADS_IN_FLIGHT_MAX_DEFAULT,
-                 loaded_bytes_max: int = LOADED_BYTES_MAX_DEFAULT, *, on_loop: bool = False):
+                 loaded_bytes_max: int = LOADED_BYTES_MAX_DEFAULT, *, on_loop: bool = False,
+                 read_ahead_bytes_max: int = READ_AHEAD_BYTES_MAX_DEFAULT):
         """`on_loop`: for the seeded simulation only, which must replay exactly: each load
         runs in a later callback of the loop that asked for it (so the callers' paths for
         a read in flight run, deterministically), not in a thread."""
@@ -105,6 +111,9 @@ class EntryLoader:
         assert loaded_bytes_max >= 1
         self.loads_in_flight_max = loads_in_flight_max
         self.loaded_bytes_max = loaded_bytes_max
+        assert read_ahead_bytes_max >= 0
+        self.read_ahead_bytes_max = read_ahead_bytes_max
+        self.read_ahead_bytes = 0  # held or reserved by read-aheads; the loop's count
         self._lock = threading.Lock()
         self._waiting: deque[_Load] = deque()
         self.running = 0

@@ -144,7 +144,8 @@ class BrokerService(Maintenance):
         self.clock = clock
         self.loader = loader or EntryLoader(
             self.config.managed_ledger_read_loads_in_flight_max,
-            self.config.managed_ledger_read_loaded_bytes_max)
+            self.config.managed_ledger_read_loaded_bytes_max,
+            read_ahead_bytes_max=self.config.managed_ledger_read_ahead_bytes_max)
         self.namespaces = NamespaceRegistry(storage.metadata, self.config)
         self.schemas = SchemaRegistry(storage.metadata, self.namespaces, clock)
         self.topics: dict[str, Topic] = {}

@@ -87,6 +87,7 @@ from ._connection_view import (
 )
 from ._consumers import ConsumerCommands
 from ._discovery import DiscoveryCommands
+from ._gather_write import Buffers, joining_writer
 from ._producers import ProducerCommands
 from ._topic_watchers import WATCHER_REPLY_TYPES
 
@@ -122,6 +123,8 @@ class ConnectionHandler:
         write: writes bytes to the socket; must not block.
         close_transport: closes the socket (the server's reader then ends).
         peer: the client's address, for stats and logs (Pulsar's form: "/host:port").
+        write_parts: writes a run of frames given as separate buffers (`_gather_write.py`;
+            default: joined, through `write`); must not block.
         write_buffer_bytes: bytes written but not yet sent on the socket (None: unknown).
         drain: waits until the socket's write buffer is below its low-water mark.
         tls_common_name: the common name of the client certificate the TLS handshake
@@ -130,6 +133,7 @@ class ConnectionHandler:
 
     def __init__(self, context: ServerContext, write: Callable[[bytes], None],
                  close_transport: Callable[[], None], peer: str, *,
+                 write_parts: Callable[[Buffers], None] | None = None,
                  write_buffer_bytes: Callable[[], int] | None = None,
                  drain: Callable[[], Awaitable[None]] | None = None,
                  tls_common_name: str | None = None):
@@ -140,6 +144,7 @@ class ConnectionHandler:
         self._resume_task: asyncio.Future[None] | None = None
         self.service = context.service
         self._write = write
+        self._write_parts = write_parts or joining_writer(write)
         self._soon: list[bytes] = []  # `write_soon`'s frames; at most one turn's receipts
         self._close_transport = close_transport
         self.peer = peer
@@ -277,6 +282,13 @@ class ConnectionHandler:
         if self._soon:
             self._flush_soon()
         self._write(data)
+
+    def write_parts(self, parts: Buffers) -> None:
+        """Write encoded frames given as separate buffers (heads and stored entries), in
+        order, without joining them when the socket takes them at once."""
+        if self._soon:
+            self._flush_soon()
+        self._write_parts(parts)
 
     def write_soon(self, data: bytes) -> None:
         """Write encoded frames at the end of this loop turn, with every other `write_soon`

@@ -56,6 +56,7 @@ from ..schemas._schemas import SchemaRegistry
 from ..security._auth import AuthenticationService
 from ..security._authz import AuthorizationService
 from ..topics._service import BrokerService
+from ._gather_write import Buffers
 
 __all__ = [
     "KEEPALIVE_INTERVAL_S_DEFAULT",
@@ -175,6 +176,9 @@ class ConnectionView(Protocol):
 
     def write(self, data: bytes) -> None:
         """Write encoded frames to the socket; never blocks."""
+
+    def write_parts(self, parts: Buffers) -> None:
+        """Write encoded frames given as separate buffers, in order; never blocks."""
 
     def write_soon(self, data: bytes) -> None:
         """Write encoded frames at the end of this loop turn, together with the turn's other

@@ -64,6 +64,7 @@ from ._connection_view import (
     REQUEST_ID_NONE,
     ServerContext,
 )
+from ._gather_write import gathering_writer
 
 __all__ = ["SHUTDOWN_GRACE_S_DEFAULT", "BrokerServer", "serve"]
 
@@ -202,6 +203,7 @@ class BrokerServer:
             await self._refuse(writer, peer, refusal)
             return
         handler = ConnectionHandler(self.context, writer.write, writer.close, peer,
+                                    write_parts=gathering_writer(writer.transport),
                                     write_buffer_bytes=writer.transport.get_write_buffer_size,
                                     drain=writer.drain,
                                     tls_common_name=peer_common_name(

@@ -14,6 +14,7 @@ from magnetar.codec import (
     encode_entry,
     encode_frame,
     parse_entry,
+    parse_entry_metadata,
     pb,
     prefix_broker_entry_metadata,
     split_broker_entry_metadata,
@@ -43,6 +44,17 @@ def test_prefix_split_strip_and_parse() -> None:
     assert parse_entry(entry).broker_entry_metadata is None
     with pytest.raises(LocalProtocolError, match="already carries"):
         prefix_broker_entry_metadata(block, prefixed)
+
+
+def test_parse_entry_metadata_tells_what_parse_entry_does_but_the_payload() -> None:
+    entry = _entry()
+    block = pb.BrokerEntryMetadata(broker_timestamp=7, index=2)
+    for stored in (entry, prefix_broker_entry_metadata(block, entry)):
+        parsed = parse_entry(stored)
+        assert parse_entry_metadata(stored) == (parsed.metadata, len(parsed.payload),
+                                                parsed.broker_entry_metadata)
+    with pytest.raises(RemoteProtocolError, match="runs past the end"):
+        parse_entry_metadata(entry[:-len(b"payload") - 2])
 
 
 def test_a_truncated_block_is_refused() -> None:

@@ -190,7 +190,7 @@ def test_catches_redelivery_counted_for_a_consumer_leaving(monkeypatch: pytest.M
 
 # -- the model allows what the broker may do --------------------------------------------------
 
-LAZY_CLEAR_SEED = 4  # a seed whose run, with the clear below, crashes before the clear is durable
+LAZY_CLEAR_SEED = 1  # a seed whose run, with the clear below, crashes before the clear is durable
 LAZY_CLEAR_STEPS = 600
 
 
