@@ -527,6 +527,40 @@ class Storage:
             self.ledgers.changed(ledger_id)
             return self._journal_op(RecordType.LEDGER_CLOSE, _CLOSE.pack(ledger_id, last), last)
 
+    def close_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """`close_ledger` for each of `ledger_ids`, with one lock hold and one journal
+        submission (a broker closing many topics at once). A ledger that does not exist gets
+        a failed completion; the others are closed as `close_ledger` would.
+
+        Raises:
+            StorageFailedError, StorageClosedError: nothing was closed.
+        """
+        completions: list[Completion[int]] = []
+        requests: list[JournalRequest] = []
+        with self.lock:
+            self._check_writable()
+            for ledger_id in ledger_ids:
+                try:
+                    ledger = self._ledger(ledger_id)
+                except LedgerNotFoundError as error:
+                    completions.append(Completion.failed(error))
+                    continue
+                last = ledger.next_entry_id - 1
+                if ledger.state == CLOSED:
+                    completions.append(Completion.resolved(last))
+                    continue
+                ledger.state = CLOSED
+                self.ledgers.changed(ledger_id)
+                completion: Completion[int] = Completion()
+                completions.append(completion)
+                requests.append(JournalRequest(RecordType.LEDGER_CLOSE,
+                                               _CLOSE.pack(ledger_id, last), completion,
+                                               None, last))
+            if requests:
+                assert self.journal is not None
+                self.journal.submit_many(requests)
+        return completions
+
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         """Delete a ledger. Its entries become unreadable at once; their space is
         reclaimed by later checkpoints and GC. The completion finishes once durable.

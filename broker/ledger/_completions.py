@@ -18,7 +18,8 @@ from typing import Any
 from magnetar.storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError
 
 __all__ = ["add_when_cache_has_space", "after_earlier_callbacks", "call_soon",
-           "delete_in_background", "delete_storage_ledger", "in_order_on_loop", "on_loop"]
+           "close_storage_ledger", "delete_in_background", "delete_storage_ledger",
+           "in_order_on_loop", "on_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,56 @@ async def after_earlier_callbacks(completion: Completion[int]) -> int:
     completion.add_done_callback(lambda _: call_soon(loop, _wake, waiter))
     await waiter
     return completion.result()
+
+
+async def close_storage_ledger(storage: LedgerStorage, ledger_id: int) -> int:
+    """`storage.close_ledger` awaited as `after_earlier_callbacks` does; the closes asked for
+    in one turn of the loop go to the storage together (`close_ledgers`: one journal
+    submission, one hand-back to the loop), so a broker closing thousands of topics does
+    not pay a journal submission and a wake-up of the loop for each.
+
+    Raises:
+        StorageError: as `close_ledger` (LedgerNotFoundError for this ledger alone).
+    """
+    loop = asyncio.get_running_loop()
+    key = (loop, storage)
+    batch = _CLOSING.get(key)
+    if batch is None:
+        batch = _CLOSING[key] = []
+        loop.call_soon(_close_batch, loop, storage, key)
+    waiter: asyncio.Future[int] = loop.create_future()
+    batch.append((ledger_id, waiter))
+    return await waiter
+
+
+# The closes asked for in this turn of each loop, per storage; `_close_batch` (one call_soon
+# away) takes them. Bounded by the managed ledgers that close in one turn.
+_CLOSING: dict[tuple[asyncio.AbstractEventLoop, LedgerStorage],
+               list[tuple[int, asyncio.Future[int]]]] = {}
+
+
+def _close_batch(loop: asyncio.AbstractEventLoop, storage: LedgerStorage,
+                 key: tuple[asyncio.AbstractEventLoop, LedgerStorage]) -> None:
+    batch = _CLOSING.pop(key)
+    try:
+        completions = storage.close_ledgers([ledger_id for ledger_id, _ in batch])
+    except StorageError as error:
+        for _, waiter in batch:
+            if not waiter.done():
+                waiter.set_exception(error)
+        return
+
+    def confirm(index: int) -> None:
+        waiter, completion = batch[index][1], completions[index]
+        if waiter.done():  # its closer was cancelled
+            return
+        error = completion.exception()
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(completion.result())
+
+    in_order_on_loop(loop, completions, confirm)
 
 
 async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int,
