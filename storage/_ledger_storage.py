@@ -156,6 +156,9 @@ class LedgerStorage(Protocol):
         (`LedgerNotFoundError`). Raises as `close_ledger` when the store accepts no writes
         (nothing closed)."""
 
+    def delete_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """`delete_ledger` of each, as `close_ledgers` closes them."""
+
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         """Delete a ledger; its entries become unreadable at once."""
 

@@ -535,6 +535,30 @@ class Storage:
         Raises:
             StorageFailedError, StorageClosedError: nothing was closed.
         """
+        return self._end_ledgers(ledger_ids, CLOSED)
+
+    def delete_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """`delete_ledger` for each of `ledger_ids`, as `close_ledgers` closes them. While
+        the disk is full, each is deleted as `delete_ledger` does it then (at once).
+
+        Raises:
+            StorageFailedError, StorageClosedError: nothing was deleted (while the disk is
+                full: the ones before the failing one were).
+        """
+        if self.full:
+            return [self._each(self.delete_ledger, ledger_id) for ledger_id in ledger_ids]
+        return self._end_ledgers(ledger_ids, DELETED)
+
+    @staticmethod
+    def _each(call: Callable[[int], Completion[int]], ledger_id: int) -> Completion[int]:
+        try:
+            return call(ledger_id)
+        except LedgerNotFoundError as error:
+            return Completion.failed(error)
+
+    def _end_ledgers(self, ledger_ids: Sequence[int], state: str) -> list[Completion[int]]:
+        """Close (`state` CLOSED) or delete (DELETED) ledgers: one lock hold, one journal
+        submission of their records, a completion each."""
         completions: list[Completion[int]] = []
         requests: list[JournalRequest] = []
         with self.lock:
@@ -546,16 +570,20 @@ class Storage:
                     completions.append(Completion.failed(error))
                     continue
                 last = ledger.next_entry_id - 1
-                if ledger.state == CLOSED:
+                if state == CLOSED and ledger.state == CLOSED:
                     completions.append(Completion.resolved(last))
                     continue
-                ledger.state = CLOSED
-                self.ledgers.changed(ledger_id)
+                ledger.state = state
                 completion: Completion[int] = Completion()
                 completions.append(completion)
-                requests.append(JournalRequest(RecordType.LEDGER_CLOSE,
-                                               _CLOSE.pack(ledger_id, last), completion,
-                                               None, last))
+                if state == CLOSED:
+                    self.ledgers.changed(ledger_id)
+                    requests.append(JournalRequest(RecordType.LEDGER_CLOSE, _CLOSE.pack(
+                        ledger_id, last), completion, None, last))
+                else:
+                    self.ledgers.changed(ledger_id, deleted=True)
+                    requests.append(JournalRequest(RecordType.LEDGER_DELETE, _U64.pack(
+                        ledger_id), completion, None, ledger_id))
             if requests:
                 assert self.journal is not None
                 self.journal.submit_many(requests)

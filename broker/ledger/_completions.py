@@ -24,13 +24,6 @@ __all__ = ["add_when_cache_has_space", "after_earlier_callbacks", "call_soon",
 log = logging.getLogger(__name__)
 
 
-async def delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
-    try:
-        await storage.delete_ledger(ledger_id)
-    except LedgerNotFoundError:
-        pass
-
-
 def delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
     """Delete a storage ledger without waiting; a failure leaves an orphan that the next
     open of the ML removes."""
@@ -69,28 +62,43 @@ async def close_storage_ledger(storage: LedgerStorage, ledger_id: int) -> int:
     Raises:
         StorageError: as `close_ledger` (LedgerNotFoundError for this ledger alone).
     """
+    return await _batched(storage, ledger_id, False)
+
+
+async def delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
+    """`storage.delete_ledger` awaited, batched as `close_storage_ledger`; a ledger that is
+    already gone is fine."""
+    try:
+        await _batched(storage, ledger_id, True)
+    except LedgerNotFoundError:
+        pass
+
+
+async def _batched(storage: LedgerStorage, ledger_id: int, delete: bool) -> int:
     loop = asyncio.get_running_loop()
-    key = (loop, storage)
-    batch = _CLOSING.get(key)
+    key = (loop, storage, delete)
+    batch = _ENDING.get(key)
     if batch is None:
-        batch = _CLOSING[key] = []
-        loop.call_soon(_close_batch, loop, storage, key)
+        batch = _ENDING[key] = []
+        loop.call_soon(_end_batch, key)
     waiter: asyncio.Future[int] = loop.create_future()
     batch.append((ledger_id, waiter))
     return await waiter
 
 
-# The closes asked for in this turn of each loop, per storage; `_close_batch` (one call_soon
-# away) takes them. Bounded by the managed ledgers that close in one turn.
-_CLOSING: dict[tuple[asyncio.AbstractEventLoop, LedgerStorage],
-               list[tuple[int, asyncio.Future[int]]]] = {}
+# The closes (delete False) and deletes asked for in this turn of each loop, per storage;
+# `_end_batch` (one call_soon away) takes them. Bounded by the managed ledgers that close or
+# trim in one turn.
+_BatchKey = tuple[asyncio.AbstractEventLoop, LedgerStorage, bool]
+_ENDING: dict[_BatchKey, list[tuple[int, asyncio.Future[int]]]] = {}
 
 
-def _close_batch(loop: asyncio.AbstractEventLoop, storage: LedgerStorage,
-                 key: tuple[asyncio.AbstractEventLoop, LedgerStorage]) -> None:
-    batch = _CLOSING.pop(key)
+def _end_batch(key: _BatchKey) -> None:
+    loop, storage, delete = key
+    batch = _ENDING.pop(key)
+    ids = [ledger_id for ledger_id, _ in batch]
     try:
-        completions = storage.close_ledgers([ledger_id for ledger_id, _ in batch])
+        completions = storage.delete_ledgers(ids) if delete else storage.close_ledgers(ids)
     except StorageError as error:
         for _, waiter in batch:
             if not waiter.done():
@@ -99,7 +107,7 @@ def _close_batch(loop: asyncio.AbstractEventLoop, storage: LedgerStorage,
 
     def confirm(index: int) -> None:
         waiter, completion = batch[index][1], completions[index]
-        if waiter.done():  # its closer was cancelled
+        if waiter.done():  # its caller was cancelled
             return
         error = completion.exception()
         if error is not None:

@@ -163,6 +163,20 @@ def test_closing_many_ledgers_at_once_closes_each_and_fails_only_the_missing(
     assert store.close_ledgers([]) == []
 
 
+def test_deleting_many_ledgers_at_once_deletes_each_and_fails_only_the_missing(
+        impl: Impl) -> None:
+    store = impl.store
+    kept, first, second = (new_ledger(store) for _ in range(3))
+    fill(store, first, 0, 2)
+    completions = store.delete_ledgers([first, 999, second])
+    assert (done(completions[0]), done(completions[2])) == (first, second)
+    with pytest.raises(LedgerNotFoundError):
+        done(completions[1])
+    assert [info.ledger_id for info in store.list_ledgers()] == [kept]
+    with pytest.raises(LedgerNotFoundError):
+        store.read_entry(first, 0)
+
+
 def test_an_entry_above_the_size_limit_is_refused_and_nothing_is_written(impl: Impl) -> None:
     store = impl.store
     ledger = new_ledger(store)
