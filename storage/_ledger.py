@@ -70,6 +70,22 @@ class LedgerTable:
         if ledger.state != DELETED:
             self._index(ledger)
 
+    def load_many(self, ledgers: list[LedgerState]) -> None:
+        """`load` of each (recovery loads every ledger of the index at open)."""
+        table, by_tag = self.ledgers, self._by_tag
+        for ledger in ledgers:
+            ledger_id = ledger.ledger_id
+            assert ledger_id not in table
+            table[ledger_id] = ledger
+            if ledger.state == DELETED:
+                continue
+            for tag in ledger.metadata.items():
+                ids = by_tag.get(tag)
+                if ids is None:
+                    by_tag[tag] = [ledger_id]
+                else:
+                    ids.append(ledger_id)
+
     def add(self, ledger: LedgerState) -> None:
         """A new ledger (created or replayed); the next checkpoint records it."""
         assert ledger.ledger_id not in self.ledgers

@@ -150,6 +150,15 @@ class LedgerStorage(Protocol):
     def close_ledger(self, ledger_id: int) -> Completion[int]:
         """Close at the last accepted entry; gives that entry id once it is durable."""
 
+    def close_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """`close_ledger` of each, as one write (one lock hold, one journal submission): a
+        completion each, in order; a ledger that does not exist gets a failed one
+        (`LedgerNotFoundError`). Raises as `close_ledger` when the store accepts no writes
+        (nothing closed)."""
+
+    def delete_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """`delete_ledger` of each, as `close_ledgers` closes them."""
+
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         """Delete a ledger; its entries become unreadable at once."""
 

@@ -527,6 +527,68 @@ class Storage:
             self.ledgers.changed(ledger_id)
             return self._journal_op(RecordType.LEDGER_CLOSE, _CLOSE.pack(ledger_id, last), last)
 
+    def close_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """`close_ledger` for each of `ledger_ids`, with one lock hold and one journal
+        submission (a broker closing many topics at once). A ledger that does not exist gets
+        a failed completion; the others are closed as `close_ledger` would.
+
+        Raises:
+            StorageFailedError, StorageClosedError: nothing was closed.
+        """
+        return self._end_ledgers(ledger_ids, CLOSED)
+
+    def delete_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """`delete_ledger` for each of `ledger_ids`, as `close_ledgers` closes them. While
+        the disk is full, each is deleted as `delete_ledger` does it then (at once).
+
+        Raises:
+            StorageFailedError, StorageClosedError: nothing was deleted (while the disk is
+                full: the ones before the failing one were).
+        """
+        if self.full:
+            return [self._each(self.delete_ledger, ledger_id) for ledger_id in ledger_ids]
+        return self._end_ledgers(ledger_ids, DELETED)
+
+    @staticmethod
+    def _each(call: Callable[[int], Completion[int]], ledger_id: int) -> Completion[int]:
+        try:
+            return call(ledger_id)
+        except LedgerNotFoundError as error:
+            return Completion.failed(error)
+
+    def _end_ledgers(self, ledger_ids: Sequence[int], state: str) -> list[Completion[int]]:
+        """Close (`state` CLOSED) or delete (DELETED) ledgers: one lock hold, one journal
+        submission of their records, a completion each."""
+        completions: list[Completion[int]] = []
+        requests: list[JournalRequest] = []
+        with self.lock:
+            self._check_writable()
+            for ledger_id in ledger_ids:
+                try:
+                    ledger = self._ledger(ledger_id)
+                except LedgerNotFoundError as error:
+                    completions.append(Completion.failed(error))
+                    continue
+                last = ledger.next_entry_id - 1
+                if state == CLOSED and ledger.state == CLOSED:
+                    completions.append(Completion.resolved(last))
+                    continue
+                ledger.state = state
+                completion: Completion[int] = Completion()
+                completions.append(completion)
+                if state == CLOSED:
+                    self.ledgers.changed(ledger_id)
+                    requests.append(JournalRequest(RecordType.LEDGER_CLOSE, _CLOSE.pack(
+                        ledger_id, last), completion, None, last))
+                else:
+                    self.ledgers.changed(ledger_id, deleted=True)
+                    requests.append(JournalRequest(RecordType.LEDGER_DELETE, _U64.pack(
+                        ledger_id), completion, None, ledger_id))
+            if requests:
+                assert self.journal is not None
+                self.journal.submit_many(requests)
+        return completions
+
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         """Delete a ledger. Its entries become unreadable at once; their space is
         reclaimed by later checkpoints and GC. The completion finishes once durable.

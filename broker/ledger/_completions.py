@@ -18,16 +18,10 @@ from typing import Any
 from magnetar.storage import Completion, LedgerNotFoundError, LedgerStorage, StorageError
 
 __all__ = ["add_when_cache_has_space", "after_earlier_callbacks", "call_soon",
-           "delete_in_background", "delete_storage_ledger", "in_order_on_loop", "on_loop"]
+           "close_storage_ledger", "delete_in_background", "delete_storage_ledger",
+           "in_order_on_loop", "on_loop"]
 
 log = logging.getLogger(__name__)
-
-
-async def delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
-    try:
-        await storage.delete_ledger(ledger_id)
-    except LedgerNotFoundError:
-        pass
 
 
 def delete_in_background(storage: LedgerStorage, ledger_id: int) -> None:
@@ -57,6 +51,71 @@ async def after_earlier_callbacks(completion: Completion[int]) -> int:
     completion.add_done_callback(lambda _: call_soon(loop, _wake, waiter))
     await waiter
     return completion.result()
+
+
+async def close_storage_ledger(storage: LedgerStorage, ledger_id: int) -> int:
+    """`storage.close_ledger` awaited as `after_earlier_callbacks` does; the closes asked for
+    in one turn of the loop go to the storage together (`close_ledgers`: one journal
+    submission, one hand-back to the loop), so a broker closing thousands of topics does
+    not pay a journal submission and a wake-up of the loop for each.
+
+    Raises:
+        StorageError: as `close_ledger` (LedgerNotFoundError for this ledger alone).
+    """
+    return await _batched(storage, ledger_id, False)
+
+
+async def delete_storage_ledger(storage: LedgerStorage, ledger_id: int) -> None:
+    """`storage.delete_ledger` awaited, batched as `close_storage_ledger`; a ledger that is
+    already gone is fine."""
+    try:
+        await _batched(storage, ledger_id, True)
+    except LedgerNotFoundError:
+        pass
+
+
+async def _batched(storage: LedgerStorage, ledger_id: int, delete: bool) -> int:
+    loop = asyncio.get_running_loop()
+    key = (loop, storage, delete)
+    batch = _ENDING.get(key)
+    if batch is None:
+        batch = _ENDING[key] = []
+        loop.call_soon(_end_batch, key)
+    waiter: asyncio.Future[int] = loop.create_future()
+    batch.append((ledger_id, waiter))
+    return await waiter
+
+
+# The closes (delete False) and deletes asked for in this turn of each loop, per storage;
+# `_end_batch` (one call_soon away) takes them. Bounded by the managed ledgers that close or
+# trim in one turn.
+_BatchKey = tuple[asyncio.AbstractEventLoop, LedgerStorage, bool]
+_ENDING: dict[_BatchKey, list[tuple[int, asyncio.Future[int]]]] = {}
+
+
+def _end_batch(key: _BatchKey) -> None:
+    loop, storage, delete = key
+    batch = _ENDING.pop(key)
+    ids = [ledger_id for ledger_id, _ in batch]
+    try:
+        completions = storage.delete_ledgers(ids) if delete else storage.close_ledgers(ids)
+    except StorageError as error:
+        for _, waiter in batch:
+            if not waiter.done():
+                waiter.set_exception(error)
+        return
+
+    def confirm(index: int) -> None:
+        waiter, completion = batch[index][1], completions[index]
+        if waiter.done():  # its caller was cancelled
+            return
+        error = completion.exception()
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(completion.result())
+
+    in_order_on_loop(loop, completions, confirm)
 
 
 async def add_when_cache_has_space(storage: LedgerStorage, ledger_id: int,

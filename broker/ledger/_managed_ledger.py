@@ -105,6 +105,7 @@ from .._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
 from ._completions import (
     add_when_cache_has_space,
     after_earlier_callbacks,
+    close_storage_ledger,
     delete_in_background,
     delete_storage_ledger,
     in_order_on_loop,
@@ -941,7 +942,7 @@ class ManagedLedger(LedgerReads):
 
     async def _close_current_ledger(self) -> None:
         current = self._ledgers[-1]
-        last = await after_earlier_callbacks(self.storage.close_ledger(current.ledger_id))
+        last = await close_storage_ledger(self.storage, current.ledger_id)  # batched
         assert last + 1 == current.entries or self._add_failed
         current.timestamp_ms = self._now_ms()
         empty = current.entries == 0 and len(self._ledgers) > 1

@@ -356,6 +356,26 @@ class InMemoryLedgerStorage:
         self._drain()
         return completion
 
+    def close_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """As `Storage.close_ledgers` (one by one here); a missing ledger's completion fails."""
+        with self._lock:
+            self._check_writable()
+        return [self._each(self.close_ledger, ledger_id) for ledger_id in ledger_ids]
+
+    def delete_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
+        """As `Storage.delete_ledgers` (one by one here); a missing ledger's completion fails."""
+        with self._lock:
+            if not self.full:
+                self._check_writable()
+        return [self._each(self.delete_ledger, ledger_id) for ledger_id in ledger_ids]
+
+    @staticmethod
+    def _each(call: Callable[[int], Completion[int]], ledger_id: int) -> Completion[int]:
+        try:
+            return call(ledger_id)
+        except LedgerNotFoundError as error:
+            return Completion.failed(error)
+
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         with self._lock:
             if self.full:

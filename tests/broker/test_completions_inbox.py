@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from magnetar.broker.ledger._completions import call_soon
+from magnetar.broker.ledger._completions import (
+    call_soon,
+    close_storage_ledger,
+    delete_storage_ledger,
+)
+from magnetar.storage import LedgerNotFoundError, Storage
+from tests.storage.helpers import small_config
 
 DEADLINE_S = 10.0
 
@@ -70,3 +77,40 @@ async def test_a_raising_callback_is_reported_and_the_rest_still_run() -> None:
         loop.set_exception_handler(None)
     assert seen == ["before", "after"]
     assert [type(c["exception"]) for c in reported] == [ValueError]
+
+
+async def test_ledgers_closed_or_deleted_in_one_turn_go_to_the_storage_together(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = Storage.open(tmp_path, small_config())
+    try:
+        ids = [storage.create_ledger({"ml": "t"}).result(DEADLINE_S) for _ in range(6)]
+        storage.add_entry(ids[0], b"x").result(DEADLINE_S)
+        calls: list[tuple[str, list[int]]] = []
+        for name in ("close_ledgers", "delete_ledgers"):
+            original = getattr(storage, name)
+
+            def spy(ledger_ids: list[int], name: str = name, original: Any = original) -> Any:
+                calls.append((name, list(ledger_ids)))
+                return original(ledger_ids)
+
+            monkeypatch.setattr(storage, name, spy)
+        assert await asyncio.gather(*(close_storage_ledger(storage, i) for i in ids[:4]),
+                                    close_storage_ledger(storage, 999),
+                                    return_exceptions=True) == [0, -1, -1, -1, ANY_NOT_FOUND]
+        await asyncio.gather(*(delete_storage_ledger(storage, i) for i in [*ids[3:], 999]))
+        assert calls == [("close_ledgers", [*ids[:4], 999]),
+                         ("delete_ledgers", [*ids[3:], 999])]
+        assert [info.state for info in storage.list_ledgers()] == ["closed"] * 3
+    finally:
+        storage.close()
+    with Storage.open(tmp_path, small_config()) as reopened:  # closed and deleted for good
+        assert [(i.ledger_id, i.state, i.entries) for i in reopened.list_ledgers()] == [
+            (ids[0], "closed", 1), (ids[1], "closed", 0), (ids[2], "closed", 0)]
+
+
+class _NotFound:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LedgerNotFoundError)
+
+
+ANY_NOT_FOUND = _NotFound()

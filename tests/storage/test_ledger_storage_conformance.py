@@ -145,6 +145,38 @@ def test_unknown_ledgers_raise_not_found_everywhere(impl: Impl) -> None:
             call()
 
 
+def test_closing_many_ledgers_at_once_closes_each_and_fails_only_the_missing(
+        impl: Impl) -> None:
+    store = impl.store
+    full, empty, fenced, closed = (new_ledger(store) for _ in range(4))
+    fill(store, full, 0, 3)
+    fill(store, fenced, 0, 1)
+    done(store.fence(fenced))
+    done(store.close_ledger(closed))
+    completions = store.close_ledgers([full, 999, empty, fenced, closed])
+    assert [done(c) for i, c in enumerate(completions) if i != 1] == [2, -1, 0, -1]
+    with pytest.raises(LedgerNotFoundError):
+        done(completions[1])
+    assert {store.ledger_info(i).state for i in (full, empty, fenced, closed)} == {"closed"}
+    with pytest.raises(LedgerClosedError):
+        store.add_entry(full, b"late")
+    assert store.close_ledgers([]) == []
+
+
+def test_deleting_many_ledgers_at_once_deletes_each_and_fails_only_the_missing(
+        impl: Impl) -> None:
+    store = impl.store
+    kept, first, second = (new_ledger(store) for _ in range(3))
+    fill(store, first, 0, 2)
+    completions = store.delete_ledgers([first, 999, second])
+    assert (done(completions[0]), done(completions[2])) == (first, second)
+    with pytest.raises(LedgerNotFoundError):
+        done(completions[1])
+    assert [info.ledger_id for info in store.list_ledgers()] == [kept]
+    with pytest.raises(LedgerNotFoundError):
+        store.read_entry(first, 0)
+
+
 def test_an_entry_above_the_size_limit_is_refused_and_nothing_is_written(impl: Impl) -> None:
     store = impl.store
     ledger = new_ledger(store)
