@@ -580,11 +580,15 @@ class ManagedLedger(LedgerReads):
         ledger.entries = last + 1
         ledger.size += size
         self.add_latency_us.add(latency_us, len(entries))
-        add_size = self.entry_size_bytes.add
-        for data in entries:
-            add_size(len(data))
         ledger_id, new = ledger.ledger_id, tuple.__new__  # Position(...) without its __new__
-        positions = [new(Position, (ledger_id, entry_id)) for entry_id in range(first, last + 1)]
+        if first == last:  # one entry (many producers, each a SEND a read): no comprehension
+            self.entry_size_bytes.add(len(entries[0]))
+            positions = [new(Position, (ledger_id, last))]
+        else:
+            add_size = self.entry_size_bytes.add
+            for data in entries:
+                add_size(len(data))
+            positions = [new(Position, (ledger_id, entry)) for entry in range(first, last + 1)]
         assert positions[0] > self._last_confirmed
         self._last_confirmed = positions[-1]
         for hook in list(self.on_entries_added):
