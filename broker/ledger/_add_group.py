@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from magnetar.storage import Completion
 
@@ -42,14 +41,15 @@ __all__ = ["AddGroup", "AddOutcomes"]
 AddOutcomes = Sequence[Position | BaseException]
 
 
-@dataclass(slots=True)
-class _Part:
+class _Part(NamedTuple):
     ml: ManagedLedger
     entries: Sequence[bytes]
     size: int
     on_added: Callable[[AddOutcomes], None]
-    ledger: Any = None  # the ML's current ledger, from `reserve` (None: an ordinary add)
-    last: int = -1  # the run's last entry id, once handed over
+    ledger: Any  # the ML's current ledger, from `reserve` (None: an ordinary add)
+
+
+_new_part = tuple.__new__  # a _Part without the NamedTuple's __new__ (a call per SEND)
 
 
 class AddGroup:
@@ -76,19 +76,18 @@ class AddGroup:
             size = largest = len(entries[0])
         else:
             size, largest = sum(map(len, entries)), max(map(len, entries))
-        part = _Part(ml, entries, size, on_added)
-        self._parts.append(part)
         storage = ml.storage
         ordinary = self._ordinary
+        ledger = None
         if (ordinary and id(ml) in ordinary) or self._storage not in (None, storage):
+            pass
+        elif largest <= storage.config.entry_size_bytes_max:  # else refused alone
+            ledger = ml.reserve(len(entries), size)
+        if ledger is None:
             ordinary.add(id(ml))
-            return
-        if largest <= storage.config.entry_size_bytes_max:  # else refused alone
-            part.ledger = ml.reserve(len(entries), size)
-        if part.ledger is None:
-            self._ordinary.add(id(ml))
         else:
-            self._storage = ml.storage
+            self._storage = storage
+        self._parts.append(_new_part(_Part, (ml, entries, size, on_added, ledger)))
 
     def submit(self) -> asyncio.Future[Any] | None:
         """Hand every reserved run over, then start the ordinary adds (see the module
@@ -110,19 +109,18 @@ class AddGroup:
         waits: list[asyncio.Future[None]] = []
         if added is not None:
             confirmed: asyncio.Future[None] = loop.create_future()
-            lasts, completion = added
-            for part, end in zip(reserved, ends, strict=True):
-                part.last = lasts[end]
+            run_lasts, completion = added
+            lasts = [run_lasts[end] for end in ends]  # each part's last entry id
+            for part in reserved:
                 part.ml.handed_over(confirmed)
             submitted_ns = time.perf_counter_ns()
             completion.add_done_callback(lambda done: call_soon(
-                loop, _confirm, reserved, done, submitted_ns, confirmed, after))
+                loop, _confirm, reserved, lasts, done, submitted_ns, confirmed, after))
             waits.append(confirmed)
         for part in parts:
             if part.ledger is not None and added is None:
                 part.ml.unreserve(len(part.entries), part.size)
-                part.ledger = None
-            if part.ledger is None:
+            if part.ledger is None or added is None:
                 waits.append(_answer_when_added(part.ml.add_entries_soon(part.entries),
                                                 len(part.entries), part.on_added, after))
         return waits[0] if len(waits) == 1 else asyncio.gather(*waits)
@@ -176,23 +174,24 @@ def _answer_when_added(task: asyncio.Task[list[Position | BaseException]], count
     return answered
 
 
-def _confirm(parts: list[_Part], completion: Completion[int], submitted_ns: int,
-             finished: asyncio.Future[None], after: Callable[[], None] | None) -> None:
-    """On the loop: the group's write finished; confirm each run and answer it, then call
+def _confirm(parts: list[_Part], lasts: list[int], completion: Completion[int],
+             submitted_ns: int, finished: asyncio.Future[None],
+             after: Callable[[], None] | None) -> None:
+    """On the loop: the group's write finished (each part's last entry id in `lasts`);
+    confirm each run and answer it, then call
     `after`. A run whose answer raises (a bug) does not keep the others from theirs (nor
     `after` from being called): `finished` fails with the first such error once every run
     is done."""
     error = completion.exception()
     latency_us = (time.perf_counter_ns() - submitted_ns) // 1000
     failure: BaseException | None = None
-    for part in parts:
+    for (ml, entries, size, on_added, ledger), last in zip(parts, lasts, strict=True):
         try:
             if error is not None:
-                part.ml.run_failed()
-                part.on_added([error] * len(part.entries))
+                ml.run_failed()
+                on_added([error] * len(entries))
             else:
-                part.on_added(part.ml.confirm_run(part.ledger, part.entries, part.size,
-                                                  part.last, latency_us))
+                on_added(ml.confirm_run(ledger, entries, size, last, latency_us))
         except Exception as exc:
             failure = failure or exc
     if after is not None:

@@ -189,7 +189,8 @@ class Publisher:
             self.bytes_in_counter += size
             answer(key, outcomes)  # type: ignore[arg-type]
 
-        group.add(self.managed_ledger, [a[1] for a in admitted], added)
+        group.add(self.managed_ledger, [admitted[0][1]] if len(admitted) == 1 else
+                  [a[1] for a in admitted], added)
         return True
 
     def _admit_many(self, producer: Producer, sends: list[Send],

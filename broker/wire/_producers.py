@@ -416,27 +416,21 @@ class ProducerCommands:
             outcomes = await publish
         except Exception as exc:
             outcomes = [exc] * len(run)
-        self._record(run, 0, outcomes)
-        self._send_receipts([run[0][0]])
-
-    def _answered_in_group(self, run: _Run,
-                           outcomes: Sequence[PublishResult | BaseException]) -> None:
-        """A run's grouped publish finished: its outcomes are recorded, its receipts wait
-        for `_write_answered` (the group's `after`)."""
-        senders, start, _ = run
-        self._record(senders, start, outcomes)
-        self._answered.append(senders[start][0])
+        self._answered_in_group((run, 0, len(run)), outcomes)
+        self._write_answered()
 
     def _write_answered(self) -> None:
+        """Write the receipts `_answered_in_group` recorded (the group's `after`)."""
         if self._answered:
             answered, self._answered = self._answered, []
             self._send_receipts(answered)
 
-    def _record(self, senders: list[_Sender], start: int,
-                outcomes: Sequence[PublishResult | BaseException]) -> None:
-        """A run's publish finished (the run's SENDs are `senders` from `start` on, one per
-        outcome): each SEND's receipt (or error), to be written by `_send_receipts`."""
-        index = start
+    def _answered_in_group(self, run: _Run,
+                           outcomes: Sequence[PublishResult | BaseException]) -> None:
+        """A run's publish finished (its SENDs are the run's `senders[start:end]`, one per
+        outcome): each SEND's receipt (or error) is recorded; `_write_answered` writes it."""
+        senders, index, _ = run
+        self._answered.append(senders[index][0])
         for outcome in outcomes:
             pending = senders[index][1]
             index += 1
