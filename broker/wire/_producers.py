@@ -429,7 +429,8 @@ class ProducerCommands:
                            outcomes: Sequence[PublishResult | BaseException]) -> None:
         """A run's publish finished (its SENDs are the run's `senders[start:end]`, one per
         outcome): each SEND's receipt (or error) is recorded; `_write_answered` writes it."""
-        senders, index, _ = run
+        senders, index, end = run
+        assert len(outcomes) == end - index, "one outcome per SEND of the run"
         self._answered.append(senders[index][0])
         for outcome in outcomes:
             pending = senders[index][1]
