@@ -11,7 +11,15 @@ import struct
 from typing import Final
 
 from ._proto import pulsar_api_pb2 as pb
-from ._wire import UINT64_MASK, WIRE_BYTES, WIRE_VARINT, encode_varint, field_key
+from ._wire import (
+    _VARINT_CACHE,
+    _VARINT_CACHE_LIMIT,
+    UINT64_MASK,
+    WIRE_BYTES,
+    WIRE_VARINT,
+    encode_varint,
+    field_key,
+)
 
 __all__ = ["MESSAGE_ID_ENTRY_KEY", "MESSAGE_ID_LEDGER_KEY", "send_receipt_frame"]
 
@@ -44,11 +52,17 @@ def send_receipt_frame(producer_id: int, sequence_id: int, ledger_id: int, entry
     assert 0 <= sequence_id <= UINT64_MASK
     assert 0 <= highest_sequence_id <= UINT64_MASK
     sequence = encode_varint(sequence_id)
-    message_id = b"".join((MESSAGE_ID_LEDGER_KEY, encode_varint(ledger_id & UINT64_MASK),
+    # Producer and ledger ids are mostly small: their varints from encode_varint's own
+    # table, without the call.
+    ledger = _VARINT_CACHE[ledger_id] if 0 <= ledger_id < _VARINT_CACHE_LIMIT \
+        else encode_varint(ledger_id & UINT64_MASK)
+    message_id = b"".join((MESSAGE_ID_LEDGER_KEY, ledger,
                            MESSAGE_ID_ENTRY_KEY, encode_varint(entry_id & UINT64_MASK)))
+    producer = _VARINT_CACHE[producer_id] if producer_id < _VARINT_CACHE_LIMIT \
+        else encode_varint(producer_id)
     # Every length below is under 128, so its varint is the one byte: at most 2 + 10 + 10
     # for the message id, 4 * (1 + 10) + 1 + 22 for the body.
-    body = b"".join((_PRODUCER, encode_varint(producer_id), _SEQUENCE, sequence, _MESSAGE_ID,
+    body = b"".join((_PRODUCER, producer, _SEQUENCE, sequence, _MESSAGE_ID,
                      _LENGTH[len(message_id)], message_id, _HIGHEST,
                      sequence if highest_sequence_id == sequence_id
                      else encode_varint(highest_sequence_id)))

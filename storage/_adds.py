@@ -76,8 +76,8 @@ def checked_runs(runs: Sequence[tuple[int, Sequence[bytes]]],
         EntryTooLargeError: an entry is above `size_max`, naming its ledger.
     """
     assert runs, "a list of runs has at least one"
-    assert all(entries for _, entries in runs), "every run has at least one entry"
     datas = [list(map(bytes, entries)) for _, entries in runs]
+    assert all(datas), "every run has at least one entry"
     for (ledger_id, _), run in zip(runs, datas, strict=True):
         if (largest := max(map(len, run))) > size_max:
             raise EntryTooLargeError(
@@ -104,7 +104,13 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
     records = sum(map(len, datas))
     with engine.mutex:
         engine._check_writable()
-        ledgers = [engine._writable_ledger(ledger_id) for ledger_id, _ in runs]
+        table = engine.ledgers.ledgers  # as `add_one`: a call only to raise
+        ledgers = []
+        for ledger_id, _ in runs:
+            ledger = table.get(ledger_id)
+            if ledger is None or ledger.state != OPEN:
+                ledger = engine._writable_ledger(ledger_id)  # raises
+            ledgers.append(ledger)
         journal = engine.journal
         assert journal is not None
         if not journal_may_wait and not journal.has_room_for_adds(records):

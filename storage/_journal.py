@@ -221,8 +221,8 @@ class Journal:
                     self._fail_requests(requests, self._failed)
                     return
             self._queue.extend(requests)
-            self._queued_records += sum(request.records for request in requests)
-            self._queued_bytes += sum(request.size for request in requests)
+            self._queued_records += sum([request.records for request in requests])
+            self._queued_bytes += sum([request.size for request in requests])  # lists: no genexpr
             self._writer_wake.notify()  # (the writer may not be idle: harmless)
 
     def has_room_for_adds(self, records: int = 1) -> bool:

@@ -7,7 +7,8 @@ many topics -- into one group: each topic adds its admitted entries (`add`), and
 hands every run to the storage at once (`LedgerStorage.try_add_runs`: one lock hold, one
 completion), then confirms them on the event loop in one hand-off, each managed ledger in
 turn (`ManagedLedger.confirm_run`: entry counts, `last_confirmed_position`, its hooks), and
-calls each run's `on_added` with its positions in order.
+calls each run's `on_added` with its positions in order; then the group's `after` hook, once
+(a connection writes every producer's receipts of the group there, in one write).
 
 A run joins only when its managed ledger could hand it over at once (`ManagedLedger.reserve`:
 open, nothing queued before it, no rollover due); otherwise -- and for every later run of
@@ -26,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from magnetar.storage import Completion
 
@@ -41,14 +41,15 @@ __all__ = ["AddGroup", "AddOutcomes"]
 AddOutcomes = Sequence[Position | BaseException]
 
 
-@dataclass(slots=True)
-class _Part:
+class _Part(NamedTuple):
     ml: ManagedLedger
     entries: Sequence[bytes]
     size: int
     on_added: Callable[[AddOutcomes], None]
-    ledger: Any = None  # the ML's current ledger, from `reserve` (None: an ordinary add)
-    last: int = -1  # the run's last entry id, once handed over
+    ledger: Any  # the ML's current ledger, from `reserve` (None: an ordinary add)
+
+
+_new_part = tuple.__new__  # a _Part without the NamedTuple's __new__ (a call per SEND)
 
 
 class AddGroup:
@@ -56,7 +57,10 @@ class AddGroup:
     (see the module comment). Use it within one turn of the event loop; the caller bounds
     what it adds (a connection: one socket read, `RECEIVE_BYTES_MAX`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: Callable[[], None] | None = None) -> None:
+        """`after`, when given, is called once `on_added` has been called for each run that
+        the group's write confirmed or failed, and after each ordinary add's `on_added`."""
+        self._after = after
         self._parts: list[_Part] = []
         self._ordinary: set[int] = set()  # ids of the MLs with an ordinary add in the group
         self._storage: object = None
@@ -68,17 +72,22 @@ class AddGroup:
         them into the group now (or uses another storage than the group's), once the
         ordinary add that `submit` starts (`add_entries_soon`) has them."""
         assert entries
-        part = _Part(ml, entries, sum(map(len, entries)), on_added)
-        self._parts.append(part)
-        if id(ml) in self._ordinary or self._storage not in (None, ml.storage):
-            self._ordinary.add(id(ml))
-            return
-        if max(map(len, entries)) <= ml.storage.config.entry_size_bytes_max:  # else refused alone
-            part.ledger = ml.reserve(len(entries), part.size)
-        if part.ledger is None:
-            self._ordinary.add(id(ml))
+        if len(entries) == 1:  # the common case with many producers: no map
+            size = largest = len(entries[0])
         else:
-            self._storage = ml.storage
+            size, largest = sum(map(len, entries)), max(map(len, entries))
+        storage = ml.storage
+        ordinary = self._ordinary
+        ledger = None
+        if (ordinary and id(ml) in ordinary) or self._storage not in (None, storage):
+            pass
+        elif largest <= storage.config.entry_size_bytes_max:  # else refused alone
+            ledger = ml.reserve(len(entries), size)
+        if ledger is None:
+            ordinary.add(id(ml))
+        else:
+            self._storage = storage
+        self._parts.append(_new_part(_Part, (ml, entries, size, on_added, ledger)))
 
     def submit(self) -> asyncio.Future[Any] | None:
         """Hand every reserved run over, then start the ordinary adds (see the module
@@ -88,7 +97,7 @@ class AddGroup:
         self._ordinary.clear()
         if not parts:
             return None
-        loop = asyncio.get_running_loop()
+        loop, after = asyncio.get_running_loop(), self._after
         reserved = [part for part in parts if part.ledger is not None]
         added = None
         if reserved:
@@ -100,21 +109,20 @@ class AddGroup:
         waits: list[asyncio.Future[None]] = []
         if added is not None:
             confirmed: asyncio.Future[None] = loop.create_future()
-            lasts, completion = added
-            for part, end in zip(reserved, ends, strict=True):
-                part.last = lasts[end]
+            run_lasts, completion = added
+            lasts = [run_lasts[end] for end in ends]  # each part's last entry id
+            for part in reserved:
                 part.ml.handed_over(confirmed)
             submitted_ns = time.perf_counter_ns()
             completion.add_done_callback(lambda done: call_soon(
-                loop, _confirm, reserved, done, submitted_ns, confirmed))
+                loop, _confirm, reserved, lasts, done, submitted_ns, confirmed, after))
             waits.append(confirmed)
         for part in parts:
             if part.ledger is not None and added is None:
                 part.ml.unreserve(len(part.entries), part.size)
-                part.ledger = None
-            if part.ledger is None:
+            if part.ledger is None or added is None:
                 waits.append(_answer_when_added(part.ml.add_entries_soon(part.entries),
-                                                len(part.entries), part.on_added))
+                                                len(part.entries), part.on_added, after))
         return waits[0] if len(waits) == 1 else asyncio.gather(*waits)
 
 
@@ -142,9 +150,11 @@ def _storage_runs(parts: list[_Part]) -> tuple[list[tuple[int, Sequence[bytes]]]
 
 
 def _answer_when_added(task: asyncio.Task[list[Position | BaseException]], count: int,
-                       on_added: Callable[[AddOutcomes], None]) -> asyncio.Future[None]:
-    """Call `on_added` once an `add_entries_soon` task of `count` entries is done (its
-    refusal, or a cancellation, answers every entry); the returned future finishes then."""
+                       on_added: Callable[[AddOutcomes], None],
+                       after: Callable[[], None] | None) -> asyncio.Future[None]:
+    """Call `on_added`, then `after`, once an `add_entries_soon` task of `count` entries is
+    done (its refusal, or a cancellation, answers every entry); the returned future
+    finishes then."""
     answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def answer(_: object) -> None:
@@ -155,6 +165,8 @@ def _answer_when_added(task: asyncio.Task[list[Position | BaseException]], count
                 on_added([error] * count)
             else:
                 on_added(task.result())
+            if after is not None:
+                after()
         finally:
             answered.set_result(None)
 
@@ -162,22 +174,29 @@ def _answer_when_added(task: asyncio.Task[list[Position | BaseException]], count
     return answered
 
 
-def _confirm(parts: list[_Part], completion: Completion[int], submitted_ns: int,
-             finished: asyncio.Future[None]) -> None:
-    """On the loop: the group's write finished; confirm each run and answer it. A run whose
-    answer raises (a bug) does not keep the others from theirs: `finished` fails with the
-    first such error once every run is done."""
+def _confirm(parts: list[_Part], lasts: list[int], completion: Completion[int],
+             submitted_ns: int, finished: asyncio.Future[None],
+             after: Callable[[], None] | None) -> None:
+    """On the loop: the group's write finished (each part's last entry id in `lasts`);
+    confirm each run and answer it, then call
+    `after`. A run whose answer raises (a bug) does not keep the others from theirs (nor
+    `after` from being called): `finished` fails with the first such error once every run
+    is done."""
     error = completion.exception()
     latency_us = (time.perf_counter_ns() - submitted_ns) // 1000
     failure: BaseException | None = None
-    for part in parts:
+    for (ml, entries, size, on_added, ledger), last in zip(parts, lasts, strict=True):
         try:
             if error is not None:
-                part.ml.run_failed()
-                part.on_added([error] * len(part.entries))
+                ml.run_failed()
+                on_added([error] * len(entries))
             else:
-                part.on_added(part.ml.confirm_run(part.ledger, part.entries, part.size,
-                                                  part.last, latency_us))
+                on_added(ml.confirm_run(ledger, entries, size, last, latency_us))
+        except Exception as exc:
+            failure = failure or exc
+    if after is not None:
+        try:
+            after()
         except Exception as exc:
             failure = failure or exc
     if not finished.done():

@@ -88,7 +88,6 @@ import logging
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from magnetar.storage import (
@@ -100,7 +99,6 @@ from magnetar.storage import (
     StorageFullError,
 )
 
-from .._config import BrokerConfig
 from .._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
 from ._completions import (
     add_when_cache_has_space,
@@ -112,82 +110,23 @@ from ._completions import (
 )
 from ._cursor import ManagedCursor, cursor_prefix
 from ._loader import EntryLoader, LedgerReads, default_loader
+from ._ml_records import LedgerRecord, ManagedLedgerConfig, MiB, _Ledger, ml_key
 from ._position import (
     ManagedLedgerClosedError,
     ManagedLedgerFencedError,
     ManagedLedgerTerminatedError,
     Position,
 )
-from ._redelivery import (
-    REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT,
-    REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT,
-)
 
 __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerConfig", "ml_key"]
 
 log = logging.getLogger(__name__)
 
-MiB = 1024 * 1024
 RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
 ADD_RUN_ENTRIES_MAX = 256  # entries handed to the storage as one run (one journal request)
 ADD_RUN_BYTES_MAX = 1 * MiB  # ... and their bytes at most (a larger entry goes alone)
 
 InitialPosition = Literal["latest", "earliest"]
-
-
-def ml_key(name: str) -> bytes:
-    """The metadata key of a managed ledger's record."""
-    return b"ml/" + name.encode()
-
-
-@dataclass(frozen=True)
-class ManagedLedgerConfig:
-    """Per-topic managed-ledger settings (Pulsar's `ManagedLedgerConfig` as the broker sets
-    it). Retention: 0 deletes consumed ledgers at once, -1 keeps them without limit."""
-
-    max_entries_per_ledger: int = 50_000
-    max_size_per_ledger_bytes: int = 2048 * MiB
-    max_ledger_rollover_time_s: float = 240 * 60
-    min_ledger_rollover_time_s: float = 10 * 60
-    retention_time_minutes: float = 0
-    retention_size_mb: float = 0
-    max_unacked_ranges_to_persist: int = 10_000
-    max_batch_deleted_index_to_persist: int = 10_000
-    max_redelivery_counts_to_persist: int = REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT
-    batch_index_ack_enabled: bool = True
-
-    def __post_init__(self) -> None:
-        assert self.max_entries_per_ledger >= 1
-        assert self.max_size_per_ledger_bytes >= 1
-        assert self.max_unacked_ranges_to_persist >= 0
-        assert self.max_batch_deleted_index_to_persist >= 0
-        assert 0 <= self.max_redelivery_counts_to_persist <= REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT
-
-    @classmethod
-    def from_broker_config(cls, config: BrokerConfig) -> ManagedLedgerConfig:
-        """The broker-wide defaults (namespace/topic policies may override retention)."""
-        return cls(
-            max_entries_per_ledger=config.managed_ledger_max_entries_per_ledger,
-            max_size_per_ledger_bytes=config.managed_ledger_max_size_per_ledger_bytes,
-            max_ledger_rollover_time_s=config.managed_ledger_max_ledger_rollover_time_s,
-            min_ledger_rollover_time_s=config.managed_ledger_min_ledger_rollover_time_s,
-            retention_time_minutes=config.default_retention_time_minutes,
-            retention_size_mb=config.default_retention_size_mb,
-            max_unacked_ranges_to_persist=config.managed_ledger_max_unacked_ranges_to_persist,
-            max_redelivery_counts_to_persist=(
-                config.managed_ledger_max_redelivery_counts_to_persist),
-            batch_index_ack_enabled=config.acknowledgment_at_batch_index_level_enabled,
-        )
-
-
-@dataclass(frozen=True)
-class LedgerRecord:
-    """One ledger of a managed ledger, as `ManagedLedger.ledgers()` reports it."""
-
-    ledger_id: int
-    entries: int
-    size_bytes: int
-    timestamp_ms: int  # close time; 0 for the current ledger
 
 
 class _Run(NamedTuple):
@@ -199,27 +138,6 @@ class _Run(NamedTuple):
     completion: Completion[int]
     done: asyncio.Future[list[Position]]
     submitted_ns: int
-
-
-class _Ledger:
-    """A ledger's mutable bookkeeping inside the ML."""
-
-    __slots__ = ("entries", "ledger_id", "size", "timestamp_ms")
-
-    def __init__(self, ledger_id: int, entries: int = 0, size: int = 0, timestamp_ms: int = 0):
-        self.ledger_id = ledger_id
-        self.entries = entries
-        self.size = size
-        self.timestamp_ms = timestamp_ms
-
-    def to_json(self) -> dict[str, int]:
-        return {"ledger_id": self.ledger_id, "entries": self.entries, "size": self.size,
-                "timestamp_ms": self.timestamp_ms}
-
-    @classmethod
-    def from_json(cls, item: dict[str, Any]) -> _Ledger:
-        return cls(int(item["ledger_id"]), int(item["entries"]), int(item["size"]),
-                   int(item["timestamp_ms"]))
 
 
 class ManagedLedger(LedgerReads):
@@ -663,11 +581,15 @@ class ManagedLedger(LedgerReads):
         ledger.entries = last + 1
         ledger.size += size
         self.add_latency_us.add(latency_us, len(entries))
-        add_size = self.entry_size_bytes.add
-        for data in entries:
-            add_size(len(data))
         ledger_id, new = ledger.ledger_id, tuple.__new__  # Position(...) without its __new__
-        positions = [new(Position, (ledger_id, entry_id)) for entry_id in range(first, last + 1)]
+        if first == last:  # one entry (many producers, each a SEND a read): no comprehension
+            self.entry_size_bytes.add(len(entries[0]))
+            positions = [new(Position, (ledger_id, last))]
+        else:
+            add_size = self.entry_size_bytes.add
+            for data in entries:
+                add_size(len(data))
+            positions = [new(Position, (ledger_id, entry)) for entry in range(first, last + 1)]
         assert positions[0] > self._last_confirmed
         self._last_confirmed = positions[-1]
         for hook in list(self.on_entries_added):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from magnetar.codec import FRAME_PADDING_BYTES, pb
 
@@ -46,6 +46,9 @@ __all__ = ["Publisher", "Send"]
 
 log = logging.getLogger(__name__)
 
+_K = TypeVar("_K")  # what `publish_grouped`'s caller passes on to its `answer`
+new_tuple = tuple.__new__  # a PublishResult from a Position without the NamedTuple's __new__
+
 # One SEND for `publish_many`: entry, sequence id, stated highest sequence id, metadata.
 Send = tuple[bytes, int, int, "pb.MessageMetadata | None"]
 # An admitted SEND: its index, the bytes to store, highest sequence id, last chunk, metadata.
@@ -67,6 +70,8 @@ class Publisher:
     policies: EffectivePolicies
     _dedup_recorded: Position
     _publishes_queued: int  # `publish_many_soon` tasks not finished
+    msg_in_counter: int
+    bytes_in_counter: int
 
     def remove_producer(self, producer: Producer) -> None:
         raise NotImplementedError
@@ -134,23 +139,58 @@ class Publisher:
         self._publishes_queued -= 1
 
     def publish_grouped(self, producer: Producer, sends: list[Send], group: AddGroup,
-                        answer: Callable[[list[PublishResult | BaseException]], None]) -> bool:
+                        answer: Callable[[_K, list[PublishResult | BaseException]], None],
+                        key: _K) -> bool:
         """`publish_many` with the admitted entries added through `group` (one storage write
-        for a socket read's SENDs of many topics): admits the SENDs now and calls `answer`
-        with the outcomes once they are known (at once when none was admitted). False
-        (nothing done) while a `publish_many_soon` has not finished: then use that."""
+        for a socket read's SENDs of many topics): admits the SENDs now and calls
+        `answer(key, outcomes)` once the outcomes are known (at once when none was
+        admitted). False (nothing done) while a `publish_many_soon` has not finished: then
+        use that. The hot path with many producers (a SEND per topic per read): the loops
+        of `_admit_many` and `_finish_many` are inlined here, and an add's common outcome
+        (no dedup, a position) is recorded without `_added`."""
         if self._publishes_queued:
             return False
-        outcomes, admitted = self._admit_many(producer, sends)
+        outcomes: list[PublishResult | BaseException | None] = [None] * len(sends)
+        admitted: list[_Admitted] = []
+        for index, (entry, sequence_id, highest, metadata) in enumerate(sends):
+            try:
+                verdict = self._admit_send(producer, entry, sequence_id, highest, metadata)
+            except Exception as exc:
+                outcomes[index] = exc
+            else:
+                if verdict is None:
+                    outcomes[index] = PublishResult(-1, -1)  # a duplicate: nothing written
+                else:
+                    admitted.append((index, *verdict))
         if not admitted:
-            answer(outcomes)  # type: ignore[arg-type]
+            answer(key, outcomes)  # type: ignore[arg-type]
             return True
 
         def added(positions: AddOutcomes) -> None:
-            self._finish_many(producer, sends, outcomes, admitted, positions)
-            answer(outcomes)  # type: ignore[arg-type]
+            if self.dedup is not None:
+                self._finish_many(producer, sends, outcomes, admitted, positions)
+                answer(key, outcomes)  # type: ignore[arg-type]
+                return
+            messages = size = 0
+            for (index, _, highest, last_chunk, metadata), position in zip(
+                    admitted, positions, strict=True):
+                entry = sends[index][0]
+                if type(position) is not Position or \
+                        metadata.HasField("num_messages_in_batch"):
+                    outcomes[index] = self._added(producer, position, entry, sends[index][1],
+                                                  highest, last_chunk, metadata)
+                    continue
+                messages += 1  # `_count_in` of a single message, summed
+                size += len(entry)
+                outcomes[index] = new_tuple(PublishResult, position)
+            producer.msg_in_counter += messages
+            producer.bytes_in_counter += size
+            self.msg_in_counter += messages
+            self.bytes_in_counter += size
+            answer(key, outcomes)  # type: ignore[arg-type]
 
-        group.add(self.managed_ledger, [a[1] for a in admitted], added)
+        group.add(self.managed_ledger, [admitted[0][1]] if len(admitted) == 1 else
+                  [a[1] for a in admitted], added)
         return True
 
     def _admit_many(self, producer: Producer, sends: list[Send],
@@ -192,7 +232,9 @@ class Publisher:
         if self.fenced or producer.closed or self.producers.get(producer.name) is not producer:
             raise TopicTerminatedError(f"Topic {self.name} is not accepting messages")
         metadata = metadata if metadata is not None else _metadata_of(entry)
-        self._check_message(entry, metadata)
+        if self.policies.delayed_delivery_max_delay_ms > 0 or \
+                len(entry) > self.service.config.max_message_size_bytes + FRAME_PADDING_BYTES:
+            self._check_message(entry, metadata)  # only when it may refuse
         dedup = self.dedup
         last_chunk = not metadata.HasField("chunk_id") or \
             metadata.chunk_id == metadata.num_chunks_from_msg - 1

@@ -11,7 +11,9 @@ the read, or before any other command, a run of one producer's SENDs at a time: 
 topic admits the run at once (checks, dedup) and adds what it admitted through the read's one
 `AddGroup`, so the SENDs of every producer and topic of the read reach the storage as one
 write with one completion, and are answered from one callback on the loop, with no task
-(`PersistentTopic.publish_grouped`). A topic whose earlier publish is still queued, and a
+(`PersistentTopic.publish_grouped`): each run's outcomes are recorded, then the group's
+`after` hook builds the receipts of every producer of the read at once (one transport
+write). A topic whose earlier publish is still queued, and a
 non-persistent topic, publish the run in a task (`publish_many_soon`, `publish_many`); each
 managed ledger assigns positions in call order. Receipts leave in the order the SENDs
 arrived, per producer, those completed in one loop turn in one write: each producer keeps a
@@ -94,8 +96,12 @@ class _PendingSend:
     dropped: bool = False  # answered by closing the producer instead (a full disk)
 
 
-# A SEND gathered for `flush_sends`: its producer, receipt, entry and metadata.
-_Unsent = tuple["_ProducerState", _PendingSend, bytes, "pb.MessageMetadata | None"]
+# A SEND gathered for `flush_sends`, as a topic publishes it: entry, sequence id, highest
+# sequence id (-1: none stated), metadata; and its producer and receipt, at the same index.
+_Unsent = tuple[bytes, int, int, "pb.MessageMetadata | None"]
+_Sender = tuple["_ProducerState", _PendingSend]
+# A run of one producer's SENDs in `flush_sends`: the read's senders, the run's start and end.
+_Run = tuple[list[_Sender], int, int]
 
 
 @dataclass
@@ -106,7 +112,7 @@ class _ProducerState:
     producer: Producer | None = None
     schema_version: bytes | None = None
     pending: deque[_PendingSend] = field(default_factory=deque)
-    drained: asyncio.Event = field(default_factory=asyncio.Event)
+    drained: asyncio.Event | None = None  # set once `pending` is empty, for a CLOSE_PRODUCER
 
 
 class ProducerCommands:
@@ -124,6 +130,9 @@ class ProducerCommands:
         # The SENDs of the socket read being handled, not yet handed to their topics (at most
         # one read's frames: `flush_sends` runs at its end and before any other command).
         self.unsent: list[_Unsent] = []
+        self._senders: list[_Sender] = []  # each one's producer and receipt
+        # Producers with receipts answered by the AddGroup being confirmed, not yet written.
+        self._answered: list[_ProducerState] = []
         self._send_room = asyncio.Event()
         self._send_room.set()
 
@@ -139,6 +148,7 @@ class ProducerCommands:
     def release_all(self) -> None:
         """The connection closed: every producer leaves its topic; `wait_send_room` ends."""
         self.unsent.clear()
+        self._senders.clear()
         for state in list(self._producers.values()):
             self._release_producer(state)
         self._producers.clear()
@@ -290,7 +300,7 @@ class ProducerCommands:
             self._remember_closed_producer(request.producer_id)
             await asyncio.wait([state.ready])
             if state.pending:  # receipts of earlier SENDs go first (wire reference §6.5)
-                state.drained.clear()
+                state.drained = asyncio.Event()
                 await state.drained.wait()
             self._release_producer(state)
         self.view.success(request.request_id)
@@ -320,10 +330,22 @@ class ProducerCommands:
 
     def on_plain_send(self, send: Send) -> None:
         """`on_send` for a plain SEND (codec's `decode_plain_send`): its metadata holds no
-        batch count to refuse."""
-        self._on_send(send.producer_id, send.sequence_id, send.highest_sequence_id,
-                      bool(send.txnid_least_bits or send.txnid_most_bits), send.entry,
-                      send.metadata, None)
+        batch count to refuse. The hot path: `_on_send`'s common case inlined."""
+        state = self._producers.get(send.producer_id)
+        if state is None or state.producer is None or send.txnid_least_bits or \
+                send.txnid_most_bits:
+            self._on_send(send.producer_id, send.sequence_id, send.highest_sequence_id,
+                          bool(send.txnid_least_bits or send.txnid_most_bits), send.entry,
+                          send.metadata, None)
+            return
+        sequence_id, highest = send.sequence_id, send.highest_sequence_id
+        if highest is None or highest < sequence_id:
+            highest = -1  # none stated: the topic's dedup derives it from the entry
+        pending = _PendingSend(sequence_id, highest)
+        state.pending.append(pending)
+        self.pending_sends += 1
+        self.unsent.append((send.entry, sequence_id, highest, send.metadata))
+        self._senders.append((state, pending))
 
     def _on_send(self, producer_id: int, sequence_id: int, highest: int | None,
                  transactional: bool, entry: bytes, metadata: pb.MessageMetadata,
@@ -349,55 +371,72 @@ class ProducerCommands:
             log.debug("refusing a SEND from %s: %s", self.view.peer, problem)
             self._finish_send(state, pending, error=(pb.NotAllowedError, problem))
             return
-        self.unsent.append((state, pending, entry, metadata))
+        self.unsent.append((entry, sequence_id, highest, metadata))
+        self._senders.append((state, pending))
 
     def flush_sends(self) -> None:
         """Hand the SENDs gathered so far to their topics, each run of one producer's SENDs
         in arrival order: a persistent topic admits a run at once and adds it through the
-        read's one `AddGroup` (one storage write for the whole read); a non-persistent one,
-        and a persistent one whose earlier publish is still queued, publishes it in a task."""
+        read's one `AddGroup` (one storage write for the whole read, whose confirmation
+        answers every run, then writes all their receipts at once: `_write_answered`); a
+        non-persistent one, and a persistent one whose earlier publish is still queued,
+        publishes it in a task."""
         unsent, self.unsent = self.unsent, []
-        group = AddGroup()
-        start = 0
-        for end in range(1, len(unsent) + 1):
-            if end == len(unsent) or unsent[end][0] is not unsent[start][0]:
-                self._publish_run(unsent[start][0], unsent[start:end], group)
-                start = end
+        senders, self._senders = self._senders, []
+        if not senders:
+            return
+        group = AddGroup(self._write_answered)
+        answered = self._answered_in_group
+        start, count = 0, len(senders)
+        state = senders[0][0]
+        for end in range(1, count + 1):
+            if end < count and senders[end][0] is state:
+                continue
+            topic, producer = state.topic, state.producer
+            assert topic is not None
+            assert producer is not None
+            sends = unsent[start:end]
+            if not isinstance(topic, PersistentTopic):
+                self.view.spawn(self._publish(senders[start:end],
+                                              topic.publish_many(producer, sends)))
+            elif not topic.publish_grouped(producer, sends, group, answered,
+                                           (senders, start, end)):
+                self.view.spawn(self._publish(senders[start:end],
+                                              topic.publish_many_soon(producer, sends)))
+            if end < count:
+                start, state = end, senders[end][0]
         added = group.submit()
         if added is not None:
             self.view.spawn(added)
+        self._write_answered()  # the runs answered at once (duplicates, refusals)
 
-    def _publish_run(self, state: _ProducerState,
-                     run: list[_Unsent],
-                     group: AddGroup) -> None:
-        topic, producer = state.topic, state.producer
-        assert topic is not None
-        assert producer is not None
-        sends = [(entry, pending.sequence_id, pending.highest_sequence_id, metadata)
-                 for _, pending, entry, metadata in run]
-        if not isinstance(topic, PersistentTopic):
-            self.view.spawn(self._publish(state, run, topic.publish_many(producer, sends)))
-        elif not topic.publish_grouped(producer, sends, group,
-                                       lambda outcomes: self._answer(state, run, outcomes)):
-            self.view.spawn(self._publish(state, run, topic.publish_many_soon(producer, sends)))
-
-    async def _publish(self, state: _ProducerState,
-                       run: list[_Unsent],
+    async def _publish(self, run: list[_Sender],
                        publish: Awaitable[list[PublishResult | BaseException]]) -> None:
         try:
             outcomes = await publish
         except Exception as exc:
             outcomes = [exc] * len(run)
-        self._answer(state, run, outcomes)
+        self._answered_in_group((run, 0, len(run)), outcomes)
+        self._write_answered()
 
-    def _answer(self, state: _ProducerState,
-                run: list[_Unsent],
-                outcomes: Sequence[PublishResult | BaseException]) -> None:
-        """A run's publish finished: each SEND's receipt (or error), then the completed head
-        of the producer's queue goes out in one write."""
-        for (_, pending, _, _), outcome in zip(run, outcomes, strict=True):
+    def _write_answered(self) -> None:
+        """Write the receipts `_answered_in_group` recorded (the group's `after`)."""
+        if self._answered:
+            answered, self._answered = self._answered, []
+            self._send_receipts(answered)
+
+    def _answered_in_group(self, run: _Run,
+                           outcomes: Sequence[PublishResult | BaseException]) -> None:
+        """A run's publish finished (its SENDs are the run's `senders[start:end]`, one per
+        outcome): each SEND's receipt (or error) is recorded; `_write_answered` writes it."""
+        senders, index, end = run
+        assert len(outcomes) == end - index, "one outcome per SEND of the run"
+        self._answered.append(senders[index][0])
+        for outcome in outcomes:
+            pending = senders[index][1]
+            index += 1
             pending.done = True
-            if isinstance(outcome, PublishResult):
+            if type(outcome) is PublishResult:
                 pending.result = outcome
             elif isinstance(outcome, DiskFullError):
                 # The topic closed the producer (CLOSE_PRODUCER): no receipt, the client
@@ -406,9 +445,8 @@ class ProducerCommands:
                 pending.dropped = True
                 pending.error = server_error(outcome)
             else:
-                self.view.log_failure(outcome)
-                pending.error = server_error(outcome)
-        self._send_receipts(state)
+                self.view.log_failure(outcome)  # type: ignore[arg-type]
+                pending.error = server_error(outcome)  # type: ignore[arg-type]
 
     def on_corrupt_send(self, event: ChecksumMismatch) -> None:
         send = event.command.send
@@ -427,31 +465,33 @@ class ProducerCommands:
                      error: tuple[int, str] | None = None) -> None:
         assert (result is None) != (error is None)
         pending.done, pending.result, pending.error = True, result, error
-        self._send_receipts(state)
+        self._send_receipts([state])
 
-    def _send_receipts(self, state: _ProducerState) -> None:
-        """Write the receipts of the completed head of the producer's queue (one write)."""
-        queue = state.pending
+    def _send_receipts(self, states: Sequence[_ProducerState]) -> None:
+        """Write the receipts of the completed head of each producer's queue (one write
+        for them all)."""
         out = bytearray()
-        producer_id = state.producer_id
         answered = 0
         closed = self.view.closed
-        while queue and queue[0].done:
-            pending = queue.popleft()
-            answered += 1
-            result = pending.result
-            if result is None:
-                out += self._error_bytes(producer_id, pending)
-            elif not closed:  # the protobuf runtime's bytes, built faster
-                out += send_receipt_frame(
-                    producer_id, pending.sequence_id, result.ledger_id, result.entry_id,
-                    max(pending.highest_sequence_id, pending.sequence_id))
+        for state in states:
+            queue = state.pending
+            producer_id = state.producer_id
+            while queue and queue[0].done:
+                pending = queue.popleft()
+                answered += 1
+                result = pending.result
+                if result is None:
+                    out += self._error_bytes(producer_id, pending)
+                elif not closed:  # the protobuf runtime's bytes, built faster
+                    out += send_receipt_frame(
+                        producer_id, pending.sequence_id, result[0], result[1],
+                        max(pending.highest_sequence_id, pending.sequence_id))
+            if not queue and state.drained is not None:
+                state.drained.set()
         self.pending_sends -= answered
         assert self.pending_sends >= 0
         if out and not closed:
             self.view.write_soon(bytes(out))
-        if not queue:
-            state.drained.set()
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
             self._send_room.set()
 

@@ -182,3 +182,25 @@ async def test_an_answer_that_raises_does_not_keep_the_other_runs_from_theirs() 
         await asyncio.wait_for(done, 5)
     assert ids(answers.calls[0][1]) == [(second.current_ledger_id, 0)]
     assert first.number_of_entries == 1  # confirmed all the same
+
+
+async def test_after_comes_once_after_the_groups_answers_and_after_each_ordinary_one(
+        storage: Storage) -> None:
+    """A connection writes every producer's receipts of the group in `after`: it must come
+    once the group's runs are all answered, and after each run added the ordinary way."""
+    ml = await ManagedLedger.open(storage, "t", KEEP_ALL)
+    others = [await ManagedLedger.open(storage, name, KEEP_ALL) for name in ("u", "v")]
+    queued = ml.add_entries_soon([b"first"])  # so the group's run for "t" is ordinary
+    answers = Answers()
+    group = AddGroup(after=lambda: answers.calls.append(("after", [])))
+    group.add(others[0], [b"u0"], answers.to("u"))
+    group.add(ml, [b"t1"], answers.to("t"))
+    group.add(others[1], [b"v0", b"v1"], answers.to("v"))
+    done = group.submit()
+    assert done is not None
+    await asyncio.wait_for(done, 5)
+    await queued
+    assert [name for name, _ in answers.calls] == ["u", "v", "after", "t", "after"]
+    assert ids(answers.calls[1][1]) == [(others[1].current_ledger_id, 0),
+                                        (others[1].current_ledger_id, 1)]
+    assert ids(answers.calls[3][1]) == [(ml.current_ledger_id, 1)]

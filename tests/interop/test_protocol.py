@@ -110,6 +110,44 @@ def test_receipts_echo_sequence_ids_in_order(raw: Connect, topic: str) -> None:
     assert len(set(positions)) == 20
 
 
+def test_one_write_of_sends_for_many_producers_gets_each_its_receipts_in_order(
+        raw: Connect, topic: str) -> None:
+    """SENDs of three producers on three topics, interleaved in one write (one group of
+    adds, answered together), with a transactional SEND that is refused at once: each
+    producer's receipts come in its order, the refusal after the receipt before it."""
+    connection = _connected(raw)
+    for producer_id in (1, 2, 3):
+        _producer(connection, f"{topic}-{producer_id}", producer_id)
+    frames = bytearray()
+    for sequence_id in range(4):
+        for producer_id in (1, 2, 3):
+            send = pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id)
+            if (producer_id, sequence_id) == (2, 1):
+                send.txnid_least_bits = 7
+            metadata, payload = build_message(
+                SingleMessage(b"m-%d-%d" % (producer_id, sequence_id), sequence_id=sequence_id),
+                producer_name=f"raw-{producer_id}", publish_time=1_700_000_000_000)
+            frames += encode_frame(wrap(send), metadata, payload)
+    connection.send_bytes(bytes(frames))
+    answers: dict[int, list[tuple[int, int, int]]] = {1: [], 2: [], 3: []}
+    for _ in range(12):
+        frame = connection.next_event()
+        assert isinstance(frame, Frame)
+        assert frame.type in (T.SEND_RECEIPT, T.SEND_ERROR)
+        body = frame.body
+        if frame.type == T.SEND_ERROR:
+            assert body.error == pb.NotAllowedError
+            answers[body.producer_id].append((body.sequence_id, -1, -1))
+        else:
+            answers[body.producer_id].append(
+                (body.sequence_id, body.message_id.ledgerId, body.message_id.entryId))
+    for producer_id, got in answers.items():
+        assert [sequence_id for sequence_id, _, _ in got] == [0, 1, 2, 3]
+        stored = [(ledger, entry) for _, ledger, entry in got if entry >= 0]
+        assert [entry for _, entry in stored] == list(range(len(stored)))
+        assert len(stored) == (3 if producer_id == 2 else 4)
+
+
 def test_messages_carry_the_stored_entry_verbatim(raw: Connect, topic: str) -> None:
     connection = _connected(raw)
     _producer(connection, topic)
