@@ -185,3 +185,5 @@ def _confirm(parts: list[_Part], completion: Completion[int], submitted_ns: int,
             finished.set_result(None)
         else:
             finished.set_exception(failure)
+    for part in parts:
+        part.ml.forget_add(finished)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from .._rates import closed_add_interval
 from ._nonpersistent_topic import NonPersistentTopic
 from ._topic import PersistentTopic
 
@@ -68,8 +69,9 @@ def update_rates(topics: Iterable[PersistentTopic | NonPersistentTopic], now: fl
         for producer in topic.producers.values():
             producer.rate_in.update(now, producer.msg_in_counter, producer.bytes_in_counter)
         if isinstance(topic, PersistentTopic):
-            topic.add_latency_window.update()
-            topic.entry_size_window.update()
+            ml = topic.managed_ledger
+            topic.add_interval = closed_add_interval(ml.add_figures)
+            ml.add_figures = None
             for subscription in topic.all_subscriptions():
                 subscription.rate_out.update(now, subscription.msg_out_counter,
                                              subscription.bytes_out_counter)

@@ -68,7 +68,7 @@ from .._errors import (
 )
 from .._names import TopicName
 from .._namespaces import EffectivePolicies
-from .._rates import BucketsWindow, RateMeter
+from .._rates import NO_ADDS, AddInterval, RateMeter
 from .._tasks import spawn
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ..dispatch._subscription import Subscription
@@ -157,8 +157,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.rate_in = RateMeter(time.monotonic())
         self.rate_out = RateMeter(time.monotonic())
         # The managed ledger's add latency and entry sizes over the last stats interval.
-        self.add_latency_window = BucketsWindow(ml.add_latency_us)
-        self.entry_size_window = BucketsWindow(ml.entry_size_bytes)
+        self.add_interval: AddInterval = NO_ADDS
         self._publish_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] | None = None  # made at the first task
         self.compaction = TopicCompaction(self, None)  # the real one comes with `load`
