@@ -58,6 +58,7 @@ from __future__ import annotations
 import functools
 import re
 import socket
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -476,6 +477,8 @@ def _parse_cached(text: str) -> TopicName:
         raise InvalidTopicNameError(f"Invalid topic name: {full}")
     if local == "":
         raise InvalidTopicNameError(f"Invalid topic name: {full}")
+    # The tenant and namespace are those of many topics: one string each, not one per name.
+    tenant, namespace = sys.intern(tenant), sys.intern(namespace)
     return TopicName(domain, tenant, namespace, local, cluster)
 
 

@@ -77,7 +77,7 @@ class Subscription:
         self.dispatcher: Dispatcher | None = None
         self.reads = SubscriptionReads(cursor, self.kick)
         self.delayed: InMemoryDelayedDeliveryTracker | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Task[Any]] | None = None  # made at the first task
         self._reset_done: asyncio.Event | None = None  # set while a reset runs
         self.last_expire_timestamp = 0
         self.total_msg_expired = 0
@@ -243,6 +243,8 @@ class Subscription:
         self._after_ack(None, positions, 0, moved=True)
 
     def _spawn(self, work: Any) -> None:
+        if self._background is None:
+            self._background = set()
         spawn(work, self._background, f"subscription {self.topic_name}/{self.name}")
 
     # -- consumers -------------------------------------------------------------------------
@@ -557,7 +559,7 @@ class Subscription:
         self.reads.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
-        for task in list(self._background):
+        for task in list(self._background or ()):
             task.cancel()
 
     def read_failed(self, error: BaseException) -> None:

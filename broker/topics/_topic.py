@@ -147,9 +147,8 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self._publishes_queued = 0
         self.fenced = False
         self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
-        self.access = ExclusiveAccess(
-            ExclusiveAccess.restored_epoch(ml.properties),
-            lambda epoch: ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch)))
+        self.access = ExclusiveAccess(ExclusiveAccess.restored_epoch(ml.properties),
+                                      self._persist_epoch)
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
@@ -166,6 +165,9 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
     @property
     def config(self) -> BrokerConfig:
         return self.service.config
+
+    def _persist_epoch(self, epoch: int) -> None:
+        self.managed_ledger.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
 
     @classmethod
     async def load(cls, service: BrokerService, name: TopicName) -> PersistentTopic:
