@@ -477,9 +477,8 @@ def _parse_cached(text: str) -> TopicName:
         raise InvalidTopicNameError(f"Invalid topic name: {full}")
     if local == "":
         raise InvalidTopicNameError(f"Invalid topic name: {full}")
-    # The tenant and namespace are those of many topics: one string each, not one per name.
-    tenant, namespace = sys.intern(tenant), sys.intern(namespace)
-    return TopicName(domain, tenant, namespace, local, cluster)
+    # interned: many topics' tenant and namespace are one string each, not one per name
+    return TopicName(domain, sys.intern(tenant), sys.intern(namespace), local, cluster)
 
 
 def _expand_short_name(text: str) -> str:

@@ -65,8 +65,10 @@ class RateMeter:
         period = now - self._at
         if period <= 0:
             return
-        self.rate = max(0, count - self._count) / period
-        self.value_rate = max(0, value - self._value) / period
+        counted, valued = count - self._count, value - self._value
+        # An idle interval's rates are the shared 0.0, not a float object per meter.
+        self.rate = counted / period if counted > 0 else 0.0
+        self.value_rate = valued / period if valued > 0 else 0.0
         self._at, self._count, self._value = now, count, value
 
 

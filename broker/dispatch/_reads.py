@@ -54,6 +54,8 @@ class _Loaded:
 class SubscriptionReads:
     """The read state of one subscription (see the module comment)."""
 
+    __slots__ = ("_kick", "_loaded", "closed", "cursor", "in_flight")
+
     def __init__(self, cursor: ManagedCursor, kick: Callable[[], None]):
         self.cursor = cursor
         self._kick = kick

@@ -99,7 +99,6 @@ from magnetar.storage import (
     StorageFullError,
 )
 
-from .._config import BrokerConfig
 from .._rates import AddFigures
 from ._completions import (
     add_when_cache_has_space,
@@ -110,22 +109,18 @@ from ._completions import (
 )
 from ._cursor import ManagedCursor, cursor_prefix
 from ._loader import EntryLoader, LedgerReads, default_loader
+from ._ml_config import ManagedLedgerConfig, MiB
 from ._position import (
     ManagedLedgerClosedError,
     ManagedLedgerFencedError,
     ManagedLedgerTerminatedError,
     Position,
 )
-from ._redelivery import (
-    REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT,
-    REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT,
-)
 
 __all__ = ["InitialPosition", "LedgerRecord", "ManagedLedger", "ManagedLedgerConfig", "ml_key"]
 
 log = logging.getLogger(__name__)
 
-MiB = 1024 * 1024
 RECOVERY_READ_ENTRIES_MAX = 1024  # entries per storage read when sizing a recovered ledger
 ADD_RUN_ENTRIES_MAX = 256  # entries handed to the storage as one run (one journal request)
 ADD_RUN_BYTES_MAX = 1 * MiB  # ... and their bytes at most (a larger entry goes alone)
@@ -136,46 +131,6 @@ InitialPosition = Literal["latest", "earliest"]
 def ml_key(name: str) -> bytes:
     """The metadata key of a managed ledger's record."""
     return b"ml/" + name.encode()
-
-
-@dataclass(frozen=True)
-class ManagedLedgerConfig:
-    """Per-topic managed-ledger settings (Pulsar's `ManagedLedgerConfig` as the broker sets
-    it). Retention: 0 deletes consumed ledgers at once, -1 keeps them without limit."""
-
-    max_entries_per_ledger: int = 50_000
-    max_size_per_ledger_bytes: int = 2048 * MiB
-    max_ledger_rollover_time_s: float = 240 * 60
-    min_ledger_rollover_time_s: float = 10 * 60
-    retention_time_minutes: float = 0
-    retention_size_mb: float = 0
-    max_unacked_ranges_to_persist: int = 10_000
-    max_batch_deleted_index_to_persist: int = 10_000
-    max_redelivery_counts_to_persist: int = REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT
-    batch_index_ack_enabled: bool = True
-
-    def __post_init__(self) -> None:
-        assert self.max_entries_per_ledger >= 1
-        assert self.max_size_per_ledger_bytes >= 1
-        assert self.max_unacked_ranges_to_persist >= 0
-        assert self.max_batch_deleted_index_to_persist >= 0
-        assert 0 <= self.max_redelivery_counts_to_persist <= REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT
-
-    @classmethod
-    def from_broker_config(cls, config: BrokerConfig) -> ManagedLedgerConfig:
-        """The broker-wide defaults (namespace/topic policies may override retention)."""
-        return cls(
-            max_entries_per_ledger=config.managed_ledger_max_entries_per_ledger,
-            max_size_per_ledger_bytes=config.managed_ledger_max_size_per_ledger_bytes,
-            max_ledger_rollover_time_s=config.managed_ledger_max_ledger_rollover_time_s,
-            min_ledger_rollover_time_s=config.managed_ledger_min_ledger_rollover_time_s,
-            retention_time_minutes=config.default_retention_time_minutes,
-            retention_size_mb=config.default_retention_size_mb,
-            max_unacked_ranges_to_persist=config.managed_ledger_max_unacked_ranges_to_persist,
-            max_redelivery_counts_to_persist=(
-                config.managed_ledger_max_redelivery_counts_to_persist),
-            batch_index_ack_enabled=config.acknowledgment_at_batch_index_level_enabled,
-        )
 
 
 @dataclass(frozen=True)
@@ -223,6 +178,12 @@ class _Ledger:
 class ManagedLedger(LedgerReads):
     """A topic's durable log. Open it with `await ManagedLedger.open(...)`; use it from one
     asyncio event loop."""
+
+    __slots__ = ("_add_failed", "_current_created_s", "_fenced", "_ids", "_last_add",
+                 "_last_confirmed", "_ledgers", "_non_durable", "_queued_adds", "_record_written",
+                 "_state", "_submit_lock", "_submitted_bytes", "_submitted_entries", "add_figures",
+                 "clock", "config", "cursors", "loader", "name", "on_entries_added",
+                 "properties", "record_sink", "storage", "terminated_position")
 
     def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],

@@ -157,7 +157,6 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.rate_out = RateMeter(time.monotonic())
         # The managed ledger's add latency and entry sizes over the last stats interval.
         self.add_interval: AddInterval = NO_ADDS
-        self._publish_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] | None = None  # made at the first task
         self.compaction = TopicCompaction(self, None)  # the real one comes with `load`
         ml.on_entries_added.append(self._entries_added)
