@@ -57,6 +57,8 @@ class Publisher:
     `remove_producer`, `_spawn` and `_take_dedup_snapshot` (this is its last base, so theirs
     win over the stubs here)."""
 
+    __slots__ = ("_dedup_recorded", "_publishes_queued")
+
     service: BrokerService
     name: TopicName
     producers: dict[str, Producer]

@@ -130,6 +130,11 @@ def _now_ms() -> float:
 class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
     """A persistent topic (or one partition of a partitioned topic)."""
 
+    __slots__ = ("_background", "access", "add_interval", "bytes_in_counter", "bytes_out_counter",
+                 "compaction", "dedup", "entry_metadata", "failure", "fenced", "managed_ledger",
+                 "msg_in_counter", "msg_out_counter", "name", "policies", "producers", "rate_in",
+                 "rate_out", "readers", "service", "subscriptions")
+
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
         self.service = service
         self.name = name
