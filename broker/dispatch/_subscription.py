@@ -70,6 +70,10 @@ ACK_CUMULATIVE = 1
 class Subscription:
     """One subscription of a persistent topic."""
 
+    __slots__ = ("_background", "_reset_done", "bytes_out_counter", "compacted", "cursor",
+                 "delayed", "dispatcher", "last_consumed_flow_timestamp", "last_expire_timestamp",
+                 "msg_out_counter", "name", "rate_out", "reads", "topic", "total_msg_expired")
+
     def __init__(self, topic: SubscriptionParent, name: str, cursor: ManagedCursor):
         self.topic = topic
         self.name = name
