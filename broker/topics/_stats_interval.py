@@ -53,7 +53,12 @@ class StatsInterval:
         topics = [topic for topic in self._active if loaded.get(str(topic.name)) is topic]
         update_rates(topics, now)
         self._ended_at = now
-        self._active = {topic for topic in topics if not _idle(topic)}
+        self._active = set()
+        for topic in topics:
+            if not _idle(topic):
+                self._active.add(topic)
+            elif isinstance(topic, PersistentTopic):
+                topic.idle()
 
 
 def _idle(topic: Topic) -> bool:

@@ -171,8 +171,8 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
 
     @property
     def access(self) -> ExclusiveAccess:
-        """The access modes' state; made at the first use, dropped when the last producer
-        leaves it at rest (`remove_producer`): its epoch is in the ML's properties."""
+        """The access modes' state; made at the first use, dropped when the topic is found
+        idle with it at rest (`idle`): its epoch is in the ML's properties."""
         if self._access is None:
             self._access = ExclusiveAccess(
                 ExclusiveAccess.restored_epoch(self.managed_ledger.properties),
@@ -186,8 +186,9 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
     def _persist_epoch(self, epoch: int) -> None:
         self.managed_ledger.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
 
-    def remove_producer(self, producer: Producer) -> None:
-        super().remove_producer(producer)
+    def idle(self) -> None:
+        """The stats interval found the topic idle (no producer, no consumer): drop what the
+        next producer would make again."""
         access = self._access
         if access is not None and not self.producers and access.holder is None and \
                 not access.waiters and access.epoch == ExclusiveAccess.restored_epoch(
