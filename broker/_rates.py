@@ -18,18 +18,22 @@ once per interval from the broker's maintenance (`topics/_stats_interval.py`), o
 event loop, never concurrently with the counting.
 
 The managed ledger's add latency and entry size histograms (`storage.Buckets`, with
-Pulsar's bounds below) are cumulative too; `BucketsWindow` turns them into the counts of
-the last interval, which is what Pulsar's `StatsBuckets.refresh()` exposes as
-`pulsar_storage_write_latency_le_*` and `pulsar_entry_size_le_*`.
+Pulsar's bounds below, in an `AddFigures`) count the adds of the current interval: the
+interval's close takes them (`closed_add_interval`) and the next add starts new ones. The
+last closed interval's counts are what Pulsar's `StatsBuckets.refresh()` exposes as
+`pulsar_storage_write_latency_le_*` and `pulsar_entry_size_le_*`. A ledger without adds
+in an interval holds no histogram, and its topic the shared `NO_ADDS`.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, NamedTuple
 
 from magnetar.storage import Buckets, BucketsSnapshot
 
-__all__ = ["ENTRY_LATENCY_BUCKETS_US", "ENTRY_SIZE_BUCKETS_BYTES", "BucketsWindow", "RateMeter"]
+__all__ = ["ENTRY_LATENCY_BUCKETS_US", "ENTRY_SIZE_BUCKETS_BYTES", "NO_ADDS", "AddFigures",
+           "AddInterval", "RateMeter", "closed_add_interval"]
 
 # Pulsar's ManagedLedgerMBeanImpl.ENTRY_LATENCY_BUCKETS_USEC: add-entry latency bounds, µs
 # (exposed as pulsar_storage_write_latency_le_0_5 ... _le_1000 and _overflow).
@@ -61,48 +65,52 @@ class RateMeter:
         period = now - self._at
         if period <= 0:
             return
-        self.rate = max(0, count - self._count) / period
-        self.value_rate = max(0, value - self._value) / period
+        counted, valued = count - self._count, value - self._value
+        # An idle interval's rates are the shared 0.0, not a float object per meter.
+        self.rate = counted / period if counted > 0 else 0.0
+        self.value_rate = valued / period if valued > 0 else 0.0
         self._at, self._count, self._value = now, count, value
 
 
-class BucketsWindow:
-    """The counts a cumulative `Buckets` gained over the last interval."""
+class AddFigures:
+    """A managed ledger's durable adds over the current stats interval: their latency
+    (from submission to confirmation on the loop, µs) and entry sizes (bytes). Made at the
+    interval's first add, so an idle ledger holds none."""
 
-    __slots__ = ("_last", "_source", "last_interval")
+    __slots__ = ("latency_us", "size_bytes")
 
-    def __init__(self, source: Buckets):
-        self._source = source
-        self._last = _zero_snapshot(source.bounds)
-        self._last = self._snapshot()
-        self.last_interval = _zero_snapshot(source.bounds)
+    def __init__(self) -> None:
+        self.latency_us = Buckets(ENTRY_LATENCY_BUCKETS_US)
+        self.size_bytes = Buckets(ENTRY_SIZE_BUCKETS_BYTES)
 
-    def _snapshot(self) -> BucketsSnapshot:
-        """The source's counts, as the last snapshot's object when they did not move (a
-        window of a topic without traffic holds no copies of its own)."""
-        last = self._last
-        if self._source.sum == last.sum and self._source.counts == list(last.counts):
-            return last
-        return self._source.snapshot()
-
-    def update(self) -> None:
-        """Close the interval: `last_interval` becomes what was added since the last call."""
-        now = self._snapshot()
-        if now is self._last:
-            self.last_interval = _zero_snapshot(now.bounds)
+    def record(self, latency_us: int, entries: Sequence[bytes]) -> None:
+        """A run of `entries` became durable `latency_us` after its submission."""
+        self.latency_us.add(latency_us, len(entries))
+        if len(entries) == 1:  # (many producers: a run is usually one SEND)
+            self.size_bytes.add(len(entries[0]))
             return
-        self.last_interval = BucketsSnapshot(
-            now.bounds, tuple(a - b for a, b in zip(now.counts, self._last.counts, strict=True)),
-            now.sum - self._last.sum)
-        self._last = now
+        add_size = self.size_bytes.add
+        for data in entries:
+            add_size(len(data))
 
 
-_ZERO_SNAPSHOTS: dict[tuple[int, ...], BucketsSnapshot] = {}  # one per set of bounds
+class AddInterval(NamedTuple):
+    """What a topic's managed ledger added over the last closed stats interval."""
+
+    latency_us: BucketsSnapshot
+    size_bytes: BucketsSnapshot
 
 
-def _zero_snapshot(bounds: tuple[int, ...]) -> BucketsSnapshot:
-    """The empty snapshot of `bounds`, shared by every window over them."""
-    zero = _ZERO_SNAPSHOTS.get(bounds)
-    if zero is None:
-        zero = _ZERO_SNAPSHOTS[bounds] = BucketsSnapshot(bounds, (0,) * (len(bounds) + 1), 0)
-    return zero
+def _zero(bounds: tuple[int, ...]) -> BucketsSnapshot:
+    return BucketsSnapshot(bounds, (0,) * (len(bounds) + 1), 0)
+
+
+# The interval without adds, shared by every topic in that state.
+NO_ADDS: Final = AddInterval(_zero(ENTRY_LATENCY_BUCKETS_US), _zero(ENTRY_SIZE_BUCKETS_BYTES))
+
+
+def closed_add_interval(figures: AddFigures | None) -> AddInterval:
+    """The interval `figures` (None: no add) measured, as the metrics report it."""
+    if figures is None:
+        return NO_ADDS
+    return AddInterval(figures.latency_us.snapshot(), figures.size_bytes.snapshot())

@@ -55,7 +55,8 @@ class LedgerTable:
         self.next_id = 1
         self.dirty: set[int] = set()
         self.purge: set[int] = set()
-        self._by_tag: dict[tuple[str, str], list[int]] = {}  # a list: most hold one id
+        # Most tags are one ledger's: an id, a list of ids only for the others.
+        self._by_tag: dict[tuple[str, str], int | list[int]] = {}
 
     def get(self, ledger_id: int) -> LedgerState | None:
         return self.ledgers.get(ledger_id)
@@ -72,19 +73,12 @@ class LedgerTable:
 
     def load_many(self, ledgers: list[LedgerState]) -> None:
         """`load` of each (recovery loads every ledger of the index at open)."""
-        table, by_tag = self.ledgers, self._by_tag
+        table, index = self.ledgers, self._index
         for ledger in ledgers:
-            ledger_id = ledger.ledger_id
-            assert ledger_id not in table
-            table[ledger_id] = ledger
-            if ledger.state == DELETED:
-                continue
-            for tag in ledger.metadata.items():
-                ids = by_tag.get(tag)
-                if ids is None:
-                    by_tag[tag] = [ledger_id]
-                else:
-                    ids.append(ledger_id)
+            assert ledger.ledger_id not in table
+            table[ledger.ledger_id] = ledger
+            if ledger.state != DELETED:
+                index(ledger)
 
     def add(self, ledger: LedgerState) -> None:
         """A new ledger (created or replayed); the next checkpoint records it."""
@@ -99,13 +93,16 @@ class LedgerTable:
         for tag in ledger.metadata.items():
             ids = by_tag.get(tag)
             if ids is None:
-                by_tag[tag] = [ledger.ledger_id]
+                by_tag[tag] = ledger.ledger_id
+            elif isinstance(ids, int):
+                by_tag[tag] = [ids, ledger.ledger_id]
             else:
                 ids.append(ledger.ledger_id)
 
     def tagged(self, key: str, value: str) -> list[LedgerState]:
         """The ledgers not deleted whose metadata maps `key` to `value`, by id."""
-        ids = sorted(self._by_tag.get((key, value), ()))
+        found = self._by_tag.get((key, value), ())
+        ids = [found] if isinstance(found, int) else sorted(found)
         return [ledger for ledger in map(self.ledgers.__getitem__, ids)
                 if ledger.state != DELETED]
 
@@ -117,10 +114,12 @@ class LedgerTable:
             self.purge.add(ledger_id)
             for tag in self.ledgers[ledger_id].metadata.items():
                 ids = self._by_tag.get(tag)
-                if ids is not None and ledger_id in ids:
+                if ids == ledger_id:
+                    del self._by_tag[tag]
+                elif isinstance(ids, list) and ledger_id in ids:
                     ids.remove(ledger_id)
-                    if not ids:
-                        del self._by_tag[tag]
+                    if len(ids) == 1:
+                        self._by_tag[tag] = ids[0]
 
     def take_changes(self) -> tuple[list[LedgerRecord], list[int]]:
         """The records of the changed ledgers and the ids to purge, by id; both are then

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from magnetar.codec import ProtocolError, parse_entry, unpack_messages
@@ -54,6 +56,7 @@ COMPACTED_FETCH_ENTRIES_MAX = 100  # entries one fetch reads ahead from the comp
 FETCH_RETRY_DELAY_S = 1.0  # after a read error that may pass
 
 Fetched = list[tuple[Position, bytes, int | None]]  # (position, entry, live_mask)
+_NO_MASKS: Mapping[Position, int] = MappingProxyType({})  # shared: most reads have none
 
 
 def live_mask(entry: bytes) -> int | None:
@@ -80,13 +83,16 @@ def _fetch_entries(view: CompactedLedger, at: Position, max_bytes: int) -> Fetch
 class CompactedReads:
     """The compacted part of one subscription's reads (see the module comment)."""
 
+    __slots__ = ("_buffer", "_buffer_key", "_fetching", "_fresh", "_generation", "_next",
+                 "enabled", "masks", "sub")
+
     def __init__(self, subscription: Subscription):
         self.sub = subscription
         self.enabled = False  # a consumer asked for read_compacted
         self._fresh = True  # nothing read since the start or the last restart
         self._next: Position | None = None  # the next original position to read
-        self._buffer: Fetched = []
-        self.masks: dict[Position, int] = {}  # live masks of the entries `read` returned last
+        self._buffer: Sequence[tuple[Position, bytes, int | None]] = ()
+        self.masks: Mapping[Position, int] = _NO_MASKS  # of the entries `read` returned last
         self._buffer_key: tuple[Position, CompactedLedger] | None = None
         self._fetching: asyncio.Future[Fetched] | None = None
         self._generation = 0
@@ -95,7 +101,7 @@ class CompactedReads:
         """Read from the cursor's position again (a rewind, a reset, a new consumer)."""
         self._fresh = True
         self._next = None
-        self._buffer = []
+        self._buffer = ()
         self._buffer_key = None
         self._generation += 1
 
@@ -113,7 +119,7 @@ class CompactedReads:
         """Entries of the compacted view for the dispatcher ([] while a fetch runs), or
         None when the subscription reads the topic itself."""
         view = self._view()
-        self.masks = {}
+        self.masks = _NO_MASKS
         if view is None:
             return None
         if self._next is None:

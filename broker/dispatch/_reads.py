@@ -68,6 +68,9 @@ class _Loaded:
 class SubscriptionReads:
     """The read state of one subscription (see the module comment)."""
 
+    __slots__ = ("_kick", "_loaded", "_reserved", "_singles_left", "closed", "cursor",
+                 "in_flight")
+
     def __init__(self, cursor: ManagedCursor, kick: Callable[[], None]):
         self.cursor = cursor
         self._kick = kick

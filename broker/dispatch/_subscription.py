@@ -70,6 +70,10 @@ ACK_CUMULATIVE = 1
 class Subscription:
     """One subscription of a persistent topic."""
 
+    __slots__ = ("_background", "_compacted", "_reset_done", "bytes_out_counter", "cursor",
+                 "delayed", "dispatcher", "last_consumed_flow_timestamp", "last_expire_timestamp",
+                 "msg_out_counter", "name", "rate_out", "reads", "topic", "total_msg_expired")
+
     def __init__(self, topic: SubscriptionParent, name: str, cursor: ManagedCursor):
         self.topic = topic
         self.name = name
@@ -77,7 +81,7 @@ class Subscription:
         self.dispatcher: Dispatcher | None = None
         self.reads = SubscriptionReads(cursor, self.kick)
         self.delayed: InMemoryDelayedDeliveryTracker | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Task[Any]] | None = None  # made at the first task
         self._reset_done: asyncio.Event | None = None  # set while a reset runs
         self.last_expire_timestamp = 0
         self.total_msg_expired = 0
@@ -85,7 +89,7 @@ class Subscription:
         self.msg_out_counter = 0  # messages dispatched by this subscription, ever
         self.bytes_out_counter = 0
         self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
-        self.compacted = CompactedReads(self)  # read_compacted consumers' reads
+        self._compacted: CompactedReads | None = None  # made at the first read_compacted
 
     # -- what the dispatcher asks ----------------------------------------------------------
 
@@ -132,13 +136,25 @@ class Subscription:
 
     def ack_set_for(self, position: Position) -> list[int] | None:
         words = self.cursor.get_ack_set(position)
-        live = self.compacted.masks.get(position)  # a compacted batch: dropped = acked
+        compacted = self._compacted  # a compacted batch: dropped messages count as acked
+        live = None if compacted is None else compacted.masks.get(position)
         if live is None:
             return words
         return int_to_ack_set(live if words is None else live & ack_set_to_int(words))
 
+    @property
+    def compacted(self) -> CompactedReads:
+        """The read_compacted consumers' reads (made at the first use: most have none)."""
+        if self._compacted is None:
+            self._compacted = CompactedReads(self)
+        return self._compacted
+
+    def _restart_compacted(self) -> None:
+        if self._compacted is not None:
+            self._compacted.restart()
+
     def rewind(self) -> None:
-        self.compacted.restart()
+        self._restart_compacted()
         self.cursor.rewind()
 
     def redelivery_count(self, position: Position) -> int:
@@ -191,7 +207,7 @@ class Subscription:
         """
         if self.delayed is not None and self.delayed.should_pause_all_deliveries():
             return [], False
-        raw = self.compacted.read(max_entries)
+        raw = None if self._compacted is None else self._compacted.read(max_entries)
         if raw == []:
             return [], False  # a compacted read is under way; it kicks when it lands
         if raw is None:
@@ -243,6 +259,8 @@ class Subscription:
         self._after_ack(None, positions, 0, moved=True)
 
     def _spawn(self, work: Any) -> None:
+        if self._background is None:
+            self._background = set()
         spawn(work, self._background, f"subscription {self.topic_name}/{self.name}")
 
     # -- consumers -------------------------------------------------------------------------
@@ -271,7 +289,7 @@ class Subscription:
             limit = self.topic.policies.max_consumers_per_subscription
             if limit > 0 and len(dispatcher.consumers) >= limit:
                 raise ConsumerBusyError("Subscription reached max consumers limit")
-        if spec.read_compacted != self.compacted.enabled:
+        if spec.read_compacted != (self._compacted is not None and self._compacted.enabled):
             self.compacted.enabled = spec.read_compacted
             self.compacted.restart()
         dispatcher.add_consumer(consumer)
@@ -470,7 +488,7 @@ class Subscription:
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset(position, ack_set)
-            self.compacted.restart()
+            self._restart_compacted()
             self._after_reset()
 
     async def reset_cursor_by_time(self, timestamp_ms: int) -> None:
@@ -478,7 +496,7 @@ class Subscription:
         async with self._resetting():
             self.disconnect_for_reset()
             await self.cursor.reset_by_time(timestamp_ms, entry_publish_time)
-            self.compacted.restart()
+            self._restart_compacted()
             self._after_reset()
 
     @contextlib.asynccontextmanager
@@ -557,7 +575,7 @@ class Subscription:
         self.reads.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
-        for task in list(self._background):
+        for task in list(self._background or ()):
             task.cancel()
 
     def read_failed(self, error: BaseException) -> None:

@@ -298,9 +298,9 @@ def _topic_metrics(families: _Families, topic: PersistentTopic | NonPersistentTo
                      sum(s["msgBacklog"] for s in subscriptions.values()))
         families.add("pulsar_topic_storage_failed", labels, stats["storageFailure"] is not None)
         _pulsar_buckets(families, "pulsar_storage_write_latency", WRITE_LATENCY_BUCKET_NAMES,
-                        topic.add_latency_window.last_interval, labels)
+                        topic.add_interval.latency_us, labels)
         _pulsar_buckets(families, "pulsar_entry_size", ENTRY_SIZE_BUCKET_NAMES,
-                        topic.entry_size_window.last_interval, labels)
+                        topic.add_interval.size_bytes, labels)
     for name in sorted(subscriptions):
         sub_labels = {**labels, "subscription": name}
         sub_stats = subscriptions[name]

@@ -204,3 +204,5 @@ def _confirm(parts: list[_Part], lasts: list[int], completion: Completion[int],
             finished.set_result(None)
         else:
             finished.set_exception(failure)
+    for part in parts:
+        part.ml.forget_add(finished)

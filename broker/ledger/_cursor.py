@@ -90,6 +90,11 @@ class ManagedCursor:
     """A cursor on a `ManagedLedger`. Create it with `ManagedLedger.open_cursor` or
     `ManagedLedger.new_non_durable_cursor`."""
 
+    __slots__ = ("_background_write", "_durable_version", "_flight", "_read_position", "_version",
+                 "batch_deleted", "cursor_properties", "deleted", "durable",
+                 "individually_deleted", "mark_delete_position", "ml", "name",
+                 "persisted_mark_delete_position", "properties", "read_epoch", "redelivery")
+
     def __init__(self, ml: ManagedLedger, name: str, durable: bool, mark_delete: Position):
         """Internal: use the managed ledger's cursor methods."""
         self.ml = ml

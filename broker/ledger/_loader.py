@@ -224,6 +224,8 @@ class LedgerReads:
     serving them from memory on the loop or loading them off it, and searches by content.
     The layout itself (positions, entry counts) is the managed ledger's."""
 
+    __slots__ = ()
+
     storage: LedgerStorage
     loader: EntryLoader
     name: str

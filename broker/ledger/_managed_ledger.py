@@ -91,7 +91,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
 from magnetar.storage import (
-    Buckets,
     Completion,
     LedgerNotFoundError,
     LedgerStorage,
@@ -99,7 +98,7 @@ from magnetar.storage import (
     StorageFullError,
 )
 
-from .._rates import ENTRY_LATENCY_BUCKETS_US, ENTRY_SIZE_BUCKETS_BYTES
+from .._rates import AddFigures
 from ._completions import (
     add_when_cache_has_space,
     after_earlier_callbacks,
@@ -144,6 +143,12 @@ class ManagedLedger(LedgerReads):
     """A topic's durable log. Open it with `await ManagedLedger.open(...)`; use it from one
     asyncio event loop."""
 
+    __slots__ = ("_add_failed", "_current_created_s", "_fenced", "_ids", "_last_add",
+                 "_last_confirmed", "_ledgers", "_non_durable", "_queued_adds", "_record_written",
+                 "_state", "_submit_lock", "_submitted_bytes", "_submitted_entries", "add_figures",
+                 "clock", "config", "cursors", "loader", "name", "on_entries_added",
+                 "properties", "record_sink", "storage", "terminated_position")
+
     def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
                  properties: dict[str, str], terminated: Position | None = None,
@@ -174,10 +179,8 @@ class ManagedLedger(LedgerReads):
         self.terminated_position = terminated
         self._last_add: asyncio.Future[Any] | None = None
         self._queued_adds = 0  # `add_entries_soon` tasks not finished
-        # Pulsar's ManagedLedgerMBean figures, cumulative: each durable add's latency (from
-        # its submission to its confirmation on the loop) and size.
-        self.add_latency_us = Buckets(ENTRY_LATENCY_BUCKETS_US)
-        self.entry_size_bytes = Buckets(ENTRY_SIZE_BUCKETS_BYTES)
+        # Pulsar's ManagedLedgerMBean figures of the stats interval (None: no add yet).
+        self.add_figures: AddFigures | None = None
 
     # -- opening -------------------------------------------------------------------------
 
@@ -477,6 +480,8 @@ class ManagedLedger(LedgerReads):
                 await asyncio.wait([run.done])
             failed = run.done.exception()
             outcomes += [failed] * len(run.entries) if failed else run.done.result()
+        if runs:
+            self.forget_add(runs[-1].done)
         outcomes += [error] * (len(entries) - len(outcomes))  # type: ignore[list-item]
         # Only the add that filled the ledger rolls it over once durable, and only when no
         # one else holds the submit lock (a later add rolling over, or a close): waiting
@@ -580,15 +585,13 @@ class ManagedLedger(LedgerReads):
         assert first == ledger.entries, "adds of a ledger complete in order"
         ledger.entries = last + 1
         ledger.size += size
-        self.add_latency_us.add(latency_us, len(entries))
+        if self.add_figures is None:
+            self.add_figures = AddFigures()
+        self.add_figures.record(latency_us, entries)
         ledger_id, new = ledger.ledger_id, tuple.__new__  # Position(...) without its __new__
         if first == last:  # one entry (many producers, each a SEND a read): no comprehension
-            self.entry_size_bytes.add(len(entries[0]))
             positions = [new(Position, (ledger_id, last))]
         else:
-            add_size = self.entry_size_bytes.add
-            for data in entries:
-                add_size(len(data))
             positions = [new(Position, (ledger_id, entry)) for entry in range(first, last + 1)]
         assert positions[0] > self._last_confirmed
         self._last_confirmed = positions[-1]
@@ -633,6 +636,12 @@ class ManagedLedger(LedgerReads):
         """Reserved runs were handed over; `confirmed` finishes once they are confirmed
         (or failed: `run_failed`), what `terminate` waits for."""
         self._last_add = confirmed
+
+    def forget_add(self, done: asyncio.Future[Any]) -> None:
+        """`done` has finished: unless a later add was handed over since, there is nothing
+        for `terminate` to wait for (and an idle ledger keeps no future)."""
+        if self._last_add is done:
+            self._last_add = None
 
     def run_failed(self) -> None:
         """A reserved run failed in the storage: the next add rolls over first."""

@@ -40,6 +40,8 @@ REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT: Final = 1_000_000  # positions counted in 
 class RedeliveryCounts:
     """Per-position redelivery counts (see the module docstring)."""
 
+    __slots__ = ("_counts", "memory_max", "persist_max")
+
     def __init__(self, persist_max: int = REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT,
                  memory_max: int = REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT):
         assert 0 <= persist_max <= memory_max

@@ -64,6 +64,8 @@ class Waiter:
 class ExclusiveAccess:
     """The access-mode bookkeeping of one topic (see the module docstring)."""
 
+    __slots__ = ("_persist", "epoch", "holder", "waiters", "waiters_max")
+
     def __init__(self, epoch: int | None, persist: Callable[[int], None],
                  waiters_max: int = EXCLUSIVE_WAITERS_MAX_DEFAULT):
         """`persist(epoch)` stores a new epoch durably (raising leaves nothing changed)."""

@@ -29,6 +29,8 @@ __all__ = ["BacklogQuotas", "estimated_backlog_bytes", "exceeded_backlog_quota",
 class BacklogQuotas:
     """A persistent topic's backlog figures and quota checks, as methods of the topic."""
 
+    __slots__ = ()
+
     name: TopicName
     policies: EffectivePolicies
     managed_ledger: ManagedLedger

@@ -68,6 +68,8 @@ NOT_RUN, RUNNING, SUCCESS, ERROR = "NOT_RUN", "RUNNING", "SUCCESS", "ERROR"
 class TopicCompaction:
     """One persistent topic's compaction state (see the module comment)."""
 
+    __slots__ = ("_task", "before_switch", "last_error", "runs", "status", "topic", "view")
+
     def __init__(self, topic: PersistentTopic, view: CompactedLedger | None):
         self.topic = topic
         self.view = view

@@ -98,7 +98,7 @@ class Maintenance:
                     evicted, dropped = await self._enforce_backlog_quota(topic)
                     done["evicted"] += evicted
                     done["producers_disconnected"] += dropped
-                if compaction:
+                if compaction and topic.policies.compaction_threshold_bytes > 0:
                     done["compactions"] += topic.compaction.maybe_trigger()
             if not compaction:
                 del done["compactions"]

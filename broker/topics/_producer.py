@@ -115,6 +115,8 @@ class _ProducerHost:
     (`ExclusiveAccess`), registration, removal with promotion of a waiting producer, and
     broker-side disconnects. Subclasses set `name`, `producers`, `access` and `fenced`."""
 
+    __slots__ = ()
+
     name: TopicName
     producers: dict[str, Producer]
     access: ExclusiveAccess

@@ -60,6 +60,8 @@ class Publisher:
     `remove_producer`, `_spawn` and `_take_dedup_snapshot` (this is its last base, so theirs
     win over the stubs here)."""
 
+    __slots__ = ("_dedup_recorded", "_publishes_queued", "bytes_in_counter", "msg_in_counter")
+
     service: BrokerService
     name: TopicName
     producers: dict[str, Producer]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from .._rates import closed_add_interval
 from ._nonpersistent_topic import NonPersistentTopic
 from ._topic import PersistentTopic
 
@@ -52,7 +53,12 @@ class StatsInterval:
         topics = [topic for topic in self._active if loaded.get(str(topic.name)) is topic]
         update_rates(topics, now)
         self._ended_at = now
-        self._active = {topic for topic in topics if not _idle(topic)}
+        self._active = set()
+        for topic in topics:
+            if not _idle(topic):
+                self._active.add(topic)
+            elif isinstance(topic, PersistentTopic):
+                topic.idle()
 
 
 def _idle(topic: Topic) -> bool:
@@ -68,8 +74,9 @@ def update_rates(topics: Iterable[PersistentTopic | NonPersistentTopic], now: fl
         for producer in topic.producers.values():
             producer.rate_in.update(now, producer.msg_in_counter, producer.bytes_in_counter)
         if isinstance(topic, PersistentTopic):
-            topic.add_latency_window.update()
-            topic.entry_size_window.update()
+            ml = topic.managed_ledger
+            topic.add_interval = closed_add_interval(ml.add_figures)
+            ml.add_figures = None
             for subscription in topic.all_subscriptions():
                 subscription.rate_out.update(now, subscription.msg_out_counter,
                                              subscription.bytes_out_counter)

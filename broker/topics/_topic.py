@@ -68,7 +68,7 @@ from .._errors import (
 )
 from .._names import TopicName
 from .._namespaces import EffectivePolicies
-from .._rates import BucketsWindow, RateMeter
+from .._rates import NO_ADDS, AddInterval, RateMeter
 from .._tasks import spawn
 from ..dispatch._consumer import Consumer, ConsumerSink, SubscribeSpec
 from ..dispatch._subscription import Subscription
@@ -130,6 +130,11 @@ def _now_ms() -> float:
 class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
     """A persistent topic (or one partition of a partitioned topic)."""
 
+    __slots__ = ("_access", "_background", "_compaction", "add_interval",
+                 "bytes_out_counter", "dedup", "entry_metadata", "failure", "fenced",
+                 "managed_ledger", "msg_out_counter", "name", "policies",
+                 "producers", "rate_in", "rate_out", "readers", "service", "subscriptions")
+
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger):
         self.service = service
         self.name = name
@@ -147,9 +152,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self._publishes_queued = 0
         self.fenced = False
         self.failure: str | None = None  # why the topic's entries cannot be read (read_failed)
-        self.access = ExclusiveAccess(
-            ExclusiveAccess.restored_epoch(ml.properties),
-            lambda epoch: ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch)))
+        self._access: ExclusiveAccess | None = None  # made at the first use
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
@@ -157,16 +160,40 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.rate_in = RateMeter(time.monotonic())
         self.rate_out = RateMeter(time.monotonic())
         # The managed ledger's add latency and entry sizes over the last stats interval.
-        self.add_latency_window = BucketsWindow(ml.add_latency_us)
-        self.entry_size_window = BucketsWindow(ml.entry_size_bytes)
-        self._publish_lock = asyncio.Lock()
+        self.add_interval: AddInterval = NO_ADDS
         self._background: set[asyncio.Task[Any]] | None = None  # made at the first task
-        self.compaction = TopicCompaction(self, None)  # the real one comes with `load`
+        self._compaction: TopicCompaction | None = None  # made at the first use
         ml.on_entries_added.append(self._entries_added)
 
     @property
     def config(self) -> BrokerConfig:
         return self.service.config
+
+    @property
+    def access(self) -> ExclusiveAccess:
+        """The access modes' state; made at the first use, dropped when the topic is found
+        idle with it at rest (`idle`): its epoch is in the ML's properties."""
+        if self._access is None:
+            self._access = ExclusiveAccess(
+                ExclusiveAccess.restored_epoch(self.managed_ledger.properties),
+                self._persist_epoch)
+        return self._access
+
+    @access.setter
+    def access(self, access: ExclusiveAccess) -> None:
+        self._access = access
+
+    def _persist_epoch(self, epoch: int) -> None:
+        self.managed_ledger.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
+
+    def idle(self) -> None:
+        """The stats interval found the topic idle (no producer, no consumer): drop what the
+        next producer would make again."""
+        access = self._access
+        if access is not None and not self.producers and access.holder is None and \
+                not access.waiters and access.epoch == ExclusiveAccess.restored_epoch(
+                    self.managed_ledger.properties):
+            self._access = None
 
     @classmethod
     async def load(cls, service: BrokerService, name: TopicName) -> PersistentTopic:
@@ -178,7 +205,8 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         for cursor_name, cursor in ml.cursors.items():
             if cursor_name not in SYSTEM_CURSOR_NAMES:
                 topic.subscriptions[cursor_name] = Subscription(topic, cursor_name, cursor)
-        topic.compaction = await TopicCompaction.load(topic)
+        compaction = await TopicCompaction.load(topic)
+        topic._compaction = compaction if compaction.view is not None else None
         await topic._recover_dedup()
         return topic
 
@@ -305,8 +333,16 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         return self._background
 
     @property
+    def compaction(self) -> TopicCompaction:
+        """The compaction state; made at the first use, as most topics are never compacted
+        (loading one with a compacted view makes it at once)."""
+        if self._compaction is None:
+            self._compaction = TopicCompaction(self, None)
+        return self._compaction
+
+    @property
     def compacted_view(self) -> CompactedLedger | None:
-        return self.compaction.view
+        return None if self._compaction is None else self._compaction.view
 
     # -- subscriptions ---------------------------------------------------------------------
 

@@ -112,6 +112,24 @@ async def test_broker_disconnects_do_not_promote_waiters(tmp_path: Path) -> None
         assert topic.managed_ledger.properties[TOPIC_EPOCH_PROPERTY] == "0"
 
 
+async def test_an_idle_topic_drops_its_access_state_and_keeps_its_epoch(
+        tmp_path: Path) -> None:
+    """A topic found idle by the stats interval drops its access-mode state (memory per
+    loaded topic); the next exclusive producer continues from the stored epoch."""
+    async with broker_env(tmp_path) as env:
+        topic = await env.service.get_topic(TOPIC)
+        assert isinstance(topic, PersistentTopic)
+        first = topic.add_producer(ProducerSpec("first", access_mode="Exclusive"))
+        await topic.epoch_durable()
+        assert first.topic_epoch == 0
+        topic.remove_producer(first)
+        env.service.stats_interval.close(1.0, env.service.topics)
+        assert topic._access is None
+        second = topic.add_producer(ProducerSpec("second", access_mode="Exclusive"))
+        assert second.topic_epoch == 1
+        assert topic.access.holder == "second"
+
+
 async def test_a_granted_epoch_is_durable_before_the_producer_is_answered(
         tmp_path: Path) -> None:
     """The topic epoch goes into the managed ledger's record through the journal; the

@@ -294,6 +294,13 @@ def test_list_ledgers_tagged(tmp_path: Path) -> None:
         assert [i.ledger_id for i in store.list_ledgers(tagged=("ml", "a"))] == [a1, a3]
         assert [i.ledger_id for i in store.list_ledgers(tagged=("x", "1"))] == [b1]
         assert store.list_ledgers(tagged=("ml", "c")) == []
+        a4 = store.wait(store.create_ledger({"ml": "a"}))  # the index: one id, then a list
+        store.wait(store.delete_ledger(a4))
+        store.wait(store.delete_ledger(b1))
+        assert [i.ledger_id for i in store.list_ledgers(tagged=("ml", "a"))] == [a1, a3]
+        assert store.list_ledgers(tagged=("x", "1")) == []
+        b1 = store.wait(store.create_ledger({"ml": "b", "x": "1"}))
+        assert [i.ledger_id for i in store.list_ledgers(tagged=("x", "1"))] == [b1]
     for _ in range(2):  # reopened: replayed from the journal, then loaded from the index
         with Storage.open(tmp_path, PUMPED) as store:
             assert [i.ledger_id for i in store.list_ledgers(tagged=("ml", "a"))] == [a1, a3]
