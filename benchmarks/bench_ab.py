@@ -71,7 +71,8 @@ def _run_broker(root: str, scratch: str, seconds: float, consume_max: int,
     broker.start()
     try:
         return _measured(broker, lambda: run_workloads(
-            os.path.basename(root) or root, broker.url, seconds, consume_max, workloads))
+            os.path.basename(root) or root, broker.url, broker.pid, seconds, consume_max,
+            workloads))
     finally:
         broker.stop()
 
@@ -143,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.no_peer:
                 with running_pulsar_lite(scratch) as peer:
                     results["pulsar-lite"].append(_measured(peer, lambda: run_workloads(
-                        "pulsar-lite", peer.url, args.seconds, args.consume, workloads)))
+                        "pulsar-lite", peer.url, peer.pid, args.seconds, args.consume,
+                        workloads)))
     print(f"{args.rounds} rounds, {args.seconds:g} s each, event loop "
           f"{args.event_loop or 'default'}, load average now "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
