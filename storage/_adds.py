@@ -113,16 +113,10 @@ def add_runs(engine: _Engine, runs: Sequence[tuple[int, Sequence[bytes]]],
             ledgers.append(ledger)
         journal = engine.journal
         assert journal is not None
-        if not journal_may_wait and not journal.has_room_for_adds(records):
+        completion = _room_for(engine, journal, records, journal_may_wait)
+        if completion is None:
             return None
         cache = engine.cache
-        if cache.active_full():
-            engine._checkpoint_wanted.set()
-            if cache.flushing is not None:
-                return None  # else the next checkpoint swaps; may overshoot by one list
-        completion: Completion[int] = Completion()
-        if engine.config.journal_caller_syncs_when_idle:
-            completion.before_blocking = journal.lead
         lasts = []
         requests = []
         for index, ((ledger_id, _), ledger, run) in enumerate(zip(runs, ledgers, datas,
@@ -164,18 +158,30 @@ def add_one(engine: _Engine, ledger_id: int, data: bytes,
             ledger = engine._writable_ledger(ledger_id)  # raises
         journal = engine.journal
         assert journal is not None
-        if not journal_may_wait and not journal.has_room_for_adds(1):
+        completion = _room_for(engine, journal, 1, journal_may_wait)
+        if completion is None:
             return None
         cache = engine.cache
-        if cache.active_full():
-            engine._checkpoint_wanted.set()
-            if cache.flushing is not None:
-                return None  # else the next checkpoint swaps; may overshoot by one entry
-        completion: Completion[int] = Completion()
-        if engine.config.journal_caller_syncs_when_idle:
-            completion.before_blocking = journal.lead
         entry_id = ledger.next_entry_id
         ledger.next_entry_id = entry_id + 1
         cache.put_new(ledger_id, entry_id, data)
         journal.submit(JournalRequest.add(completion, ledger, ledger_id, entry_id, data))
+    return completion
+
+
+def _room_for(engine: _Engine, journal: Journal, records: int,
+              journal_may_wait: bool) -> Completion[int] | None:
+    """Storage lock held: the completion for adds of `records` entries about to be queued, or
+    None when they must be refused for now (the journal's queue is full and the caller may not
+    wait, or both write-cache halves are full: a checkpoint is asked for)."""
+    if not journal_may_wait and not journal.has_room_for_adds(records):
+        return None
+    cache = engine.cache
+    if cache.active_full():
+        engine._checkpoint_wanted.set()
+        if cache.flushing is not None:
+            return None  # else the next checkpoint swaps; may overshoot by one list
+    completion: Completion[int] = Completion()
+    if engine.config.journal_caller_syncs_when_idle:
+        completion.before_blocking = journal.lead
     return completion

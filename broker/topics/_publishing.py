@@ -147,23 +147,12 @@ class Publisher:
         for a socket read's SENDs of many topics): admits the SENDs now and calls
         `answer(key, outcomes)` once the outcomes are known (at once when none was
         admitted). False (nothing done) while a `publish_many_soon` has not finished: then
-        use that. The hot path with many producers (a SEND per topic per read): the loops
-        of `_admit_many` and `_finish_many` are inlined here, and an add's common outcome
+        use that. The hot path with many producers (a SEND per topic per read): the loop
+        of `_finish_many` is inlined here, and an add's common outcome
         (no dedup, a position) is recorded without `_added`."""
         if self._publishes_queued:
             return False
-        outcomes: list[PublishResult | BaseException | None] = [None] * len(sends)
-        admitted: list[_Admitted] = []
-        for index, (entry, sequence_id, highest, metadata) in enumerate(sends):
-            try:
-                verdict = self._admit_send(producer, entry, sequence_id, highest, metadata)
-            except Exception as exc:
-                outcomes[index] = exc
-            else:
-                if verdict is None:
-                    outcomes[index] = PublishResult(-1, -1)  # a duplicate: nothing written
-                else:
-                    admitted.append((index, *verdict))
+        outcomes, admitted = self._admit_many(producer, sends)
         if not admitted:
             answer(key, outcomes)  # type: ignore[arg-type]
             return True
