@@ -80,6 +80,7 @@ class Load:
                                               consumer_type=pulsar.ConsumerType.Shared)
         self.producer = self.client.create_producer(topic, batching_enabled=False)
         self.stop = threading.Event()
+        self.produced = threading.Event()  # set once the producer thread has ended
         self.sent = self.received = 0
         self.errors: list[BaseException] = []
         self.threads = [threading.Thread(target=self._guard, args=(self._produce,)),
@@ -99,7 +100,9 @@ class Load:
             self.sent += 1
 
     def _consume(self) -> None:
-        while not self.stop.is_set() or self.received < self.sent:
+        # Until the producer has ended, not just been told to stop: its last send may still
+        # be under way, and `sent` counts it only once the send returns.
+        while not self.produced.is_set() or self.received < self.sent:
             try:
                 message = self.consumer.receive(timeout_millis=200)
             except pulsar.Timeout:
@@ -109,8 +112,10 @@ class Load:
 
     def close(self) -> None:
         self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=30)
+        producing, consuming = self.threads
+        producing.join(timeout=30)
+        self.produced.set()
+        consuming.join(timeout=30)
         self.client.close()
         assert self.errors == []
 
