@@ -26,12 +26,12 @@ checks, refusals and errors, without the lists, zips and generators a list of ru
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ._completion import Completion
 from ._config import StorageConfig
-from ._errors import EntryTooLargeError
+from ._errors import EntryTooLargeError, LedgerNotFoundError
 from ._journal import Journal, JournalRequest
 from ._journal_format import RecordType
 from ._ledger import OPEN, LedgerState, LedgerTable
@@ -185,3 +185,17 @@ def _room_for(engine: _Engine, journal: Journal, records: int,
     if engine.config.journal_caller_syncs_when_idle:
         completion.before_blocking = journal.lead
     return completion
+
+
+def one_by_one(end: Callable[[int], Completion[int]],
+               ledger_ids: Sequence[int]) -> list[Completion[int]]:
+    """`end` (a store's close_ledger or delete_ledger) of each ledger in turn, a missing
+    ledger's error as its completion's, as the batched `close_ledgers`/`delete_ledgers`
+    report it."""
+    completions = []
+    for ledger_id in ledger_ids:
+        try:
+            completions.append(end(ledger_id))
+        except LedgerNotFoundError as error:
+            completions.append(Completion.failed(error))
+    return completions

@@ -71,7 +71,7 @@ from typing import TypeVar
 
 import lmdb
 
-from ._adds import AddedRuns, add_one, add_run, add_runs
+from ._adds import AddedRuns, add_one, add_run, add_runs, one_by_one
 from ._checkpoint import Checkpointer
 from ._completion import Completion
 from ._config import StorageConfig
@@ -546,15 +546,8 @@ class Storage:
                 full: the ones before the failing one were).
         """
         if self.full:
-            return [self._each(self.delete_ledger, ledger_id) for ledger_id in ledger_ids]
+            return one_by_one(self.delete_ledger, ledger_ids)
         return self._end_ledgers(ledger_ids, DELETED)
-
-    @staticmethod
-    def _each(call: Callable[[int], Completion[int]], ledger_id: int) -> Completion[int]:
-        try:
-            return call(ledger_id)
-        except LedgerNotFoundError as error:
-            return Completion.failed(error)
 
     def _end_ledgers(self, ledger_ids: Sequence[int], state: str) -> list[Completion[int]]:
         """Close (`state` CLOSED) or delete (DELETED) ledgers: one lock hold, one journal

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._adds import checked_runs
+from .._adds import checked_runs, one_by_one
 from .._completion import Completion
 from .._config import StorageConfig
 from .._errors import (
@@ -360,21 +360,14 @@ class InMemoryLedgerStorage:
         """As `Storage.close_ledgers` (one by one here); a missing ledger's completion fails."""
         with self._lock:
             self._check_writable()
-        return [self._each(self.close_ledger, ledger_id) for ledger_id in ledger_ids]
+        return one_by_one(self.close_ledger, ledger_ids)
 
     def delete_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
         """As `Storage.delete_ledgers` (one by one here); a missing ledger's completion fails."""
         with self._lock:
             if not self.full:
                 self._check_writable()
-        return [self._each(self.delete_ledger, ledger_id) for ledger_id in ledger_ids]
-
-    @staticmethod
-    def _each(call: Callable[[int], Completion[int]], ledger_id: int) -> Completion[int]:
-        try:
-            return call(ledger_id)
-        except LedgerNotFoundError as error:
-            return Completion.failed(error)
+        return one_by_one(self.delete_ledger, ledger_ids)
 
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         with self._lock:
