@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from . import REPO_ROOT, BrokerProcess
+from . import REPO_ROOT, BrokerProcess, interruptible_child
 
 pytestmark = pytest.mark.interop
 
@@ -48,7 +48,7 @@ def test_ctrl_c_ends_consume_at_once_without_a_traceback(broker: BrokerProcess) 
         [sys.executable, "-m", "magnetar.broker.cli", "consume", topic, "-s", "sub", "-n", "0",
          "-p", "Earliest", "--timeout-s", "120", "--url", broker.url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=interruptible_child)
     try:
         produced = _magnetar("produce", topic, "-m", "hello", "--url", broker.url)
         assert produced.returncode == 0, produced.stderr

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from . import REPO_ROOT, BrokerProcess, free_port
+from . import REPO_ROOT, BrokerProcess, free_port, interruptible_child
 
 pytestmark = pytest.mark.interop
 
@@ -42,7 +42,8 @@ def _perf(*argv: str) -> subprocess.CompletedProcess[str]:
 
 def _popen(*argv: str) -> subprocess.Popen[str]:
     return subprocess.Popen(_command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            text=True, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=interruptible_child)
 
 
 def _document(path: Path, command: str, messages: int) -> dict[str, Any]:
