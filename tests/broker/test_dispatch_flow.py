@@ -9,6 +9,7 @@ from pathlib import Path
 
 from magnetar.broker import BrokerConfig, BrokerService, Consumer, PersistentTopic, SubscribeSpec
 from magnetar.broker.dispatch._consumer import Delivery
+from magnetar.broker.dispatch._subscription import Subscription
 from magnetar.storage.testing.memory import InMemoryLedgerStorage
 from tests.broker.helpers import (
     RecordingSink,
@@ -23,19 +24,26 @@ from tests.broker.helpers import (
 TOPIC = "persistent://public/default/flow"
 
 
+async def _six_batches_of_ten(service: BrokerService) -> tuple[Subscription, Consumer,
+                                                                 RecordingSink]:
+    """A backlog of six 10-message batch entries and an Exclusive consumer from the earliest,
+    with no permits yet."""
+    topic, producer = await persistent_producer(service, TOPIC)
+    for batch in range(6):
+        await publish_batch(topic, producer, [b"b%d-%d" % (batch, i) for i in range(10)])
+    sink = RecordingSink()
+    _, consumer = await service.subscribe(
+        TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
+    return topic.subscriptions["sub"], consumer, sink
+
+
 async def test_permits_buy_about_their_worth_of_batches_not_a_batch_each(
         tmp_path: Path) -> None:
     """Before: a round read min(permits, dispatcherMaxReadBatchSize) entries, so 20 permits
     bought all five remaining batches of 10 (permits -30)."""
     async with broker_env(tmp_path) as env:
         service = env.service
-        topic, producer = await persistent_producer(service, TOPIC)
-        for batch in range(6):
-            await publish_batch(topic, producer, [b"b%d-%d" % (batch, i) for i in range(10)])
-        sink = RecordingSink()
-        _, consumer = await service.subscribe(
-            TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
-        subscription = topic.subscriptions["sub"]
+        subscription, consumer, sink = await _six_batches_of_ten(service)
         subscription.flow(consumer, 1)  # one entry: the consumer's average becomes 10
         await wait_for(lambda: len(sink.received) == 1)
         await settle(service)
@@ -56,14 +64,7 @@ async def test_permits_buy_about_their_worth_of_batches_not_a_batch_each(
 
 async def test_without_precise_flow_control_each_permit_buys_an_entry(tmp_path: Path) -> None:
     async with broker_env(tmp_path, precise_dispatcher_flow_control=False) as env:
-        service = env.service
-        topic, producer = await persistent_producer(service, TOPIC)
-        for batch in range(6):
-            await publish_batch(topic, producer, [b"b%d-%d" % (batch, i) for i in range(10)])
-        sink = RecordingSink()
-        _, consumer = await service.subscribe(
-            TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
-        subscription = topic.subscriptions["sub"]
+        subscription, consumer, sink = await _six_batches_of_ten(env.service)
         subscription.flow(consumer, 1)
         await wait_for(lambda: len(sink.received) == 1)
         subscription.flow(consumer, 29)  # 20 permits: Pulsar's default reads 20 entries
