@@ -115,6 +115,12 @@ class LedgerStorage(Protocol):
     def create_ledger(self, metadata: dict[str, str] | None = None) -> Completion[int]:
         """A new ledger; the completion gives its id once the creation is durable."""
 
+    def start_ledger(self, metadata: dict[str, str] | None = None
+                     ) -> tuple[int, Completion[int]]:
+        """`create_ledger` with the id at once: what is submitted after it (adds to the
+        ledger, a metadata record naming it) is never durable without the creation, and
+        fails if the creation fails."""
+
     def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
         """Append an entry; the completion gives its entry id once durable. May block the
         calling thread while the write cache is full: not from an event loop."""

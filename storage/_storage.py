@@ -385,6 +385,17 @@ class Storage:
         Raises:
             StorageClosedError, StorageFailedError: nothing was created.
         """
+        return self.start_ledger(metadata)[1]
+
+    def start_ledger(self, metadata: dict[str, str] | None = None
+                     ) -> tuple[int, Completion[int]]:
+        """`create_ledger`, with the new ledger's id at once. What is submitted after it is
+        journaled after the creation, so it is never durable without it: adds to the
+        ledger, or a metadata record naming it, need not wait for the creation first.
+
+        Raises:
+            StorageClosedError, StorageFailedError: nothing was created.
+        """
         metadata = dict(metadata or {})
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
         with self.lock:
@@ -392,7 +403,7 @@ class Storage:
             ledger_id = self.ledgers.next_id
             self.ledgers.add(LedgerState(ledger_id, metadata))
             payload = _U64.pack(ledger_id) + json.dumps(metadata, sort_keys=True).encode()
-            return self._journal_op(RecordType.LEDGER_CREATE, payload, ledger_id)
+            return ledger_id, self._journal_op(RecordType.LEDGER_CREATE, payload, ledger_id)
 
     def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
         """Append an entry; the completion gives its entry id once it is durable.

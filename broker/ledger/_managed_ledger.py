@@ -212,12 +212,16 @@ class ManagedLedger(LedgerReads):
         known = {ledger.ledger_id for ledger in ledgers}
         orphans = [info.ledger_id for info in storage.list_ledgers(tagged=("ml", name))
                    if info.ledger_id not in known]
-        new_id = await storage.create_ledger({"ml": name})
+        # The record naming the new ledger is journaled after its creation: one group commit
+        # makes both durable (a crash between them leaves an orphan, deleted at next open).
+        new_id, created = storage.start_ledger({"ml": name})
         terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
                  dict(record.get("properties", {})),
                  Position(*terminated) if terminated else None, loader)
-        await ml._write_record()  # open once durable
+        written = ml._write_record()
+        await created
+        await written  # open once durable
         for ledger_id in dropped + orphans:
             await delete_storage_ledger(storage, ledger_id)
         if orphans:

@@ -250,6 +250,10 @@ class InMemoryLedgerStorage:
     # -- ledgers -------------------------------------------------------------------------
 
     def create_ledger(self, metadata: dict[str, str] | None = None) -> Completion[int]:
+        return self.start_ledger(metadata)[1]
+
+    def start_ledger(self, metadata: dict[str, str] | None = None
+                     ) -> tuple[int, Completion[int]]:
         metadata = dict(metadata or {})
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
         with self._lock:
@@ -264,7 +268,7 @@ class InMemoryLedgerStorage:
 
             completion = self._queue(ledger_id, _nothing, undo)
         self._drain()
-        return completion
+        return ledger_id, completion
 
     def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
         """Raises like `Storage.add_entry`; plus the errors `fail_next_adds` scripted. Blocks

@@ -280,6 +280,44 @@ def test_writes_complete_in_the_order_they_were_made(impl: Impl) -> None:
     assert order == [label for label, _ in made]
 
 
+def test_a_started_ledger_takes_adds_and_records_before_its_creation_is_durable(
+        impl: Impl) -> None:
+    store = impl.store
+    before = new_ledger(store)
+    ledger, created = store.start_ledger({"ml": "started"})
+    assert ledger > before
+    added = store.add_entry(ledger, b"first")
+    recorded = store.metadata.apply_journaled([(b"names", str(ledger).encode())])
+    assert (done(created), done(added)) == (ledger, 0)
+    done(recorded)
+    assert store.ledger_info(ledger).metadata == {"ml": "started"}
+    assert store.read_entry(ledger, 0) == b"first"
+    assert store.metadata.get(b"names") == str(ledger).encode()
+    assert new_ledger(store) > ledger
+
+
+def _refusal(write: Callable[[], Completion[int]]) -> type[BaseException] | None:
+    """The error a write met, whether refused when made or failed when finished."""
+    try:
+        done(write())
+    except StorageError as error:
+        return type(error)
+    return None
+
+
+def test_writes_after_a_started_ledger_that_fails_fail_with_it(impl: Impl) -> None:
+    store = impl.store
+    impl.set_disk_full(True)
+    ledger, created = store.start_ledger()
+    assert _refusal(lambda: store.add_entry(ledger, b"x")) is StorageFullError
+    assert _refusal(lambda: created) is StorageFullError
+    impl.set_disk_full(False)
+    assert store.try_resume_writes()
+    again, created_again = store.start_ledger()
+    assert done(created_again) == again
+    assert done(store.add_entry(again, b"y")) == 0
+
+
 def test_callbacks_see_the_lac_already_advanced(impl: Impl) -> None:
     store = impl.store
     ledger = new_ledger(store)
