@@ -60,7 +60,13 @@ from google.protobuf.message import Message
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._frames import FIELD_OF_TYPE, ChecksumMismatch, Frame
 from ._proto import pulsar_api_pb2 as pb
-from ._wire import check_strings, holds_strings, parse_message, serialize_message
+from ._wire import (
+    check_strings,
+    holds_strings,
+    parse_message,
+    parse_validated,
+    serialize_message,
+)
 
 __all__ = [
     "BROKER_ENTRY_METADATA_BYTES_MAX",
@@ -335,22 +341,26 @@ def entry_payload(entry: bytes) -> bytes:
     return entry[start + meta_end :]
 
 
-def parse_entry_metadata(entry: bytes,
+def parse_entry_metadata(entry: bytes, *, validated: bool = False,
                          ) -> tuple[pb.MessageMetadata, int, pb.BrokerEntryMetadata | None]:
     """What `parse_entry(entry, verify_checksum=False)` tells but the payload itself: (the
     metadata, the payload's length, the 0x0e02 block or None). Only the metadata's bytes are
     copied, not the payload (a broker asks this of every entry it dispatches).
 
+    `validated`: the entry's metadata was checked when it arrived (a stored entry), so only
+    its wire format is checked again (`parse_validated`), not required fields or UTF-8.
+
     Raises:
         RemoteProtocolError: the entry is truncated or its metadata (or block) is invalid.
     """
+    parse = parse_validated if validated else parse_message
     view = memoryview(entry)
     start = _broker_entry_metadata_end(view, 0)
-    block = (parse_message(pb.BrokerEntryMetadata, bytes(view[6:start]), "BrokerEntryMetadata")
+    block = (parse(pb.BrokerEntryMetadata, bytes(view[6:start]), "BrokerEntryMetadata")
              if start else None)
     _, pos, meta_end = _split_entry(view[start:])
-    metadata = parse_message(pb.MessageMetadata, bytes(view[start + pos + 4 : start + meta_end]),
-                             "MessageMetadata")
+    metadata = parse(pb.MessageMetadata, bytes(view[start + pos + 4 : start + meta_end]),
+                     "MessageMetadata")
     return metadata, len(entry) - start - meta_end, block
 
 

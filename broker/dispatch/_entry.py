@@ -116,7 +116,8 @@ class EntryInfo:
     def metadata(self) -> pb.MessageMetadata:
         if self._metadata is None:
             try:
-                self._metadata, self._payload_bytes, block = parse_entry_metadata(self.data)
+                self._metadata, self._payload_bytes, block = parse_entry_metadata(
+                    self.data, validated=True)  # checked when its SEND arrived
                 if block is not None and block.HasField("broker_timestamp"):
                     self._broker_timestamp = int(block.broker_timestamp)
             except Exception:  # a stored entry we cannot parse: dispatch it as opaque

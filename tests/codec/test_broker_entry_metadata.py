@@ -57,6 +57,24 @@ def test_parse_entry_metadata_tells_what_parse_entry_does_but_the_payload() -> N
         parse_entry_metadata(entry[:-len(b"payload") - 2])
 
 
+def test_a_validated_entry_is_parsed_alike_and_only_its_wire_format_checked() -> None:
+    entry = _entry()
+    block = pb.BrokerEntryMetadata(broker_timestamp=7, index=2)
+    for stored in (entry, prefix_broker_entry_metadata(block, entry)):
+        assert parse_entry_metadata(stored, validated=True) == parse_entry_metadata(stored)
+    # Metadata without its required fields: refused when checked, taken when validated before.
+    bare = encode_entry(pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1),
+                        b"x").replace(b"\x18\x01", b"\x40\x01")  # publish_time -> field 8
+    with pytest.raises(RemoteProtocolError, match="required"):
+        parse_entry_metadata(bare)
+    assert parse_entry_metadata(bare, validated=True)[0].publish_time == 0
+    # Bytes that are not protobuf at all are refused either way.
+    garbage = entry.replace(b"\x0a\x01p", b"\x0a\x7fp")  # a length past the metadata
+    for validated in (False, True):
+        with pytest.raises(RemoteProtocolError, match="not valid protobuf"):
+            parse_entry_metadata(garbage, validated=validated)
+
+
 def test_a_truncated_block_is_refused() -> None:
     prefixed = prefix_broker_entry_metadata(pb.BrokerEntryMetadata(index=1), _entry())
     with pytest.raises(RemoteProtocolError, match="broker entry metadata"):
