@@ -33,7 +33,10 @@ persisted mark into the cache, a fresh journal segment starts, and a checkpoint 
 result durable outside the journal; with background threads the open returns before that
 checkpoint (the checkpoint thread runs it at once; the journal covers the data meanwhile).
 Garbage collection (`_gc.py`) drops entry logs whose ledgers are all deleted and compacts
-the ones that are mostly dead.
+the ones that are mostly dead. A deleted ledger's record (its tombstone) goes with the
+first checkpoint whose mark is past its delete record (`LedgerTable`): until then a replay
+could meet the ledger's create; from then on none can, and the persisted id counter keeps
+its id from being handed out again.
 
 A full disk (`StorageFullError`) fails the engine like any I/O error, but need not end it:
 `try_resume_writes` (the owner calls it periodically while `full`) stops the failed journal,
@@ -109,6 +112,7 @@ log = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
+_DELETE = int(RecordType.LEDGER_DELETE)
 
 
 class Storage:
@@ -203,6 +207,7 @@ class Storage:
                                last_lsn=last_lsn, on_durable=self._on_durable,
                                on_failed=self._on_failed, metrics=self.metrics)
         self.checkpointer.attach(self.journal)
+        self.ledgers.recovered_tombstones(segment_id)
 
     def close(self) -> None:
         """Finish queued writes, checkpoint, and release the directory. Idempotent. Waits
@@ -607,6 +612,9 @@ class Storage:
             if isinstance(ledger, LedgerState):
                 assert entry_id - request.records == ledger.lac, "adds become durable in order"
                 ledger.lac = entry_id
+            elif request.kind == _DELETE:  # a tombstone: purged once a mark passes here
+                assert self.journal is not None
+                self.ledgers.tombstones.append((self.journal.acknowledged_end, entry_id))
             completion = request.completion
             if completion is not None:
                 completion.set_result(entry_id)
