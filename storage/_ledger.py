@@ -60,7 +60,9 @@ class LedgerTable:
     atomic), or, for the tombstones a recovery found (loaded or replayed), the start of the
     journal's fresh segment (`recovered_tombstones`). A checkpoint takes the ones its mark
     covers (`take_purgeable`), deletes their records in the same LMDB transaction as it
-    persists that mark, and then `forget`s them. The id counter stays where it was: the
+    persists that mark, and then `forget`s them. The queue needs no limit of its own: it
+    holds at most one entry per deleted ledger still in the table (a ledger is deleted
+    once), and checkpoints drain it. The id counter stays where it was: the
     checkpoint persists `next_id` as `nextLedgerId`, which only grows, so no id comes back."""
 
     def __init__(self) -> None:
