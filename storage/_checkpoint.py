@@ -11,11 +11,17 @@ Steps, in the only safe order (storage design §12.4):
 4. fsync the entry log.
 5. Commit, in ONE LMDB transaction: the locations, the ledger records, the purge of deleted
    ledgers' locations, the entry-log GC metadata, the journaled metadata-store operations,
-   the id counters, and the mark (never lower than the one persisted).
-6. Clear the flushed half; delete journal segments wholly before the persisted mark.
+   the id counters, the mark (never lower than the one persisted), and the removal of the
+   tombstones that mark covers (at most `tombstones_purged_per_checkpoint_max`; see
+   `LedgerTable`): from then on no replay can meet their records.
+6. Clear the flushed half and forget the purged tombstones; delete journal segments wholly
+   before the persisted mark.
 
-A crash before 5 leaves entry-log bytes nothing points at (reclaimed at the next start);
-a crash after 5 leaves journal segments that the next start ignores or deletes.
+A crash before 5 leaves entry-log bytes nothing points at (reclaimed at the next start)
+and the tombstones in the index (the next start purges them once its checkpoint persists a
+mark in its fresh segment); a crash after 5 leaves journal segments that the next start
+ignores or deletes. A tombstone's entry-log bytes were dropped from the logs' live counts
+and its locations purged when the deletion itself was checkpointed, so GC never needs it.
 
 A `Checkpointer` (one per engine state, as BookKeeper's checkpointer) is built with what it
 works on: the storage lock (a `Condition`: the cache swap and the ledger snapshot happen
@@ -115,30 +121,36 @@ class Checkpointer:
                     # in the cache, so another swap is impossible anyway).
                     raise failed
                 mark = journal.synced_mark
+                covered = (mark.segment_id, mark.offset)
                 cache = self._cache
                 nothing_new = (not cache.active.entries and not cache.active.meta
                                and not self._ledgers.has_changes()
-                               and self._index.persisted_mark == mark)
+                               and self._index.persisted_mark == mark
+                               and not self._ledgers.purgeable(covered))
                 if nothing_new:
                     return
                 half = cache.swap()
                 records, purge = self._ledgers.take_changes()
+                drop = self._ledgers.take_purgeable(
+                    covered, self._config.tombstones_purged_per_checkpoint_max)
             try:
-                self.flush(half, records, purge, mark)
+                self.flush(half, records, purge, mark, drop)
             except OSError as exc:
                 error = storage_error(exc)
                 self._on_failure(error)
                 raise error from exc
             with self._state_lock:
                 self._cache.clear_flushing()
+                self._ledgers.forget(drop)
                 self._state_lock.notify_all()
             self._delete_old_segments(journal)
             _free_half(half)
 
     def flush(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
-              mark: JournalMark) -> None:
-        """Steps 3 to 5 for one flushed half (also used by recovery's replay). Raises
-        OSError as it comes; the half is left in the cache."""
+              mark: JournalMark, drop: list[int] | None = None) -> None:
+        """Steps 3 to 5 for one flushed half (also used by recovery's replay); `drop` are
+        the tombstones `mark` covers. Raises OSError as it comes; the half is left in the
+        cache, and the tombstones stay in the index (the next start purges them)."""
         started = time.monotonic()
         # Only deletions this commit makes durable may drop entries: a ledger deleted in
         # memory since the snapshot is not deleted on disk yet, and the mark covers its adds.
@@ -146,7 +158,7 @@ class Checkpointer:
         entries, data_bytes = _sorted_entries(half, deleted)
         self._fs.point("checkpoint:after-swap")
         write = CheckpointWrite(mark=None, ledgers=records, purge_ledgers=purge,
-                                meta_ops=half.meta_ops())
+                                meta_ops=half.meta_ops(), drop_ledgers=drop or [])
         touched = self._append_entries(entries, data_bytes, write)
         self._drop_purged_from_logs(deleted, touched)
         write.entry_logs = [self._logs.records[i] for i in sorted(touched)]
@@ -156,8 +168,9 @@ class Checkpointer:
         self._fs.point("checkpoint:before-index-commit")
         self._index.commit_checkpoint(write)
         self._fs.point("checkpoint:after-index-commit")
-        log.debug("checkpoint: %d entries, %d ledgers, mark %s in %.1f ms", len(entries),
-                  len(records), write.mark, (time.monotonic() - started) * 1000)
+        log.debug("checkpoint: %d entries, %d ledgers, %d tombstones purged, mark %s in "
+                  "%.1f ms", len(entries), len(records), len(write.drop_ledgers), write.mark,
+                  (time.monotonic() - started) * 1000)
         _free_list(entries)
         _free_list(write.locations)
 

@@ -56,6 +56,10 @@ class StorageConfig:
     write_cache_bytes_max: int = 64 * MiB
     write_cache_wait_ms_max: int = 10_000
     checkpoint_interval_ms: int = 1000
+    # Deleted ledgers' records removed by one checkpoint once its mark is past them (one
+    # LMDB delete each, in the checkpoint's transaction); a backlog (a restart that found
+    # many, a broker deleting thousands at once) goes over the next checkpoints.
+    tombstones_purged_per_checkpoint_max: int = 1000
 
     # Entry logs, reads, GC.
     entry_log_bytes_max: int = 512 * MiB
@@ -80,4 +84,5 @@ class StorageConfig:
         assert self.journal_segment_bytes_max >= self.journal_alignment_bytes * 4
         assert self.write_cache_bytes_max >= 2 * self.entry_size_bytes_max
         assert 0.0 <= self.compaction_live_ratio_min <= 1.0
+        assert self.tombstones_purged_per_checkpoint_max >= 1
         assert self.entry_log_bytes_max < 2**32, "locations keep a 32-bit offset"

@@ -53,7 +53,8 @@ def location_key(ledger_id: int, entry_id: int) -> bytes:
 @dataclass
 class LedgerRecord:
     """What the index remembers of a ledger. `state` is open, fenced, closed or deleted
-    (a tombstone, kept so that journal replay skips the ledger's old records)."""
+    (a tombstone, kept so that journal replay skips the ledger's old records, until a
+    checkpoint's mark is past them: `LedgerTable`)."""
 
     ledger_id: int
     state: str = "open"
@@ -108,6 +109,7 @@ class CheckpointWrite:
     locations: list[tuple[bytes, int]] = field(default_factory=list)
     ledgers: list[LedgerRecord] = field(default_factory=list)
     purge_ledgers: list[int] = field(default_factory=list)
+    drop_ledgers: list[int] = field(default_factory=list)  # tombstones to remove
     entry_logs: list[EntryLogRecord] = field(default_factory=list)
     drop_entry_logs: list[int] = field(default_factory=list)
     meta_ops: list[MetaOp] = field(default_factory=list)
@@ -303,6 +305,9 @@ class Index:
             self._delete_ledger_range(txn, ledger_id)
         for record in write.ledgers:
             txn.put(_U64.pack(record.ledger_id), record.encode(), db=self._ledgers)
+        for ledger_id in write.drop_ledgers:  # after the puts: a tombstone may be in both
+            self._delete_ledger_range(txn, ledger_id)  # (normally purged already)
+            txn.delete(_U64.pack(ledger_id), db=self._ledgers)
         for log_record in write.entry_logs:
             txn.put(_U64.pack(log_record.log_id), log_record.encode(), db=self._entrylogs)
         for log_id in write.drop_entry_logs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from ._index import LedgerRecord
@@ -48,13 +49,28 @@ class LedgerTable:
     every ledger (a managed ledger finds its own this way on open, among one per topic):
     `_by_tag` indexes every pair of the ledgers added or loaded, and forgets a ledger once it
     is deleted; `tagged` checks the state anyway (a deletion while the disk is full is not
-    told here)."""
+    told here).
+
+    Tombstones: a deleted ledger stays in the table (and its DELETED record in the index)
+    only until replaying the journal can no longer bring it back, that is, until a persisted
+    mark is past its LEDGER_DELETE record (and so past its LEDGER_CREATE and every add, which
+    were journaled before it). `tombstones` queues (journal position, ledger id) in position
+    order: the position is where the journal's acknowledged data ended when the delete was
+    acknowledged (`Storage._on_durable`, appended without the storage lock: a deque append is
+    atomic), or, for the tombstones a recovery found (loaded or replayed), the start of the
+    journal's fresh segment (`recovered_tombstones`). A checkpoint takes the ones its mark
+    covers (`take_purgeable`), deletes their records in the same LMDB transaction as it
+    persists that mark, and then `forget`s them. The queue needs no limit of its own: it
+    holds at most one entry per deleted ledger still in the table (a ledger is deleted
+    once), and checkpoints drain it. The id counter stays where it was: the
+    checkpoint persists `next_id` as `nextLedgerId`, which only grows, so no id comes back."""
 
     def __init__(self) -> None:
         self.ledgers: dict[int, LedgerState] = {}
         self.next_id = 1
         self.dirty: set[int] = set()
         self.purge: set[int] = set()
+        self.tombstones: deque[tuple[tuple[int, int], int]] = deque()
         # Most tags are one ledger's: an id, a list of ids only for the others.
         self._by_tag: dict[tuple[str, str], int | list[int]] = {}
 
@@ -132,6 +148,31 @@ class LedgerTable:
 
     def has_changes(self) -> bool:
         return bool(self.dirty)
+
+    def recovered_tombstones(self, fresh_segment_id: int) -> None:
+        """Queue every deleted ledger a recovery left in the table (before any live delete):
+        a mark in the journal's fresh segment is past every record of theirs."""
+        self.tombstones.extend(((fresh_segment_id, 0), ledger_id) for ledger_id, ledger
+                               in self.ledgers.items() if ledger.state == DELETED)
+
+    def purgeable(self, mark: tuple[int, int]) -> bool:
+        """Whether a checkpoint persisting `mark` (segment, offset) would purge a tombstone."""
+        tombstones = self.tombstones
+        return bool(tombstones) and tombstones[0][0] <= mark
+
+    def take_purgeable(self, mark: tuple[int, int], count_max: int) -> list[int]:
+        """Up to `count_max` tombstones that `mark` (segment, offset) covers, out of the
+        queue (the checkpoint that persists `mark` purges them; the one consumer)."""
+        tombstones, taken = self.tombstones, list[int]()
+        while tombstones and len(taken) < count_max and tombstones[0][0] <= mark:
+            taken.append(tombstones.popleft()[1])
+        return taken
+
+    def forget(self, ledger_ids: list[int]) -> None:
+        """Drop purged tombstones (their records left the index with a persisted mark)."""
+        for ledger_id in ledger_ids:
+            ledger = self.ledgers.pop(ledger_id)
+            assert ledger.state == DELETED, f"purged ledger {ledger_id} is {ledger.state}"
 
 
 @dataclass(frozen=True)

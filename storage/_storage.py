@@ -9,8 +9,9 @@ A data directory holds:
     entrylogs/    entry logs (`_entry_log.py`)
     index/        the LMDB environment (`_index.py`)
 
-An add is applied in memory first (the entry goes into the write cache and the ledger's
-next entry id advances), then its journal record is queued; the add's completion finishes
+An add (`_adds.py`) or a ledger's creation, fence, close or deletion (`_lifecycle.py`) is
+applied in memory first (an entry goes into the write cache and the ledger's next entry id
+advances), then its journal record is queued; the add's completion finishes
 once the journal's group commit has synced it, and the ledger's last-add-confirmed (LAC)
 advances at the same moment. Reads serve entries up to the LAC from the write cache or,
 once checkpointed, from the entry logs through the index.
@@ -32,7 +33,10 @@ persisted mark into the cache, a fresh journal segment starts, and a checkpoint 
 result durable outside the journal; with background threads the open returns before that
 checkpoint (the checkpoint thread runs it at once; the journal covers the data meanwhile).
 Garbage collection (`_gc.py`) drops entry logs whose ledgers are all deleted and compacts
-the ones that are mostly dead.
+the ones that are mostly dead. A deleted ledger's record (its tombstone) goes with the
+first checkpoint whose mark is past its delete record (`LedgerTable`): until then a replay
+could meet the ledger's create; from then on none can, and the persisted id counter keeps
+its id from being handed out again.
 
 A full disk (`StorageFullError`) fails the engine like any I/O error, but need not end it:
 `try_resume_writes` (the owner calls it periodically while `full`) stops the failed journal,
@@ -59,10 +63,8 @@ writer and syncer threads, and a checkpoint thread runs checkpoints and GC.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -93,7 +95,12 @@ from ._gc import GarbageCollector
 from ._index import CheckpointWrite, Index, MetaOp
 from ._journal import Journal, JournalRequest, segment_file_name
 from ._journal_format import RecordType
-from ._ledger import CLOSED, DELETED, FENCED, OPEN, LedgerInfo, LedgerState, LedgerTable
+from ._ledger import CLOSED, DELETED, FENCED, LedgerInfo, LedgerState, LedgerTable
+from ._lifecycle import close_ledger as _close_ledger
+from ._lifecycle import delete_ledger as _delete_ledger
+from ._lifecycle import end_ledgers as _end_ledgers
+from ._lifecycle import fence as _fence
+from ._lifecycle import start_ledger as _start_ledger
 from ._metadata import MetadataStore, encode_meta_ops
 from ._recovery import ReplayStats, recover
 from ._stats import StorageMetrics
@@ -103,10 +110,9 @@ __all__ = ["Storage"]
 
 log = logging.getLogger(__name__)
 
-_U64 = struct.Struct(">Q")
-_CLOSE = struct.Struct(">Qq")
 
 T = TypeVar("T")
+_DELETE = int(RecordType.LEDGER_DELETE)
 
 
 class Storage:
@@ -201,6 +207,7 @@ class Storage:
                                last_lsn=last_lsn, on_durable=self._on_durable,
                                on_failed=self._on_failed, metrics=self.metrics)
         self.checkpointer.attach(self.journal)
+        self.ledgers.recovered_tombstones(segment_id)
 
     def close(self) -> None:
         """Finish queued writes, checkpoint, and release the directory. Idempotent. Waits
@@ -398,12 +405,7 @@ class Storage:
         """
         metadata = dict(metadata or {})
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
-        with self.lock:
-            self._check_writable()
-            ledger_id = self.ledgers.next_id
-            self.ledgers.add(LedgerState(ledger_id, metadata))
-            payload = _U64.pack(ledger_id) + json.dumps(metadata, sort_keys=True).encode()
-            return ledger_id, self._journal_op(RecordType.LEDGER_CREATE, payload, ledger_id)
+        return _start_ledger(self, metadata)
 
     def add_entry(self, ledger_id: int, data: bytes) -> Completion[int]:
         """Append an entry; the completion gives its entry id once it is durable.
@@ -515,28 +517,12 @@ class Storage:
         still complete). The completion finishes once the fence is durable, and gives
         the last entry accepted before the fence (the LAC once those adds complete).
         Fencing a closed or fenced ledger is a no-op."""
-        with self.lock:
-            self._check_writable()
-            ledger = self._ledger(ledger_id)
-            if ledger.state != OPEN:
-                return Completion.resolved(ledger.lac)
-            ledger.state = FENCED
-            self.ledgers.changed(ledger_id)
-            return self._journal_op(RecordType.FENCE, _U64.pack(ledger_id),
-                                    ledger.next_entry_id - 1)
+        return _fence(self, ledger_id)
 
     def close_ledger(self, ledger_id: int) -> Completion[int]:
         """Close a ledger at its last accepted entry; the completion gives that entry id
         once the close (and so every entry before it) is durable."""
-        with self.lock:
-            self._check_writable()
-            ledger = self._ledger(ledger_id)
-            last = ledger.next_entry_id - 1
-            if ledger.state == CLOSED:
-                return Completion.resolved(last)
-            ledger.state = CLOSED
-            self.ledgers.changed(ledger_id)
-            return self._journal_op(RecordType.LEDGER_CLOSE, _CLOSE.pack(ledger_id, last), last)
+        return _close_ledger(self, ledger_id)
 
     def close_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
         """`close_ledger` for each of `ledger_ids`, with one lock hold and one journal
@@ -546,7 +532,7 @@ class Storage:
         Raises:
             StorageFailedError, StorageClosedError: nothing was closed.
         """
-        return self._end_ledgers(ledger_ids, CLOSED)
+        return _end_ledgers(self, ledger_ids, CLOSED)
 
     def delete_ledgers(self, ledger_ids: Sequence[int]) -> list[Completion[int]]:
         """`delete_ledger` for each of `ledger_ids`, as `close_ledgers` closes them. While
@@ -558,40 +544,7 @@ class Storage:
         """
         if self.full:
             return one_by_one(self.delete_ledger, ledger_ids)
-        return self._end_ledgers(ledger_ids, DELETED)
-
-    def _end_ledgers(self, ledger_ids: Sequence[int], state: str) -> list[Completion[int]]:
-        """Close (`state` CLOSED) or delete (DELETED) ledgers: one lock hold, one journal
-        submission of their records, a completion each."""
-        completions: list[Completion[int]] = []
-        requests: list[JournalRequest] = []
-        with self.lock:
-            self._check_writable()
-            for ledger_id in ledger_ids:
-                try:
-                    ledger = self._ledger(ledger_id)
-                except LedgerNotFoundError as error:
-                    completions.append(Completion.failed(error))
-                    continue
-                last = ledger.next_entry_id - 1
-                if state == CLOSED and ledger.state == CLOSED:
-                    completions.append(Completion.resolved(last))
-                    continue
-                ledger.state = state
-                completion: Completion[int] = Completion()
-                completions.append(completion)
-                if state == CLOSED:
-                    self.ledgers.changed(ledger_id)
-                    requests.append(JournalRequest(RecordType.LEDGER_CLOSE, _CLOSE.pack(
-                        ledger_id, last), completion, None, last))
-                else:
-                    self.ledgers.changed(ledger_id, deleted=True)
-                    requests.append(JournalRequest(RecordType.LEDGER_DELETE, _U64.pack(
-                        ledger_id), completion, None, ledger_id))
-            if requests:
-                assert self.journal is not None
-                self.journal.submit_many(requests)
-        return completions
+        return _end_ledgers(self, ledger_ids, DELETED)
 
     def delete_ledger(self, ledger_id: int) -> Completion[int]:
         """Delete a ledger. Its entries become unreadable at once; their space is
@@ -602,12 +555,7 @@ class Storage:
             with self._resume_lock:
                 if self.full:
                     return self._delete_while_full(ledger_id)
-        with self.lock:
-            self._check_writable()
-            ledger = self._ledger(ledger_id)
-            ledger.state = DELETED
-            self.ledgers.changed(ledger_id, deleted=True)
-            return self._journal_op(RecordType.LEDGER_DELETE, _U64.pack(ledger_id), ledger_id)
+        return _delete_ledger(self, ledger_id)
 
     def journal_meta(self, ops: list[MetaOp]) -> Completion[int]:
         """Internal (`MetadataStore.apply_journaled`): put the operations in the cache's
@@ -675,6 +623,9 @@ class Storage:
             if isinstance(ledger, LedgerState):
                 assert entry_id - request.records == ledger.lac, "adds become durable in order"
                 ledger.lac = entry_id
+            elif request.kind == _DELETE:  # a tombstone: purged once a mark passes here
+                assert self.journal is not None
+                self.ledgers.tombstones.append((self.journal.acknowledged_end, entry_id))
             completion = request.completion
             if completion is not None:
                 completion.set_result(entry_id)

@@ -3,7 +3,9 @@
 Theory of operation
 -------------------
 The store keeps, per ledger, its state (open, fenced, closed, deleted), its accepted entries
-and its last-add-confirmed (LAC), and a dict of metadata. It behaves like `Storage` (the
+and its last-add-confirmed (LAC), and a dict of metadata. A deleted ledger is dropped once
+its deletion is durable (as `Storage` purges its tombstone), one deleted while the disk is
+full stays a tombstone; ids are never handed out again either way. It behaves like `Storage` (the
 shared conformance suite runs against both): ledger ids from 1, dense entry ids from 0,
 refusals raised at once with the same error classes, writes answered by a `Completion`
 that finishes once the write is "durable", the LAC advancing with it.
@@ -49,6 +51,7 @@ import errno
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .._adds import checked_runs, one_by_one
@@ -91,7 +94,7 @@ class _Pending:
 
     completion: Completion[int]
     value: int
-    on_durable: Callable[[], None]
+    on_durable: Callable[[], object]
     undo: Callable[[], None]
 
 
@@ -379,18 +382,20 @@ class InMemoryLedgerStorage:
                 self._ledger(ledger_id).state = DELETED  # committed at once, as `Storage`
                 return Completion.resolved(ledger_id)
             self._check_writable()
-            completion = self._change_state(self._ledger(ledger_id), DELETED, ledger_id)
+            completion = self._change_state(self._ledger(ledger_id), DELETED, ledger_id,
+                                            partial(self._ledgers.pop, ledger_id))
         self._drain()
         return completion
 
-    def _change_state(self, ledger: _Ledger, state: str, value: int) -> Completion[int]:
+    def _change_state(self, ledger: _Ledger, state: str, value: int,
+                      on_durable: Callable[[], object] = _nothing) -> Completion[int]:
         before = ledger.state
         ledger.state = state
 
         def undo() -> None:
             ledger.state = before
 
-        return self._queue(value, _nothing, undo)
+        return self._queue(value, on_durable, undo)
 
     def last_add_confirmed(self, ledger_id: int) -> int:
         with self._lock:
@@ -465,7 +470,7 @@ class InMemoryLedgerStorage:
         if self.closed:
             raise StorageClosedError("in-memory storage is closed")
 
-    def _queue(self, value: int, on_durable: Callable[[], None],
+    def _queue(self, value: int, on_durable: Callable[[], object],
                undo: Callable[[], None]) -> Completion[int]:
         """Queue a write applied in memory. Lock held; the caller drains after."""
         completion: Completion[int] = Completion()

@@ -170,3 +170,16 @@ def test_script_accepts_the_cli_options() -> None:
                           text=True, timeout=60, check=True)
     for option in ("--quick", "--dir", "--json", "--plot"):
         assert option in done.stdout
+
+
+def test_tombstone_benchmark_quick_run_reports_a_table_without_tombstones(
+        tmp_path: Path) -> None:
+    script = REPO / "benchmarks" / "bench_tombstones.py"
+    done = subprocess.run([sys.executable, str(script), "--quick", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "200 ledgers created and deleted" in done.stdout
+    # The 200 deleted ledgers are purged; the first open left one open ledger behind.
+    assert "ledger table 1, LMDB ledger records 1; last id 200, next create got 202" in \
+        done.stdout, done.stdout
+    assert os.listdir(tmp_path) == []

@@ -10,7 +10,8 @@ synced, and a plain reopen must then show:
 * every acknowledged entry (its completion finished with a result before the crash),
   byte-identical; entries past the LAC unreadable; any entry at or below the LAC exactly
   the bytes that were submitted for that id (an unacknowledged one may reappear, whole);
-* every acknowledged fence and delete in force, every acknowledged create present;
+* every acknowledged fence and delete in force, every acknowledged create present, and a
+  new ledger's id above every id the workload saw (a purged tombstone's id stays used);
 * `check().ok`, and a directory that keeps working: a new add survives a clean restart.
 """
 
@@ -201,6 +202,8 @@ def verify(data_dir: Path, model: Model) -> None:
         verify_ledgers(store, model)
         report = store.check()
         assert report.ok, report.render()
+        # No id comes back, whatever the crash left of the deleted ledgers' tombstones.
+        assert store.wait(store.create_ledger({})) > max(model.submitted, default=0)
         survivor = next((i for i in model.writable() if store.ledger_info(i).state == "open"),
                         None)
         if survivor is not None:

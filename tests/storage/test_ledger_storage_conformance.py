@@ -226,6 +226,24 @@ def test_a_deleted_ledger_is_gone(impl: Impl) -> None:
             call()
 
 
+def test_ids_of_deleted_ledgers_are_never_handed_out_again(impl: Impl) -> None:
+    """Both stores drop a deleted ledger's record once the delete is durable (the engine
+    once a checkpoint is past it); the id counter never goes back for it."""
+    store = impl.store
+    used = [new_ledger(store) for _ in range(3)]
+    fill(store, used[0], 0, 2)
+    done(store.delete_ledger(used[0]))
+    for completion in store.delete_ledgers(used[1:]):
+        done(completion)
+    if isinstance(store, Storage):
+        store.checkpoint()
+    assert store.list_ledgers() == []
+    again = new_ledger(store)
+    assert again > max(used)
+    with pytest.raises(LedgerNotFoundError):
+        store.ledger_info(used[0])
+
+
 def test_adds_from_threads_get_dense_ids_and_complete_in_order(impl: Impl) -> None:
     store = impl.store
     ledger = new_ledger(store)

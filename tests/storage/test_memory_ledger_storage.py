@@ -143,3 +143,20 @@ def test_closing_finishes_held_writes_and_is_idempotent() -> None:
     store.close()
     assert add.result(0) == 0
     assert store.closed
+
+
+def test_a_deleted_ledger_is_dropped_once_its_delete_is_durable() -> None:
+    """As the engine purges a tombstone: the record goes once the delete is durable, not
+    before (a resume after a full disk may still undo the delete)."""
+    store = InMemoryLedgerStorage()
+    try:
+        ledger = store.create_ledger().result(WAIT_S)
+        store.hold_completions()
+        deleted = store.delete_ledger(ledger)
+        assert ledger in store._ledgers  # the tombstone, while the delete is in flight
+        store.complete_pending()
+        assert deleted.result(WAIT_S) == ledger
+        assert ledger not in store._ledgers
+        assert store.create_ledger().result(WAIT_S) == ledger + 1
+    finally:
+        store.close()
