@@ -431,6 +431,9 @@ _STORAGE: Final = (
        "read batch", 1, pulsar=False),
     _o(STORAGE, "gcWaitTime", "gc_interval_ms", "ms", "entry log garbage collection "
        "cadence", 1),
+    _o(STORAGE, "tombstonesPurgedPerCheckpointMax", "tombstones_purged_per_checkpoint_max",
+       "ledgers", "deleted ledgers' records a checkpoint removes once its mark is past "
+       "their deletes", 1, pulsar=False),
     _o(STORAGE, "entryLogCompactionLiveRatioMin", "compaction_live_ratio_min", "ratio",
        "entry logs less live than this are compacted", 0, 1, pulsar=False),
     _o(STORAGE, "lmdbMapBytes", "lmdb_map_bytes", "bytes", "LMDB index map size (its "
