@@ -43,6 +43,7 @@ from ._gil import HAND_OVER_ITEMS, hand_over_gil
 from ._index import CheckpointWrite, Index, LedgerRecord, location_key
 from ._journal import Journal, JournalMark
 from ._ledger import DELETED, LedgerTable
+from ._trace import trace
 from ._write_cache import CacheHalf, WriteCache
 
 __all__ = ["Checkpointer", "storage_error"]
@@ -132,8 +133,12 @@ class Checkpointer:
             with self._state_lock:
                 self._cache.clear_flushing()
                 self._state_lock.notify_all()
+            if trace.on:
+                trace.mark("checkpoint:flushed")
             self._delete_old_segments(journal)
             _free_half(half)
+            if trace.on:
+                trace.mark("checkpoint:freed")
 
     def flush(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
               mark: JournalMark) -> None:

@@ -51,7 +51,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from magnetar.storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
+from magnetar.storage import (
+    CorruptionError,
+    DataDirLockedError,
+    Storage,
+    StorageConfig,
+    latency_trace,
+)
 
 from .._config import REMOVED_SETTINGS, BrokerConfig, parse_value
 from .._errors import ConfigurationError
@@ -233,6 +239,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
             unusable (nothing started).
         OSError: the ports cannot be bound.
     """
+    latency_trace.start_lag_probe(asyncio.get_running_loop())
     started = time.monotonic()
     security = _Security.from_options(options)
     options = _with_listener_urls(options, security)
