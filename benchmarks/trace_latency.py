@@ -46,6 +46,7 @@ from e2e_peers import (
 from magnetar.storage._trace import TRACE_PATH_ENV
 
 SLOW_SYNC_NS = 2_000_000
+BASELINE_EVERY = 10  # every this many messages make the baseline (what all of them overlap)
 
 
 def publish(url: str, seconds: float) -> list[tuple[int, int, int]]:
@@ -182,50 +183,79 @@ def analyse(messages: list[tuple[int, int, int]], events: list[list[Any]]) -> No
             print(f"  GC gen{gen}: {len(spans)}, median {statistics.median(spans) / 1e3:.0f} us, "
                   f"max {max(spans) / 1e3:.0f} us")
     slow = [(i, s, r) for i, s, r in messages if r - s > p99]
-    read_starts = [r[0] for r in reads]
-    steps: dict[str, list[float]] = defaultdict(list)
-    coincide: Counter[str] = Counter()
-    for index, sent, got in slow:
-        # The broker's read of this SEND: the first read event whose range holds it.
-        k = bisect.bisect_left(read_starts, sent)
+    receipt_times = [t for t, _, _ in receipts]
+    sync_starts = [a for a, _, _ in syncs]
+    # The start of each sync that followed a preallocation step (it writes the zeros too).
+    after_prealloc = {sync_starts[k] for e in events if e[1] == "journal:prealloc"
+                      and (k := bisect.bisect_left(sync_starts, e[0])) < len(sync_starts)}
+
+    def breakdown(index: int, sent: int, got: int) -> tuple[dict[str, int], set[str]] | None:
+        """The steps (ns) of one message's path, and what its time overlapped."""
+        # The broker's read of this SEND: the first read event from its send on that holds it.
+        k = bisect.bisect_left(reads, (sent,))
         while k < len(reads) and not (reads[k][1] <= index <= reads[k][2]):
             k += 1
-        receipt = next((t for t, last, count in receipts if t >= sent and last >= index), None)
-        if k >= len(reads) or receipt is None:
-            coincide["unmatched"] += 1
-            continue
-        read = reads[k][0]
+        r = bisect.bisect_left(receipt_times, sent)
+        while r < len(receipts) and receipts[r][1] < index:
+            r += 1
+        if k >= len(reads) or r >= len(receipts):
+            return None
+        read, receipt = reads[k][0], receipts[r][0]
         after_read = bisect.bisect_left(writes, read)
         write = writes[after_read] if after_read < len(writes) else receipt
-        sync = next((s for s in syncs if s[0] >= write), None)
-        sync0, sync1 = (sync[0], sync[1]) if sync else (write, write)
+        at = bisect.bisect_left(sync_starts, write)
+        sync0, sync1 = syncs[at][:2] if at < len(syncs) else (write, write)
         durable = durables[min(bisect.bisect_left(durables, sync1), len(durables) - 1)]
         confirm = confirms[min(bisect.bisect_left(confirms, sync1), len(confirms) - 1)]
         parts = {"client->read": read - sent, "read->write": write - read,
                  "write->sync": sync0 - write, "fdatasync": sync1 - sync0,
                  "sync->durable": durable - sync1, "durable->confirm": confirm - durable,
                  "confirm->receipt": receipt - confirm, "receipt->client": got - receipt}
+        tags = {f"checkpoint {name}" for name, spans in ckpt.items()
+                if _overlaps(spans, sent, got)}
+        if tags:
+            tags.add("any checkpoint step")
+        tags |= {f"GC gen{gen}" for _, _, gen in _overlaps(gcs, sent, got)}
+        if _overlaps(lags, sent, got):
+            tags.add("a loop lag >= 0.3 ms")
+        overlapped = _overlaps(syncs, sent, got)
+        if any(b - a > SLOW_SYNC_NS for a, b, _ in overlapped):
+            tags.add("an fdatasync > 2 ms")
+        if any(a in after_prealloc for a, _, _ in overlapped):
+            tags.add("the fdatasync after a preallocation step")
+        return parts, tags
+
+    baseline = [b for m in messages[::BASELINE_EVERY] if (b := breakdown(*m)) is not None]
+    typical = {name: statistics.median([parts[name] for parts, _ in baseline])
+               for name in baseline[0][0]}
+    base_tags: Counter[str] = Counter(tag for _, tags in baseline for tag in tags)
+    steps: dict[str, list[float]] = defaultdict(list)
+    largest: Counter[str] = Counter()
+    coincide: Counter[str] = Counter()
+    matched = 0
+    for message in slow:
+        found = breakdown(*message)
+        if found is None:
+            continue
+        matched += 1
+        parts, tags = found
         for name, value in parts.items():
             steps[name].append(value / 1e6)
-        worst = max(parts, key=lambda name: parts[name])
-        coincide[f"largest step: {worst}"] += 1
-        for name, spans in ckpt.items():
-            if _overlaps(spans, sent, got):
-                coincide[f"checkpoint {name}"] += 1
-        if any(_overlaps(ckpt[n], sent, got) for n in ckpt):
-            coincide["any checkpoint step"] += 1
-        for _, _, gen in _overlaps(gcs, sent, got):
-            coincide[f"GC gen{gen}"] += 1
-        if _overlaps(lags, sent, got):
-            coincide["loop lag >= 0.3 ms"] += 1
-        if any(b - a > SLOW_SYNC_NS for a, b, _ in _overlaps(syncs, sent, got)):
-            coincide["an fdatasync > 2 ms"] += 1
-    print(f"\n{len(slow)} receipts over the p99; median ms of each step:")
+        # The step that grew most over its median among all messages.
+        largest[max(parts, key=lambda name: parts[name] - typical[name])] += 1
+        coincide.update(tags)
+    print(f"\n{len(slow)} receipts over the p99 ({matched} matched to the trace); each "
+          f"step's median ms among them (among every message):")
     for name, values in steps.items():
-        print(f"  {name:18s} median {statistics.median(values):6.2f}  max {max(values):6.2f}")
-    print("coinciding with (share of the receipts over the p99):")
+        print(f"  {name:18s} {statistics.median(values):7.2f} ({typical[name] / 1e6:.2f})"
+              f"  max {max(values):6.2f}")
+    print("the step that grew most over its median:")
+    for name, count in largest.most_common():
+        print(f"  {name:34s} {count:5d}  {count / matched:5.0%}")
+    print("overlapping (share of the receipts over the p99; of every message):")
     for name, count in coincide.most_common():
-        print(f"  {name:34s} {count:5d}  {count / len(slow):5.0%}")
+        print(f"  {name:34s} {count:5d}  {count / matched:5.0%}  "
+              f"({base_tags[name] / len(baseline):.0%})")
 
 
 def main() -> int:

@@ -16,6 +16,7 @@ per site. Events (the `a`, `b` of each kind):
   CPU meanwhile, us; see `start_lag_probe`)
 * the journal and the checkpoint: the crash points their steps pass (`FileSystem.point`:
   `journal:before-write`, `journal:before-sync`, `journal:after-sync`, `checkpoint:begin`,
+  `journal:prealloc` (a step of zeros written ahead of the data: the next sync writes it),
   `checkpoint:after-swap` (the entries sorted), ...), and `durable` (records whose
   completions have run), `checkpoint:flushed` (the index committed, the half released) and
   `checkpoint:freed` (the end)
