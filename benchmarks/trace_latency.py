@@ -264,6 +264,8 @@ def main() -> int:
     parser.add_argument("--warm-up", action="store_true")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--analyse-only", action="store_true")
+    parser.add_argument("--root", default=None,
+                        help="run the broker of this checkout (default: this one)")
     args = parser.parse_args()
     scratch = args.dir or tempfile.mkdtemp(prefix="trace-latency-")
     os.makedirs(scratch, exist_ok=True)
@@ -271,7 +273,8 @@ def main() -> int:
     messages_path = os.path.join(scratch, "messages.json")
     if not args.analyse_only:
         os.environ[TRACE_PATH_ENV] = trace_path
-        broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch))
+        broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch),
+                               **({"root": args.root} if args.root else {}))
         broker.start()
         try:
             if args.warm_up:
