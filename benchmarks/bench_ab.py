@@ -27,15 +27,19 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_e2e import BrokerProcess
+from bench_e2e import QUICK, BrokerProcess
 from e2e_peers import (
     LATENCY,
+    LATENCY_P99_ALLOWANCE_MS,
     WORKLOADS,
     ServerProcess,
     Workload,
     run_workloads,
     running_pulsar_lite,
 )
+
+from magnetar.storage.testing._bench_measure import _best_limits, _run_limits
+from magnetar.storage.testing._bench_model import _Results
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,9 +99,11 @@ def _report(results: dict[str, list[Run]], workloads: Sequence[str]) -> str:
                 continue
             runs = [r.workloads[index] for r in rounds]
             medians[side] = statistics.median(r.per_s for r in runs)
+            p50 = statistics.median(r.p50_ms for r in runs)
             p99 = statistics.median(r.p99_ms for r in runs)
             lines.append(f"  {name:24s} {side:12s} median {medians[side]:>9,.0f}/s"
-                         + (f" p99 {p99:.2f} ms" if name == LATENCY else "") + "   rounds: "
+                         + (f" p50 {p50:.2f} p99 {p99:.2f} ms" if name == LATENCY else "")
+                         + "   rounds: "
                          + "; ".join(_figure(r) for r in runs))
         if medians.get("before"):
             line = f"  {name:24s} after/before {medians['after'] / medians['before']:.2f}"
@@ -133,7 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"--workloads: unknown {', '.join(unknown)}")
     results: dict[str, list[Run]] = {"before": [], "after": [], "pulsar-lite": []}
+    disk = _Results()
     with tempfile.TemporaryDirectory(prefix="magnetar-bench-ab-", dir=args.dir) as scratch:
+        if LATENCY in workloads:  # the latency target's fdatasync p99, as bench_e2e.py
+            _run_limits(QUICK.storage, scratch, disk, "start")
         for round_no in range(args.rounds):
             order = ("before", "after") if round_no % 2 == 0 else ("after", "before")
             for side in order:
@@ -146,9 +155,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results["pulsar-lite"].append(_measured(peer, lambda: run_workloads(
                         "pulsar-lite", peer.url, peer.pid, args.seconds, args.consume,
                         workloads)))
+        if LATENCY in workloads:
+            _run_limits(QUICK.storage, scratch, disk, "end")
     print(f"{args.rounds} rounds, {args.seconds:g} s each, event loop "
           f"{args.event_loop or 'default'}, load average now "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if disk.limit_samples:
+        limits = _best_limits(disk.limit_samples, QUICK.storage)
+        print(f"publish latency target: p99 <= {LATENCY_P99_ALLOWANCE_MS:g} ms + the fdatasync "
+              f"p99 {limits.fsync_append_p99_ms:.2f} ms = "
+              f"{LATENCY_P99_ALLOWANCE_MS + limits.fsync_append_p99_ms:.2f} ms (the better of "
+              f"the samples at the start and the end: "
+              + ", ".join(f"{s.when} {s.fsync_append_p99_ms:.2f}" for s in disk.limit_samples)
+              + ")")
     print(_report(results, workloads))
     return 0
 

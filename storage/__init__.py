@@ -37,6 +37,7 @@ from ._stats import (
     StorageMetrics,
 )
 from ._storage import Storage
+from ._trace import trace as latency_trace
 
 __all__ = [
     "FSYNC_LATENCY_BUCKETS_US",
@@ -75,4 +76,5 @@ __all__ = [
     "StorageMetrics",
     "check_data_dir",
     "inspect_data_dir",
+    "latency_trace",
 ]

@@ -49,6 +49,7 @@ from ._gil import HAND_OVER_ITEMS, hand_over_gil
 from ._index import CheckpointWrite, Index, LedgerRecord, location_key
 from ._journal import Journal, JournalMark
 from ._ledger import DELETED, LedgerTable
+from ._trace import trace
 from ._write_cache import CacheHalf, WriteCache
 
 __all__ = ["Checkpointer", "storage_error"]
@@ -143,8 +144,12 @@ class Checkpointer:
                 self._cache.clear_flushing()
                 self._ledgers.forget(drop)
                 self._state_lock.notify_all()
+            if trace.on:
+                trace.mark("checkpoint:flushed")
             self._delete_old_segments(journal)
             _free_half(half)
+            if trace.on:
+                trace.mark("checkpoint:freed")
 
     def flush(self, half: CacheHalf, records: list[LedgerRecord], purge: list[int],
               mark: JournalMark, drop: list[int] | None = None) -> None:

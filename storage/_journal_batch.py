@@ -21,6 +21,7 @@ from ._journal_format import (
     pad_record,
     segment_file_name,
 )
+from ._trace import trace
 
 __all__ = ["JournalRequest", "create_segment", "encode_batch", "preallocate"]
 
@@ -117,6 +118,8 @@ def create_segment(fs: FileSystem, directory: str, config: StorageConfig, segmen
 def preallocate(handle: FileHandle, start: int, need_end: int, step: int) -> int:
     """Zeros from `start` in `step` (`journal_prealloc_bytes`) steps until `need_end`
     is covered; returns the new allocated end."""
+    if trace.on:
+        trace.mark("journal:prealloc", start)
     end = start
     while end < need_end or end == start:
         stop = end + step

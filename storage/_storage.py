@@ -104,6 +104,7 @@ from ._lifecycle import start_ledger as _start_ledger
 from ._metadata import MetadataStore, encode_meta_ops
 from ._recovery import ReplayStats, recover
 from ._stats import StorageMetrics
+from ._trace import trace
 from ._write_cache import WriteCache
 
 __all__ = ["Storage"]
@@ -629,6 +630,8 @@ class Storage:
             completion = request.completion
             if completion is not None:
                 completion.set_result(entry_id)
+        if trace.on:
+            trace.mark("durable", len(requests))
 
     def _on_failed(self, requests: list[JournalRequest], error: BaseException) -> None:
         if isinstance(error, StorageFailedError):

@@ -529,8 +529,39 @@ def test_standalone_freezes_what_is_loaded_before_serving(
 
     monkeypatch.setattr(_standalone, "run_standalone", serve)
     assert gc.get_freeze_count() == 0
+    before = sys.getswitchinterval()
     try:
         assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
     finally:
+        sys.setswitchinterval(before)  # the run set the broker's
         gc.unfreeze()
     assert [count > 10_000 for count in frozen_when_serving] == [True]
+
+
+def test_standalone_shortens_the_gil_switch_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`magnetar standalone` serves with `GIL_SWITCH_INTERVAL_S`, not Python's 5 ms: a thread
+    waiting for the GIL (the journal's, the event loop) forces a switch that much sooner."""
+    import gc
+
+    from magnetar.broker.cli import _standalone
+
+    interval_when_serving: list[float] = []
+
+    def serve(options: object) -> int:
+        interval_when_serving.append(sys.getswitchinterval())
+        return 0
+
+    monkeypatch.setattr(_standalone, "run_standalone", serve)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(PYTHON_SWITCH_INTERVAL_S)
+    try:
+        assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
+    finally:
+        sys.setswitchinterval(before)
+        gc.unfreeze()
+    assert interval_when_serving == [pytest.approx(_standalone.GIL_SWITCH_INTERVAL_S)]
+    assert _standalone.GIL_SWITCH_INTERVAL_S < PYTHON_SWITCH_INTERVAL_S
+
+
+PYTHON_SWITCH_INTERVAL_S = 0.005  # Python's default

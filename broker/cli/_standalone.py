@@ -51,7 +51,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from magnetar.storage import CorruptionError, DataDirLockedError, Storage, StorageConfig
+from magnetar.storage import (
+    CorruptionError,
+    DataDirLockedError,
+    Storage,
+    StorageConfig,
+    latency_trace,
+)
 
 from .._config import REMOVED_SETTINGS, BrokerConfig, parse_value
 from .._errors import ConfigurationError
@@ -75,6 +81,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+# The broker process's GIL switch interval (`sys.setswitchinterval`; Python's default is 5 ms).
+# A thread that wants the GIL waits until the holder releases it; when the holder takes it
+# straight back -- the event loop between two system calls, a checkpoint between two slices
+# (`storage/_gil.py`) -- before the waiter has woken up, the waiter waits again, until one
+# whole interval has passed and it forces a switch. A SEND's receipt needs three such
+# hand-overs (loop -> journal writer -> loop), so with 5 ms its latency tail was a few of
+# those: issue 14's publish latency p99. 0.5 ms bounds each forced switch at a tenth of that.
+GIL_SWITCH_INTERVAL_S: Final = 0.0005
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EVENT_LOOP_ENV: Final = "MAGNETAR_EVENT_LOOP"  # "asyncio" (the default) or "uvloop"
@@ -233,6 +247,7 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
             unusable (nothing started).
         OSError: the ports cannot be bound.
     """
+    latency_trace.start_lag_probe(asyncio.get_running_loop())
     started = time.monotonic()
     security = _Security.from_options(options)
     options = _with_listener_urls(options, security)

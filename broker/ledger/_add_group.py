@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from magnetar.storage import Completion
+from magnetar.storage import Completion, latency_trace
 
 from ._completions import call_soon
 from ._managed_ledger import ADD_RUN_BYTES_MAX, ADD_RUN_ENTRIES_MAX, ManagedLedger
@@ -114,6 +114,8 @@ class AddGroup:
             for part in reserved:
                 part.ml.handed_over(confirmed)
             submitted_ns = time.perf_counter_ns()
+            if latency_trace.on:
+                latency_trace.mark("submit", submitted_ns)
             completion.add_done_callback(lambda done: call_soon(
                 loop, _confirm, reserved, lasts, done, submitted_ns, confirmed, after))
             waits.append(confirmed)
@@ -184,6 +186,8 @@ def _confirm(parts: list[_Part], lasts: list[int], completion: Completion[int],
     is done."""
     error = completion.exception()
     latency_us = (time.perf_counter_ns() - submitted_ns) // 1000
+    if latency_trace.on:
+        latency_trace.mark("confirm", submitted_ns)
     failure: BaseException | None = None
     for (ml, entries, size, on_added, ledger), last in zip(parts, lasts, strict=True):
         try:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from magnetar.codec import ChecksumMismatch, Frame, Send, pb, send_receipt_frame
+from magnetar.storage import latency_trace
 
 from .._errors import DiskFullError
 from .._names import TopicName, check_producer_name, check_subscription_name
@@ -385,6 +386,8 @@ class ProducerCommands:
         senders, self._senders = self._senders, []
         if not senders:
             return
+        if latency_trace.on:
+            latency_trace.mark("read", unsent[0][1], unsent[-1][1])
         group = AddGroup(self._write_answered)
         answered = self._answered_in_group
         start, count = 0, len(senders)
@@ -492,6 +495,8 @@ class ProducerCommands:
         assert self.pending_sends >= 0
         if out and not closed:
             self.view.write_soon(bytes(out))
+            if latency_trace.on:
+                latency_trace.mark("receipts", pending.sequence_id, answered)
         if self.pending_sends < self.view.ctx.pending_sends_max // 2 + 1:
             self._send_room.set()
 
