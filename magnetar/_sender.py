@@ -29,6 +29,7 @@ once the deque is empty and no drain task runs.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections import deque
@@ -88,30 +89,59 @@ class SendWaiter:
 
 
 class _Slots:
-    """A counting limit the caller's thread takes from one at a time and the loop gives back
-    in bulk (a semaphore whose release of n is one lock round, not n)."""
+    """A counting limit the caller's threads take from one at a time and the loop gives back
+    in bulk (a semaphore whose release of n is one lock round, not n).
 
-    def __init__(self, limit: int):
+    Blocking (`block`): each take draws a ticket (`itertools.count`, atomic) and ticket t
+    holds a slot once `t < given + limit` -- read without the lock, so a take with room
+    costs no lock; one without room waits on the condition, counted in `_waiting`, and
+    checks again under the lock. `give` (the loop, the only writer of `_given`) adds to
+    `_given` before it reads `_waiting`, so a take that counted itself in after that read
+    finds the room when it checks again. Not blocking: a take with no room must leave no
+    trace, so takes and gives count `_used` under the lock."""
+
+    def __init__(self, limit: int, block: bool):
         self.limit = limit
-        self._used = 0
+        self._block = block
+        self._tickets = itertools.count()  # blocking: the takes so far
+        self._given = 0  # blocking: the slots given back so far (written by the loop only)
+        self._waiting = 0  # blocking: takes waiting for room (under the lock)
+        self._used = 0  # not blocking: the slots held (under the lock)
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
 
-    def take(self, block: bool) -> bool:
-        """One slot; False when none is free and `block` is off."""
-        with self._lock:
-            while self._used >= self.limit:
-                if not block:
+    def take(self) -> bool:
+        """One slot (waiting for it when blocking); False when none is free and blocking
+        is off."""
+        if not self._block:
+            with self._lock:
+                if self._used >= self.limit:
                     return False
-                self._room.wait()
-            self._used += 1
+                self._used += 1
+                return True
+        ticket = next(self._tickets)
+        if ticket < self._given + self.limit:
             return True
+        with self._lock:
+            self._waiting += 1
+            try:
+                while ticket >= self._given + self.limit:
+                    self._room.wait()
+            finally:
+                self._waiting -= 1
+        return True
 
     def give(self, count: int) -> None:
-        with self._lock:
-            self._used -= count
-            assert self._used >= 0
-            self._room.notify(count)
+        """`count` slots back (the loop)."""
+        if not self._block:
+            with self._lock:
+                self._used -= count
+                assert self._used >= 0
+            return
+        self._given += count
+        if self._waiting:
+            with self._lock:
+                self._room.notify_all()
 
 
 class _Receipt(PartsSink):
@@ -182,9 +212,8 @@ class AsyncSender:
     def __init__(self, thread: LoopThread, core: ProducerSet, slots: int, block: bool):
         self._thread = thread
         self._core = core
-        self._slots = _Slots(slots)
+        self._slots = _Slots(slots, block)
         self._slots_done = 0  # loop only: slots to give back at the end of this loop turn
-        self._block = block
         self._queue: deque[_Receipt] = deque()  # made on the caller's thread
         self._scheduled = False
         self._draining = False  # loop only
@@ -200,7 +229,7 @@ class AsyncSender:
         """
         if not self._thread.alive:
             raise AlreadyClosed("the client's event loop is not running (closed, or forked)")
-        if not self._slots.take(self._block):
+        if not self._slots.take():
             limit = self._slots.limit
             raise ProducerQueueIsFull(
                 f"producer {self._core.producer_name!r} on {self._core.topic} has "
