@@ -10,13 +10,14 @@ a `_Receipt`, and schedules a drain on the loop unless one is scheduled already 
 switch per burst, not per message. The drain hands the queued messages to the producer core
 in order, right in that callback, each with its `_Receipt` as the core's result sink (it
 calls back directly, without a future per message); a one-partition batching producer takes
-each in one call (`ProducerCore.offer_batched`), and a stored batch's receipts are resolved
-in one loop (`_Receipt.set_parts_of_entry`). Only a message that must wait for room in the
-core's own queue starts a drain task, which waits and goes on from there. A message the core
-refuses (too big, producer closed) reports its error through the callback. Slots come back
-when callbacks ran, in bulk: once per loop iteration, not once per message (a synchronous
-send's at once: its caller waits). The synchronous `send` queues the same way with a
-`SendWaiter` for a callback, so sends and send_asyncs keep their order.
+the whole queue in one call (`ProducerCore.offer_batched_run`), and a stored batch's receipts
+are resolved in one loop (`_Receipt.set_parts_of_entry`). Only a message that must wait for
+room in the core's own queue starts a drain task, which waits and goes on from there. A
+message the core refuses (too big, producer closed) reports its error through the callback.
+Slots come back when callbacks ran, in bulk: once per loop iteration,
+not once per message (a synchronous send's at once: its caller waits). The synchronous
+`send` queues the same way with a `SendWaiter` for a callback, so sends and send_asyncs
+keep their order.
 
 No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
 and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
@@ -260,6 +261,10 @@ class AsyncSender:
             self._scheduled = False
             if not queue:
                 return
+            if batching is not None:  # the usual: every message queued, in one call
+                batching.offer_batched_run(queue, burst_ms, self._refused)
+                if not queue:
+                    continue
             receipt = queue.popleft()
             message = receipt.message
             try:
@@ -278,6 +283,9 @@ class AsyncSender:
                     self._idle.clear()
                 self._task = asyncio.ensure_future(self._drain(waiting, receipt._callback))
                 return
+
+    def _refused(self, receipt: _Receipt, error: Exception) -> None:
+        self._finished(receipt._callback, _as_pulsar(error), None)
 
     async def _drain(self, waiting: Coroutine[Any, Any, None] | None,
                      callback: SendCallback | SendWaiter | None) -> None:
