@@ -93,19 +93,19 @@ class _Slots:
     """A counting limit the caller's threads take from one at a time and the loop gives back
     in bulk (a semaphore whose release of n is one lock round, not n).
 
-    Blocking (`block`): each take draws a ticket (`itertools.count`, atomic) and ticket t
-    holds a slot once `t < given + limit` -- read without the lock, so a take with room
-    costs no lock; one without room waits on the condition, counted in `_waiting`, and
-    checks again under the lock. `give` (the loop, the only writer of `_given`) adds to
-    `_given` before it reads `_waiting`, so a take that counted itself in after that read
+    Blocking (`block`): each take draws a ticket (`tickets`, an `itertools.count`: atomic)
+    and ticket t holds a slot once `t < given + limit` -- read without the lock, so a take
+    with room costs no lock; one without room waits on the condition, counted in `_waiting`,
+    and checks again under the lock. `give` (the loop, the only writer of `given`) adds to
+    `given` before it reads `_waiting`, so a take that counted itself in after that read
     finds the room when it checks again. Not blocking: a take with no room must leave no
     trace, so takes and gives count `_used` under the lock."""
 
     def __init__(self, limit: int, block: bool):
         self.limit = limit
-        self._block = block
-        self._tickets = itertools.count()  # blocking: the takes so far
-        self._given = 0  # blocking: the slots given back so far (written by the loop only)
+        self.block = block
+        self.tickets = itertools.count()  # blocking: the takes so far
+        self.given = 0  # blocking: the slots given back so far (written by the loop only)
         self._waiting = 0  # blocking: takes waiting for room (under the lock)
         self._used = 0  # not blocking: the slots held (under the lock)
         self._lock = threading.Lock()
@@ -114,32 +114,35 @@ class _Slots:
     def take(self) -> bool:
         """One slot (waiting for it when blocking); False when none is free and blocking
         is off."""
-        if not self._block:
+        if not self.block:
             with self._lock:
                 if self._used >= self.limit:
                     return False
                 self._used += 1
                 return True
-        ticket = next(self._tickets)
-        if ticket < self._given + self.limit:
-            return True
+        ticket = next(self.tickets)
+        if ticket >= self.given + self.limit:
+            self.wait_for(ticket)
+        return True
+
+    def wait_for(self, ticket: int) -> None:
+        """Blocking: wait until `ticket` holds a slot."""
         with self._lock:
             self._waiting += 1
             try:
-                while ticket >= self._given + self.limit:
+                while ticket >= self.given + self.limit:
                     self._room.wait()
             finally:
                 self._waiting -= 1
-        return True
 
     def give(self, count: int) -> None:
         """`count` slots back (the loop)."""
-        if not self._block:
+        if not self.block:
             with self._lock:
                 self._used -= count
                 assert self._used >= 0
             return
-        self._given += count
+        self.given += count
         if self._waiting:
             with self._lock:
                 self._room.notify_all()
@@ -207,6 +210,9 @@ class _Receipt(PartsSink):
                 log.exception("a send_async callback on %s failed", sender._core.topic)
 
 
+_new_receipt = object.__new__
+
+
 class AsyncSender:
     """The non-blocking `send_async` of one producer (see the module comment)."""
 
@@ -230,12 +236,19 @@ class AsyncSender:
         """
         if not self._thread.alive:
             raise AlreadyClosed("the client's event loop is not running (closed, or forked)")
-        if not self._slots.take():
-            limit = self._slots.limit
+        slots = self._slots
+        if slots.block:  # `_Slots.take`'s lock-free case, inline (the hot path)
+            ticket = next(slots.tickets)
+            if ticket >= slots.given + slots.limit:
+                slots.wait_for(ticket)
+        elif not slots.take():
             raise ProducerQueueIsFull(
                 f"producer {self._core.producer_name!r} on {self._core.topic} has "
-                f"{limit} of {limit} pending messages")
-        self._queue.append(_Receipt(self, callback, message))
+                f"{slots.limit} of {slots.limit} pending messages")
+        receipt = _new_receipt(_Receipt)  # `_Receipt(self, callback, message)`, inline
+        receipt._sender, receipt._callback, receipt._finished = self, callback, False
+        receipt.message = message
+        self._queue.append(receipt)
         if not self._scheduled:
             self._scheduled = True
             self._thread.call(self._start_drain)

@@ -11,6 +11,7 @@ from magnetar.codec import (
     SingleMessage,
     decode_batch_payload,
     encode_batch_payload,
+    pb,
     plain_batch_message,
     plain_batch_starts,
 )
@@ -70,3 +71,12 @@ def test_a_truncated_or_overlong_payload_is_left_to_the_full_decoder(cut: int) -
     assert plain_batch_starts(payload, 3) is None
     assert plain_batch_starts(payload, 1) is None
     assert plain_batch_starts(payload, 0) is None
+
+
+@pytest.mark.parametrize("sequence_id", [0, 127, 128, 16383, 16384, 99_999, (1 << 21) - 1,
+                                         1 << 21, (1 << 28) - 1, 1 << 28, (1 << 64) - 1])
+def test_a_bare_body_s_sequence_id_is_encoded_as_the_runtime_does(sequence_id: int) -> None:
+    payload = encode_batch_payload([SingleMessage(payload=b"x" * 1024, sequence_id=sequence_id)])
+    expected = pb.SingleMessageMetadata(payload_size=1024, sequence_id=sequence_id)
+    assert payload[4:-1024] == expected.SerializeToString()
+    assert decode_batch_payload(payload, 1)[0].sequence_id == sequence_id
