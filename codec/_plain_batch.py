@@ -12,7 +12,11 @@ batch in full (`decode_batch_payload`). `plain_batch_message` decodes one messag
 `plain_batch_starts` accepted, when it is asked for (its body is copied out only then).
 
 The walk accepts exactly the messages `decode_batch_payload` decodes to a bare body: the same
-bytes give the same `SingleMessage` either way.
+bytes give the same `SingleMessage` either way. Most batches need no walk in Python at all:
+when their messages share one layout -- the first message's size prefix, `payload_size` and
+`sequence_id` tag, and a sequence id varint of the same width -- they start every `stride`
+bytes, and a handful of strided slices (`_uniform_starts`) check every message's fixed bytes
+and varint continuation bits at once.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ def plain_batch_starts(payload: bytes, num_messages: int) -> list[int] | None:
     malformed payload included: the full decode reports what is wrong with it)."""
     if num_messages <= 0:
         return None
+    uniform = _uniform_starts(payload, num_messages)
+    if uniform is not None:
+        return uniform
     buf = payload
     end = len(buf)
     unpack_u32 = _U32.unpack_from
@@ -67,6 +74,39 @@ def plain_batch_starts(payload: bytes, num_messages: int) -> list[int] | None:
         append(pos)
         pos = meta_end + size
     return starts if pos == end else None
+
+
+def _uniform_starts(buf: bytes, count: int) -> list[int] | None:
+    """`plain_batch_starts` for a batch whose plain messages share the first one's layout
+    (see the module comment); None when they do not (then the caller walks it)."""
+    end = len(buf)
+    if end < 6 or buf[4] != _PAYLOAD_SIZE_TAG:
+        return None
+    meta_end = 4 + _U32.unpack_from(buf, 0)[0]
+    byte = buf[5]
+    if byte < 0x80:
+        size, fixed = byte, 6
+    elif end > 6 and buf[6] < 0x80:
+        size, fixed = (byte & 0x7F) | (buf[6] << 7), 7
+    else:
+        return None
+    stride = meta_end + size
+    if fixed > meta_end or stride * count != end:
+        return None
+    if fixed < meta_end:  # a sequence id: its tag is fixed too, its varint's bytes are not
+        if buf[fixed] != _SEQUENCE_ID_TAG or not 0 < meta_end - fixed - 1 <= _VARINT_BYTES_MAX:
+            return None
+        fixed += 1
+    for offset in range(fixed):  # the same size prefix, payload_size and tag in each
+        column = buf[offset::stride]
+        if column.count(column[0]) != count:
+            return None
+    for offset in range(fixed, meta_end - 1):  # varint bytes that continue...
+        if min(buf[offset::stride]) < 0x80:
+            return None
+    if fixed < meta_end and max(buf[meta_end - 1::stride]) >= 0x80:  # ...and the last one
+        return None
+    return list(range(0, end, stride))
 
 
 def plain_batch_message(payload: bytes, start: int, batch_index: int,

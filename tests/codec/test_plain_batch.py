@@ -80,3 +80,15 @@ def test_a_bare_body_s_sequence_id_is_encoded_as_the_runtime_does(sequence_id: i
     expected = pb.SingleMessageMetadata(payload_size=1024, sequence_id=sequence_id)
     assert payload[4:-1024] == expected.SerializeToString()
     assert decode_batch_payload(payload, 1)[0].sequence_id == sequence_id
+
+
+def test_a_message_laid_out_as_its_neighbours_but_flagged_is_not_taken_for_plain() -> None:
+    # Two messages of one layout (size prefix, payload_size 1, a three-byte sequence id
+    # field) but the second one's "varint" is sequence id 5 then compacted_out = true.
+    plain = bytes([0x18, 0x01, 0x40, 0x80, 0x80, 0x01])
+    flagged = bytes([0x18, 0x01, 0x40, 0x05, 0x20, 0x01])
+    payload = b"".join(struct.pack(">I", 6) + meta + b"x" for meta in (plain, flagged))
+    assert plain_batch_starts(payload, 2) is None
+    assert decode_batch_payload(payload, 2)[1].compacted_out
+    twice = b"".join(struct.pack(">I", 6) + plain + b"x" for _ in range(2))
+    assert plain_batch_starts(twice, 2) == [0, 11]
