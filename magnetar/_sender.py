@@ -14,8 +14,10 @@ the whole queue in one call (`ProducerCore.offer_batched_run`), and a stored bat
 are resolved in one loop (`_Receipt.set_parts_of_entry`). Only a message that must wait for
 room in the core's own queue starts a drain task, which waits and goes on from there. A
 message the core refuses (too big, producer closed) reports its error through the callback.
-Slots come back when callbacks ran, in bulk: once per loop iteration,
-not once per message (a synchronous send's at once: its caller waits). The synchronous
+Slots come back when callbacks ran, in bulk: a stored entry's at once
+after its callbacks (so a producer waiting for room refills before the loop dispatches that
+entry to consumers), a failure's once per loop iteration, a synchronous send's at once (its
+caller waits). The synchronous
 `send` queues the same way with a `SendWaiter` for a callback, so sends and send_asyncs
 keep their order.
 
@@ -190,6 +192,8 @@ class _Receipt(PartsSink):
         `first_index + i`) in one loop: the hot path, a batch's `send_async` callbacks. A sink
         of another kind, or a synchronous `send`'s, is resolved as `stored_one` does."""
         of_parts = ClientMessageId.of_parts
+        owner: AsyncSender | None = None  # the sender of the sinks (one for a whole entry)
+        done = 0  # its slots to give back once the entry's callbacks ran
         for index, sink in enumerate(sinks, first_index):
             batch_index = index if batch_size else -1
             if type(sink) is not _Receipt or isinstance(sink._callback, SendWaiter):
@@ -199,15 +203,22 @@ class _Receipt(PartsSink):
                 continue
             sink._finished = True
             sender, callback = sink._sender, sink._callback
-            if not sender._slots_done:
-                asyncio.get_running_loop().call_soon(sender._give_slots)
-            sender._slots_done += 1
+            if sender is owner:
+                done += 1
+            elif owner is None:
+                owner, done = sender, 1
+            else:  # another sender's (not expected): back at the end of this loop turn
+                if not sender._slots_done:
+                    asyncio.get_running_loop().call_soon(sender._give_slots)
+                sender._slots_done += 1
             if callback is None:
                 continue
             try:
                 callback(_OK, of_parts(ledger_id, entry_id, partition, batch_index, batch_size))
             except Exception:  # the application's callback must not break the client
                 log.exception("a send_async callback on %s failed", sender._core.topic)
+        if owner is not None:  # at once: a producer waiting for room refills before the loop
+            owner._slots.give(done)  # goes on (to dispatch this entry to consumers, say)
 
 
 _new_receipt = object.__new__
