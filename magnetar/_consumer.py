@@ -16,6 +16,8 @@ transport calls `on_message` for each delivered entry: stale epochs are dropped,
 codec's `ChunkAssembler` until their message is whole, batches are decompressed and unpacked
 (`codec.unpack_messages`), messages already acknowledged (the entry's `ack_set`), compacted
 out, or before the start id (readers, seeks) are skipped, and the rest join the group's queue.
+The usual batch -- uncompressed, bare bodies (`codec.plain_batch_starts`), nothing acknowledged
+or screened by a start id -- is queued without being decoded (`_message.lazy_messages`).
 Each message the application takes, and each one skipped here, gives back one permit; they go
 to the broker in one FLOW once half the queue's worth has gathered.
 
