@@ -13,6 +13,7 @@ message ids and hashes. No sockets, no threads, no asyncio in this package.
 | `_message_frames.py` | MESSAGE frames built without the protobuf runtime                |
 | `_compression.py`  | NONE, LZ4, ZLIB, ZSTD, SNAPPY as Pulsar's clients write them       |
 | `_batching.py`     | batch payloads and the default and key-based batch containers      |
+| `_plain_batch.py`  | batches of bare bodies, handed out before they are decoded         |
 | `_chunking.py`     | splitting large messages and reassembling them                     |
 | `_message_id.py`   | `MessageId`: ordering, strings, Pulsar's serialized form           |
 | `_hashing.py`      | Murmur3, JavaStringHash, BoostHash, Key_Shared slots               |
@@ -100,6 +101,7 @@ from ._hashing import (
 )
 from ._message_frames import message_frame, message_frame_head
 from ._message_id import EARLIEST, LATEST, MessageId
+from ._plain_batch import plain_batch_message, plain_batch_starts
 from ._proto import pulsar_api_pb2 as pb
 from ._receipts import send_receipt_frame
 from ._sends import PLAIN_METADATA_FIELDS, Send, decode_plain_send
@@ -182,6 +184,8 @@ __all__ = [
     "parse_entry",
     "parse_entry_metadata",
     "pb",
+    "plain_batch_message",
+    "plain_batch_starts",
     "prefix_broker_entry_metadata",
     "send_receipt_frame",
     "split_broker_entry_metadata",

@@ -198,9 +198,8 @@ def encode_batch_payload(messages: Iterable[SingleMessage]) -> bytes:
     u32_small = _U32_SMALL
     size_fields = _PAYLOAD_SIZE_FIELDS
     for message in messages:
-        payload, properties, key, b64, ordering, event_time, sequence, null_key, _, compacted = (
+        payload, properties, key, b64, ordering, event_time, sequence, null_key, _, compacted = \
             message
-        )
         if (
             payload is None
             or properties
@@ -214,11 +213,12 @@ def encode_batch_payload(messages: Iterable[SingleMessage]) -> bytes:
             meta = _encode_single_metadata_full(message, 0 if payload is None else len(payload))
             body = b"" if payload is None else payload
         else:
-            # The common case -- a body and a sequence id -- without building a list.
-            size = len(payload)
+            size = len(payload)  # the common case -- a body and a sequence id -- without a list
             meta = size_fields[size] if size < 16384 else b"\x18" + encode_varint(size)
-            if sequence is not None:
-                meta += b"\x40" + encode_varint(sequence)
+            if sequence is not None:  # three varint bytes inline: where sequence ids live
+                meta += bytes((0x40, (sequence & 0x7F) | 0x80, ((sequence >> 7) & 0x7F) | 0x80,
+                               sequence >> 14)) if 0x4000 <= sequence < 0x200000 else \
+                    b"\x40" + encode_varint(sequence)
             body = payload
         size = len(meta)
         append(u32_small[size] if size < 256 else _U32.pack(size))

@@ -16,6 +16,8 @@ transport calls `on_message` for each delivered entry: stale epochs are dropped,
 codec's `ChunkAssembler` until their message is whole, batches are decompressed and unpacked
 (`codec.unpack_messages`), messages already acknowledged (the entry's `ack_set`), compacted
 out, or before the start id (readers, seeks) are skipped, and the rest join the group's queue.
+The usual batch -- uncompressed, bare bodies (`codec.plain_batch_starts`), nothing acknowledged
+or screened by a start id -- is queued without being decoded (`_message.lazy_messages`).
 Each message the application takes, and each one skipped here, gives back one permit; they go
 to the broker in one FLOW once half the queue's worth has gathered.
 
@@ -55,12 +57,13 @@ from magnetar.codec import (
     ProtocolError,
     SingleMessage,
     decompress,
+    plain_batch_starts,
     unpack_messages,
 )
 
 from ._dead_letter import ConsumerDeadLetterPolicy, DeadLetters
 from ._errors import PulsarException
-from ._message import Message, Received, received_message
+from ._message import Message, Received, lazy_messages, received_message
 from ._message_id import trusted_id
 from ._transport import Incoming, KeySharedPolicy, SubscribeRequest, Transport
 
@@ -268,6 +271,13 @@ class TopicConsumer:
             metadata, payload = result.message.metadata, result.message.payload
             chunk_ids = result.message.chunk_ids
             entry_id = result.message.message_id
+        if not chunk_ids and not incoming.ack_set and metadata.num_messages_in_batch > 0 and \
+                metadata.HasField("num_messages_in_batch") and not metadata.compression and \
+                not self._checks_start():
+            starts = plain_batch_starts(payload, metadata.num_messages_in_batch)
+            if starts is not None:  # the usual batch: its messages are decoded when asked for
+                self.group.enqueue(self._lazy_messages(incoming, payload, starts))
+                return
         try:
             if chunk_ids:
                 payload = decompress(metadata.compression, payload, metadata.uncompressed_size
@@ -299,9 +309,9 @@ class TopicConsumer:
                             metadata.producer_name, incoming.redelivery_count, self, chunk_ids,
                             self.generation)
         acked = _acked_indexes(incoming.ack_set, size) if batched and incoming.ack_set else None
-        check_start = self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
+        check_start = self._checks_start()
         if acked is None and not check_start and not any(map(_COMPACTED_OUT, messages)):
-            out = [received_message(received, single) for single in messages]  # the usual
+            out = [received_message(received, single) for single in messages]
             skipped = 0
         else:
             out, skipped, acked = self._screened(received, messages, acked or set(),
@@ -309,8 +319,32 @@ class TopicConsumer:
         key = (ledger_id, entry)
         if batched:
             self._batches[key] = (set(range(size)) - acked if acked else set(range(size)), size)
+        return self._kept(key, out, skipped, incoming.redelivery_count)
+
+    def _lazy_messages(self, incoming: Incoming, payload: bytes, starts: list[int],
+                       ) -> list[Message]:
+        """`_messages` for a plain batch (`codec.plain_batch_starts`, none acknowledged, no
+        start id to check): its messages are not decoded here (`_message.lazy_messages`)."""
+        metadata = incoming.metadata
+        size = len(starts)
+        received = Received(incoming.ledger_id, incoming.entry_id, self.partition, size, None,
+                            self.topic, metadata.publish_time, metadata.producer_name,
+                            incoming.redelivery_count, self, (), self.generation, payload,
+                            metadata.sequence_id)
+        key = (incoming.ledger_id, incoming.entry_id)
+        self._batches[key] = (set(range(size)), size)
+        return self._kept(key, lazy_messages(received, starts), 0, incoming.redelivery_count)
+
+    def _checks_start(self) -> bool:
+        """Whether delivered messages are screened against a start id (readers, seeks)."""
+        return self.start_id is not None and self.start_id not in (EARLIEST, LATEST)
+
+    def _kept(self, key: EntryKey, out: list[Message], skipped: int, redelivery_count: int,
+              ) -> list[Message]:
+        """The messages of entry `key` to queue: none when it goes to the dead letters;
+        the permits of those not queued go back."""
         if self.dead_letters is not None and \
-                self.dead_letters.screen(key, out, incoming.redelivery_count):
+                self.dead_letters.screen(key, out, redelivery_count):
             skipped, out = skipped + len(out), []  # over the maximum: to the dead letters
             self._spawn(self._redeliver([key]))
         if skipped:

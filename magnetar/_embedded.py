@@ -14,13 +14,15 @@ Ordering: as on a connection, acks, redeliveries, seeks, unsubscribes and closes
 consumer run one after the other under that consumer's lock, so a redelivery never overtakes an
 ack issued before it.
 
-Publishes: `send` appends to its producer's run of sends, and once per turn of the loop every
-run goes to the topic as one `publish_many` (one task per run, not per entry: the topic admits
-them in order and hands them to the managed ledger as one group, `ManagedLedger.add_entries`),
-whose outcomes then resolve the run's receipts in order, all in that one task (or at once at the
-end of a burst of sends, `end_burst`). Runs start in
-call order and the managed ledger's submit lock is first come first served, so one producer's
-entries are stored in call order. A run is bounded by its producer's pending-message limit
+Publishes: `send` appends to its producer's run of sends, and once per turn of the loop (or at
+once at the end of a burst of sends, `end_burst`) every run goes to its topic as the TCP
+server's SENDs of one socket read do: the topic admits the run in order and adds it through
+one `AddGroup` for all the runs (one storage write), whose confirmation resolves each run's
+receipts in order right there -- no task per run, and the receipts come before the entries
+are dispatched to consumers (which their producers wait for). A run the topic cannot add
+that way now (an earlier publish of it still queued, or a non-persistent topic) is published
+in a task (`publish_many_soon` / `publish_many`). Either way one producer's entries are stored
+in call order. A run is bounded by its producer's pending-message limit
 (`max_pending_messages`: a send holds a slot until its receipt).
 
 `close` closes the service (topics, managed ledgers, dedup snapshots) and then the storage
@@ -31,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import Any
 
 from magnetar.broker import (
     BrokerConfig,
@@ -53,8 +57,10 @@ from magnetar.broker._names import check_producer_name, check_subscription_name
 from magnetar.broker.dispatch._entry import EntryInfo
 from magnetar.broker.dispatch._nonpersistent import NonPersistentSubscription
 from magnetar.broker.dispatch._subscription import Subscription
+from magnetar.broker.ledger._add_group import AddGroup
 from magnetar.broker.ledger._position import InvalidPositionError
 from magnetar.broker.topics._nonpersistent_topic import NonPersistentTopic
+from magnetar.broker.topics._producer import PublishResult
 from magnetar.broker.topics._publishing import Send
 from magnetar.broker.topics._topic import Producer
 from magnetar.codec import MessageId, RemoteProtocolError, encode_entry, parse_entry, pb
@@ -72,6 +78,9 @@ from ._transport import (
 )
 
 __all__ = ["EmbeddedTransport"]
+
+# One send of a run: sequence id, highest sequence id, metadata, payload, its receipt.
+_Send = tuple[int, int, pb.MessageMetadata, bytes, SendReceipt]
 
 _ACK_TYPES = {False: pb.CommandAck.Individual, True: pb.CommandAck.Cumulative}
 
@@ -136,7 +145,7 @@ class EmbeddedTransport:
         self._producers: dict[int, tuple[PersistentTopic | NonPersistentTopic, Producer]] = {}
         self._consumers: dict[int, _ConsumerState] = {}
         # Sends of this turn of the loop, by producer (see the module comment).
-        self._runs: dict[int, list[tuple[int, int, pb.MessageMetadata, bytes, SendReceipt]]] = {}
+        self._runs: dict[int, list[_Send]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._bursting = False
         self._runs_due = False  # `_start_runs` is scheduled
@@ -247,34 +256,43 @@ class EmbeddedTransport:
     def _start_runs(self) -> None:
         self._runs_due = False
         runs, self._runs = self._runs, {}
+        group = AddGroup()
         for producer_id, run in runs.items():
-            task = asyncio.ensure_future(self._publish(producer_id, run))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            found = self._producers.get(producer_id)
+            if found is None:
+                for sequence_id, _, _, _, receipt in run:
+                    receipt.set_exception(error_for_code(
+                        pb.TopicTerminatedError, "the producer is closed",
+                        f"send of sequence id {sequence_id}"))
+                continue
+            topic, producer = found
+            sends: list[Send] = [(encode_entry(metadata, payload), sequence_id, highest,
+                                  metadata) for sequence_id, highest, metadata, payload, _ in run]
+            if not isinstance(topic, PersistentTopic):
+                self._spawn(self._publish(str(topic.name), run,
+                                          topic.publish_many(producer, sends)))
+            elif not topic.publish_grouped(producer, sends, group, _answer,
+                                           (str(topic.name), run)):
+                self._spawn(self._publish(str(topic.name), run,
+                                          topic.publish_many_soon(producer, sends)))
+        added = group.submit()
+        if added is not None:
+            self._spawn(added)
 
-    async def _publish(self, producer_id: int,
-                       run: list[tuple[int, int, pb.MessageMetadata, bytes, SendReceipt]],
-                       ) -> None:
-        """Publish one producer's run of sends and resolve their receipts in order."""
-        found = self._producers.get(producer_id)
-        if found is None:
-            for sequence_id, _, _, _, receipt in run:
-                receipt.set_exception(error_for_code(
-                    pb.TopicTerminatedError, "the producer is closed",
-                    f"send of sequence id {sequence_id}"))
-            return
-        topic, producer = found
-        sends: list[Send] = [(encode_entry(metadata, payload), sequence_id, highest, metadata)
-                             for sequence_id, highest, metadata, payload, _ in run]
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _publish(topic: str, run: list[_Send],
+                       publish: Awaitable[list[PublishResult | BaseException]]) -> None:
+        """Resolve a run's receipts once its publish (a task) is over."""
         try:
-            outcomes = await topic.publish_many(producer, sends)
+            outcomes = await publish
         except Exception as exc:  # publish_many reports per send; this is a bug's safety net
             outcomes = [exc] * len(run)
-        for (_, _, _, _, receipt), outcome in zip(run, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                receipt.set_exception(converted(outcome, f"send to {topic.name}"))
-            else:
-                receipt.set_result((outcome.ledger_id, outcome.entry_id))
+        _answer((topic, run), outcomes)
 
     async def close_producer(self, producer_id: int) -> None:
         found = self._producers.pop(producer_id, None)
@@ -418,6 +436,17 @@ class EmbeddedTransport:
             if state.sink.live:
                 state.sink.live = False
                 state.topic.consumer_closed(state.subscription, state.consumer)  # type: ignore[arg-type]
+
+
+def _answer(key: tuple[str, list[_Send]],
+            outcomes: list[PublishResult | BaseException]) -> None:
+    """Resolve the receipts of one run of sends to topic `key[0]`, one outcome each, in order."""
+    topic, run = key
+    for (_, _, _, _, receipt), outcome in zip(run, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            receipt.set_exception(converted(outcome, f"send to {topic}"))
+        else:
+            receipt.set_result((outcome.ledger_id, outcome.entry_id))
 
 
 def _persistent(state: _ConsumerState, what: str) -> Subscription:

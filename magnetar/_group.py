@@ -337,7 +337,12 @@ class ConsumerGroup:
     def _take_some(self, most: int) -> list[Message]:
         """Up to `most` queued messages, taken now."""
         queue = self._queue
-        out: list[Message] = []
+        if len(self.children) == 1:  # one consumer (one topic): its messages in one call
+            out = [queue.popleft() for _ in range(min(most, len(queue)))]
+            if out:
+                out[0]._entry.owner.taken(out)
+            return out
+        out = []
         run: list[Message] = []  # consecutive messages of one consumer: told in one call
         owner: TopicConsumer | None = None
         for _ in range(min(most, len(queue))):

@@ -5,6 +5,13 @@ messages share: the entry's ids, topic, publish time, producer, redelivery count
 that received it) and one light `Message` per message holding that and the message's own part
 (codec's `SingleMessage`). A batch message's `MessageId` is built only when asked for
 (`codec_id`, `message_id()`): acknowledging through the `Message` never needs it.
+
+Lazy messages: a batch of bare bodies (`codec.plain_batch_starts`) is queued without being
+decoded -- each `Message` holds its entry, its batch index and where it starts in the batch
+payload the entry keeps (`Received.payload`), and decodes its own part the first time an
+accessor needs it (`_single`), on whichever thread asks. Until then it shares the batch's
+bytes with the entry's other messages (as the official client's messages share their batch's
+buffer): one message kept keeps its whole batch.
 """
 
 from __future__ import annotations
@@ -12,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from magnetar.codec import MessageId, SingleMessage
+from magnetar.codec import MessageId, SingleMessage, plain_batch_message
 
 from ._message_id import MessageId as ClientMessageId
 from ._message_id import trusted_id
 
-__all__ = ["Message", "Received"]
+__all__ = ["Message", "Received", "lazy_messages"]
 
 
 class Received:
@@ -28,14 +35,15 @@ class Received:
     (a broker close, a redelivery of everything), its messages not read yet are stale -- a
     read-ahead skips them, the broker sends them again."""
 
-    __slots__ = ("batch_size", "chunk_ids", "entry_id", "generation", "ledger_id", "message_id",
-                 "owner", "partition", "producer_name", "publish_time", "redelivery_count",
-                 "topic")
+    __slots__ = ("batch_size", "chunk_ids", "entry_id", "first_sequence_id", "generation",
+                 "ledger_id", "message_id", "owner", "partition", "payload", "producer_name",
+                 "publish_time", "redelivery_count", "topic")
 
     def __init__(self, ledger_id: int, entry_id: int, partition: int, batch_size: int,
                  message_id: MessageId | None, topic: str, publish_time: int,
                  producer_name: str, redelivery_count: int, owner: Any,
-                 chunk_ids: tuple[MessageId, ...] = (), generation: int = 0):
+                 chunk_ids: tuple[MessageId, ...] = (), generation: int = 0,
+                 payload: bytes | None = None, first_sequence_id: int | None = None):
         self.ledger_id = ledger_id
         self.entry_id = entry_id
         self.partition = partition
@@ -48,6 +56,9 @@ class Received:
         self.owner = owner
         self.chunk_ids = chunk_ids
         self.generation = generation
+        # A lazy batch's payload and sequence id (see the module comment); else None.
+        self.payload = payload
+        self.first_sequence_id = first_sequence_id
 
 
 _new = object.__new__
@@ -55,16 +66,33 @@ _new = object.__new__
 
 def batch_indexes(messages: list[Message]) -> list[int]:
     """The batch index of each message (`Message.batch_index`, in one call)."""
-    return [message._single.batch_index for message in messages]
+    return [message._index for message in messages]
 
 
 def received_message(entry: Received, single: SingleMessage) -> Message:
-    """One message of `entry` (the hot path: no checks, no id yet)."""
+    """One message of `entry`, decoded already (no checks, no id yet)."""
     message = _new(Message)
     message._entry = entry
-    message._single = single
+    message._decoded = single
+    message._index = single.batch_index
     message._id = entry.message_id
     return message
+
+
+def lazy_messages(entry: Received, starts: list[int]) -> list[Message]:
+    """The messages of a plain batch (`entry.payload`; message i starts at `starts[i]`),
+    decoded when asked for (see the module comment; the hot path: no checks, no id yet)."""
+    out: list[Message] = []
+    append = out.append
+    for index, start in enumerate(starts):
+        message = _new(Message)
+        message._entry = entry
+        message._decoded = None
+        message._index = index
+        message._at = start
+        message._id = None
+        append(message)
+    return out
 
 
 class Message:
@@ -75,7 +103,7 @@ class Message:
     on multi-topic and partitioned consumers; `chunk_ids` lists every chunk of a chunked message.
     """
 
-    __slots__ = ("_entry", "_id", "_single")
+    __slots__ = ("_at", "_decoded", "_entry", "_id", "_index")
 
     def __init__(self, *, payload: bytes | None, message_id: MessageId, topic: str,
                  properties: Mapping[str, str], partition_key: str | None,
@@ -85,10 +113,23 @@ class Message:
         self._entry = Received(message_id.ledger_id, message_id.entry_id, message_id.partition,
                                message_id.batch_size, message_id, topic, publish_time,
                                producer_name, redelivery_count, owner, chunk_ids)
-        self._single = SingleMessage(payload=payload, properties=properties,
-                                     partition_key=partition_key, ordering_key=ordering_key,
-                                     event_time=event_time, batch_index=message_id.batch_index)
+        self._decoded: SingleMessage | None = SingleMessage(
+            payload=payload, properties=properties, partition_key=partition_key,
+            ordering_key=ordering_key, event_time=event_time, batch_index=message_id.batch_index)
+        self._index = message_id.batch_index
+        self._at = -1  # where a lazy message starts in its entry's payload
         self._id: MessageId | None = message_id
+
+    @property
+    def _single(self) -> SingleMessage:
+        """The message's own part, decoded now if it was not (a lazy message's)."""
+        single = self._decoded
+        if single is None:
+            entry = self._entry
+            assert entry.payload is not None
+            single = self._decoded = plain_batch_message(entry.payload, self._at, self._index,
+                                                         entry.first_sequence_id)
+        return single
 
     def data(self) -> bytes:
         """The body; b"" for a null value (see `has_null_value`)."""
@@ -128,7 +169,7 @@ class Message:
         if made is None:
             entry = self._entry
             made = self._id = trusted_id(entry.ledger_id, entry.entry_id, entry.partition,
-                                         self._single.batch_index, entry.batch_size)
+                                         self._index, entry.batch_size)
         return made
 
     @property
@@ -147,7 +188,7 @@ class Message:
     @property
     def batch_index(self) -> int:
         """The index in its batch; -1 when not batched (internal)."""
-        return self._single.batch_index
+        return self._index
 
     # What the Spark source reads directly (None where the accessors answer "" or 0).
     @property

@@ -45,9 +45,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 from magnetar.codec import (
     Batch,
@@ -79,8 +80,8 @@ from ._errors import (
 from ._outgoing import OutMessage, PartsSink, ResultSink, plain_message, stored, stored_one
 from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
-__all__ = ["OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "ResultSink",
-           "now_ms", "plain_message", "stored", "stored_one"]
+__all__ = ["Offered", "OutMessage", "PartsSink", "ProducerConfig", "ProducerCore",
+           "ResultSink", "now_ms", "plain_message", "stored", "stored_one"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -142,6 +143,15 @@ class _Op:
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # flush calls
 
 
+class Offered(ResultSink, Protocol):
+    """A queued message that is its own result sink (`send_async`'s, `offer_batched_run`)."""
+
+    @property
+    def message(self) -> OutMessage: ...
+
+
+_O = TypeVar("_O", bound=Offered)
+
 def now_ms() -> int:
     """The wall clock in ms (publish times, batch delays)."""
     return int(time.time() * 1000)
@@ -167,7 +177,11 @@ class ProducerCore:
         self._room.set()
         self._ops: dict[_Op, None] = {}  # in flight, oldest first
         self._container: BatchContainer | KeyBasedBatchContainer | None = None
+        # The open batches' sinks: in message order for the default container (its batches
+        # close oldest first), by sequence id for a key-based one (which regroups them).
+        self._batch_sinks: list[ResultSink] = []
         self._batch_results: dict[int, ResultSink] = {}
+        self._key_based = config.batching_type is BatchingType.KeyBased
         self._batch_timer: asyncio.TimerHandle | None = None
         self._timeout_timer: asyncio.TimerHandle | None = None
         self._closed_reason: str | None = None
@@ -322,6 +336,26 @@ class ProducerCore:
         self._add_to_batch(message, sink, now_ms)
         return True
 
+    def offer_batched_run(self, queue: deque[_O], now_ms: int,
+                          failed: Callable[[_O, Exception], None]) -> None:
+        """`offer_batched` for each message at the head of `queue` (its own sink) while it has
+        no delivery time, the producer is open and a slot is free (the hot path of `send_async`:
+        one call per burst); the rest stay queued. One whose add raised goes to `failed`."""
+        limit = self.config.max_pending_messages
+        add = self._add_to_batch
+        while queue and self._closed_reason is None:
+            sink = queue[0]
+            message = sink.message
+            used = self._slots_used
+            if message.deliver_at_ms is not None or (used >= limit and used):
+                return
+            queue.popleft()
+            self._slots_used = used + 1
+            try:
+                add(message, sink, now_ms)
+            except Exception as exc:  # as `offer_batched` raising for this one message
+                failed(sink, exc)
+
     def offer(self, message: OutMessage, sink: ResultSink) -> bool:
         """Queue `message` if its slots are free now, its outcome going to `sink`; False (and
         nothing queued) when it would have to wait for room -- then `send_to` waits.
@@ -383,7 +417,10 @@ class ProducerCore:
         self._duplicate_batched = possible_duplicate
         if not possible_duplicate:
             self._last_pushed = sequence_id
-        self._batch_results[sequence_id] = sink
+        if self._key_based:
+            self._batch_results[sequence_id] = sink
+        else:
+            self._batch_sinks.append(sink)
         closed = container.add(message.single(sequence_id), now_ms)
         if closed:
             self._send_batches(closed)
@@ -464,9 +501,14 @@ class ProducerCore:
             self._dispatch(op, metadata, payload, count)
 
     def _take_batch_results(self, batch: Batch) -> list[ResultSink]:
-        """The futures of a closed batch's messages. A key-based container regroups messages
-        by key, so they are found by sequence id (unique within the open batches: a repeated
-        or lower id closes them first)."""
+        """The sinks of a closed batch's messages: the oldest ones of the default container;
+        a key-based container regroups messages by key, so they are found by sequence id
+        (unique within the open batches: a repeated or lower id closes them first)."""
+        if not self._key_based:
+            count = len(batch.messages)
+            sinks = self._batch_sinks[:count]
+            del self._batch_sinks[:count]
+            return sinks
         return [self._batch_results.pop(m.sequence_id or 0) for m in batch.messages]
 
     # -- ops -------------------------------------------------------------------------------
@@ -527,9 +569,10 @@ class ProducerCore:
     def _fail_all(self, error: PulsarException) -> None:
         for op in list(self._ops):
             self._finish(op, error)
-        for result in self._batch_results.values():
+        for result in [*self._batch_sinks, *self._batch_results.values()]:
             if not result.done():
                 result.set_exception(error)
+        self._batch_sinks.clear()
         self._batch_results.clear()
         if self._container is not None:
             self._container.flush()

@@ -10,13 +10,16 @@ a `_Receipt`, and schedules a drain on the loop unless one is scheduled already 
 switch per burst, not per message. The drain hands the queued messages to the producer core
 in order, right in that callback, each with its `_Receipt` as the core's result sink (it
 calls back directly, without a future per message); a one-partition batching producer takes
-each in one call (`ProducerCore.offer_batched`), and a stored batch's receipts are resolved
-in one loop (`_Receipt.set_parts_of_entry`). Only a message that must wait for room in the
-core's own queue starts a drain task, which waits and goes on from there. A message the core
-refuses (too big, producer closed) reports its error through the callback. Slots come back
-when callbacks ran, in bulk: once per loop iteration, not once per message (a synchronous
-send's at once: its caller waits). The synchronous `send` queues the same way with a
-`SendWaiter` for a callback, so sends and send_asyncs keep their order.
+the whole queue in one call (`ProducerCore.offer_batched_run`), and a stored batch's receipts
+are resolved in one loop (`_Receipt.set_parts_of_entry`). Only a message that must wait for
+room in the core's own queue starts a drain task, which waits and goes on from there. A
+message the core refuses (too big, producer closed) reports its error through the callback.
+Slots come back when callbacks ran, in bulk: a stored entry's at once
+after its callbacks (so a producer waiting for room refills before the loop dispatches that
+entry to consumers), a failure's once per loop iteration, a synchronous send's at once (its
+caller waits). The synchronous
+`send` queues the same way with a `SendWaiter` for a callback, so sends and send_asyncs
+keep their order.
 
 No lock is shared with the loop but the slots': the deque's append and popleft are atomic,
 and at most one drain runs at a time (`_draining`, touched only on the loop). The flag
@@ -29,6 +32,7 @@ once the deque is empty and no drain task runs.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections import deque
@@ -88,30 +92,62 @@ class SendWaiter:
 
 
 class _Slots:
-    """A counting limit the caller's thread takes from one at a time and the loop gives back
-    in bulk (a semaphore whose release of n is one lock round, not n)."""
+    """A counting limit the caller's threads take from one at a time and the loop gives back
+    in bulk (a semaphore whose release of n is one lock round, not n).
 
-    def __init__(self, limit: int):
+    Blocking (`block`): each take draws a ticket (`tickets`, an `itertools.count`: atomic)
+    and ticket t holds a slot once `t < given + limit` -- read without the lock, so a take
+    with room costs no lock; one without room waits on the condition, counted in `_waiting`,
+    and checks again under the lock. `give` (the loop, the only writer of `given`) adds to
+    `given` before it reads `_waiting`, so a take that counted itself in after that read
+    finds the room when it checks again. Not blocking: a take with no room must leave no
+    trace, so takes and gives count `_used` under the lock."""
+
+    def __init__(self, limit: int, block: bool):
         self.limit = limit
-        self._used = 0
+        self.block = block
+        self.tickets = itertools.count()  # blocking: the takes so far
+        self.given = 0  # blocking: the slots given back so far (written by the loop only)
+        self._waiting = 0  # blocking: takes waiting for room (under the lock)
+        self._used = 0  # not blocking: the slots held (under the lock)
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
 
-    def take(self, block: bool) -> bool:
-        """One slot; False when none is free and `block` is off."""
-        with self._lock:
-            while self._used >= self.limit:
-                if not block:
+    def take(self) -> bool:
+        """One slot (waiting for it when blocking); False when none is free and blocking
+        is off."""
+        if not self.block:
+            with self._lock:
+                if self._used >= self.limit:
                     return False
-                self._room.wait()
-            self._used += 1
-            return True
+                self._used += 1
+                return True
+        ticket = next(self.tickets)
+        if ticket >= self.given + self.limit:
+            self.wait_for(ticket)
+        return True
+
+    def wait_for(self, ticket: int) -> None:
+        """Blocking: wait until `ticket` holds a slot."""
+        with self._lock:
+            self._waiting += 1
+            try:
+                while ticket >= self.given + self.limit:
+                    self._room.wait()
+            finally:
+                self._waiting -= 1
 
     def give(self, count: int) -> None:
-        with self._lock:
-            self._used -= count
-            assert self._used >= 0
-            self._room.notify(count)
+        """`count` slots back (the loop)."""
+        if not self.block:
+            with self._lock:
+                self._used -= count
+                assert self._used >= 0
+            return
+        self.given += count
+        if self._waiting:
+            with self._lock:
+                self._room.notify_all()
 
 
 class _Receipt(PartsSink):
@@ -156,6 +192,8 @@ class _Receipt(PartsSink):
         `first_index + i`) in one loop: the hot path, a batch's `send_async` callbacks. A sink
         of another kind, or a synchronous `send`'s, is resolved as `stored_one` does."""
         of_parts = ClientMessageId.of_parts
+        owner: AsyncSender | None = None  # the sender of the sinks (one for a whole entry)
+        done = 0  # its slots to give back once the entry's callbacks ran
         for index, sink in enumerate(sinks, first_index):
             batch_index = index if batch_size else -1
             if type(sink) is not _Receipt or isinstance(sink._callback, SendWaiter):
@@ -165,15 +203,25 @@ class _Receipt(PartsSink):
                 continue
             sink._finished = True
             sender, callback = sink._sender, sink._callback
-            if not sender._slots_done:
-                asyncio.get_running_loop().call_soon(sender._give_slots)
-            sender._slots_done += 1
+            if sender is owner:
+                done += 1
+            elif owner is None:
+                owner, done = sender, 1
+            else:  # another sender's (not expected): back at the end of this loop turn
+                if not sender._slots_done:
+                    asyncio.get_running_loop().call_soon(sender._give_slots)
+                sender._slots_done += 1
             if callback is None:
                 continue
             try:
                 callback(_OK, of_parts(ledger_id, entry_id, partition, batch_index, batch_size))
             except Exception:  # the application's callback must not break the client
                 log.exception("a send_async callback on %s failed", sender._core.topic)
+        if owner is not None:  # at once: a producer waiting for room refills before the loop
+            owner._slots.give(done)  # goes on (to dispatch this entry to consumers, say)
+
+
+_new_receipt = object.__new__
 
 
 class AsyncSender:
@@ -182,9 +230,8 @@ class AsyncSender:
     def __init__(self, thread: LoopThread, core: ProducerSet, slots: int, block: bool):
         self._thread = thread
         self._core = core
-        self._slots = _Slots(slots)
+        self._slots = _Slots(slots, block)
         self._slots_done = 0  # loop only: slots to give back at the end of this loop turn
-        self._block = block
         self._queue: deque[_Receipt] = deque()  # made on the caller's thread
         self._scheduled = False
         self._draining = False  # loop only
@@ -200,12 +247,19 @@ class AsyncSender:
         """
         if not self._thread.alive:
             raise AlreadyClosed("the client's event loop is not running (closed, or forked)")
-        if not self._slots.take(self._block):
-            limit = self._slots.limit
+        slots = self._slots
+        if slots.block:  # `_Slots.take`'s lock-free case, inline (the hot path)
+            ticket = next(slots.tickets)
+            if ticket >= slots.given + slots.limit:
+                slots.wait_for(ticket)
+        elif not slots.take():
             raise ProducerQueueIsFull(
                 f"producer {self._core.producer_name!r} on {self._core.topic} has "
-                f"{limit} of {limit} pending messages")
-        self._queue.append(_Receipt(self, callback, message))
+                f"{slots.limit} of {slots.limit} pending messages")
+        receipt = _new_receipt(_Receipt)  # `_Receipt(self, callback, message)`, inline
+        receipt._sender, receipt._callback, receipt._finished = self, callback, False
+        receipt.message = message
+        self._queue.append(receipt)
         if not self._scheduled:
             self._scheduled = True
             self._thread.call(self._start_drain)
@@ -231,6 +285,10 @@ class AsyncSender:
             self._scheduled = False
             if not queue:
                 return
+            if batching is not None:  # the usual: every message queued, in one call
+                batching.offer_batched_run(queue, burst_ms, self._refused)
+                if not queue:
+                    continue
             receipt = queue.popleft()
             message = receipt.message
             try:
@@ -249,6 +307,9 @@ class AsyncSender:
                     self._idle.clear()
                 self._task = asyncio.ensure_future(self._drain(waiting, receipt._callback))
                 return
+
+    def _refused(self, receipt: _Receipt, error: Exception) -> None:
+        self._finished(receipt._callback, _as_pulsar(error), None)
 
     async def _drain(self, waiting: Coroutine[Any, Any, None] | None,
                      callback: SendCallback | SendWaiter | None) -> None:
