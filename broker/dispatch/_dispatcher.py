@@ -176,19 +176,27 @@ class Dispatcher:
         """Send entries to a consumer; returns the messages charged to its permits."""
         if not entries:
             return 0
+        sub = self.sub
+        partition, epoch = sub.partition, consumer.epoch
+        redelivery_count = sub.redelivery_count if sub.redelivery_counted() else None
         deliveries: list[Delivery] = []
         messages = 0
         for entry in entries:
-            ledger_id, entry_id = entry.position
+            position = entry.position
             batch_size = entry.batch_size
-            ack_set = self.sub.ack_set_for(entry.position) if batch_size > 1 else None
-            unacked = batch_size if ack_set is None else unacked_in_ack_set(ack_set, batch_size)
+            ack_set = None
+            unacked = batch_size
+            if batch_size > 1:
+                ack_set = sub.ack_set_for(position)
+                if ack_set is not None:
+                    unacked = unacked_in_ack_set(ack_set, batch_size)
             messages += unacked
-            deliveries.append(Delivery(ledger_id, entry_id, self.sub.partition, entry.data,
-                                       self.sub.redelivery_count(entry.position), ack_set,
-                                       consumer.epoch, batch_size))
+            deliveries.append(Delivery(
+                position[0], position[1], partition, entry.data,
+                0 if redelivery_count is None else redelivery_count(position), ack_set, epoch,
+                batch_size))
         consumer.record_sent(deliveries, messages)
-        self.sub.messages_dispatched(consumer, messages, deliveries)
+        sub.messages_dispatched(consumer, messages, deliveries)
         consumer.sink.deliver(consumer, deliveries)
         return messages
 

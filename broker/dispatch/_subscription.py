@@ -70,9 +70,10 @@ ACK_CUMULATIVE = 1
 class Subscription:
     """One subscription of a persistent topic."""
 
-    __slots__ = ("_background", "_compacted", "_reset_done", "bytes_out_counter", "cursor",
-                 "delayed", "dispatcher", "last_consumed_flow_timestamp", "last_expire_timestamp",
-                 "msg_out_counter", "name", "rate_out", "reads", "topic", "total_msg_expired")
+    __slots__ = ("_background", "_compacted", "_partition", "_reset_done", "bytes_out_counter",
+                 "cursor", "delayed", "dispatcher", "last_consumed_flow_timestamp",
+                 "last_expire_timestamp", "msg_out_counter", "name", "rate_out", "reads", "topic",
+                 "total_msg_expired")
 
     def __init__(self, topic: SubscriptionParent, name: str, cursor: ManagedCursor):
         self.topic = topic
@@ -90,6 +91,7 @@ class Subscription:
         self.bytes_out_counter = 0
         self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
         self._compacted: CompactedReads | None = None  # made at the first read_compacted
+        self._partition: int | None = None  # the topic's partition index, once asked
 
     # -- what the dispatcher asks ----------------------------------------------------------
 
@@ -99,7 +101,9 @@ class Subscription:
 
     @property
     def partition(self) -> int:
-        return self.topic.name.partition_index
+        if self._partition is None:  # a topic's name never changes: parsed once
+            self._partition = self.topic.name.partition_index
+        return self._partition
 
     @property
     def topic_name(self) -> str:
@@ -160,6 +164,10 @@ class Subscription:
     def redelivery_count(self, position: Position) -> int:
         return self.cursor.redelivery.get(position)
 
+    def redelivery_counted(self) -> bool:
+        """Whether any entry has a redelivery count (else every count is 0)."""
+        return len(self.cursor.redelivery) > 0
+
     def increment_redelivery_count(self, position: Position) -> None:
         if self.config.subscription_redelivery_tracker_enabled:
             self.cursor.count_redelivery(position)
@@ -212,7 +220,7 @@ class Subscription:
             return [], False  # a compacted read is under way; it kicks when it lands
         if raw is None:
             raw = self.reads.read_new(max_entries, self.config.dispatcher_max_read_size_bytes)
-        entries = [EntryInfo(Position(*p), data) for p, data in raw]
+        entries = [EntryInfo(position, data) for position, data in raw]
         return self._filter(entries, honour_delay), bool(raw)
 
     def read_positions(self, positions: list[Position]) -> tuple[list[EntryInfo],
@@ -230,9 +238,11 @@ class Subscription:
 
     def _filter(self, entries: list[EntryInfo], honour_delay: bool) -> list[EntryInfo]:
         tags = self.tags
+        delayed = self.delayed if honour_delay else None
+        if not tags and delayed is None:
+            return entries  # nothing to filter out
         out: list[EntryInfo] = []
         rejected: list[Position] = []
-        delayed = self.delayed if honour_delay else None
         for index, entry in enumerate(entries):
             if tags:
                 entry_tags = entry.tags()
