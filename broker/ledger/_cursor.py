@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from magnetar.storage import Completion
 
 from ._loader import Run, collect
+from ._ml_records import cursor_key
 from ._position import (
     LATEST,
     InvalidPositionError,
@@ -68,22 +69,12 @@ from ._redelivery import RedeliveryCounts
 if TYPE_CHECKING:
     from ._managed_ledger import ManagedLedger
 
-__all__ = ["ManagedCursor", "cursor_key", "cursor_prefix"]
+__all__ = ["ManagedCursor"]
 
 log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 READ_BYTES_DEFAULT_MAX = 5 * 1024 * 1024  # Pulsar's dispatcherMaxReadSizeBytes
-
-
-def cursor_prefix(ml_name: str) -> bytes:
-    """The metadata key prefix of a managed ledger's durable cursors."""
-    return b"cursor/" + ml_name.encode() + b"\x00"
-
-
-def cursor_key(ml_name: str, cursor_name: str) -> bytes:
-    """The metadata key of a durable cursor's record."""
-    return cursor_prefix(ml_name) + cursor_name.encode()
 
 
 class ManagedCursor:

@@ -24,8 +24,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from magnetar.broker.ledger._cursor import ManagedCursor, cursor_key
+from magnetar.broker.ledger._cursor import ManagedCursor
 from magnetar.broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
+from magnetar.broker.ledger._ml_records import cursor_key
 from magnetar.broker.ledger._position import (
     EARLIEST,
     LATEST,
