@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from magnetar.codec import murmur3_32, sticky_key
@@ -155,7 +156,7 @@ class Dispatcher:
     def redeliver(self, consumer: Consumer, positions: list[tuple[int, int]] | None) -> None:
         raise NotImplementedError
 
-    def acked(self, consumer: Consumer | None, positions: list[tuple[int, int]],
+    def acked(self, consumer: Consumer | None, positions: Sequence[tuple[int, int]],
               messages: int, remaining: dict[tuple[int, int], int] | None = None) -> None:
         """The subscription acknowledged these entries (whole ones); `remaining`: messages
         this ack covered of batches that were partially acknowledged before."""
@@ -178,7 +179,7 @@ class Dispatcher:
             return 0
         sub = self.sub
         partition, epoch = sub.partition, consumer.epoch
-        redelivery_count = sub.redelivery_count if sub.redelivery_counted() else None
+        redelivery_count = sub.redelivery_count if sub.cursor.redelivery else None  # any?
         deliveries: list[Delivery] = []
         messages = 0
         for entry in entries:

@@ -164,10 +164,6 @@ class Subscription:
     def redelivery_count(self, position: Position) -> int:
         return self.cursor.redelivery.get(position)
 
-    def redelivery_counted(self) -> bool:
-        """Whether any entry has a redelivery count (else every count is 0)."""
-        return len(self.cursor.redelivery) > 0
-
     def increment_redelivery_count(self, position: Position) -> None:
         if self.config.subscription_redelivery_tracker_enabled:
             self.cursor.count_redelivery(position)
@@ -378,6 +374,9 @@ class Subscription:
                               acks: list[tuple[int, int, list[int] | None]]) -> None:
         whole: list[Position] = []
         remaining: dict[tuple[int, int], int] = {}  # unacked messages of partial batches
+        if not self.cursor.batch_deleted and all(words is None for _, _, words in acks):
+            whole = [Position(ledger_id, entry_id) for ledger_id, entry_id, _ in acks]
+            acks = []  # whole entries, none of them partially acknowledged: nothing to count
         for ledger_id, entry_id, ack_set in acks:
             position = Position(ledger_id, entry_id)
             if ack_set is None or not self.config.acknowledgment_at_batch_index_level_enabled:
@@ -430,8 +429,7 @@ class Subscription:
                    moved: bool, remaining: dict[tuple[int, int], int] | None = None) -> None:
         self.cursor.redelivery.discard(positions)
         if self.dispatcher is not None:
-            self.dispatcher.acked(consumer, [(p.ledger_id, p.entry_id) for p in positions],
-                                   messages, remaining)
+            self.dispatcher.acked(consumer, positions, messages, remaining)
             if moved:
                 self.dispatcher.mark_delete_moved()
         self.topic.acks_changed()

@@ -49,6 +49,7 @@ from ..security._authz import SUBSCRIBE_REFUSED
 from ..topics._service import Topic
 from ..topics._topic import PersistentTopic
 from ._connection_view import (
+    INT64_MAX,
     REQUEST_ID_NONE,
     SHUTTING_DOWN,
     TRANSACTIONS_DISABLED,
@@ -71,6 +72,8 @@ _SUB_TYPES: Final = {
     pb.CommandSubscribe.Failover: "Failover",
     pb.CommandSubscribe.Key_Shared: "Key_Shared",
 }
+
+_UINT64_SPAN: Final = 1 << 64  # a uint64 above INT64_MAX less this is the signed long
 
 assert set(_SUB_TYPES.values()) == {"Exclusive", "Shared", "Failover", "Key_Shared"}
 
@@ -322,8 +325,10 @@ class ConsumerCommands:
         elif request.txnid_least_bits or request.txnid_most_bits:
             error = (pb.NotAllowedError, TRANSACTIONS_DISABLED)
         else:
-            acks = [(signed(m.ledgerId), signed(m.entryId), list(m.ack_set) or None)
-                    for m in request.message_id]
+            acks = [(ledger if (ledger := m.ledgerId) <= INT64_MAX else ledger - _UINT64_SPAN,
+                     entry if (entry := m.entryId) <= INT64_MAX else entry - _UINT64_SPAN,
+                     list(words) if (words := m.ack_set) else None)  # `signed`, inlined:
+                    for m in request.message_id]  # an ACK holds up to a thousand ids
             async with state.lock:
                 try:
                     await self._apply_ack(state, request.ack_type, acks)
