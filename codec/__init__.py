@@ -99,7 +99,7 @@ from ._hashing import (
     murmur3_32_raw,
     sticky_key,
 )
-from ._message_frames import message_frame, message_frame_head
+from ._message_frames import MessageFrameHeads, message_frame, message_frame_head
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._proto import pulsar_api_pb2 as pb
 from ._receipts import send_receipt_frame
@@ -143,6 +143,7 @@ __all__ = [
     "Frame",
     "KeyBasedBatchContainer",
     "LocalProtocolError",
+    "MessageFrameHeads",
     "MessageId",
     "NeedData",
     "ProtocolError",

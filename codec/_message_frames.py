@@ -26,7 +26,7 @@ from ._wire import (
     field_key,
 )
 
-__all__ = ["message_frame", "message_frame_head"]
+__all__ = ["MessageFrameHeads", "message_frame", "message_frame_head"]
 
 _SIZES: Final = struct.Struct(">II")
 _MESSAGE_FIELDS: Final = pb.CommandMessage.DESCRIPTOR.fields_by_name
@@ -123,3 +123,73 @@ def _tail(ack_set: Sequence[int], consumer_epoch: int | None) -> bytes:
         assert 0 <= consumer_epoch <= UINT64_MASK
         parts += (_EPOCH, encode_varint(consumer_epoch))
     return b"".join(parts)
+
+
+class MessageFrameHeads:
+    """`message_frame_head` for the deliveries of one write to one consumer: the bytes
+    before the entry id and after it are built once per (ledger, partition, redelivery
+    count, epoch) and entry-id width, so each head costs a varint, a pack and a join. A head
+    with an ack set, or with a negative id, is built by `message_frame_head` itself; the
+    bytes are the same either way (tests/codec/test_message_frames.py).
+
+    Args:
+        consumer_id, frame_size_bytes_max: as `message_frame_head`'s, shared by every head.
+    """
+
+    __slots__ = ("_consumer_id", "_key", "_size_max", "_widths")
+
+    def __init__(self, consumer_id: int, *, frame_size_bytes_max: int | None = None):
+        assert 0 <= consumer_id <= UINT64_MASK
+        self._consumer_id = consumer_id
+        self._size_max = frame_size_bytes_max
+        self._key: tuple[int, int, int, int | None] | None = None
+        # Per entry-id width: (the command's bytes before the entry id, those after, the
+        # command's size).
+        self._widths: dict[int, tuple[bytes, bytes, int]] = {}
+
+    def head(self, ledger_id: int, entry_id: int, partition: int, redelivery_count: int,
+             entry_bytes: int, ack_set: Sequence[int] = (),
+             consumer_epoch: int | None = None) -> bytes:
+        """`message_frame_head(consumer_id, ledger_id, entry_id, ...)`.
+
+        Raises:
+            LocalProtocolError: the frame would exceed `frame_size_bytes_max` (nothing built).
+        """
+        if ack_set or ledger_id < 0 or entry_id < 0:
+            return message_frame_head(
+                self._consumer_id, ledger_id, entry_id, partition, redelivery_count,
+                entry_bytes, ack_set=ack_set, consumer_epoch=consumer_epoch,
+                frame_size_bytes_max=self._size_max)
+        key = (ledger_id, partition, redelivery_count, consumer_epoch)
+        if key != self._key:
+            self._key = key
+            self._widths = {}
+        entry = encode_varint(entry_id)
+        shape = self._widths.get(len(entry))
+        if shape is None:
+            shape = self._widths[len(entry)] = self._shape(len(entry))
+        before, after, command_size = shape
+        assert entry_bytes >= 0
+        total = 4 + command_size + entry_bytes
+        if self._size_max is not None and total > self._size_max:
+            raise LocalProtocolError(f"frame of {total} bytes exceeds {self._size_max}")
+        return b"".join((_SIZES.pack(total, command_size), before, entry, after))
+
+    def _shape(self, entry_width: int) -> tuple[bytes, bytes, int]:
+        """The command around an entry id of `entry_width` bytes, for the current key."""
+        assert self._key is not None
+        ledger_id, partition, redelivery_count, epoch = self._key
+        assert 0 <= redelivery_count <= 0xFFFFFFFF
+        assert _INT32_MIN <= partition <= _INT32_MAX
+        ledger = encode_varint(ledger_id)
+        part = _PARTITION_NONE if partition == -1 else _PARTITION + encode_varint(partition)
+        tail = b"" if epoch is None else _tail((), epoch)
+        after = b"".join((part, _REDELIVERY, encode_varint(redelivery_count), tail))
+        consumer = encode_varint(self._consumer_id)
+        ids_size = 2 + len(ledger) + entry_width + len(part)
+        body_size = (2 + len(consumer) + len(encode_varint(ids_size)) + ids_size
+                     + len(after) - len(part))  # `after` holds the partition (in the ids)
+        before = b"".join((_COMMAND_HEAD, encode_varint(body_size), _CONSUMER, consumer,
+                           _MESSAGE_ID, encode_varint(ids_size), MESSAGE_ID_LEDGER_KEY, ledger,
+                           MESSAGE_ID_ENTRY_KEY))
+        return before, after, len(before) + entry_width + len(after)

@@ -33,7 +33,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-from magnetar.codec import Frame, MessageId, message_frame_head, pb, strip_broker_entry_metadata
+from magnetar.codec import (
+    Frame,
+    MessageFrameHeads,
+    MessageId,
+    pb,
+    strip_broker_entry_metadata,
+)
 
 from .._errors import ConsumerNotFoundError, NotAllowedError
 from .._names import TopicName, check_subscription_name
@@ -154,13 +160,11 @@ class ConsumerCommands:
         size_max = view.frame_size_bytes_max
         keep_prefix = view.wants_entry_metadata
         parts: list[bytes] = []
-        for d in deliveries:
+        heads = MessageFrameHeads(consumer_id, frame_size_bytes_max=size_max).head
+        for d in deliveries:  # the runtime's bytes, built faster
             entry = d.entry if keep_prefix else strip_broker_entry_metadata(d.entry)
-            parts += (message_frame_head(  # the runtime's bytes, built faster
-                consumer_id, d.ledger_id, d.entry_id, d.partition, d.redelivery_count,
-                len(entry), ack_set=d.ack_set or (),
-                consumer_epoch=d.epoch if send_epoch else None,
-                frame_size_bytes_max=size_max), entry)
+            parts += (heads(d.ledger_id, d.entry_id, d.partition, d.redelivery_count, len(entry),
+                            d.ack_set or (), d.epoch if send_epoch else None), entry)
         view.write_parts(parts)  # one gathering write: the entries are not copied
         view.check_write_room()
 
