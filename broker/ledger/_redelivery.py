@@ -28,7 +28,7 @@ import heapq
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from ._position import Position
+from ._position import Position, keys_between
 
 __all__ = ["REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT", "REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT",
            "RedeliveryCounts"]
@@ -65,10 +65,17 @@ class RedeliveryCounts:
 
     def discard(self, positions: Iterable[Position]) -> bool:
         """Forget the counts of `positions`; whether any was there."""
+        if not self._counts:
+            return False
         found = False
         for position in positions:
             found |= self._counts.pop(position, None) is not None
         return found
+
+    def discard_between(self, first: Position, last: Position) -> None:
+        """Forget the counts of first..last (entries of one ledger)."""
+        for position in keys_between(self._counts, first, last):
+            del self._counts[position]
 
     def discard_up_to(self, mark_delete: Position) -> None:
         for position in [p for p in self._counts if p <= mark_delete]:
