@@ -11,7 +11,13 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from magnetar.storage import Storage, StorageConfig, StorageFailedError, StorageFullError
+from magnetar.storage import (
+    Storage,
+    StorageConfig,
+    StorageError,
+    StorageFailedError,
+    StorageFullError,
+)
 from magnetar.storage._checkpoint import storage_error
 
 WAIT_S = 10.0
@@ -55,3 +61,17 @@ def test_lmdb_errors_map_to_the_engine_errors() -> None:
     other = storage_error(lmdb.Error("mdb_txn_commit: Input/output error"))
     assert type(other) is StorageFailedError
     assert str(other) == "index commit failed: mdb_txn_commit: Input/output error"
+
+
+def test_a_metadata_write_lmdb_refuses_is_a_storage_error_and_the_engine_goes_on(
+        tmp_path: Path) -> None:
+    store = Storage.open(tmp_path, StorageConfig(lmdb_map_bytes=SMALL_MAP_BYTES))
+    try:
+        with pytest.raises(StorageError, match=r"metadata write failed: .*MDB_MAP_FULL"):
+            store.metadata.put(b"too/big", b"v" * SMALL_MAP_BYTES)
+        assert store.metadata.get(b"too/big") is None
+        assert store.failed is None
+        store.metadata.put(b"small", b"v")
+        assert store.metadata.get(b"small") == b"v"
+    finally:
+        store.close()
