@@ -40,7 +40,6 @@ disk) replays exactly what was acknowledged.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -55,7 +54,10 @@ from ._journal_batch import (
     _Batch,
     _Segment,
     create_segment,
+    cut_after,
+    delete_segments_before,
     encode_batch,
+    list_segments,
     preallocate,
 )
 from ._journal_format import (
@@ -169,26 +171,14 @@ class Journal:
 
     def segments(self) -> list[tuple[int, str]]:
         """(segment id, path) of every segment file on disk, oldest first."""
-        found = []
-        for name in self._fs.listdir(self._dir):
-            segment_id = parse_segment_name(name)
-            if segment_id is not None:
-                found.append((segment_id, os.path.join(self._dir, name)))
-        return sorted(found)
+        return list_segments(self._fs, self._dir)
 
     def delete_segments_before(self, mark_segment_id: int) -> list[int]:
         """Delete segments older than the persisted mark's segment, keeping the newest
         `journal_segments_kept_max` of them. Never touches the marked or current one."""
         assert mark_segment_id <= self._segment.segment_id
-        older = [(sid, path) for sid, path in self.segments() if sid < mark_segment_id]
-        keep = self._config.journal_segments_kept_max
-        doomed = older[:-keep] if keep > 0 else older
-        for segment_id, path in doomed:
-            self._fs.point("journal:delete-segment")
-            self._fs.remove(path)
-            log.debug("journal segment %d deleted (mark in segment %d)", segment_id,
-                      mark_segment_id)
-        return [segment_id for segment_id, _ in doomed]
+        return delete_segments_before(self._fs, self._dir, mark_segment_id,
+                                      self._config.journal_segments_kept_max)
 
     # -- submitting ----------------------------------------------------------------------
 
@@ -568,21 +558,7 @@ class Journal:
         """
         assert self._stopped
         assert self._failed is not None
-        segment_id, offset = self.acknowledged_end
-        for later_id, path in self.segments():
-            if later_id > segment_id:
-                self._fs.remove(path)
-                log.info("journal segment %s removed: it held only failed writes", path)
-        handle = self._fs.open(os.path.join(self._dir, segment_file_name(segment_id)))
-        try:
-            if handle.size() > offset:
-                handle.truncate(offset)
-                handle.fdatasync()
-                log.info("journal segment %d cut at offset %d, after its last acknowledged "
-                         "record", segment_id, offset)
-        finally:
-            handle.close()
-        self._fs.fsync_dir(self._dir)
+        cut_after(self._fs, self._dir, *self.acknowledged_end)
 
     def abandon(self) -> None:
         """Stop the threads without writing anything more (a simulated crash). Idempotent."""

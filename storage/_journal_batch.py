@@ -19,11 +19,13 @@ from ._journal_format import (
     add_run_parts,
     encode_record,
     pad_record,
+    parse_segment_name,
     segment_file_name,
 )
 from ._trace import trace
 
-__all__ = ["JournalRequest", "create_segment", "encode_batch", "preallocate"]
+__all__ = ["JournalRequest", "create_segment", "cut_after", "delete_segments_before",
+           "encode_batch", "list_segments", "preallocate"]
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +163,49 @@ def encode_batch(requests: list[JournalRequest], segment: _Segment, lsn: int, al
         parts.append(pad)
         lsn += 1
     return bytearray().join(parts), lsn
+
+
+def list_segments(fs: FileSystem, directory: str) -> list[tuple[int, str]]:
+    """(segment id, path) of every segment file in `directory`, oldest first."""
+    found = []
+    for name in fs.listdir(directory):
+        segment_id = parse_segment_name(name)
+        if segment_id is not None:
+            found.append((segment_id, os.path.join(directory, name)))
+    return sorted(found)
+
+
+def delete_segments_before(fs: FileSystem, directory: str, mark_segment_id: int,
+                           keep: int) -> list[int]:
+    """Delete the segments older than `mark_segment_id` but the newest `keep` of them;
+    returns the ids deleted."""
+    older = [(sid, path) for sid, path in list_segments(fs, directory) if sid < mark_segment_id]
+    doomed = older[:-keep] if keep > 0 else older
+    for segment_id, path in doomed:
+        fs.point("journal:delete-segment")
+        fs.remove(path)
+        log.debug("journal segment %d deleted (mark in segment %d)", segment_id,
+                  mark_segment_id)
+    return [segment_id for segment_id, _ in doomed]
+
+
+def cut_after(fs: FileSystem, directory: str, segment_id: int, offset: int) -> None:
+    """Truncate segment `segment_id` at `offset` and remove every later segment.
+
+    Raises:
+        OSError: the truncation failed; the directory is as a crash would leave it.
+    """
+    for later_id, path in list_segments(fs, directory):
+        if later_id > segment_id:
+            fs.remove(path)
+            log.info("journal segment %s removed: it held only failed writes", path)
+    handle = fs.open(os.path.join(directory, segment_file_name(segment_id)))
+    try:
+        if handle.size() > offset:
+            handle.truncate(offset)
+            handle.fdatasync()
+            log.info("journal segment %d cut at offset %d, after its last acknowledged "
+                     "record", segment_id, offset)
+    finally:
+        handle.close()
+    fs.fsync_dir(directory)
