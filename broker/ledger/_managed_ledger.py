@@ -144,9 +144,9 @@ class ManagedLedger(LedgerReads):
     asyncio event loop."""
 
     __slots__ = ("_add_failed", "_current_created_s", "_fenced", "_ids", "_last_add",
-                 "_last_confirmed", "_ledgers", "_non_durable", "_queued_adds", "_record_written",
-                 "_state", "_submit_lock", "_submitted_bytes", "_submitted_entries", "add_figures",
-                 "clock", "config", "cursors", "loader", "name", "on_entries_added",
+                 "_last_confirmed", "_ledgers", "_lock", "_non_durable", "_queued_adds",
+                 "_record_written", "_state", "_submitted_bytes", "_submitted_entries",
+                 "add_figures", "clock", "config", "cursors", "loader", "name", "on_entries_added",
                  "properties", "record_sink", "storage", "terminated_position")
 
     def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
@@ -166,14 +166,14 @@ class ManagedLedger(LedgerReads):
         self._current_created_s = clock()
         self._submitted_entries = 0
         self._submitted_bytes = 0
-        self._submit_lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None  # `_submit_lock`, made at the first use
         self._state = "open"
         self.record_sink: Callable[[bytes, bytes], None] | None = None  # see _write_record
         self._record_written: Completion[int] | None = None  # the newest record's write
         self._fenced: BaseException | None = None
         self._add_failed = False  # an add failed: roll over before the next one
         self.cursors: dict[str, ManagedCursor] = {}
-        self._non_durable: dict[int, ManagedCursor] = {}
+        self._non_durable: dict[int, ManagedCursor] | None = None  # made at the first one
         self.on_entries_added: list[Callable[[Position], None]] = []
         self._last_confirmed = self._initial_last_confirmed()
         self.terminated_position = terminated
@@ -231,6 +231,20 @@ class ManagedLedger(LedgerReads):
             ml.cursors[cursor_name] = ManagedCursor.recover(ml, cursor_name, value)
         log.info("ml %s opened: ledgers %s, last %s", name, ml._ids, ml._last_confirmed)
         return ml
+
+    @property
+    def _submit_lock(self) -> asyncio.Lock:
+        """Serialises adds, rollovers and closing. Made at the first use: the adds of most
+        loaded topics go through `reserve` and never take it (one Lock less per topic)."""
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = asyncio.Lock()
+        return lock
+
+    def _submit_locked(self) -> bool:
+        """Whether someone holds the submit lock (without making it)."""
+        lock = self._lock
+        return lock is not None and lock.locked()
 
     def _initial_last_confirmed(self) -> Position:
         for ledger in reversed(self._ledgers):
@@ -491,7 +505,7 @@ class ManagedLedger(LedgerReads):
         # one else holds the submit lock (a later add rolling over, or a close): waiting
         # for it would make this add return after later ones, and publishes must return
         # in order (send receipts, dedup's persisted sequence ids).
-        if filled and self._ledgers[-1] is ledger and not self._submit_lock.locked():
+        if filled and self._ledgers[-1] is ledger and not self._submit_locked():
             await self.rollover_if_full()
         return outcomes
 
@@ -624,7 +638,7 @@ class ManagedLedger(LedgerReads):
         (`unreserve`)."""
         # Not full after them means not full now either: fullness only grows with entries.
         if (self._state != "open" or self.terminated_position is not None or self._fenced
-                or self._add_failed or self._queued_adds or self._submit_lock.locked()
+                or self._add_failed or self._queued_adds or self._submit_locked()
                 or self._is_full(self._submitted_entries + count, self._submitted_bytes + size)):
             return None
         self._submitted_entries += count
@@ -683,7 +697,7 @@ class ManagedLedger(LedgerReads):
 
     async def _rollover(self) -> None:
         """Close the current ledger and start the next one. Submit lock held."""
-        assert self._submit_lock.locked()
+        assert self._submit_locked()
         old = self._ledgers[-1]
         try:
             last = await after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
@@ -764,17 +778,22 @@ class ManagedLedger(LedgerReads):
         `initial_position` decide."""
         self._check_open()
         cursor = ManagedCursor.create_non_durable(self, name, start, initial_position)
+        if self._non_durable is None:
+            self._non_durable = {}
         self._non_durable[id(cursor)] = cursor
         return cursor
 
     def release_non_durable_cursor(self, cursor: ManagedCursor) -> None:
         """Forget a non-durable cursor (its last consumer left)."""
         assert not cursor.durable
-        self._non_durable.pop(id(cursor), None)
+        if self._non_durable is not None:
+            self._non_durable.pop(id(cursor), None)
+            if not self._non_durable:
+                self._non_durable = None
 
     @property
     def non_durable_cursors(self) -> list[ManagedCursor]:
-        return list(self._non_durable.values())
+        return list(self._non_durable.values()) if self._non_durable else []
 
     async def delete_cursor(self, name: str) -> None:
         """Delete a durable cursor and its record (durably), then trim what it held back.
@@ -828,7 +847,7 @@ class ManagedLedger(LedgerReads):
         if not doomed:
             return []
         kept_from = Position(self._ids[len(doomed)], -1)
-        for cursor in self._non_durable.values():
+        for cursor in self.non_durable_cursors:
             cursor.move_past_trimmed(kept_from)
         for cursor in self.cursors.values():
             assert cursor.mark_delete_position >= self.previous_position(kept_from)
@@ -897,7 +916,7 @@ class ManagedLedger(LedgerReads):
             self._state = "deleted"
             for name in list(self.cursors):
                 await self.cursors.pop(name).delete_record()
-            self._non_durable.clear()
+            self._non_durable = None
             self.storage.metadata.apply_journaled([(ml_key(self.name), None)])
             for ledger_id in list(self._ids):
                 await delete_storage_ledger(self.storage, ledger_id)
