@@ -11,9 +11,9 @@ State (broker semantics §4.2):
 * `properties` (`str -> int`, written with mark-deletes, used by dedup) and
   `cursor_properties` (`str -> str`, subscription properties);
 
-While empty, these three maps are the one shared read-only `_EMPTY` (a cursor per loaded topic
+While empty, these three maps are the one shared read-only `EMPTY_MAP` (a cursor per loaded topic
 holds no dict for nothing): a change makes the cursor its own dict (`_own_bitsets`, or a new
-map for the properties, which change seldom), and clearing the bitsets gives `_EMPTY` back.
+map for the properties, which change seldom), and clearing the bitsets gives `EMPTY_MAP` back.
 * `read_position`: the next entry to dispatch, always > MD. It is not persisted; after a
   restart it is the entry after MD, so every unacknowledged entry is delivered again.
 
@@ -53,13 +53,13 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from magnetar.storage import Completion
 
 from ._loader import Run, collect
 from ._position import (
+    EMPTY_MAP,
     LATEST,
     InvalidPositionError,
     ManagedLedgerClosedError,
@@ -79,8 +79,6 @@ log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 READ_BYTES_DEFAULT_MAX = 5 * 1024 * 1024  # Pulsar's dispatcherMaxReadSizeBytes
-# The empty bitsets and property maps of every cursor (module comment): read-only.
-_EMPTY: Final[Mapping[Any, Any]] = MappingProxyType({})
 
 
 def cursor_prefix(ml_name: str) -> bytes:
@@ -112,9 +110,9 @@ class ManagedCursor:
         self.read_epoch = 0  # bumped by every change of the read position
         self._read_position = ml.next_valid_position(mark_delete)
         self.individually_deleted = RangeSet(ml)
-        self.batch_deleted: Mapping[Position, int] = _EMPTY  # `_own_bitsets` to change it
-        self.properties: Mapping[str, int] = _EMPTY
-        self.cursor_properties: Mapping[str, str] = _EMPTY
+        self.batch_deleted: Mapping[Position, int] = EMPTY_MAP  # `_own_bitsets` to change it
+        self.properties: Mapping[str, int] = EMPTY_MAP
+        self.cursor_properties: Mapping[str, str] = EMPTY_MAP
         self.redelivery = RedeliveryCounts(ml.config.max_redelivery_counts_to_persist)
         self.deleted = False
         self._background_write = False  # a change nobody waits for is not yet durable
@@ -135,7 +133,7 @@ class ManagedCursor:
         else:
             mark_delete = ml.previous_position(ml.first_entry_at_or_after(ml.first_position()))
         cursor = cls(ml, name, durable, mark_delete)
-        cursor.properties = dict(properties) if properties else _EMPTY
+        cursor.properties = dict(properties) if properties else EMPTY_MAP
         cursor._version = 1  # the new record itself must be written
         return cursor
 
@@ -325,7 +323,7 @@ class ManagedCursor:
         await self.flush()
 
     def _own_bitsets(self) -> dict[Position, int]:
-        """`batch_deleted`, as the cursor's own dict (made when it is the shared `_EMPTY`)."""
+        """`batch_deleted`, as the cursor's own dict (made when it is the shared `EMPTY_MAP`)."""
         bitsets = self.batch_deleted
         if not isinstance(bitsets, dict):
             bitsets = self.batch_deleted = {}
@@ -444,7 +442,7 @@ class ManagedCursor:
         md = self.mark_delete_position
         if self.batch_deleted:
             self.batch_deleted = {p: mask for p, mask in self.batch_deleted.items()
-                                  if p > md} or _EMPTY
+                                  if p > md} or EMPTY_MAP
         self.redelivery.discard_up_to(md)
         if self.read_position <= md:
             self.read_position = ml.next_valid_position(md)
@@ -454,7 +452,7 @@ class ManagedCursor:
         self._check_usable()
         target = max(self.ml.last_confirmed_position, self.mark_delete_position)
         self._move_mark_delete(target)
-        self.batch_deleted = _EMPTY
+        self.batch_deleted = EMPTY_MAP
         self._after_change()
         await self.flush()
 
@@ -500,7 +498,7 @@ class ManagedCursor:
         start = ml.first_entry_at_or_after(position)
         start = min(start, ml.write_position())
         self.individually_deleted.clear()
-        self.batch_deleted = _EMPTY
+        self.batch_deleted = EMPTY_MAP
         self.mark_delete_position = ml.previous_position(start)
         self.read_position = start
         mask = 0 if ack_set is None else ack_set_to_int(ack_set)
