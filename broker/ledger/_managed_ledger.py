@@ -222,6 +222,7 @@ class ManagedLedger(LedgerReads):
         written = ml._write_record()
         await created
         await written  # open once durable
+        ml._forget_record_write()
         for ledger_id in dropped + orphans:
             await delete_storage_ledger(storage, ledger_id)
         if orphans:
@@ -267,6 +268,13 @@ class ManagedLedger(LedgerReads):
         self._record_written = self.storage.metadata.apply_journaled(
             [(ml_key(self.name), encoded)])
         return self._record_written
+
+    def _forget_record_write(self) -> None:
+        """Drop the newest record's write once it succeeded: `record_durable` has nothing
+        to wait for, and an idle ML keeps no completion (a failed one stays, to be raised)."""
+        written = self._record_written
+        if written is not None and written.done() and written.exception() is None:
+            self._record_written = None
 
     async def record_durable(self) -> None:
         """Wait until the newest record (ledger list, properties) is durable.
@@ -657,9 +665,12 @@ class ManagedLedger(LedgerReads):
 
     def forget_add(self, done: asyncio.Future[Any]) -> None:
         """`done` has finished: unless a later add was handed over since, there is nothing
-        for `terminate` to wait for (and an idle ledger keeps no future)."""
+        for `terminate` to wait for (and an idle ledger keeps no future, nor the completion
+        of a record written since)."""
         if self._last_add is done:
             self._last_add = None
+        if self._record_written is not None:
+            self._forget_record_write()
 
     def run_failed(self) -> None:
         """A reserved run failed in the storage: the next add rolls over first."""
