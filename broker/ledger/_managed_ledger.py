@@ -87,7 +87,7 @@ import json
 import logging
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from magnetar.storage import (
@@ -111,6 +111,7 @@ from ._cursor import ManagedCursor, cursor_prefix
 from ._loader import EntryLoader, LedgerReads, default_loader
 from ._ml_records import LedgerRecord, ManagedLedgerConfig, MiB, _Ledger, ml_key
 from ._position import (
+    EMPTY_MAP,
     ManagedLedgerClosedError,
     ManagedLedgerFencedError,
     ManagedLedgerTerminatedError,
@@ -151,7 +152,7 @@ class ManagedLedger(LedgerReads):
 
     def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
-                 properties: dict[str, str], terminated: Position | None = None,
+                 properties: Mapping[str, str], terminated: Position | None = None,
                  loader: EntryLoader | None = None):
         """Internal: use `ManagedLedger.open`."""
         self.loader = loader or default_loader()
@@ -160,7 +161,7 @@ class ManagedLedger(LedgerReads):
         self.name = name
         self.config = config
         self.clock = clock
-        self.properties = properties
+        self.properties = properties  # EMPTY_MAP while none (most topics): see set_property
         self._ledgers = ledgers
         self._ids = [ledger.ledger_id for ledger in ledgers]
         self._current_created_s = clock()
@@ -217,7 +218,7 @@ class ManagedLedger(LedgerReads):
         new_id, created = storage.start_ledger({"ml": name})
         terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
-                 dict(record.get("properties", {})),
+                 record.get("properties") or EMPTY_MAP,
                  Position(*terminated) if terminated else None, loader)
         written = ml._write_record()
         await created
@@ -258,7 +259,7 @@ class ManagedLedger(LedgerReads):
         before anything submitted to the storage after it (adds to a new ledger, deletes of
         trimmed ones), or handed to `record_sink` (a shutdown's records go together)."""
         data: dict[str, Any] = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
-                                "properties": self.properties}
+                                "properties": self.properties or {}}
         if self.terminated_position is not None:
             data["terminated"] = list(self.terminated_position)
         encoded = json.dumps(data, separators=(",", ":")).encode()
@@ -310,10 +311,12 @@ class ManagedLedger(LedgerReads):
         """Set (or remove, with None) an ML property, durable with the next group commit
         (`record_durable` waits for it)."""
         self._check_open()
+        properties = dict(self.properties)  # (seldom: a copy, so that none is ever shared)
         if value is None:
-            self.properties.pop(key, None)
+            properties.pop(key, None)
         else:
-            self.properties[key] = value
+            properties[key] = value
+        self.properties = properties or EMPTY_MAP
         self._write_record()
 
     # -- state ---------------------------------------------------------------------------
