@@ -175,7 +175,9 @@ class ManagedLedger(LedgerReads):
         self._add_failed = False  # an add failed: roll over before the next one
         self.cursors: dict[str, ManagedCursor] = {}
         self._non_durable: dict[int, ManagedCursor] | None = None  # made at the first one
-        self.on_entries_added: list[Callable[[Position], None]] = []
+        # A tuple (add one with +=): one hook per topic, smaller than a list, and no copy to
+        # iterate while a hook changes the hooks.
+        self.on_entries_added: tuple[Callable[[Position], None], ...] = ()
         self._last_confirmed = self._initial_last_confirmed()
         self.terminated_position = terminated
         self._last_add: asyncio.Future[Any] | None = None
@@ -624,7 +626,7 @@ class ManagedLedger(LedgerReads):
             positions = [new(Position, (ledger_id, entry)) for entry in range(first, last + 1)]
         assert positions[0] > self._last_confirmed
         self._last_confirmed = positions[-1]
-        for hook in list(self.on_entries_added):
+        for hook in self.on_entries_added:
             hook(positions[-1])
         return positions
 
