@@ -163,7 +163,8 @@ class ManagedLedger(LedgerReads):
         self.clock = clock
         self.properties = properties  # EMPTY_MAP while none (most topics): see set_property
         self._ledgers = ledgers
-        self._ids = [ledger.ledger_id for ledger in ledgers]
+        # the ledgers' ids, for bisect: a tuple (rebuilt at the seldom changes) is smaller
+        self._ids = tuple(ledger.ledger_id for ledger in ledgers)
         self._current_created_s = clock()
         self._submitted_entries = 0
         self._submitted_bytes = 0
@@ -740,12 +741,12 @@ class ManagedLedger(LedgerReads):
         old.timestamp_ms = now_ms
         if old.entries == 0:  # only after failed adds: the list keeps no empty ledger
             self._ledgers.pop()
-            self._ids.pop()
+            self._ids = self._ids[:-1]
             delete_in_background(self.storage, old.ledger_id)
             if self._last_confirmed.ledger_id == old.ledger_id:
                 self._last_confirmed = Position(new_id, -1)
         self._ledgers.append(_Ledger(new_id))
-        self._ids.append(new_id)
+        self._ids += (new_id,)
         self._current_created_s = self.clock()
         self._submitted_entries = 0
         self._submitted_bytes = 0
@@ -868,7 +869,7 @@ class ManagedLedger(LedgerReads):
         for cursor in self.cursors.values():
             assert cursor.mark_delete_position >= self.previous_position(kept_from)
         del self._ledgers[:len(doomed)]
-        del self._ids[:len(doomed)]
+        self._ids = self._ids[len(doomed):]
         self._write_record()
         for ledger_id in doomed:
             delete_in_background(self.storage, ledger_id)
@@ -918,7 +919,7 @@ class ManagedLedger(LedgerReads):
         empty = current.entries == 0 and len(self._ledgers) > 1
         if empty:
             self._ledgers.pop()
-            self._ids.pop()
+            self._ids = self._ids[:-1]
         await self._write_record()  # closed once durable
         if empty:
             await delete_storage_ledger(self.storage, current.ledger_id)
