@@ -110,7 +110,7 @@ METADATA_KEY_BYTES_MAX: Final = META_KEY_BYTES_MAX  # the metadata store's (LMDB
 SUBSCRIPTION_NAME_BYTES_MAX: Final = 128  # UTF-8 bytes; also the cursor's name
 PRODUCER_NAME_BYTES_MAX: Final = SUBSCRIPTION_NAME_BYTES_MAX  # UTF-8 bytes (no key, same bound)
 NAMED_ENTITY_CHARS_MAX: Final = 64  # a tenant, cluster or namespace part (ASCII only)
-_CURSOR_KEY_OVERHEAD_BYTES: Final = len(b"cursor/") + len(b"\x00")  # _cursor.cursor_key
+_CURSOR_KEY_OVERHEAD_BYTES: Final = len(b"cursor/") + len(b"\x00")  # _ml_records.cursor_key
 # The longest other key prefix a topic name goes under (topic policies, partitions, schemas,
 # managed ledgers); the topic's budget must fit each of them too.
 _TOPIC_KEY_PREFIX_BYTES_MAX: Final = max(len(b"topicpolicy/"), len(b"partitioned/"),

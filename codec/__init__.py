@@ -79,6 +79,7 @@ from ._framer import (
     encode_frame,
     entry_payload,
     entry_payload_bytes,
+    holds_one_message,
     parse_entry,
     parse_entry_metadata,
     prefix_broker_entry_metadata,
@@ -99,7 +100,7 @@ from ._hashing import (
     murmur3_32_raw,
     sticky_key,
 )
-from ._message_frames import message_frame, message_frame_head
+from ._message_frames import MessageFrameHeads, message_frame, message_frame_head
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._plain_batch import plain_batch_message, plain_batch_starts
 from ._proto import pulsar_api_pb2 as pb
@@ -144,6 +145,7 @@ __all__ = [
     "Frame",
     "KeyBasedBatchContainer",
     "LocalProtocolError",
+    "MessageFrameHeads",
     "MessageId",
     "NeedData",
     "ProtocolError",
@@ -174,6 +176,7 @@ __all__ = [
     "entry_payload",
     "entry_payload_bytes",
     "hash_range_slot",
+    "holds_one_message",
     "java_string_hash",
     "java_string_hash_utf8",
     "key_hash_slot",

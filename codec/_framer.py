@@ -61,7 +61,9 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._frames import FIELD_OF_TYPE, ChecksumMismatch, Frame
 from ._proto import pulsar_api_pb2 as pb
 from ._wire import (
+    WIRE_VARINT,
     check_strings,
+    field_key,
     holds_strings,
     parse_message,
     parse_validated,
@@ -84,6 +86,7 @@ __all__ = [
     "encode_frame",
     "entry_payload",
     "entry_payload_bytes",
+    "holds_one_message",
     "parse_entry",
     "prefix_broker_entry_metadata",
     "split_broker_entry_metadata",
@@ -113,6 +116,13 @@ _U32: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
 _MAGIC_CRC32C_BYTES: Final = _U16.pack(MAGIC_CRC32C)
 _MAGIC_BROKER_ENTRY_METADATA_BYTES: Final = _U16.pack(MAGIC_BROKER_ENTRY_METADATA)
+# The first byte of any key of `MessageMetadata.num_messages_in_batch` (`holds_one_message`):
+# the key's low seven bits, as the last byte of its varint or followed by more (an overlong
+# key, which the runtime accepts too).
+_BATCH_COUNT_KEY: Final = field_key(
+    pb.MessageMetadata.DESCRIPTOR.fields_by_name["num_messages_in_batch"].number, WIRE_VARINT)
+assert len(_BATCH_COUNT_KEY) == 1
+_BATCH_COUNT_KEY_LONG: Final = bytes((_BATCH_COUNT_KEY[0] | 0x80,))
 
 # Sub-command class -> (type, BaseCommand field name), from the rule "field number = type".
 _TYPE_OF_BODY: Final = {
@@ -362,6 +372,30 @@ def parse_entry_metadata(entry: bytes, *, validated: bool = False,
     metadata = parse(pb.MessageMetadata, bytes(view[start + pos + 4 : start + meta_end]),
                      "MessageMetadata")
     return metadata, len(entry) - start - meta_end, block
+
+
+def holds_one_message(entry: bytes) -> bool:
+    """Whether a stored entry (as `parse_entry_metadata` takes it) is certainly a single
+    message: its metadata's bytes hold no byte that can start a key of
+    `num_messages_in_batch`, so the field is absent whatever else they hold (the metadata
+    need not be parsed to know it). False when they hold one (parse to know) or when the
+    entry's sizes run past its end (parsing tells what is wrong). A scan of the metadata's
+    bytes and no parse: a broker asks this of every entry it dispatches.
+    """
+    size = len(entry)
+    pos = 0
+    if entry.startswith(_MAGIC_BROKER_ENTRY_METADATA_BYTES):
+        if size < 6:
+            return False
+        pos = 6 + _U32.unpack_from(entry, 2)[0]
+    if entry.startswith(_MAGIC_CRC32C_BYTES, pos):
+        pos += 6
+    if size - pos < 4:
+        return False
+    start = pos + 4
+    end = start + _U32.unpack_from(entry, pos)[0]
+    return (end <= size and entry.find(_BATCH_COUNT_KEY, start, end) < 0
+            and entry.find(_BATCH_COUNT_KEY_LONG, start, end) < 0)
 
 
 def entry_payload_bytes(entry: bytes) -> int:

@@ -34,11 +34,15 @@ A fatal I/O error is reported through `on_failure` (the engine then accepts no w
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import lmdb
 
 from ._config import StorageConfig
 from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter
@@ -52,12 +56,15 @@ from ._ledger import DELETED, LedgerTable
 from ._trace import trace
 from ._write_cache import CacheHalf, WriteCache
 
-__all__ = ["Checkpointer", "storage_error"]
+__all__ = ["WRITE_ERRORS", "Checkpointer", "storage_error"]
 
 log = logging.getLogger(__name__)
 
 FailureProbe = Callable[[], StorageError | None]
 FailureSink = Callable[[StorageFailedError], None]
+# What a checkpoint's or GC's writes can raise: the entry logs' I/O, and the index's commit
+# (LMDB does its own I/O and raises its own errors: a full disk, a full map, EIO).
+WRITE_ERRORS: tuple[type[Exception], ...] = (OSError, lmdb.Error)
 
 
 class Checkpointer:
@@ -93,7 +100,7 @@ class Checkpointer:
         it) failed: the engine accepts no writes, as after a failed checkpoint."""
         if isinstance(exc, StorageFailedError):
             error = exc
-        elif isinstance(exc, OSError):
+        elif isinstance(exc, WRITE_ERRORS):
             error = storage_error(exc)
         else:
             error = StorageFailedError(f"flush of replayed entries failed: {exc!r}")
@@ -136,7 +143,7 @@ class Checkpointer:
                     covered, self._config.tombstones_purged_per_checkpoint_max)
             try:
                 self.flush(half, records, purge, mark, drop)
-            except OSError as exc:
+            except WRITE_ERRORS as exc:
                 error = storage_error(exc)
                 self._on_failure(error)
                 raise error from exc
@@ -329,11 +336,27 @@ def _run_end(entries: list[tuple[int, int, bytes]], start: int, position: int,
     return stop
 
 
-def storage_error(exc: OSError) -> StorageFailedError:
-    """The engine's error for an I/O error of a checkpoint or GC (ENOSPC: StorageFullError)."""
+def storage_error(exc: Exception) -> StorageFailedError:
+    """The engine's error for a `WRITE_ERRORS` error of a checkpoint or GC (a full disk:
+    StorageFullError)."""
     if isinstance(exc, StorageFailedError):
         return exc
+    if isinstance(exc, lmdb.Error):
+        return _index_error(exc)
+    assert isinstance(exc, OSError), exc
     path = getattr(exc, "filename", None)
     cls = StorageFullError if exc.errno == 28 else StorageFailedError
     return cls(f"checkpoint I/O failed{' on ' + str(path) if path else ''}: "
                f"{exc.strerror or exc}", path=path, errno=exc.errno)
+
+
+def _index_error(exc: lmdb.Error) -> StorageFailedError:
+    """An index commit's LMDB error: py-lmdb names the C error in the text only (a full
+    disk reads as the C library's ENOSPC message)."""
+    reason = str(exc)
+    if isinstance(exc, lmdb.MapFullError):
+        return StorageFailedError(f"index commit failed: the index map is full ({reason}); "
+                                  f"raise lmdbMapBytes")
+    if os.strerror(errno.ENOSPC) in reason:
+        return StorageFullError(f"index commit failed: {reason}", errno=errno.ENOSPC)
+    return StorageFailedError(f"index commit failed: {reason}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ._checkpoint import FailureProbe, FailureSink, storage_error
+from ._checkpoint import WRITE_ERRORS, FailureProbe, FailureSink, storage_error
 from ._config import StorageConfig
 from ._entry_log import RECORD_HEADER_BYTES, EntryLogWriter, location_of, scan_entry_log
 from ._entry_logs import EntryLogs
@@ -105,7 +105,7 @@ class GarbageCollector:
                 return done
             try:
                 self._collect(done)
-            except OSError as exc:
+            except WRITE_ERRORS as exc:
                 error = storage_error(exc)
                 self._on_failure(error)
                 raise error from exc

@@ -26,7 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+import lmdb
+
 from ._completion import Completion
+from ._errors import StorageError
 from ._index import Index, MetaOp
 from ._write_cache import WriteCache
 
@@ -151,10 +154,18 @@ class MetadataStore:
     def transaction(self) -> Iterator[MetadataTransaction]:
         """A write transaction, committed durably when the block exits normally and
         aborted (nothing applied) when it raises. Keys with journaled operations still
-        waiting for a checkpoint must not be written here."""
+        waiting for a checkpoint must not be written here.
+
+        Raises:
+            StorageError: LMDB refused the write or its commit (a full disk, a full map);
+                nothing of the transaction was applied, and the engine goes on.
+        """
         index = self._store.index
-        with index.env.begin(write=True, db=index.kv) as txn:
-            yield MetadataTransaction(txn, index.kv)
+        try:
+            with index.env.begin(write=True, db=index.kv) as txn:
+                yield MetadataTransaction(txn, index.kv)
+        except lmdb.Error as exc:
+            raise StorageError(f"metadata write failed: {exc}") from exc
 
     def apply_journaled(self, ops: list[MetaOp]) -> Completion[int]:
         """Apply puts and deletes through the journal; visible to reads at once, durable

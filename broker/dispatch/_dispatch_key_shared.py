@@ -30,6 +30,7 @@ never drains.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from magnetar.codec import sticky_key
@@ -186,7 +187,7 @@ class KeySharedDispatcher(SharedDispatcher):
             if self.slot_counts[slot] <= 0:
                 del self.slot_counts[slot]
 
-    def acked(self, consumer: Consumer | None, positions: list[tuple[int, int]],
+    def acked(self, consumer: Consumer | None, positions: Sequence[tuple[int, int]],
               messages: int, remaining: dict[tuple[int, int], int] | None = None) -> None:
         for ledger_id, entry_id in positions:
             self._replay_removed(Position(ledger_id, entry_id))

@@ -28,6 +28,7 @@ the cursor rewinds when the next consumer arrives.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedSet
@@ -124,7 +125,7 @@ class SharedDispatcher(Dispatcher):
         self._add_to_replay(moved)
         self.kick()
 
-    def acked(self, consumer: Consumer | None, positions: list[tuple[int, int]],
+    def acked(self, consumer: Consumer | None, positions: Sequence[tuple[int, int]],
               messages: int, remaining: dict[tuple[int, int], int] | None = None) -> None:
         """Whole entries acknowledged; `remaining` gives, for batches that were partially
         acknowledged before, how many of their messages this ack covered."""

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from magnetar.codec import murmur3_32, sticky_key
@@ -155,7 +156,7 @@ class Dispatcher:
     def redeliver(self, consumer: Consumer, positions: list[tuple[int, int]] | None) -> None:
         raise NotImplementedError
 
-    def acked(self, consumer: Consumer | None, positions: list[tuple[int, int]],
+    def acked(self, consumer: Consumer | None, positions: Sequence[tuple[int, int]],
               messages: int, remaining: dict[tuple[int, int], int] | None = None) -> None:
         """The subscription acknowledged these entries (whole ones); `remaining`: messages
         this ack covered of batches that were partially acknowledged before."""
@@ -176,19 +177,27 @@ class Dispatcher:
         """Send entries to a consumer; returns the messages charged to its permits."""
         if not entries:
             return 0
+        sub = self.sub
+        partition, epoch = sub.partition, consumer.epoch
+        redelivery_count = sub.redelivery_count if sub.cursor.redelivery else None  # any?
         deliveries: list[Delivery] = []
         messages = 0
         for entry in entries:
-            ledger_id, entry_id = entry.position
+            position = entry.position
             batch_size = entry.batch_size
-            ack_set = self.sub.ack_set_for(entry.position) if batch_size > 1 else None
-            unacked = batch_size if ack_set is None else unacked_in_ack_set(ack_set, batch_size)
+            ack_set = None
+            unacked = batch_size
+            if batch_size > 1:
+                ack_set = sub.ack_set_for(position)
+                if ack_set is not None:
+                    unacked = unacked_in_ack_set(ack_set, batch_size)
             messages += unacked
-            deliveries.append(Delivery(ledger_id, entry_id, self.sub.partition, entry.data,
-                                       self.sub.redelivery_count(entry.position), ack_set,
-                                       consumer.epoch, batch_size))
+            deliveries.append(Delivery(
+                position[0], position[1], partition, entry.data,
+                0 if redelivery_count is None else redelivery_count(position), ack_set, epoch,
+                batch_size))
         consumer.record_sent(deliveries, messages)
-        self.sub.messages_dispatched(consumer, messages, deliveries)
+        sub.messages_dispatched(consumer, messages, deliveries)
         consumer.sink.deliver(consumer, deliveries)
         return messages
 

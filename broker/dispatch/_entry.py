@@ -7,7 +7,8 @@ quota compare), as upstream's `getEntryTimestamp` does; other entries use the pr
 publish time.
 
 Parsing metadata costs a protobuf decode, so `EntryInfo` parses once, when first asked, and
-remembers the answers. Tags follow the TDMQ convention: a message property whose value is
+remembers the answers; its batch size needs no parse when the metadata's bytes show it cannot
+be a batch. Tags follow the TDMQ convention: a message property whose value is
 "TAGS" names a tag.
 
 Batch sizes. `num_messages_in_batch` is the client's claim, and the broker does work in
@@ -25,7 +26,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from magnetar.codec import RemoteProtocolError, entry_payload_bytes, parse_entry_metadata, pb
+from magnetar.codec import (
+    RemoteProtocolError,
+    entry_payload_bytes,
+    holds_one_message,
+    parse_entry_metadata,
+    pb,
+)
 
 from ..ledger._position import Position
 
@@ -127,7 +134,11 @@ class EntryInfo:
 
     @property
     def batch_size(self) -> int:
-        """The messages the entry holds (`messages_in`: a stored claim is clamped)."""
+        """The messages the entry holds (`messages_in`: a stored claim is clamped). An entry
+        whose metadata's bytes cannot hold a batch count is one message without a parse
+        (`holds_one_message`: an unbatched backlog is dispatched without parsing it)."""
+        if self._metadata is None and holds_one_message(self.data):
+            return 1
         metadata = self.metadata  # parses, and finds the payload's length
         return messages_in(metadata, self._payload_bytes)
 

@@ -110,6 +110,9 @@ class SubscriptionReads:
             self._singles_left = max(0, self._singles_left - len(raw))
             if not rest:
                 self._read_ahead(max_entries, max_bytes)
+            if not cursor.individually_deleted and raw and raw[0][0] > \
+                    cursor.mark_delete_position:
+                return raw  # none acknowledged meanwhile (they are sorted)
             return [(p, data) for p, data in raw if not cursor.is_acked(p)]
         runs = cursor.plan_read(max_entries)
         if not runs:

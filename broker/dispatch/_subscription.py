@@ -70,9 +70,10 @@ ACK_CUMULATIVE = 1
 class Subscription:
     """One subscription of a persistent topic."""
 
-    __slots__ = ("_background", "_compacted", "_reset_done", "bytes_out_counter", "cursor",
-                 "delayed", "dispatcher", "last_consumed_flow_timestamp", "last_expire_timestamp",
-                 "msg_out_counter", "name", "rate_out", "reads", "topic", "total_msg_expired")
+    __slots__ = ("_background", "_compacted", "_partition", "_reset_done", "bytes_out_counter",
+                 "cursor", "delayed", "dispatcher", "last_consumed_flow_timestamp",
+                 "last_expire_timestamp", "msg_out_counter", "name", "rate_out", "reads", "topic",
+                 "total_msg_expired")
 
     def __init__(self, topic: SubscriptionParent, name: str, cursor: ManagedCursor):
         self.topic = topic
@@ -90,6 +91,7 @@ class Subscription:
         self.bytes_out_counter = 0
         self.rate_out = RateMeter(time.monotonic())  # msgRateOut, msgThroughputOut
         self._compacted: CompactedReads | None = None  # made at the first read_compacted
+        self._partition: int | None = None  # the topic's partition index, once asked
 
     # -- what the dispatcher asks ----------------------------------------------------------
 
@@ -99,7 +101,9 @@ class Subscription:
 
     @property
     def partition(self) -> int:
-        return self.topic.name.partition_index
+        if self._partition is None:  # a topic's name never changes: parsed once
+            self._partition = self.topic.name.partition_index
+        return self._partition
 
     @property
     def topic_name(self) -> str:
@@ -212,7 +216,7 @@ class Subscription:
             return [], False  # a compacted read is under way; it kicks when it lands
         if raw is None:
             raw = self.reads.read_new(max_entries, self.config.dispatcher_max_read_size_bytes)
-        entries = [EntryInfo(Position(*p), data) for p, data in raw]
+        entries = [EntryInfo(position, data) for position, data in raw]
         return self._filter(entries, honour_delay), bool(raw)
 
     def read_positions(self, positions: list[Position]) -> tuple[list[EntryInfo],
@@ -230,9 +234,11 @@ class Subscription:
 
     def _filter(self, entries: list[EntryInfo], honour_delay: bool) -> list[EntryInfo]:
         tags = self.tags
+        delayed = self.delayed if honour_delay else None
+        if not tags and delayed is None:
+            return entries  # nothing to filter out
         out: list[EntryInfo] = []
         rejected: list[Position] = []
-        delayed = self.delayed if honour_delay else None
         for index, entry in enumerate(entries):
             if tags:
                 entry_tags = entry.tags()
@@ -368,6 +374,9 @@ class Subscription:
                               acks: list[tuple[int, int, list[int] | None]]) -> None:
         whole: list[Position] = []
         remaining: dict[tuple[int, int], int] = {}  # unacked messages of partial batches
+        if not self.cursor.batch_deleted and all(words is None for _, _, words in acks):
+            whole = [Position(ledger_id, entry_id) for ledger_id, entry_id, _ in acks]
+            acks = []  # whole entries, none of them partially acknowledged: nothing to count
         for ledger_id, entry_id, ack_set in acks:
             position = Position(ledger_id, entry_id)
             if ack_set is None or not self.config.acknowledgment_at_batch_index_level_enabled:
@@ -420,8 +429,7 @@ class Subscription:
                    moved: bool, remaining: dict[tuple[int, int], int] | None = None) -> None:
         self.cursor.redelivery.discard(positions)
         if self.dispatcher is not None:
-            self.dispatcher.acked(consumer, [(p.ledger_id, p.entry_id) for p in positions],
-                                   messages, remaining)
+            self.dispatcher.acked(consumer, positions, messages, remaining)
             if moved:
                 self.dispatcher.mark_delete_moved()
         self.topic.acks_changed()

@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from magnetar.storage import Completion
 
-from ._loader import Run, collect
+from ._loader import Run, collect, runs_of
+from ._ml_records import cursor_key
 from ._position import (
     EMPTY_MAP,
     LATEST,
@@ -66,6 +67,7 @@ from ._position import (
     Position,
     ack_set_to_int,
     int_to_ack_set,
+    keys_between,
 )
 from ._range_set import RangeSet
 from ._redelivery import RedeliveryCounts
@@ -73,22 +75,12 @@ from ._redelivery import RedeliveryCounts
 if TYPE_CHECKING:
     from ._managed_ledger import ManagedLedger
 
-__all__ = ["ManagedCursor", "cursor_key", "cursor_prefix"]
+__all__ = ["ManagedCursor"]
 
 log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 READ_BYTES_DEFAULT_MAX = 5 * 1024 * 1024  # Pulsar's dispatcherMaxReadSizeBytes
-
-
-def cursor_prefix(ml_name: str) -> bytes:
-    """The metadata key prefix of a managed ledger's durable cursors."""
-    return b"cursor/" + ml_name.encode() + b"\x00"
-
-
-def cursor_key(ml_name: str, cursor_name: str) -> bytes:
-    """The metadata key of a durable cursor's record."""
-    return cursor_prefix(ml_name) + cursor_name.encode()
 
 
 class ManagedCursor:
@@ -303,7 +295,10 @@ class ManagedCursor:
     # -- acknowledgements ----------------------------------------------------------------
 
     async def delete(self, positions: Iterable[Position]) -> None:
-        """Individually acknowledge entries (§4.3). Already acknowledged ones are no-ops.
+        """Individually acknowledge entries (§4.3); acknowledged ones are no-ops. Those above
+        MD go in as runs of consecutive entries of one ledger (`runs_of`), each checked by its
+        ends and added as one range: an ack of a stretch (a consumer draining a backlog) costs
+        one range insertion, not one per entry.
 
         Raises:
             InvalidPositionError: a position is not a confirmed entry; nothing changed.
@@ -311,13 +306,20 @@ class ManagedCursor:
             StorageError: the record could not be made durable (the change stays in memory).
         """
         self._check_usable()
-        wanted = [p for p in positions if not self.is_acked(p)]
-        for position in wanted:
-            self._check_entry(position)
-        changed = False
-        for position in wanted:
-            changed |= self._delete_entry(position)
-        if changed:
+        runs = [(Position(ledger_id, first), Position(ledger_id, last)) for ledger_id, first, last
+                in runs_of(sorted(p for p in positions if p > self.mark_delete_position))]
+        for low, high in runs:  # a run holds entries only when both its ends are entries
+            self._check_entry(low)
+            self._check_entry(high)
+        before = self.individually_deleted.entry_count
+        for low, high in runs:
+            for position in keys_between(self.batch_deleted, low, high):
+                del self._own_bitsets()[position]
+            self.redelivery.discard_between(low, high)
+            self.individually_deleted.add_range(low, high)
+        if not self.batch_deleted:
+            self.batch_deleted = EMPTY_MAP  # (the runs took the last bitsets)
+        if self.individually_deleted.entry_count != before:
             self._advance_mark_delete()
             self._after_change()
         await self.flush()

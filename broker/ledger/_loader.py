@@ -81,11 +81,16 @@ def collect(fetch: Fetch, runs: list[Run], max_bytes: int) -> list[tuple[Positio
 def runs_of(positions: list[Position]) -> list[Run]:
     """Sorted positions grouped into runs of consecutive entries of one ledger."""
     runs: list[Run] = []
-    for position in positions:
-        if runs and runs[-1][0] == position.ledger_id and runs[-1][2] + 1 == position.entry_id:
-            runs[-1] = (position.ledger_id, runs[-1][1], position.entry_id)
-        else:
-            runs.append((position.ledger_id, position.entry_id, position.entry_id))
+    if not positions:
+        return runs
+    ledger_id, first = positions[0]
+    last = first - 1
+    for position_ledger, entry_id in positions:  # the open run is kept in locals
+        if position_ledger != ledger_id or entry_id != last + 1:
+            runs.append((ledger_id, first, last))
+            ledger_id, first = position_ledger, entry_id
+        last = entry_id
+    runs.append((ledger_id, first, last))
     return runs
 
 

@@ -107,9 +107,9 @@ from ._completions import (
     delete_storage_ledger,
     in_order_on_loop,
 )
-from ._cursor import ManagedCursor, cursor_prefix
+from ._cursor import ManagedCursor
 from ._loader import EntryLoader, LedgerReads, default_loader
-from ._ml_records import LedgerRecord, ManagedLedgerConfig, MiB, _Ledger, ml_key
+from ._ml_records import LedgerRecord, ManagedLedgerConfig, MiB, _Ledger, cursor_prefix, ml_key
 from ._position import (
     EMPTY_MAP,
     ManagedLedgerClosedError,

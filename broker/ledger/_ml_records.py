@@ -1,6 +1,7 @@
 """A managed ledger's records: its settings (`ManagedLedgerConfig`), its metadata key
-(`ml_key`), and each of its ledgers, as reported (`LedgerRecord`) and as kept (`_Ledger`, the
-entries of the record's JSON list; see `_managed_ledger.py`)."""
+(`ml_key`) and its durable cursors' (`cursor_key`), and each of its ledgers, as reported
+(`LedgerRecord`) and as kept (`_Ledger`, the entries of the record's JSON list; see
+`_managed_ledger.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ._redelivery import (
     REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT,
 )
 
-__all__ = ["LedgerRecord", "ManagedLedgerConfig", "ml_key"]
+__all__ = ["LedgerRecord", "ManagedLedgerConfig", "cursor_key", "cursor_prefix", "ml_key"]
 
 MiB = 1024 * 1024
 
@@ -21,6 +22,16 @@ MiB = 1024 * 1024
 def ml_key(name: str) -> bytes:
     """The metadata key of a managed ledger's record."""
     return b"ml/" + name.encode()
+
+
+def cursor_prefix(ml_name: str) -> bytes:
+    """The metadata key prefix of a managed ledger's durable cursors."""
+    return b"cursor/" + ml_name.encode() + b"\x00"
+
+
+def cursor_key(ml_name: str, cursor_name: str) -> bytes:
+    """The metadata key of a durable cursor's record."""
+    return cursor_prefix(ml_name) + cursor_name.encode()
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ need each other only for typing).
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
@@ -40,6 +40,7 @@ __all__ = [
     "ack_set_to_int",
     "ack_set_words_max",
     "int_to_ack_set",
+    "keys_between",
     "unacked_in_ack_set",
 ]
 
@@ -66,6 +67,19 @@ EMPTY_MAP: Final[Mapping[Any, Any]] = MappingProxyType({})
 LATEST: Final = Position(INT64_MAX, INT64_MAX)
 
 assert EARLIEST < Position(0, 0) < LATEST
+
+
+def keys_between(table: Collection[Position], first: Position, last: Position,
+                 ) -> list[Position]:
+    """The positions of `table` in first..last (entries of one ledger), lowest first: looked
+    up one by one when the run is shorter than the table, else found by a walk of it."""
+    if not table:
+        return []
+    if last.entry_id - first.entry_id < len(table):
+        ledger_id = first.ledger_id
+        return [p for e in range(first.entry_id, last.entry_id + 1)
+                if (p := Position(ledger_id, e)) in table]
+    return sorted(p for p in table if first <= p <= last)
 
 
 def ack_set_to_int(words: list[int]) -> int:

@@ -28,7 +28,7 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from ._position import EMPTY_MAP, Position
+from ._position import EMPTY_MAP, Position, keys_between
 
 __all__ = ["REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT", "REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT",
            "RedeliveryCounts"]
@@ -70,7 +70,7 @@ class RedeliveryCounts:
     def discard(self, positions: Iterable[Position]) -> bool:
         """Forget the counts of `positions`; whether any was there."""
         counts = self._counts
-        if not isinstance(counts, dict):
+        if not isinstance(counts, dict):  # EMPTY_MAP: nothing to forget
             return False
         found = False
         for position in positions:
@@ -78,6 +78,16 @@ class RedeliveryCounts:
         if not counts:
             self._counts = EMPTY_MAP
         return found
+
+    def discard_between(self, first: Position, last: Position) -> None:
+        """Forget the counts of first..last (entries of one ledger)."""
+        counts = self._counts
+        if not isinstance(counts, dict):
+            return
+        for position in keys_between(counts, first, last):
+            del counts[position]
+        if not counts:
+            self._counts = EMPTY_MAP
 
     def discard_up_to(self, mark_delete: Position) -> None:
         if any(p <= mark_delete for p in self._counts):

@@ -33,7 +33,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-from magnetar.codec import Frame, MessageId, message_frame_head, pb, strip_broker_entry_metadata
+from magnetar.codec import (
+    Frame,
+    MessageFrameHeads,
+    MessageId,
+    pb,
+    strip_broker_entry_metadata,
+)
 
 from .._errors import ConsumerNotFoundError, NotAllowedError
 from .._names import TopicName, check_subscription_name
@@ -49,6 +55,7 @@ from ..security._authz import SUBSCRIBE_REFUSED
 from ..topics._service import Topic
 from ..topics._topic import PersistentTopic
 from ._connection_view import (
+    INT64_MAX,
     REQUEST_ID_NONE,
     SHUTTING_DOWN,
     TRANSACTIONS_DISABLED,
@@ -71,6 +78,8 @@ _SUB_TYPES: Final = {
     pb.CommandSubscribe.Failover: "Failover",
     pb.CommandSubscribe.Key_Shared: "Key_Shared",
 }
+
+_UINT64_SPAN: Final = 1 << 64  # a uint64 above INT64_MAX less this is the signed long
 
 assert set(_SUB_TYPES.values()) == {"Exclusive", "Shared", "Failover", "Key_Shared"}
 
@@ -151,13 +160,11 @@ class ConsumerCommands:
         size_max = view.frame_size_bytes_max
         keep_prefix = view.wants_entry_metadata
         parts: list[bytes] = []
-        for d in deliveries:
+        heads = MessageFrameHeads(consumer_id, frame_size_bytes_max=size_max).head
+        for d in deliveries:  # the runtime's bytes, built faster
             entry = d.entry if keep_prefix else strip_broker_entry_metadata(d.entry)
-            parts += (message_frame_head(  # the runtime's bytes, built faster
-                consumer_id, d.ledger_id, d.entry_id, d.partition, d.redelivery_count,
-                len(entry), ack_set=d.ack_set or (),
-                consumer_epoch=d.epoch if send_epoch else None,
-                frame_size_bytes_max=size_max), entry)
+            parts += (heads(d.ledger_id, d.entry_id, d.partition, d.redelivery_count, len(entry),
+                            d.ack_set or (), d.epoch if send_epoch else None), entry)
         view.write_parts(parts)  # one gathering write: the entries are not copied
         view.check_write_room()
 
@@ -322,8 +329,10 @@ class ConsumerCommands:
         elif request.txnid_least_bits or request.txnid_most_bits:
             error = (pb.NotAllowedError, TRANSACTIONS_DISABLED)
         else:
-            acks = [(signed(m.ledgerId), signed(m.entryId), list(m.ack_set) or None)
-                    for m in request.message_id]
+            acks = [(ledger if (ledger := m.ledgerId) <= INT64_MAX else ledger - _UINT64_SPAN,
+                     entry if (entry := m.entryId) <= INT64_MAX else entry - _UINT64_SPAN,
+                     list(words) if (words := m.ack_set) else None)  # `signed`, inlined:
+                    for m in request.message_id]  # an ACK holds up to a thousand ids
             async with state.lock:
                 try:
                     await self._apply_ack(state, request.ack_type, acks)

@@ -24,8 +24,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from magnetar.broker.ledger._cursor import ManagedCursor, cursor_key
+from magnetar.broker.ledger._cursor import ManagedCursor
 from magnetar.broker.ledger._managed_ledger import ManagedLedger, ManagedLedgerConfig, ml_key
+from magnetar.broker.ledger._ml_records import cursor_key
 from magnetar.broker.ledger._position import (
     EARLIEST,
     LATEST,
@@ -95,6 +96,32 @@ async def test_acks_e1_e2_e0_collapse_into_the_mark_delete(env: Env) -> None:
     assert cursor.mark_delete_position == e[2]
     assert len(cursor.individually_deleted) == 0
     assert cursor.read_position == e[3]
+
+
+async def test_an_ack_of_runs_across_ledgers_matches_acks_one_by_one(env: Env) -> None:
+    config = replace(KEEP_ALL, max_entries_per_ledger=4)
+    _, cursor, e = await topic(env, 12, config=config)
+    await cursor.delete_batch_index(e[5], unacked_bits(3, {0}), 3)  # a partial batch inside
+    cursor.count_redelivery(e[6])
+    await cursor.delete([e[9], e[2], e[3], e[4], e[5], e[6], e[3], e[10]])  # unsorted, repeated
+    assert list(cursor.individually_deleted) == [(e[2], e[6]), (e[9], e[10])]
+    assert cursor.individually_deleted.entry_count == 7
+    assert cursor.get_ack_set(e[5]) is None
+    assert cursor.redelivery.get(e[6]) == 0
+    await cursor.delete([e[0], e[1]])
+    assert cursor.mark_delete_position == e[6]
+    assert list(cursor.individually_deleted) == [(e[9], e[10])]
+    assert cursor.backlog() == 3
+
+
+async def test_an_ack_with_a_position_that_is_no_entry_changes_nothing(env: Env) -> None:
+    _, cursor, e = await topic(env, 4)
+    for bad in (P(e[0].ledger_id, 4), P(e[0].ledger_id + 9, -1), P(e[0].ledger_id + 9, 0)):
+        with pytest.raises(InvalidPositionError, match="is not an entry"):
+            await cursor.delete([e[1], e[2], e[3], bad])
+        assert len(cursor.individually_deleted) == 0
+    await cursor.delete([e[1], P(e[0].ledger_id, -1)])  # at or below MD: no-ops, not errors
+    assert list(cursor.individually_deleted) == [(e[1], e[1])]
 
 
 async def test_mark_delete_extends_through_following_ranges(env: Env) -> None:
@@ -602,7 +629,7 @@ class CursorAgainstSetModel(RuleBasedStateMachine):
     @precondition(lambda self: self.entries)
     @rule(data=st.data())
     def ack_individual(self, data: st.DataObject) -> None:
-        picks = data.draw(st.lists(st.sampled_from(self.entries), min_size=1, max_size=3))
+        picks = data.draw(st.lists(st.sampled_from(self.entries), min_size=1, max_size=6))
         self._run(self.cursor.delete(picks))
         self.acked.update(picks)
 

@@ -364,8 +364,8 @@ def test_partition_round_trip(tenant: str, local: str, index: int) -> None:
 
 def _keys_of(name: TopicName) -> list[bytes]:
     """Every metadata key a topic and its partitions make, with the longest subscription."""
-    from magnetar.broker.ledger._cursor import cursor_key
     from magnetar.broker.ledger._managed_ledger import ml_key
+    from magnetar.broker.ledger._ml_records import cursor_key
     from magnetar.broker.schemas._schemas import SchemaRegistry
 
     longest_sub = "s" * SUBSCRIPTION_NAME_BYTES_MAX

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from magnetar.broker import Consumer, PersistentTopic, Position, SubscribeSpec
-from magnetar.broker.ledger._cursor import cursor_key
+from magnetar.broker.ledger._ml_records import cursor_key
 from magnetar.broker.ledger._redelivery import RedeliveryCounts
 from magnetar.broker.topics._service import BrokerService
 

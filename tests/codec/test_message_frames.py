@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from magnetar.codec import (
     Connection,
     LocalProtocolError,
+    MessageFrameHeads,
     Role,
     base_command,
     decode_frame,
     encode_entry,
     encode_frame,
     message_frame,
+    message_frame_head,
     pb,
 )
 from magnetar.codec._wire import UINT64_MASK
@@ -61,6 +63,34 @@ def test_message_frames_match_the_runtime(consumer_id: int, ledger_id: int, entr
                          ack_set=ack_set, consumer_epoch=epoch)
     assert ours == runtime_frame(consumer_id, ledger_id, entry_id, partition,
                                  redelivery_count, entry, ack_set, epoch)
+
+
+SMALL = st.one_of(st.just(-1), st.integers(0, 3), st.sampled_from([127, 128, 2**14, 2**21]))
+
+
+@given(U64, st.lists(st.tuples(SMALL, IDS, st.sampled_from([-1, 0, 5, 2**31 - 1]),
+                              st.sampled_from([0, 1, 200]), st.integers(0, 2**20),
+                              st.lists(INT64, max_size=2), st.sampled_from([None, 0, 2**40])),
+                    max_size=12))
+def test_the_heads_of_a_write_match_single_heads(
+        consumer_id: int, heads: list[tuple[int, int, int, int, int, list[int], int | None]],
+) -> None:
+    """A run of heads (ledgers, partitions, counts and epochs changing or not, ids of every
+    width, some with ack sets) is byte for byte what `message_frame_head` builds for each."""
+    shared = MessageFrameHeads(consumer_id)
+    for ledger_id, entry_id, partition, redelivery, entry_bytes, ack_set, epoch in heads:
+        assert shared.head(ledger_id, entry_id, partition, redelivery, entry_bytes,
+                           ack_set, epoch) == message_frame_head(
+            consumer_id, ledger_id, entry_id, partition, redelivery, entry_bytes,
+            ack_set=ack_set, consumer_epoch=epoch)
+
+
+def test_the_heads_of_a_write_refuse_a_frame_over_the_limit() -> None:
+    size = len(message_frame(1, 2, 3, -1, 0, ENTRY)) - 4
+    heads = MessageFrameHeads(1, frame_size_bytes_max=size)
+    assert len(heads.head(2, 3, -1, 0, len(ENTRY))) + len(ENTRY) == size + 4
+    with pytest.raises(LocalProtocolError, match="exceeds"):
+        heads.head(2, 3, -1, 0, len(ENTRY) + 1)
 
 
 def test_a_message_decodes_to_its_fields_and_entry() -> None:
