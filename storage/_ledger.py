@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ._index import LedgerRecord
@@ -18,15 +19,17 @@ STATES = (OPEN, FENCED, CLOSED, DELETED)
 
 class LedgerState:
     """One ledger. Mutated under the storage lock, except `lac`, which the journal's
-    syncer advances (entry ids of one ledger become durable in order)."""
+    syncer advances (entry ids of one ledger become durable in order). `metadata` is kept as
+    its (key, value) pairs, the very tuples `LedgerTable` indexes it by: a tuple of one pair
+    is a third of a one-key dict's size, and there is one ledger or more per topic."""
 
     __slots__ = ("lac", "ledger_id", "metadata", "next_entry_id", "state")
 
-    def __init__(self, ledger_id: int, metadata: dict[str, str], state: str = OPEN,
+    def __init__(self, ledger_id: int, metadata: Mapping[str, str], state: str = OPEN,
                  lac: int = -1):
         assert state in STATES
         self.ledger_id = ledger_id
-        self.metadata = metadata
+        self.metadata: tuple[tuple[str, str], ...] = tuple(metadata.items())
         self.state = state
         self.lac = lac
         self.next_entry_id = lac + 1
@@ -106,7 +109,7 @@ class LedgerTable:
 
     def _index(self, ledger: LedgerState) -> None:
         by_tag = self._by_tag
-        for tag in ledger.metadata.items():
+        for tag in ledger.metadata:
             ids = by_tag.get(tag)
             if ids is None:
                 by_tag[tag] = ledger.ledger_id
@@ -128,7 +131,7 @@ class LedgerTable:
         self.dirty.add(ledger_id)
         if deleted:
             self.purge.add(ledger_id)
-            for tag in self.ledgers[ledger_id].metadata.items():
+            for tag in self.ledgers[ledger_id].metadata:
                 ids = self._by_tag.get(tag)
                 if ids == ledger_id:
                     del self._by_tag[tag]

@@ -8,8 +8,12 @@ State (broker semantics §4.2):
 * `individually_deleted`: a `RangeSet` of acknowledged entries above MD ("ack holes" between);
 * `batch_deleted`: `{position: bitmask}` for partially acknowledged batch entries, a set bit
   meaning "index still unacknowledged" (Java `BitSet` semantics, §4.4);
-* `properties` (`dict[str, int]`, written with mark-deletes, used by dedup) and
-  `cursor_properties` (`dict[str, str]`, subscription properties);
+* `properties` (`str -> int`, written with mark-deletes, used by dedup) and
+  `cursor_properties` (`str -> str`, subscription properties);
+
+While empty, these three maps are the one shared read-only `EMPTY_MAP` (a cursor per loaded topic
+holds no dict for nothing): a change makes the cursor its own dict (`_own_bitsets`, or a new
+map for the properties, which change seldom), and clearing the bitsets gives `EMPTY_MAP` back.
 * `read_position`: the next entry to dispatch, always > MD. It is not persisted; after a
   restart it is the entry after MD, so every unacknowledged entry is delivered again.
 
@@ -48,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from magnetar.storage import Completion
@@ -56,6 +60,7 @@ from magnetar.storage import Completion
 from ._loader import Run, collect, runs_of
 from ._ml_records import cursor_key
 from ._position import (
+    EMPTY_MAP,
     LATEST,
     InvalidPositionError,
     ManagedLedgerClosedError,
@@ -97,9 +102,9 @@ class ManagedCursor:
         self.read_epoch = 0  # bumped by every change of the read position
         self._read_position = ml.next_valid_position(mark_delete)
         self.individually_deleted = RangeSet(ml)
-        self.batch_deleted: dict[Position, int] = {}
-        self.properties: dict[str, int] = {}
-        self.cursor_properties: dict[str, str] = {}
+        self.batch_deleted: Mapping[Position, int] = EMPTY_MAP  # `_own_bitsets` to change it
+        self.properties: Mapping[str, int] = EMPTY_MAP
+        self.cursor_properties: Mapping[str, str] = EMPTY_MAP
         self.redelivery = RedeliveryCounts(ml.config.max_redelivery_counts_to_persist)
         self.deleted = False
         self._background_write = False  # a change nobody waits for is not yet durable
@@ -120,7 +125,7 @@ class ManagedCursor:
         else:
             mark_delete = ml.previous_position(ml.first_entry_at_or_after(ml.first_position()))
         cursor = cls(ml, name, durable, mark_delete)
-        cursor.properties = dict(properties or {})
+        cursor.properties = dict(properties) if properties else EMPTY_MAP
         cursor._version = 1  # the new record itself must be written
         return cursor
 
@@ -161,9 +166,11 @@ class ManagedCursor:
         for ledger_id, entry_id, words in record["batch"]:
             position = Position(ledger_id, entry_id)
             if position > mark_delete and ml.is_valid_position(position):
-                cursor.batch_deleted[position] = ack_set_to_int(words)
-        cursor.properties = {k: int(v) for k, v in record["props"].items()}
-        cursor.cursor_properties = {k: str(v) for k, v in record["cprops"].items()}
+                cursor._own_bitsets()[position] = ack_set_to_int(words)
+        if record["props"]:
+            cursor.properties = {k: int(v) for k, v in record["props"].items()}
+        if record["cprops"]:
+            cursor.cursor_properties = {k: str(v) for k, v in record["cprops"].items()}
         cursor._advance_mark_delete()
         cursor.redelivery.restore(
             record.get("redel"),
@@ -307,16 +314,26 @@ class ManagedCursor:
         before = self.individually_deleted.entry_count
         for low, high in runs:
             for position in keys_between(self.batch_deleted, low, high):
-                del self.batch_deleted[position]
+                del self._own_bitsets()[position]
             self.redelivery.discard_between(low, high)
             self.individually_deleted.add_range(low, high)
+        if not self.batch_deleted:
+            self.batch_deleted = EMPTY_MAP  # (the runs took the last bitsets)
         if self.individually_deleted.entry_count != before:
             self._advance_mark_delete()
             self._after_change()
         await self.flush()
 
+    def _own_bitsets(self) -> dict[Position, int]:
+        """`batch_deleted`, as the cursor's own dict (made when it is the shared `EMPTY_MAP`)."""
+        bitsets = self.batch_deleted
+        if not isinstance(bitsets, dict):
+            bitsets = self.batch_deleted = {}
+        return bitsets
+
     def _delete_entry(self, position: Position) -> bool:
-        self.batch_deleted.pop(position, None)
+        if position in self.batch_deleted:
+            del self._own_bitsets()[position]
         self.redelivery.discard((position,))
         return self.individually_deleted.add(position)
 
@@ -343,7 +360,7 @@ class ManagedCursor:
             self._advance_mark_delete()
             self._after_change()
         elif combined != current or position not in self.batch_deleted:
-            self.batch_deleted[position] = combined
+            self._own_bitsets()[position] = combined
             self._after_change()
         await self.flush()
 
@@ -373,7 +390,7 @@ class ManagedCursor:
             if not self.is_acked(entry):
                 combined = self.batch_deleted.get(entry, mask) & mask
                 if combined:
-                    self.batch_deleted[entry] = combined
+                    self._own_bitsets()[entry] = combined
                 else:  # individual index acks covered the rest: the entry is done
                     self._delete_entry(entry)
         self._move_mark_delete(target)
@@ -425,8 +442,9 @@ class ManagedCursor:
             self.mark_delete_position = max(self.mark_delete_position, first[1])
             self.individually_deleted.remove_up_to(self.mark_delete_position)
         md = self.mark_delete_position
-        for position in [p for p in self.batch_deleted if p <= md]:
-            del self.batch_deleted[position]
+        if self.batch_deleted:
+            self.batch_deleted = {p: mask for p, mask in self.batch_deleted.items()
+                                  if p > md} or EMPTY_MAP
         self.redelivery.discard_up_to(md)
         if self.read_position <= md:
             self.read_position = ml.next_valid_position(md)
@@ -436,7 +454,7 @@ class ManagedCursor:
         self._check_usable()
         target = max(self.ml.last_confirmed_position, self.mark_delete_position)
         self._move_mark_delete(target)
-        self.batch_deleted.clear()
+        self.batch_deleted = EMPTY_MAP
         self._after_change()
         await self.flush()
 
@@ -482,12 +500,12 @@ class ManagedCursor:
         start = ml.first_entry_at_or_after(position)
         start = min(start, ml.write_position())
         self.individually_deleted.clear()
-        self.batch_deleted.clear()
+        self.batch_deleted = EMPTY_MAP
         self.mark_delete_position = ml.previous_position(start)
         self.read_position = start
         mask = 0 if ack_set is None else ack_set_to_int(ack_set)
         if mask and ml.config.batch_index_ack_enabled and ml.is_valid_position(start):
-            self.batch_deleted[start] = mask
+            self._own_bitsets()[start] = mask
         assert self.read_position > self.mark_delete_position
         self._after_change()
         await self.flush()
@@ -501,13 +519,15 @@ class ManagedCursor:
 
     async def set_cursor_property(self, key: str, value: str) -> None:
         self._check_usable()
-        self.cursor_properties[key] = value
+        self.cursor_properties = {**self.cursor_properties, key: value}
         self._after_change()
         await self.flush()
 
     async def remove_cursor_property(self, key: str) -> None:
         self._check_usable()
-        if self.cursor_properties.pop(key, None) is not None:
+        if key in self.cursor_properties:
+            self.cursor_properties = {k: v for k, v in self.cursor_properties.items()
+                                      if k != key}
             self._after_change()
         await self.flush()
 
@@ -557,8 +577,8 @@ class ManagedCursor:
             "md": list(self.mark_delete_position),
             "ranges": self.individually_deleted.to_list(config.max_unacked_ranges_to_persist),
             "batch": [[p.ledger_id, p.entry_id, int_to_ack_set(mask)] for p, mask in bitsets],
-            "props": self.properties,
-            "cprops": self.cursor_properties,
+            "props": self.properties or {},
+            "cprops": self.cursor_properties or {},
             "redel": self.redelivery.to_record(self.is_acked),
         }
         return json.dumps(data, separators=(",", ":")).encode()

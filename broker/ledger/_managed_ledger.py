@@ -87,7 +87,7 @@ import json
 import logging
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from magnetar.storage import (
@@ -111,6 +111,7 @@ from ._cursor import ManagedCursor
 from ._loader import EntryLoader, LedgerReads, default_loader
 from ._ml_records import LedgerRecord, ManagedLedgerConfig, MiB, _Ledger, cursor_prefix, ml_key
 from ._position import (
+    EMPTY_MAP,
     ManagedLedgerClosedError,
     ManagedLedgerFencedError,
     ManagedLedgerTerminatedError,
@@ -144,14 +145,14 @@ class ManagedLedger(LedgerReads):
     asyncio event loop."""
 
     __slots__ = ("_add_failed", "_current_created_s", "_fenced", "_ids", "_last_add",
-                 "_last_confirmed", "_ledgers", "_non_durable", "_queued_adds", "_record_written",
-                 "_state", "_submit_lock", "_submitted_bytes", "_submitted_entries", "add_figures",
-                 "clock", "config", "cursors", "loader", "name", "on_entries_added",
+                 "_last_confirmed", "_ledgers", "_lock", "_non_durable", "_queued_adds",
+                 "_record_written", "_state", "_submitted_bytes", "_submitted_entries",
+                 "add_figures", "clock", "config", "cursors", "loader", "name", "on_entries_added",
                  "properties", "record_sink", "storage", "terminated_position")
 
     def __init__(self, storage: LedgerStorage, name: str, config: ManagedLedgerConfig,
                  clock: Callable[[], float], ledgers: list[_Ledger],
-                 properties: dict[str, str], terminated: Position | None = None,
+                 properties: Mapping[str, str], terminated: Position | None = None,
                  loader: EntryLoader | None = None):
         """Internal: use `ManagedLedger.open`."""
         self.loader = loader or default_loader()
@@ -160,21 +161,24 @@ class ManagedLedger(LedgerReads):
         self.name = name
         self.config = config
         self.clock = clock
-        self.properties = properties
+        self.properties = properties  # EMPTY_MAP while none (most topics): see set_property
         self._ledgers = ledgers
-        self._ids = [ledger.ledger_id for ledger in ledgers]
+        # the ledgers' ids, for bisect: a tuple (rebuilt at the seldom changes) is smaller
+        self._ids = tuple(ledger.ledger_id for ledger in ledgers)
         self._current_created_s = clock()
         self._submitted_entries = 0
         self._submitted_bytes = 0
-        self._submit_lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None  # `_submit_lock`, made at the first use
         self._state = "open"
         self.record_sink: Callable[[bytes, bytes], None] | None = None  # see _write_record
         self._record_written: Completion[int] | None = None  # the newest record's write
         self._fenced: BaseException | None = None
         self._add_failed = False  # an add failed: roll over before the next one
         self.cursors: dict[str, ManagedCursor] = {}
-        self._non_durable: dict[int, ManagedCursor] = {}
-        self.on_entries_added: list[Callable[[Position], None]] = []
+        self._non_durable: dict[int, ManagedCursor] | None = None  # made at the first one
+        # A tuple (add one with +=): one hook per topic, smaller than a list, and no copy to
+        # iterate while a hook changes the hooks.
+        self.on_entries_added: tuple[Callable[[Position], None], ...] = ()
         self._last_confirmed = self._initial_last_confirmed()
         self.terminated_position = terminated
         self._last_add: asyncio.Future[Any] | None = None
@@ -217,11 +221,12 @@ class ManagedLedger(LedgerReads):
         new_id, created = storage.start_ledger({"ml": name})
         terminated = record.get("terminated")
         ml = cls(storage, name, config, clock, [*kept, _Ledger(new_id)],
-                 dict(record.get("properties", {})),
+                 record.get("properties") or EMPTY_MAP,
                  Position(*terminated) if terminated else None, loader)
         written = ml._write_record()
         await created
         await written  # open once durable
+        ml._forget_record_write()
         for ledger_id in dropped + orphans:
             await delete_storage_ledger(storage, ledger_id)
         if orphans:
@@ -231,6 +236,20 @@ class ManagedLedger(LedgerReads):
             ml.cursors[cursor_name] = ManagedCursor.recover(ml, cursor_name, value)
         log.info("ml %s opened: ledgers %s, last %s", name, ml._ids, ml._last_confirmed)
         return ml
+
+    @property
+    def _submit_lock(self) -> asyncio.Lock:
+        """Serialises adds, rollovers and closing. Made at the first use: the adds of most
+        loaded topics go through `reserve` and never take it (one Lock less per topic)."""
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = asyncio.Lock()
+        return lock
+
+    def _submit_locked(self) -> bool:
+        """Whether someone holds the submit lock (without making it)."""
+        lock = self._lock
+        return lock is not None and lock.locked()
 
     def _initial_last_confirmed(self) -> Position:
         for ledger in reversed(self._ledgers):
@@ -243,7 +262,7 @@ class ManagedLedger(LedgerReads):
         before anything submitted to the storage after it (adds to a new ledger, deletes of
         trimmed ones), or handed to `record_sink` (a shutdown's records go together)."""
         data: dict[str, Any] = {"ledgers": [ledger.to_json() for ledger in self._ledgers],
-                                "properties": self.properties}
+                                "properties": self.properties or {}}
         if self.terminated_position is not None:
             data["terminated"] = list(self.terminated_position)
         encoded = json.dumps(data, separators=(",", ":")).encode()
@@ -253,6 +272,13 @@ class ManagedLedger(LedgerReads):
         self._record_written = self.storage.metadata.apply_journaled(
             [(ml_key(self.name), encoded)])
         return self._record_written
+
+    def _forget_record_write(self) -> None:
+        """Drop the newest record's write once it succeeded: `record_durable` has nothing
+        to wait for, and an idle ML keeps no completion (a failed one stays, to be raised)."""
+        written = self._record_written
+        if written is not None and written.done() and written.exception() is None:
+            self._record_written = None
 
     async def record_durable(self) -> None:
         """Wait until the newest record (ledger list, properties) is durable.
@@ -288,10 +314,12 @@ class ManagedLedger(LedgerReads):
         """Set (or remove, with None) an ML property, durable with the next group commit
         (`record_durable` waits for it)."""
         self._check_open()
+        properties = dict(self.properties)  # (seldom: a copy, so that none is ever shared)
         if value is None:
-            self.properties.pop(key, None)
+            properties.pop(key, None)
         else:
-            self.properties[key] = value
+            properties[key] = value
+        self.properties = properties or EMPTY_MAP
         self._write_record()
 
     # -- state ---------------------------------------------------------------------------
@@ -491,7 +519,7 @@ class ManagedLedger(LedgerReads):
         # one else holds the submit lock (a later add rolling over, or a close): waiting
         # for it would make this add return after later ones, and publishes must return
         # in order (send receipts, dedup's persisted sequence ids).
-        if filled and self._ledgers[-1] is ledger and not self._submit_lock.locked():
+        if filled and self._ledgers[-1] is ledger and not self._submit_locked():
             await self.rollover_if_full()
         return outcomes
 
@@ -599,7 +627,7 @@ class ManagedLedger(LedgerReads):
             positions = [new(Position, (ledger_id, entry)) for entry in range(first, last + 1)]
         assert positions[0] > self._last_confirmed
         self._last_confirmed = positions[-1]
-        for hook in list(self.on_entries_added):
+        for hook in self.on_entries_added:
             hook(positions[-1])
         return positions
 
@@ -624,7 +652,7 @@ class ManagedLedger(LedgerReads):
         (`unreserve`)."""
         # Not full after them means not full now either: fullness only grows with entries.
         if (self._state != "open" or self.terminated_position is not None or self._fenced
-                or self._add_failed or self._queued_adds or self._submit_lock.locked()
+                or self._add_failed or self._queued_adds or self._submit_locked()
                 or self._is_full(self._submitted_entries + count, self._submitted_bytes + size)):
             return None
         self._submitted_entries += count
@@ -643,9 +671,12 @@ class ManagedLedger(LedgerReads):
 
     def forget_add(self, done: asyncio.Future[Any]) -> None:
         """`done` has finished: unless a later add was handed over since, there is nothing
-        for `terminate` to wait for (and an idle ledger keeps no future)."""
+        for `terminate` to wait for (and an idle ledger keeps no future, nor the completion
+        of a record written since)."""
         if self._last_add is done:
             self._last_add = None
+        if self._record_written is not None:
+            self._forget_record_write()
 
     def run_failed(self) -> None:
         """A reserved run failed in the storage: the next add rolls over first."""
@@ -683,7 +714,7 @@ class ManagedLedger(LedgerReads):
 
     async def _rollover(self) -> None:
         """Close the current ledger and start the next one. Submit lock held."""
-        assert self._submit_lock.locked()
+        assert self._submit_locked()
         old = self._ledgers[-1]
         try:
             last = await after_earlier_callbacks(self.storage.close_ledger(old.ledger_id))
@@ -710,12 +741,12 @@ class ManagedLedger(LedgerReads):
         old.timestamp_ms = now_ms
         if old.entries == 0:  # only after failed adds: the list keeps no empty ledger
             self._ledgers.pop()
-            self._ids.pop()
+            self._ids = self._ids[:-1]
             delete_in_background(self.storage, old.ledger_id)
             if self._last_confirmed.ledger_id == old.ledger_id:
                 self._last_confirmed = Position(new_id, -1)
         self._ledgers.append(_Ledger(new_id))
-        self._ids.append(new_id)
+        self._ids += (new_id,)
         self._current_created_s = self.clock()
         self._submitted_entries = 0
         self._submitted_bytes = 0
@@ -764,17 +795,22 @@ class ManagedLedger(LedgerReads):
         `initial_position` decide."""
         self._check_open()
         cursor = ManagedCursor.create_non_durable(self, name, start, initial_position)
+        if self._non_durable is None:
+            self._non_durable = {}
         self._non_durable[id(cursor)] = cursor
         return cursor
 
     def release_non_durable_cursor(self, cursor: ManagedCursor) -> None:
         """Forget a non-durable cursor (its last consumer left)."""
         assert not cursor.durable
-        self._non_durable.pop(id(cursor), None)
+        if self._non_durable is not None:
+            self._non_durable.pop(id(cursor), None)
+            if not self._non_durable:
+                self._non_durable = None
 
     @property
     def non_durable_cursors(self) -> list[ManagedCursor]:
-        return list(self._non_durable.values())
+        return list(self._non_durable.values()) if self._non_durable else []
 
     async def delete_cursor(self, name: str) -> None:
         """Delete a durable cursor and its record (durably), then trim what it held back.
@@ -828,12 +864,12 @@ class ManagedLedger(LedgerReads):
         if not doomed:
             return []
         kept_from = Position(self._ids[len(doomed)], -1)
-        for cursor in self._non_durable.values():
+        for cursor in self.non_durable_cursors:
             cursor.move_past_trimmed(kept_from)
         for cursor in self.cursors.values():
             assert cursor.mark_delete_position >= self.previous_position(kept_from)
         del self._ledgers[:len(doomed)]
-        del self._ids[:len(doomed)]
+        self._ids = self._ids[len(doomed):]
         self._write_record()
         for ledger_id in doomed:
             delete_in_background(self.storage, ledger_id)
@@ -883,7 +919,7 @@ class ManagedLedger(LedgerReads):
         empty = current.entries == 0 and len(self._ledgers) > 1
         if empty:
             self._ledgers.pop()
-            self._ids.pop()
+            self._ids = self._ids[:-1]
         await self._write_record()  # closed once durable
         if empty:
             await delete_storage_ledger(self.storage, current.ledger_id)
@@ -897,7 +933,7 @@ class ManagedLedger(LedgerReads):
             self._state = "deleted"
             for name in list(self.cursors):
                 await self.cursors.pop(name).delete_record()
-            self._non_durable.clear()
+            self._non_durable = None
             self.storage.metadata.apply_journaled([(ml_key(self.name), None)])
             for ledger_id in list(self._ids):
                 await delete_storage_ledger(self.storage, ledger_id)

@@ -21,13 +21,15 @@ need each other only for typing).
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection
-from typing import Final, NamedTuple
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
+from typing import Any, Final, NamedTuple
 
 from .._errors import PersistenceError, TopicTerminatedError
 
 __all__ = [
     "EARLIEST",
+    "EMPTY_MAP",
     "LATEST",
     "InvalidPositionError",
     "ManagedLedgerClosedError",
@@ -59,6 +61,9 @@ class Position(NamedTuple):
 
 
 EARLIEST: Final = Position(-1, -1)
+# The one empty map of every cursor's bitsets, property maps and redelivery counts while they
+# are empty (one per loaded topic otherwise); read-only, so a stray write fails loudly.
+EMPTY_MAP: Final[Mapping[Any, Any]] = MappingProxyType({})
 LATEST: Final = Position(INT64_MAX, INT64_MAX)
 
 assert EARLIEST < Position(0, 0) < LATEST

@@ -5,9 +5,11 @@ Theory of operation
 Pulsar keeps a cursor's acks above its mark-delete position as open-closed ranges `(prev, pos]`
 and merges ranges that touch. We store the same set as sorted, disjoint, *inclusive* ranges
 `[first, last]` of real entry positions, in two parallel lists (`firsts`, `lasts`) searched with
-`bisect`. Whether two ranges touch depends on the ledger layout — entry e of ledger L is followed
-by e + 1, and the last entry of L by entry 0 of the next ledger that has entries — so the set asks
-a `PositionLayout` (the managed ledger) for `next_position` and for entry counts.
+`bisect` (while empty, both are the shared empty tuple: a cursor without ack holes, one per
+loaded topic, holds no lists). Whether two ranges touch depends on the ledger layout — entry e
+of ledger L is followed by e + 1, and the last entry of L by entry 0 of the next ledger that
+has entries — so the set asks a `PositionLayout` (the managed ledger) for `next_position` and
+for entry counts.
 
 Invariants, checked by `check()` and by asserts on the mutating paths:
 
@@ -28,11 +30,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
 from ._position import Position
 
 __all__ = ["PositionLayout", "RangeSet"]
+
+_NO_RANGES: Final[tuple[Position, ...]] = ()  # `firsts` and `lasts` of every empty set
 
 
 class PositionLayout(Protocol):
@@ -54,8 +58,8 @@ class RangeSet:
 
     def __init__(self, layout: PositionLayout):
         self.layout = layout
-        self._firsts: list[Position] = []
-        self._lasts: list[Position] = []
+        self._firsts: list[Position] | tuple[Position, ...] = _NO_RANGES
+        self._lasts: list[Position] | tuple[Position, ...] = _NO_RANGES
         self._entries = 0
 
     # -- queries -------------------------------------------------------------------------
@@ -135,21 +139,22 @@ class RangeSet:
         index = bisect_right(self._firsts, position) - 1
         if index >= 0 and position <= self._lasts[index]:
             return False
+        firsts, lasts = self._lists()
         next_of = self.layout.next_position
-        joins_left = index >= 0 and next_of(self._lasts[index]) == position
+        joins_left = index >= 0 and next_of(lasts[index]) == position
         right = index + 1
-        joins_right = right < len(self._firsts) and next_of(position) == self._firsts[right]
+        joins_right = right < len(firsts) and next_of(position) == firsts[right]
         if joins_left and joins_right:
-            self._lasts[index] = self._lasts[right]
-            del self._firsts[right]
-            del self._lasts[right]
+            lasts[index] = lasts[right]
+            del firsts[right]
+            del lasts[right]
         elif joins_left:
-            self._lasts[index] = position
+            lasts[index] = position
         elif joins_right:
-            self._firsts[right] = position
+            firsts[right] = position
         else:
-            self._firsts.insert(right, position)
-            self._lasts.insert(right, position)
+            firsts.insert(right, position)
+            lasts.insert(right, position)
         self._entries += 1
         return True
 
@@ -171,28 +176,42 @@ class RangeSet:
         for old_first, old_last in zip(self._firsts[start:stop], self._lasts[start:stop],
                                        strict=True):
             self._entries -= self.layout.entries_between(old_first, old_last)
-        self._firsts[start:stop] = [merged_first]
-        self._lasts[start:stop] = [merged_last]
+        firsts, lasts = self._lists()
+        firsts[start:stop] = [merged_first]
+        lasts[start:stop] = [merged_last]
         self._entries += self.layout.entries_between(merged_first, merged_last)
 
     def remove_up_to(self, position: Position) -> None:
         """Drop every covered entry at or below `position` (a range that straddles it is cut
         to start right after it)."""
-        index = bisect_right(self._lasts, position)
-        for first, last in zip(self._firsts[:index], self._lasts[:index], strict=True):
+        if not self._firsts:
+            return
+        firsts, lasts = self._lists()
+        index = bisect_right(lasts, position)
+        for first, last in zip(firsts[:index], lasts[:index], strict=True):
             self._entries -= self.layout.entries_between(first, last)
-        del self._firsts[:index]
-        del self._lasts[:index]
-        if self._firsts and self._firsts[0] <= position:
-            self._entries -= self.layout.entries_between(self._firsts[0], position)
-            self._firsts[0] = max(self.layout.next_position(position), self._firsts[0])
-            assert self._firsts[0] <= self._lasts[0]
+        del firsts[:index]
+        del lasts[:index]
+        if not firsts:
+            self.clear()
+        elif firsts[0] <= position:
+            self._entries -= self.layout.entries_between(firsts[0], position)
+            firsts[0] = max(self.layout.next_position(position), firsts[0])
+            assert firsts[0] <= lasts[0]
         assert self._entries >= 0
 
     def clear(self) -> None:
-        self._firsts.clear()
-        self._lasts.clear()
+        self._firsts = self._lasts = _NO_RANGES
         self._entries = 0
+
+    def _lists(self) -> tuple[list[Position], list[Position]]:
+        """`firsts` and `lasts` as this set's own lists (made when they are `_NO_RANGES`)."""
+        firsts, lasts = self._firsts, self._lasts
+        if isinstance(firsts, tuple) or isinstance(lasts, tuple):
+            assert not firsts
+            assert not lasts
+            firsts, lasts = self._firsts, self._lasts = [], []
+        return firsts, lasts
 
     # -- persistence and checks ----------------------------------------------------------
 

@@ -25,10 +25,10 @@ positions are not counted (their count stays 0) until acks make room.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from ._position import Position, keys_between
+from ._position import EMPTY_MAP, Position, keys_between
 
 __all__ = ["REDELIVERY_COUNTS_MEMORY_MAX_DEFAULT", "REDELIVERY_COUNTS_PERSIST_MAX_DEFAULT",
            "RedeliveryCounts"]
@@ -47,7 +47,8 @@ class RedeliveryCounts:
         assert 0 <= persist_max <= memory_max
         self.persist_max = persist_max
         self.memory_max = memory_max
-        self._counts: dict[Position, int] = {}
+        # EMPTY_MAP while no position has a count (one dict less per loaded topic)
+        self._counts: Mapping[Position, int] = EMPTY_MAP
 
     def __len__(self) -> int:
         return len(self._counts)
@@ -60,31 +61,43 @@ class RedeliveryCounts:
         count = self._counts.get(position)
         if count is None and len(self._counts) >= self.memory_max:
             return False
-        self._counts[position] = (count or 0) + 1
+        counts = self._counts
+        if not isinstance(counts, dict):
+            counts = self._counts = {}
+        counts[position] = (count or 0) + 1
         return True
 
     def discard(self, positions: Iterable[Position]) -> bool:
         """Forget the counts of `positions`; whether any was there."""
-        if not self._counts:
+        counts = self._counts
+        if not isinstance(counts, dict):  # EMPTY_MAP: nothing to forget
             return False
         found = False
         for position in positions:
-            found |= self._counts.pop(position, None) is not None
+            found |= counts.pop(position, None) is not None
+        if not counts:
+            self._counts = EMPTY_MAP
         return found
 
     def discard_between(self, first: Position, last: Position) -> None:
         """Forget the counts of first..last (entries of one ledger)."""
-        for position in keys_between(self._counts, first, last):
-            del self._counts[position]
+        counts = self._counts
+        if not isinstance(counts, dict):
+            return
+        for position in keys_between(counts, first, last):
+            del counts[position]
+        if not counts:
+            self._counts = EMPTY_MAP
 
     def discard_up_to(self, mark_delete: Position) -> None:
-        for position in [p for p in self._counts if p <= mark_delete]:
-            del self._counts[position]
+        if any(p <= mark_delete for p in self._counts):
+            self._counts = {p: count for p, count in self._counts.items()
+                            if p > mark_delete} or EMPTY_MAP
 
     def clear(self) -> bool:
         """Forget every count; whether there was any."""
         had = bool(self._counts)
-        self._counts.clear()
+        self._counts = EMPTY_MAP
         return had
 
     def to_record(self, acked: Callable[[Position], bool]) -> list[list[int]]:
@@ -108,4 +121,4 @@ class RedeliveryCounts:
             position = Position(item[0], item[1])
             if valid(position):
                 loaded[position] = item[2]
-        self._counts = dict(list(loaded.items())[:self.memory_max])
+        self._counts = dict(list(loaded.items())[:self.memory_max]) or EMPTY_MAP

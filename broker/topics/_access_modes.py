@@ -33,7 +33,7 @@ first waiter is promoted with the next epoch. Shared producers get no epoch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -78,7 +78,7 @@ class ExclusiveAccess:
         self._persist = persist
 
     @staticmethod
-    def restored_epoch(properties: dict[str, str]) -> int | None:
+    def restored_epoch(properties: Mapping[str, str]) -> int | None:
         raw = properties.get(TOPIC_EPOCH_PROPERTY)
         return int(raw) if raw is not None and raw.isdigit() else None
 

@@ -163,7 +163,7 @@ class PersistentTopic(BacklogQuotas, _ProducerHost, Publisher):
         self.add_interval: AddInterval = NO_ADDS
         self._background: set[asyncio.Task[Any]] | None = None  # made at the first task
         self._compaction: TopicCompaction | None = None  # made at the first use
-        ml.on_entries_added.append(self._entries_added)
+        ml.on_entries_added += (self._entries_added,)
 
     @property
     def config(self) -> BrokerConfig:

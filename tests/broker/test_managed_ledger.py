@@ -164,7 +164,7 @@ async def test_concurrent_adds_get_positions_in_call_order(env: Env) -> None:
 async def test_hooks_see_every_new_last_position_in_order(env: Env) -> None:
     ml = await env.open(config=replace(KEEP_ALL, max_entries_per_ledger=2))
     seen: list[Position] = []
-    ml.on_entries_added.append(seen.append)
+    ml.on_entries_added += (seen.append,)
     positions = await asyncio.gather(*(ml.add_entry(b"%d" % i) for i in range(5)))
     assert seen == list(positions)
 
