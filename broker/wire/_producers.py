@@ -9,7 +9,9 @@ client's producer ids.
 Receipts. The SENDs of one socket read are gathered per producer (`unsent`) and handed over at
 the end of the read, or before any other command, all of one producer's SENDs of the read as
 one run, in the order they came (producers in the order of their first SEND; a read of a
-client that sends round its producers holds several SENDs of each): a persistent
+client that sends round its producers holds several SENDs of each) -- unless producers of
+the read share a topic: then each stretch of one producer's SENDs is a run, in arrival order,
+so that the topic's entries keep the order the SENDs came in: a persistent
 topic admits the run at once (checks, dedup) and adds what it admitted through the read's one
 `AddGroup`, so the SENDs of every producer and topic of the read reach the storage as one
 write with one completion, and are answered from one callback on the loop, with no task
@@ -48,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -132,6 +134,7 @@ class ProducerCommands:
         # one read's frames: `flush_sends` runs at its end and before any other command).
         # Per producer, in the order of its first SEND: the SENDs and their receipts.
         self.unsent: dict[_ProducerState, tuple[list[_Unsent], list[_PendingSend]]] = {}
+        self._arrivals: list[_ProducerState] = []  # each gathered SEND's producer, in order
         # Producers with receipts answered by the AddGroup being confirmed, not yet written.
         self._answered: list[_ProducerState] = []
         self._send_room = asyncio.Event()
@@ -149,6 +152,7 @@ class ProducerCommands:
     def release_all(self) -> None:
         """The connection closed: every producer leaves its topic; `wait_send_room` ends."""
         self.unsent.clear()
+        self._arrivals.clear()
         for state in list(self._producers.values()):
             self._release_producer(state)
         self._producers.clear()
@@ -349,6 +353,7 @@ class ProducerCommands:
             self.unsent[state] = run = ([], [])
         run[0].append((send.entry, sequence_id, highest, send.metadata))
         run[1].append(pending)
+        self._arrivals.append(state)
 
     def _on_send(self, producer_id: int, sequence_id: int, highest: int | None,
                  transactional: bool, entry: bytes, metadata: pb.MessageMetadata,
@@ -379,6 +384,7 @@ class ProducerCommands:
             self.unsent[state] = run = ([], [])
         run[0].append((entry, sequence_id, highest, metadata))
         run[1].append(pending)
+        self._arrivals.append(state)
 
     def flush_sends(self) -> None:
         """Hand the SENDs gathered so far to their topics, each producer's as one run in
@@ -388,11 +394,15 @@ class ProducerCommands:
         non-persistent one, and a persistent one whose earlier publish is still queued,
         publishes it in a task."""
         unsent, self.unsent = self.unsent, {}
+        arrivals, self._arrivals = self._arrivals, []
         if not unsent:
             return
         group = AddGroup(self._write_answered)
         answered = self._answered_in_group
-        for state, (sends, pendings) in unsent.items():
+        runs = ((state, sends, pendings) for state, (sends, pendings) in unsent.items()) \
+            if len({id(state.topic) for state in unsent}) == len(unsent) \
+            else _stretches(unsent, arrivals)  # producers sharing a topic
+        for state, sends, pendings in runs:
             topic, producer = state.topic, state.producer
             assert topic is not None
             assert producer is not None
@@ -500,3 +510,21 @@ class ProducerCommands:
         return self.view.encode(pb.CommandSendError(
             producer_id=producer_id, sequence_id=pending.sequence_id, error=code,  # type: ignore[arg-type]
             message=message))
+
+
+def _stretches(unsent: dict[_ProducerState, tuple[list[_Unsent], list[_PendingSend]]],
+               arrivals: list[_ProducerState],
+               ) -> Iterator[tuple[_ProducerState, list[_Unsent], list[_PendingSend]]]:
+    """The gathered SENDs as runs of consecutive SENDs of one producer, in arrival order
+    (`arrivals`: each SEND's producer): each run's producer, SENDs and receipts."""
+    taken = dict.fromkeys(unsent, 0)
+    start, count = 0, len(arrivals)
+    for end in range(1, count + 1):
+        if end < count and arrivals[end] is arrivals[start]:
+            continue
+        state = arrivals[start]
+        first = taken[state]
+        taken[state] = first + end - start
+        sends, pendings = unsent[state]
+        yield state, sends[first:first + end - start], pendings[first:first + end - start]
+        start = end

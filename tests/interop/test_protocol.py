@@ -148,33 +148,6 @@ def test_one_write_of_sends_for_many_producers_gets_each_its_receipts_in_order(
         assert len(stored) == (3 if producer_id == 2 else 4)
 
 
-def test_one_write_of_sends_stores_each_producers_sends_as_one_run(
-        raw: Connect, topic: str) -> None:
-    """Two producers on one topic, their SENDs alternating in one write: each producer's
-    SENDs of the read are added as one run (a client sending round its producers gets a run
-    per producer per read, not one per SEND), so each one's entries are consecutive."""
-    connection = _connected(raw)
-    for producer_id in (1, 2):
-        _producer(connection, topic, producer_id)
-    frames = bytearray()
-    for sequence_id in range(3):
-        for producer_id in (1, 2):
-            metadata, payload = build_message(
-                SingleMessage(b"m-%d-%d" % (producer_id, sequence_id), sequence_id=sequence_id),
-                producer_name=f"raw-{producer_id}", publish_time=1_700_000_000_000)
-            frames += encode_frame(wrap(pb.CommandSend(producer_id=producer_id,
-                                                       sequence_id=sequence_id)),
-                                   metadata, payload)
-    connection.send_bytes(bytes(frames))
-    entries: dict[int, list[int]] = {1: [], 2: []}
-    for _ in range(6):
-        receipt = connection.expect(T.SEND_RECEIPT).body
-        entries[receipt.producer_id].append(receipt.message_id.entryId)
-    first = min(entries[1][0], entries[2][0])
-    assert sorted([entries[1], entries[2]]) == [[first, first + 1, first + 2],
-                                                [first + 3, first + 4, first + 5]]
-
-
 def test_messages_carry_the_stored_entry_verbatim(raw: Connect, topic: str) -> None:
     connection = _connected(raw)
     _producer(connection, topic)
