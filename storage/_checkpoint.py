@@ -200,7 +200,6 @@ class Checkpointer:
             writer = self._writer_with_room(entries[start], limit, touched)
             stop = _run_end(entries, start, writer.position, remaining, limit)
             chunk = entries[start:stop]
-            counted_before = dict(writer.ledger_bytes)
             position_before = writer.position
             keys: list[bytes] = []
             locations = writer.append(chunk, keys)
@@ -208,7 +207,7 @@ class Checkpointer:
             assert keys[0] == location_key(chunk[0][0], chunk[0][1]), "index key layout"
             write.locations.extend(zip(keys, locations, strict=True))
             remaining -= writer.position - position_before
-            self._account(writer, counted_before)
+            self._account(writer)
             touched.add(writer.log_id)
             start = stop
         self._fs.point("checkpoint:after-entrylog-write")
@@ -237,14 +236,12 @@ class Checkpointer:
             self._fs.point("entrylog:after-seal")
         return self._logs.start_current()
 
-    def _account(self, writer: EntryLogWriter, counted_before: dict[int, int]) -> None:
+    def _account(self, writer: EntryLogWriter) -> None:
         """Add what the writer's last append counted per ledger to the log's GC record."""
         record = self._logs.records[writer.log_id]
-        for ledger_id, counted in writer.ledger_bytes.items():
-            size = counted - counted_before.get(ledger_id, 0)
-            if size:
-                record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
-                record.total_bytes += size
+        for ledger_id, size in writer.appended_bytes.items():
+            record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
+            record.total_bytes += size
         record.size = writer.position
 
     def _drop_purged_from_logs(self, deleted: set[int], touched: set[int]) -> None:

@@ -133,6 +133,9 @@ class EntryLogWriter:
         self.position = ENTRY_LOG_HEADER_BYTES
         self._writeback_from = self.position  # the first byte no writeback was started for
         self.ledger_bytes: dict[int, int] = {}
+        # Of those, what the last `append` wrote (a checkpoint adds it to the log's GC record,
+        # without a walk of every ledger the log holds).
+        self.appended_bytes: dict[int, int] = {}
 
     def append(self, entries: list[tuple[int, int, bytes]],
                keys: list[bytes] | None = None) -> list[int]:
@@ -156,6 +159,7 @@ class EntryLogWriter:
         log_bits = self.log_id << OFFSET_BITS
         pack_ids, pack_size_crc, crc = _IDS.pack, _SIZE_CRC.pack, crc32c_native
         run_ledger, run_bytes = -1, 0
+        self.appended_bytes = {}
         start = base
         countdown = HAND_OVER_ITEMS
         for ledger_id, entry_id, data in entries:
@@ -193,6 +197,7 @@ class EntryLogWriter:
     def _count_ledger_bytes(self, ledger_id: int, size: int) -> None:
         if size:
             self.ledger_bytes[ledger_id] = self.ledger_bytes.get(ledger_id, 0) + size
+            self.appended_bytes[ledger_id] = self.appended_bytes.get(ledger_id, 0) + size
 
     def sync(self) -> None:
         self._handle.fdatasync()

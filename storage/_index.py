@@ -7,7 +7,7 @@ Named databases (keys big-endian, so byte order is numeric order):
 |-------------|------------------------------|------------------------------------------------|
 | `locations` | ledger u64 ‖ entry u64       | location u64 = entry-log id << 32 ‖ offset      |
 | `ledgers`   | ledger u64                   | JSON: state, last entry, metadata               |
-| `entrylogs` | entry-log id u64             | JSON: committed size, live bytes per ledger     |
+| `entrylogs` | entry-log id u64             | committed size, live bytes per ledger (binary)  |
 | `meta`      | b"lastMark"                  | segment u64 ‖ offset u64 ‖ LSN u64 ‖ CRC32C u32 |
 | `meta`      | b"nextLedgerId", ...         | u64 counters                                    |
 | `kv`        | the caller's key             | the caller's value (the metadata store)         |
@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import threading
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import lmdb
@@ -38,6 +41,11 @@ __all__ = ["CheckpointWrite", "EntryLogRecord", "Index", "LedgerRecord", "MetaOp
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
 _MARK = struct.Struct(">QQQ")
+# An entry-log record's head: form (`_LOG_FORMAT`), committed size, total bytes, sealed;
+# then u64 pairs, little-endian (`array` items, swapped on a big-endian host).
+_LOG_HEAD = struct.Struct("<cQQ?")
+_LOG_FORMAT = b"\x01"
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
 _MARK_BYTES = _MARK.size + 4
 U64_MAX = 2**64 - 1
 _JSON_DECODE = json.JSONDecoder().raw_decode
@@ -87,15 +95,33 @@ class EntryLogRecord:
     sealed: bool = False
 
     def encode(self) -> bytes:
-        body = {"size": self.size, "total": self.total_bytes, "sealed": self.sealed,
-                "ledgers": {str(k): v for k, v in self.ledgers.items()}}
-        return json.dumps(body, separators=(",", ":")).encode()
+        """The binary form (`_LOG_HEAD`, then each ledger's id and live bytes as u64 pairs):
+        a checkpoint writes the current log's record each time, and with a ledger per topic
+        the map holds one for every topic written since the log began (JSON took ~1 µs a
+        ledger to write and ~2 to read, holding the GIL; this a small fraction)."""
+        pairs = array("Q", chain.from_iterable(self.ledgers.items()))
+        if _BIG_ENDIAN_HOST:
+            pairs.byteswap()
+        return _LOG_HEAD.pack(_LOG_FORMAT, self.size, self.total_bytes,
+                              self.sealed) + pairs.tobytes()
 
     @classmethod
     def decode(cls, log_id: int, raw: bytes) -> EntryLogRecord:
-        body = json.loads(raw)
-        ledgers = {int(k): int(v) for k, v in body["ledgers"].items()}
-        return cls(log_id, body["size"], ledgers, body["total"], body["sealed"])
+        """A record in the binary form of `encode`, or in the JSON form of older data
+        directories (an object, so it starts with "{")."""
+        if raw[:1] == b"{":
+            body = json.loads(raw)
+            ledgers = {int(k): int(v) for k, v in body["ledgers"].items()}
+            return cls(log_id, body["size"], ledgers, body["total"], body["sealed"])
+        form, size, total, sealed = _LOG_HEAD.unpack_from(raw)
+        if form != _LOG_FORMAT:
+            raise ValueError(f"entry-log record of log {log_id}: unknown form {form!r}")
+        pairs = array("Q")
+        pairs.frombytes(raw[_LOG_HEAD.size:])
+        if _BIG_ENDIAN_HOST:
+            pairs.byteswap()
+        return cls(log_id, size, dict(zip(pairs[0::2], pairs[1::2], strict=True)), total,
+                   sealed)
 
     def live_bytes(self) -> int:
         return sum(self.ledgers.values())

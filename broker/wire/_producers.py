@@ -6,8 +6,12 @@ Theory of operation
 `ConnectionView` (`_connection_view.py`) and owns the connection's producers, keyed by the
 client's producer ids.
 
-Receipts. The SENDs of one socket read are gathered (`unsent`) and handed over at the end of
-the read, or before any other command, a run of one producer's SENDs at a time: a persistent
+Receipts. The SENDs of one socket read are gathered per producer (`unsent`) and handed over at
+the end of the read, or before any other command, all of one producer's SENDs of the read as
+one run, in the order they came (producers in the order of their first SEND; a read of a
+client that sends round its producers holds several SENDs of each) -- unless producers of
+the read share a topic: then each stretch of one producer's SENDs is a run, in arrival order,
+so that the topic's entries keep the order the SENDs came in: a persistent
 topic admits the run at once (checks, dedup) and adds what it admitted through the read's one
 `AddGroup`, so the SENDs of every producer and topic of the read reach the storage as one
 write with one completion, and are answered from one callback on the loop, with no task
@@ -46,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -98,14 +102,13 @@ class _PendingSend:
 
 
 # A SEND gathered for `flush_sends`, as a topic publishes it: entry, sequence id, highest
-# sequence id (-1: none stated), metadata; and its producer and receipt, at the same index.
+# sequence id (-1: none stated), metadata.
 _Unsent = tuple[bytes, int, int, "pb.MessageMetadata | None"]
-_Sender = tuple["_ProducerState", _PendingSend]
-# A run of one producer's SENDs in `flush_sends`: the read's senders, the run's start and end.
-_Run = tuple[list[_Sender], int, int]
+# A run of one producer's SENDs in `flush_sends`: its producer, and each SEND's receipt.
+_Run = tuple["_ProducerState", list[_PendingSend]]
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the key of `unsent`
 class _ProducerState:
     producer_id: int
     ready: asyncio.Future[None]
@@ -130,8 +133,9 @@ class ProducerCommands:
         self.pending_sends = 0
         # The SENDs of the socket read being handled, not yet handed to their topics (at most
         # one read's frames: `flush_sends` runs at its end and before any other command).
-        self.unsent: list[_Unsent] = []
-        self._senders: list[_Sender] = []  # each one's producer and receipt
+        # Per producer, in the order of its first SEND: the SENDs and their receipts.
+        self.unsent: dict[_ProducerState, tuple[list[_Unsent], list[_PendingSend]]] = {}
+        self._arrivals: list[_ProducerState] = []  # each gathered SEND's producer, in order
         # Producers with receipts answered by the AddGroup being confirmed, not yet written.
         self._answered: list[_ProducerState] = []
         self._send_room = asyncio.Event()
@@ -149,7 +153,7 @@ class ProducerCommands:
     def release_all(self) -> None:
         """The connection closed: every producer leaves its topic; `wait_send_room` ends."""
         self.unsent.clear()
-        self._senders.clear()
+        self._arrivals.clear()
         for state in list(self._producers.values()):
             self._release_producer(state)
         self._producers.clear()
@@ -345,8 +349,12 @@ class ProducerCommands:
         pending = _PendingSend(sequence_id, highest)
         state.pending.append(pending)
         self.pending_sends += 1
-        self.unsent.append((send.entry, sequence_id, highest, send.metadata))
-        self._senders.append((state, pending))
+        run = self.unsent.get(state)
+        if run is None:
+            self.unsent[state] = run = ([], [])
+        run[0].append((send.entry, sequence_id, highest, send.metadata))
+        run[1].append(pending)
+        self._arrivals.append(state)
 
     def _on_send(self, producer_id: int, sequence_id: int, highest: int | None,
                  transactional: bool, entry: bytes, metadata: pb.MessageMetadata,
@@ -372,54 +380,54 @@ class ProducerCommands:
             log.debug("refusing a SEND from %s: %s", self.view.peer, problem)
             self._finish_send(state, pending, error=(pb.NotAllowedError, problem))
             return
-        self.unsent.append((entry, sequence_id, highest, metadata))
-        self._senders.append((state, pending))
+        run = self.unsent.get(state)
+        if run is None:
+            self.unsent[state] = run = ([], [])
+        run[0].append((entry, sequence_id, highest, metadata))
+        run[1].append(pending)
+        self._arrivals.append(state)
 
     def flush_sends(self) -> None:
-        """Hand the SENDs gathered so far to their topics, each run of one producer's SENDs
-        in arrival order: a persistent topic admits a run at once and adds it through the
+        """Hand the SENDs gathered so far to their topics, each producer's as one run in
+        arrival order: a persistent topic admits a run at once and adds it through the
         read's one `AddGroup` (one storage write for the whole read, whose confirmation
         answers every run, then writes all their receipts at once: `_write_answered`); a
         non-persistent one, and a persistent one whose earlier publish is still queued,
         publishes it in a task."""
-        unsent, self.unsent = self.unsent, []
-        senders, self._senders = self._senders, []
-        if not senders:
+        unsent, self.unsent = self.unsent, {}
+        arrivals, self._arrivals = self._arrivals, []
+        if not unsent:
             return
         if latency_trace.on:
             latency_trace.mark("read", unsent[0][1], unsent[-1][1])
         group = AddGroup(self._write_answered)
         answered = self._answered_in_group
-        start, count = 0, len(senders)
-        state = senders[0][0]
-        for end in range(1, count + 1):
-            if end < count and senders[end][0] is state:
-                continue
+        runs = ((state, sends, pendings) for state, (sends, pendings) in unsent.items()) \
+            if len({id(state.topic) for state in unsent}) == len(unsent) \
+            else _stretches(unsent, arrivals)  # producers sharing a topic
+        for state, sends, pendings in runs:
             topic, producer = state.topic, state.producer
             assert topic is not None
             assert producer is not None
-            sends = unsent[start:end]
             if not isinstance(topic, PersistentTopic):
-                self.view.spawn(self._publish(senders[start:end],
+                self.view.spawn(self._publish((state, pendings),
                                               topic.publish_many(producer, sends)))
             elif not topic.publish_grouped(producer, sends, group, answered,
-                                           (senders, start, end)):
-                self.view.spawn(self._publish(senders[start:end],
+                                           (state, pendings)):
+                self.view.spawn(self._publish((state, pendings),
                                               topic.publish_many_soon(producer, sends)))
-            if end < count:
-                start, state = end, senders[end][0]
         added = group.submit()
         if added is not None:
             self.view.spawn(added)
         self._write_answered()  # the runs answered at once (duplicates, refusals)
 
-    async def _publish(self, run: list[_Sender],
+    async def _publish(self, run: _Run,
                        publish: Awaitable[list[PublishResult | BaseException]]) -> None:
         try:
             outcomes = await publish
         except Exception as exc:
-            outcomes = [exc] * len(run)
-        self._answered_in_group((run, 0, len(run)), outcomes)
+            outcomes = [exc] * len(run[1])
+        self._answered_in_group(run, outcomes)
         self._write_answered()
 
     def _write_answered(self) -> None:
@@ -430,14 +438,11 @@ class ProducerCommands:
 
     def _answered_in_group(self, run: _Run,
                            outcomes: Sequence[PublishResult | BaseException]) -> None:
-        """A run's publish finished (its SENDs are the run's `senders[start:end]`, one per
-        outcome): each SEND's receipt (or error) is recorded; `_write_answered` writes it."""
-        senders, index, end = run
-        assert len(outcomes) == end - index, "one outcome per SEND of the run"
-        self._answered.append(senders[index][0])
-        for outcome in outcomes:
-            pending = senders[index][1]
-            index += 1
+        """A run's publish finished (one outcome per SEND of the run): each SEND's receipt
+        (or error) is recorded; `_write_answered` writes it."""
+        state, pendings = run
+        self._answered.append(state)
+        for pending, outcome in zip(pendings, outcomes, strict=True):
             pending.done = True
             if type(outcome) is PublishResult:
                 pending.result = outcome
@@ -510,3 +515,21 @@ class ProducerCommands:
         return self.view.encode(pb.CommandSendError(
             producer_id=producer_id, sequence_id=pending.sequence_id, error=code,  # type: ignore[arg-type]
             message=message))
+
+
+def _stretches(unsent: dict[_ProducerState, tuple[list[_Unsent], list[_PendingSend]]],
+               arrivals: list[_ProducerState],
+               ) -> Iterator[tuple[_ProducerState, list[_Unsent], list[_PendingSend]]]:
+    """The gathered SENDs as runs of consecutive SENDs of one producer, in arrival order
+    (`arrivals`: each SEND's producer): each run's producer, SENDs and receipts."""
+    taken = dict.fromkeys(unsent, 0)
+    start, count = 0, len(arrivals)
+    for end in range(1, count + 1):
+        if end < count and arrivals[end] is arrivals[start]:
+            continue
+        state = arrivals[start]
+        first = taken[state]
+        taken[state] = first + end - start
+        sends, pendings = unsent[state]
+        yield state, sends[first:first + end - start], pendings[first:first + end - start]
+        start = end

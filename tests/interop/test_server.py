@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,6 +142,44 @@ async def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None
         assert receipts == list(range(len(receipts)))
         stored = service.topics[topic].managed_ledger.number_of_entries  # type: ignore[union-attr]
         assert stored == len(receipts), "every persisted SEND was receipted before the close"
+
+
+async def test_sends_of_producers_on_their_own_topics_go_one_run_per_producer_per_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three SENDs each of two producers on two topics, alternating in one write: each
+    producer's SENDs of the read are published as one run (two runs, not six: a client
+    sending round its producers put a SEND or two of each in a read, each its own run)."""
+    from magnetar.broker import PersistentTopic
+
+    runs: list[int] = []
+    publish_grouped = PersistentTopic.publish_grouped
+
+    def counted(topic: PersistentTopic, producer: Any, sends: Any, *rest: Any) -> bool:
+        runs.append(len(sends))
+        return publish_grouped(topic, producer, sends, *rest)
+
+    monkeypatch.setattr(PersistentTopic, "publish_grouped", counted)
+    async with _serving(tmp_path, BrokerConfig(), keepalive_interval_s=0) as (server, _):
+        client = await _AsyncClient.connect(server.port)
+        for producer_id in (0, 1):
+            client.send(pb.CommandProducer(topic=f"persistent://public/default/own-{producer_id}",
+                                           producer_id=producer_id, request_id=producer_id,
+                                           producer_name=f"p{producer_id}"))
+            await client.expect(T.PRODUCER_SUCCESS)
+        data = b""
+        for sequence_id in range(3):
+            for producer_id in (0, 1):
+                metadata, payload = build_message(
+                    SingleMessage(b"%d-%d" % (producer_id, sequence_id), sequence_id=sequence_id),
+                    producer_name=f"p{producer_id}", publish_time=1)
+                data += client.conn.send(base_command(pb.CommandSend(
+                    producer_id=producer_id, sequence_id=sequence_id)), metadata, payload)
+        client.writer.write(data)
+        receipts = [(await client.expect(T.SEND_RECEIPT)).body for _ in range(6)]
+        await client.close()
+    assert sorted((r.producer_id, r.sequence_id, r.message_id.entryId) for r in receipts) == [
+        (p, s, s) for p in (0, 1) for s in range(3)]
+    assert runs == [3, 3]
 
 
 async def test_sends_of_many_producers_in_one_read_keep_each_ones_order(

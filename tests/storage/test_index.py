@@ -218,6 +218,21 @@ def test_entry_log_records_round_trip(index: Index) -> None:
     assert index.load_entry_logs() == {2: second}
 
 
+def test_entry_log_records_of_older_data_dirs_still_load(index: Index) -> None:
+    """A record written in the JSON form of older versions loads as it was; the next
+    checkpoint rewrites it in the binary form (16 bytes a ledger, 2**64 - 1 fits)."""
+    old = b'{"size":5000,"total":700,"sealed":true,"ledgers":{"1":300,"2":400}}'
+    entrylogs = index.env.open_db(b"entrylogs")
+    with index.env.begin(write=True) as txn:
+        txn.put(struct.pack(">Q", 1), old, db=entrylogs)
+    loaded = index.load_entry_logs()
+    assert loaded == {1: EntryLogRecord(1, 5000, {1: 300, 2: 400}, 700, sealed=True)}
+    big = EntryLogRecord(3, 2**40, {2**64 - 1: 2**63, 5: 1}, 2**63 + 1)
+    assert not big.encode().startswith(b"{")
+    assert len(big.encode()) == len(EntryLogRecord(3, 0).encode()) + 2 * 16
+    assert EntryLogRecord.decode(3, big.encode()) == big
+
+
 def test_counters_never_decrease(index: Index) -> None:
     assert index.counter("nextLedgerId") == 0
     index.commit_checkpoint(CheckpointWrite(mark=None, counters={"nextLedgerId": 9}))
