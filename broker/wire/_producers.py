@@ -398,8 +398,9 @@ class ProducerCommands:
         arrivals, self._arrivals = self._arrivals, []
         if not unsent:
             return
-        if latency_trace.on:
-            latency_trace.mark("read", unsent[0][1], unsent[-1][1])
+        if latency_trace.on:  # the sequence ids of the read's first and last SEND
+            latency_trace.mark("read", unsent[arrivals[0]][0][0][1],
+                               unsent[arrivals[-1]][0][-1][1])
         group = AddGroup(self._write_answered)
         answered = self._answered_in_group
         runs = ((state, sends, pendings) for state, (sends, pendings) in unsent.items()) \
