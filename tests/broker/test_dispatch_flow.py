@@ -72,26 +72,30 @@ async def test_without_precise_flow_control_each_permit_buys_an_entry(tmp_path: 
         assert consumer.permits == -30
 
 
-async def _cold_backlog(store: InMemoryLedgerStorage, count: int, **config: int,
-                        ) -> tuple[BrokerService, PersistentTopic, RecordingSink]:
+async def _cold_backlog(store: InMemoryLedgerStorage, count: int,
+                        sink: RecordingSink | None = None, **config: int,
+                        ) -> tuple[BrokerService, PersistentTopic, RecordingSink,
+                                   Subscription, Consumer]:
+    """`count` messages on a topic whose reads all need the loader, and an Exclusive
+    consumer from the earliest (on `sink`, a new RecordingSink by default) with no permits
+    yet: (service, topic, sink, its subscription, the consumer)."""
     service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0, **config))
     await service.start(maintenance=False)
     topic, producer = await persistent_producer(service, TOPIC)
     for i in range(count):
         await publish(topic, producer, b"m%d" % i)
     store.cold_reads(True)  # every read needs the loader
-    sink = RecordingSink()
+    sink = sink or RecordingSink()
     await service.subscribe(
         TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
-    return service, topic, sink
+    subscription = topic.subscriptions["sub"]
+    return service, topic, sink, subscription, subscription.consumers[0]
 
 
 async def test_the_next_entries_of_a_backlog_on_disk_load_before_the_next_permits() -> None:
     """Before: the load of m1 started only when the next FLOW came."""
     store = InMemoryLedgerStorage()
-    service, topic, sink = await _cold_backlog(store, 9)
-    subscription = topic.subscriptions["sub"]
-    consumer = subscription.consumers[0]
+    service, _, sink, subscription, consumer = await _cold_backlog(store, 9)
     subscription.flow(consumer, 1)
     await wait_for(lambda: len(sink.received) == 1)
     # m1 loads with no permits asked; what it holds counts against the broker's budget
@@ -123,16 +127,9 @@ async def test_a_consumers_first_round_reads_one_entry() -> None:
     """Its average messages per entry is unknown until then: the first message does not wait
     for a whole read's worth of entries to load (before: one call with all five)."""
     store = InMemoryLedgerStorage()
-    service = BrokerService(store, BrokerConfig(active_consumer_failover_delay_ms=0))
-    await service.start(maintenance=False)
-    topic, producer = await persistent_producer(service, TOPIC)
-    for i in range(5):
-        await publish(topic, producer, b"m%d" % i)
-    store.cold_reads(True)
     sink = _CallSink()
-    _, consumer = await service.subscribe(
-        TOPIC, SubscribeSpec("sub", "Exclusive", "c1", initial_position="earliest"), sink)
-    topic.subscriptions["sub"].flow(consumer, 100)
+    service, _, _, subscription, consumer = await _cold_backlog(store, 5, sink)
+    subscription.flow(consumer, 100)
     await wait_for(lambda: len(sink.received) == 5)
     assert sink.calls[0] == 1
     assert sink.bodies(consumer) == [b"m%d" % i for i in range(5)]
@@ -142,9 +139,8 @@ async def test_a_consumers_first_round_reads_one_entry() -> None:
 
 async def test_no_read_ahead_beyond_the_brokers_budget() -> None:
     store = InMemoryLedgerStorage()
-    service, topic, sink = await _cold_backlog(store, 3, managed_ledger_read_ahead_bytes_max=0)
-    subscription = topic.subscriptions["sub"]
-    consumer = subscription.consumers[0]
+    service, _, sink, subscription, consumer = await _cold_backlog(
+        store, 3, managed_ledger_read_ahead_bytes_max=0)
     subscription.flow(consumer, 1)
     await wait_for(lambda: len(sink.received) == 1)
     store.hold_reads()
@@ -161,9 +157,7 @@ async def test_no_read_ahead_beyond_the_brokers_budget() -> None:
 
 async def test_a_load_ahead_is_dropped_when_the_consumer_rewinds() -> None:
     store = InMemoryLedgerStorage()
-    service, topic, sink = await _cold_backlog(store, 6)
-    subscription = topic.subscriptions["sub"]
-    consumer = subscription.consumers[0]
+    service, _, sink, subscription, consumer = await _cold_backlog(store, 6)
     subscription.flow(consumer, 3)
     await wait_for(lambda: len(sink.received) == 3)
     await settle(service)  # m3..m5 loaded ahead
@@ -179,11 +173,9 @@ async def test_every_entry_before_a_damaged_one_is_delivered_whatever_the_reads_
     """A load of several entries that fails is read again one entry at a time (before: the
     read ahead of m2..m8 failed whole, so only m0 and m1 came)."""
     store = InMemoryLedgerStorage()
-    service, topic, sink = await _cold_backlog(store, 9)
+    service, topic, sink, subscription, consumer = await _cold_backlog(store, 9)
     ledger_id = topic.managed_ledger.first_position().ledger_id
     store.corrupt_entry(ledger_id, topic.managed_ledger.first_position().entry_id + 6)  # m5
-    subscription = topic.subscriptions["sub"]
-    consumer = subscription.consumers[0]
     subscription.flow(consumer, 100)
     await wait_for(lambda: len(sink.closed) == 1)  # the damaged entry's read fails the topic
     assert sink.bodies(consumer) == [b"m%d" % i for i in range(5)]
