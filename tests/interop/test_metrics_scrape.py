@@ -153,9 +153,10 @@ def test_rates_move_under_load_and_fall_back_when_idle(
                for b in latency_buckets) == \
         topic_value(busy, "pulsar_storage_write_latency_count", topic) > 0
     cluster = frozenset({("cluster", "standalone")})
+    # Under load a scrape may fall between a group commit's two observations (its fsync's
+    # latency, then its record count): the counts agree once idle, below.
     assert busy[("magnetar_journal_fsync_latency_seconds_count", cluster)] > 0
-    assert busy[("magnetar_journal_group_commit_records_count", cluster)] == \
-        busy[("magnetar_journal_fsync_latency_seconds_count", cluster)]
+    assert busy[("magnetar_journal_group_commit_records_count", cluster)] > 0
     assert busy[("process_resident_memory_bytes", frozenset())] > 0
 
     # With no more traffic the next full interval brings every rate back to zero, while
@@ -169,6 +170,8 @@ def test_rates_move_under_load_and_fall_back_when_idle(
     assert topic_value(idle, "pulsar_in_messages_total", topic) == load.sent
     assert topic_value(idle, "pulsar_out_messages_total", topic, subscription="watch") == \
         load.received == load.sent
+    assert idle[("magnetar_journal_group_commit_records_count", cluster)] == \
+        idle[("magnetar_journal_fsync_latency_seconds_count", cluster)]
 
     content_type, text = scrape(http_port, "application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")

@@ -373,7 +373,9 @@ def test_a_long_append_lets_other_threads_run(tmp_path: Path) -> None:
     them (`_gil.py`): with a switch interval far too long to force a switch, another thread
     still runs while the append is under way, and sees it part-written."""
     writer = EntryLogWriter(OsFileSystem(), str(tmp_path), 1)
-    entries = [(7, i, bytes(1000)) for i in range(HAND_OVER_ITEMS * 8)]
+    # 64 hand-overs: the watcher needs to be awake at two of them, on a machine that may be
+    # busy with other work (with 8 it missed all but one once, under a parallel suite).
+    entries = [(7, i, bytes(1000)) for i in range(HAND_OVER_ITEMS * 64)]
     seen: list[int] = []
     started, done = threading.Event(), threading.Event()
 
