@@ -36,10 +36,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from magnetar.storage import LedgerStorage
 
+from ._layout import LedgerLayout
 from ._position import InvalidPositionError, Position
 
 __all__ = ["EntryLoader", "LedgerReads", "Run", "collect", "default_loader"]
@@ -224,36 +224,16 @@ def default_loader() -> EntryLoader:
         return _DEFAULT
 
 
-class LedgerReads:
+class LedgerReads(LedgerLayout):
     """The reads of `ManagedLedger` (its base class): planning runs over its ledger layout,
     serving them from memory on the loop or loading them off it, and searches by content.
-    The layout itself (positions, entry counts) is the managed ledger's."""
+    The layout itself (positions, entry counts) is its base, `LedgerLayout`."""
 
     __slots__ = ()
 
     storage: LedgerStorage
     loader: EntryLoader
     name: str
-
-    if TYPE_CHECKING:  # provided by `ManagedLedger`
-        @property
-        def last_confirmed_position(self) -> Position: ...
-
-        def first_position(self) -> Position: ...
-
-        def first_entry_at_or_after(self, position: Position) -> Position: ...
-
-        def next_position(self, position: Position) -> Position: ...
-
-        def next_valid_position(self, position: Position) -> Position: ...
-
-        def position_after_n(self, position: Position, count: int) -> Position: ...
-
-        def entries_between(self, first: Position, last: Position) -> int: ...
-
-        def ledger_entries(self, ledger_id: int) -> int: ...
-
-        def is_valid_position(self, position: Position) -> bool: ...
 
     def plan_runs(self, start: Position, max_entries: int) -> list[Run]:
         """The runs (`_loader.py`) of the first `max_entries` confirmed entries at or after
