@@ -82,6 +82,23 @@ def publish(url: str, seconds: float) -> list[tuple[int, int, int]]:
     return sorted(done)
 
 
+def publish_sync(url: str, seconds: float) -> list[tuple[int, int, int]]:
+    """As `publish`, one message in flight (`send`): the sync-publish workload's path."""
+    client = pulsar.Client(url, operation_timeout_seconds=30,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    producer = _producer(client, f"persistent://public/default/trace-{os.getpid()}", False)
+    payload = os.urandom(MESSAGE_BYTES)
+    done: list[tuple[int, int, int]] = []
+    stop_at = time.perf_counter() + seconds
+    while time.perf_counter() < stop_at:
+        sent_ns = time.perf_counter_ns()
+        producer.send(payload)
+        done.append((len(done), sent_ns, time.perf_counter_ns()))
+    producer.close()
+    client.close()
+    return done
+
+
 def _intervals(events: list[list[Any]], start: str, end: str) -> list[tuple[int, int, int]]:
     """(start ns, end ns, start's a) of each start..end pair, in order."""
     out, opened = [], None
@@ -264,6 +281,8 @@ def main() -> int:
     parser.add_argument("--warm-up", action="store_true")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--analyse-only", action="store_true")
+    parser.add_argument("--sync", action="store_true",
+                        help="one message in flight (`send`) instead of the steady rate")
     parser.add_argument("--root", default=None,
                         help="run the broker of this checkout (default: this one)")
     args = parser.parse_args()
@@ -281,7 +300,7 @@ def main() -> int:
                 assert broker.process is not None
                 run_workloads("magnetar", broker.url, broker.process.pid, 3.0, 10_000,
                               [name for name in WORKLOADS if name != LATENCY])
-            messages = publish(broker.url, args.seconds)
+            messages = (publish_sync if args.sync else publish)(broker.url, args.seconds)
         finally:
             broker.stop()
         with open(messages_path, "w", encoding="ascii") as out:
