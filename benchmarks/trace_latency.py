@@ -49,12 +49,17 @@ SLOW_SYNC_NS = 2_000_000
 BASELINE_EVERY = 10  # every this many messages make the baseline (what all of them overlap)
 
 
-def publish(url: str, seconds: float) -> list[tuple[int, int, int]]:
-    """(sequence id, send ns, receipt ns) of each message sent at the workload's rate."""
+def _unbatched_producer(url: str) -> tuple[Any, Any, bytes]:
+    """A client, its unbatched producer of the workloads' settings, and a payload."""
     client = pulsar.Client(url, operation_timeout_seconds=30,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     producer = _producer(client, f"persistent://public/default/trace-{os.getpid()}", False)
-    payload = os.urandom(MESSAGE_BYTES)
+    return client, producer, os.urandom(MESSAGE_BYTES)
+
+
+def publish(url: str, seconds: float) -> list[tuple[int, int, int]]:
+    """(sequence id, send ns, receipt ns) of each message sent at the workload's rate."""
+    client, producer, payload = _unbatched_producer(url)
     done: list[tuple[int, int, int]] = []
     lock = threading.Lock()
 
@@ -84,10 +89,7 @@ def publish(url: str, seconds: float) -> list[tuple[int, int, int]]:
 
 def publish_sync(url: str, seconds: float) -> list[tuple[int, int, int]]:
     """As `publish`, one message in flight (`send`): the sync-publish workload's path."""
-    client = pulsar.Client(url, operation_timeout_seconds=30,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    producer = _producer(client, f"persistent://public/default/trace-{os.getpid()}", False)
-    payload = os.urandom(MESSAGE_BYTES)
+    client, producer, payload = _unbatched_producer(url)
     done: list[tuple[int, int, int]] = []
     stop_at = time.perf_counter() + seconds
     while time.perf_counter() < stop_at:
