@@ -157,11 +157,11 @@ class _PointsSeen(OsFileSystem):
 
 def test_a_big_checkpoint_hands_the_gil_over_in_every_loop_over_its_entries(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sorting a second's entries, appending them, packing their index locations and freeing
-    them are each a loop over every entry in Python: each hands the GIL over as it goes
-    (`_gil.py`), so an event loop waiting for it never waits behind a whole loop (issue 14's
-    publish latency). The phase of each hand-over is the crash point passed last: before
-    this test's fixes only the append handed it over."""
+    """Copying a second's entries out of the cache, appending them, putting their index
+    locations and freeing them are each a loop over every entry: each hands the GIL over as
+    it goes (`_gil.py`), so an event loop waiting for it never waits behind a whole loop
+    (issue 14's publish latency). The phase of each hand-over is the crash point passed
+    last: once only the append handed it over."""
     fs = _PointsSeen()
     parts = Parts(tmp_path, fs)
     phases: list[str] = []
@@ -171,24 +171,31 @@ def test_a_big_checkpoint_hands_the_gil_over_in_every_loop_over_its_entries(
 
     for module in (_checkpoint_module, _entry_log_module, _index_module):
         monkeypatch.setattr(module, "hand_over_gil", hand_over, raising=False)
+    per_ledger = HAND_OVER_ITEMS * 16
     try:
         parts.ledgers.add(LedgerState(1, {}))
         parts.ledgers.add(LedgerState(2, {}))
-        for entry_id in range(HAND_OVER_ITEMS * 4):
+        for entry_id in range(per_ledger):
             parts.cache.put(1, entry_id, b"a" * 100)
             parts.cache.put(2, entry_id, b"b" * 100)
         parts.checkpointer.checkpoint()
-        assert parts.index.location(2, HAND_OVER_ITEMS * 4 - 1) is not None
+        assert parts.index.location(2, per_ledger - 1) is not None
     finally:
         parts.close()
     counts = {phase: phases.count(phase) for phase in set(phases)}
-    # 8 chunks of entries: 7 hand-overs between them in the sort and the index, more in the
-    # append (which also writes between its chunks); freeing goes 4 chunks at a time: the
-    # runs' locations, entry ids and data (6 chunks, 5 hand-overs) and the flushed half (1).
-    assert counts.get("checkpoint:begin") == 7, counts  # building the sorted list
-    assert counts.get("checkpoint:after-swap", 0) >= 7, counts  # the entry-log append
-    assert counts.get("checkpoint:before-index-commit") == 7, counts  # the locations' puts
-    assert counts.get("checkpoint:after-index-commit") == 6, counts  # freeing
+    entries = 2 * per_ledger
+
+    def between(items: int, chunk: int) -> int:  # hand-overs between chunks
+        return -(-items // chunk) - 1
+
+    copy, drop, free = (_checkpoint_module._COPY_ITEMS, _checkpoint_module._DROP_ITEMS,
+                        _checkpoint_module._FREE_ITEMS)
+    assert counts.get("checkpoint:begin") == between(entries, copy), counts
+    assert counts.get("checkpoint:after-swap") == between(entries, HAND_OVER_ITEMS), counts
+    assert counts.get("checkpoint:before-index-commit") == between(entries, HAND_OVER_ITEMS)
+    # Freeing: the runs' locations, entry ids and data, then the flushed half.
+    assert counts.get("checkpoint:after-index-commit") == (between(3 * entries, drop)
+                                                           + between(entries, free)), counts
 
 
 def test_a_big_checkpoint_makes_no_object_per_entry_for_the_cyclic_gc(tmp_path: Path) -> None:
