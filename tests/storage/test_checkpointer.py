@@ -116,6 +116,31 @@ def test_flush_indexes_entries_and_ledgers_and_gc_drops_a_dead_log(parts: Parts)
     assert parts.failures == []
 
 
+def test_a_flush_writes_each_ledgers_entries_in_id_order_even_if_cached_out_of_order(
+        parts: Parts) -> None:
+    """A ledger's entries reach the cache in id order (the copy out of the half relies on
+    it), but a flush does not assume it: a ledger cached out of order is sorted, and every
+    entry is indexed at the record that holds it; the ledgers' runs follow each other."""
+    parts.ledgers.add(LedgerState(1, {}))
+    parts.ledgers.add(LedgerState(2, {}))
+    order = [5, 0, 3, 1, 4, 2]
+    for entry_id in order:
+        parts.cache.put(2, entry_id, b"two %d" % entry_id)
+    for entry_id in range(3):
+        parts.cache.put(1, entry_id, b"one %d" % entry_id)
+    parts.flush(JournalMark(1, 4096, 9))
+    located = {(ledger_id, entry_id): parts.index.location(ledger_id, entry_id)
+               for ledger_id, count in ((1, 3), (2, 6)) for entry_id in range(count)}
+    offsets = [location for _, location in sorted(located.items())]
+    assert None not in offsets
+    assert offsets == sorted(offsets), "ledger 1's run, then ledger 2's, each by entry id"
+    for (ledger_id, entry_id), location in located.items():
+        assert location is not None
+        name = b"one" if ledger_id == 1 else b"two"
+        assert parts.logs.reader.read(location, ledger_id, entry_id) == b"%s %d" % (name,
+                                                                                    entry_id)
+
+
 def test_checkpoint_persists_the_journal_mark(parts: Parts) -> None:
     parts.ledgers.add(LedgerState(1, {}))
     parts.cache.put(1, 0, b"x")
