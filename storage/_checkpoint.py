@@ -39,7 +39,10 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice, repeat, starmap
 from typing import Any
 
 import lmdb
@@ -50,7 +53,7 @@ from ._entry_logs import EntryLogs
 from ._errors import StorageError, StorageFailedError, StorageFullError
 from ._fs import FileSystem
 from ._gil import HAND_OVER_ITEMS, hand_over_gil
-from ._index import CheckpointWrite, Index, LedgerRecord, location_key
+from ._index import CheckpointWrite, Index, LedgerRecord, LocationRun
 from ._journal import Journal, JournalMark
 from ._ledger import DELETED, LedgerTable
 from ._trace import trace
@@ -167,11 +170,11 @@ class Checkpointer:
         # Only deletions this commit makes durable may drop entries: a ledger deleted in
         # memory since the snapshot is not deleted on disk yet, and the mark covers its adds.
         deleted = {r.ledger_id for r in records if r.state == DELETED} | set(purge)
-        entries, data_bytes = _sorted_entries(half, deleted)
+        runs, data_bytes = _sorted_runs(half, deleted)
         self._fs.point("checkpoint:after-swap")
         write = CheckpointWrite(mark=None, ledgers=records, purge_ledgers=purge,
                                 meta_ops=half.meta_ops(), drop_ledgers=drop or [])
-        touched = self._append_entries(entries, data_bytes, write)
+        touched = self._append_runs(runs, data_bytes, write)
         self._drop_purged_from_logs(deleted, touched)
         write.entry_logs = [self._logs.records[i] for i in sorted(touched)]
         write.counters = {"nextLedgerId": self._ledgers.next_id, "nextLogId": self._logs.next_id}
@@ -181,35 +184,40 @@ class Checkpointer:
         self._index.commit_checkpoint(write)
         self._fs.point("checkpoint:after-index-commit")
         log.debug("checkpoint: %d entries, %d ledgers, %d tombstones purged, mark %s in "
-                  "%.1f ms", len(entries), len(records), len(write.drop_ledgers), write.mark,
-                  (time.monotonic() - started) * 1000)
-        _free_list(entries)
-        _free_list(write.locations)
+                  "%.1f ms", sum(len(run.entry_ids) for run in runs), len(records),
+                  len(write.drop_ledgers), write.mark, (time.monotonic() - started) * 1000)
+        _free_lists([run.locations for run in write.location_runs]
+                    + [run.entry_ids for run in runs] + [run.datas for run in runs])
+        write.location_runs.clear()
 
-    def _append_entries(self, entries: list[tuple[int, int, bytes]], data_bytes: int,
-                        write: CheckpointWrite) -> set[int]:
-        """Write the entries (`data_bytes` of data in all) to entry logs and sync them;
-        returns the log ids touched."""
+    def _append_runs(self, runs: list[_Entries], data_bytes: int,
+                     write: CheckpointWrite) -> set[int]:
+        """Write the runs' entries (`data_bytes` of data in all) to entry logs and sync
+        them, adding their locations to `write`; returns the log ids touched."""
         touched: set[int] = set()
-        if not entries:
+        if not runs:
             return touched
         limit = self._config.entry_log_bytes_max
-        remaining = RECORD_HEADER_BYTES * len(entries) + data_bytes
-        start = 0
-        while start < len(entries):
-            writer = self._writer_with_room(entries[start], limit, touched)
-            stop = _run_end(entries, start, writer.position, remaining, limit)
-            chunk = entries[start:stop]
-            position_before = writer.position
-            keys: list[bytes] = []
-            locations = writer.append(chunk, keys)
-            assert len(keys) == len(locations) == len(chunk)
-            assert keys[0] == location_key(chunk[0][0], chunk[0][1]), "index key layout"
-            write.locations.extend(zip(keys, locations, strict=True))
-            remaining -= writer.position - position_before
-            self._account(writer)
-            touched.add(writer.log_id)
-            start = stop
+        remaining = RECORD_HEADER_BYTES * sum(len(run.datas) for run in runs) + data_bytes
+        for run in runs:
+            start, count = 0, len(run.datas)
+            while start < count:
+                writer = self._writer_with_room(len(run.datas[start]), limit, touched)
+                if writer.position + remaining <= limit:  # the rest fits: no log is full
+                    stop = count
+                else:
+                    stop = _run_end(run.datas, start, writer.position, limit)
+                whole = start == 0 and stop == count
+                ids = run.entry_ids if whole else run.entry_ids[start:stop]
+                position_before = writer.position
+                locations = writer.append_run(run.ledger_id, ids,
+                                              run.datas if whole else run.datas[start:stop])
+                write.location_runs.append(LocationRun(run.ledger_id, ids, locations))
+                appended = writer.position - position_before
+                remaining -= appended
+                self._account(writer, run.ledger_id, appended)
+                touched.add(writer.log_id)
+                start = stop
         self._fs.point("checkpoint:after-entrylog-write")
         current = self._logs.writer
         assert current is not None
@@ -218,12 +226,12 @@ class Checkpointer:
         self._logs.records[current.log_id].size = current.position
         return touched
 
-    def _writer_with_room(self, first: tuple[int, int, bytes], limit: int,
+    def _writer_with_room(self, first_bytes: int, limit: int,
                           touched: set[int]) -> EntryLogWriter:
-        """The current entry log, or a new one when the current one is full (the full one
-        is synced and sealed first)."""
+        """The current entry log, or a new one when the current one has no room for a
+        record of `first_bytes` of data (the full one is synced and sealed first)."""
         writer = self._logs.writer
-        need = RECORD_HEADER_BYTES + len(first[2])
+        need = RECORD_HEADER_BYTES + first_bytes
         if writer is not None and (writer.position + need <= limit
                                    or writer.position == 0):
             return writer
@@ -236,12 +244,12 @@ class Checkpointer:
             self._fs.point("entrylog:after-seal")
         return self._logs.start_current()
 
-    def _account(self, writer: EntryLogWriter) -> None:
-        """Add what the writer's last append counted per ledger to the log's GC record."""
+    def _account(self, writer: EntryLogWriter, ledger_id: int, size: int) -> None:
+        """Add `size` bytes appended to the writer's log for a ledger to the log's GC
+        record."""
         record = self._logs.records[writer.log_id]
-        for ledger_id, size in writer.appended_bytes.items():
-            record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
-            record.total_bytes += size
+        record.ledgers[ledger_id] = record.ledgers.get(ledger_id, 0) + size
+        record.total_bytes += size
         record.size = writer.position
 
     def _drop_purged_from_logs(self, deleted: set[int], touched: set[int]) -> None:
@@ -263,49 +271,81 @@ class Checkpointer:
             log.warning("could not delete old journal segments: %s", exc)
 
 
-def _sorted_entries(half: CacheHalf,
-                    deleted: set[int]) -> tuple[list[tuple[int, int, bytes]], int]:
-    """The half's entries of the ledgers not in `deleted` as (ledger, entry, data) sorted by
-    (ledger, entry), and the bytes of their data. A second of adds is thousands of entries:
-    the list grows `HAND_OVER_ITEMS` at a time and the GIL is handed over between (`_gil.py`),
-    as the entry-log append and the index commit that follow do."""
-    entries: list[tuple[int, int, bytes]] = []
+@dataclass
+class _Entries:
+    """A flushed half's entries of one ledger: ids ascending, and their data."""
+
+    ledger_id: int
+    entry_ids: list[int]
+    datas: list[bytes]
+
+
+def _sorted_runs(half: CacheHalf, deleted: set[int]) -> tuple[list[_Entries], int]:
+    """The half's entries of the ledgers not in `deleted`, by ledger, each ledger's by
+    entry id, and the bytes of their data. A ledger's entries are in the cache in the
+    order of their ids (adds come in order; a replayed rewrite keeps its place), so its ids
+    and data are copied out as they are, by C-level slices of its dict; a ledger whose ids
+    are not in order is sorted. A second of adds is thousands of entries: the copy goes
+    `_COPY_ITEMS` at a time and the GIL is handed over between (`_gil.py`), as the
+    entry-log append and the index commit that follow do."""
+    runs: list[_Entries] = []
     data_bytes = 0
     since_hand_over = 0
     for ledger_id in sorted(half.entries):
         if ledger_id in deleted:
             continue
         ledger = half.entries[ledger_id]
-        ids = sorted(ledger)
-        for start in range(0, len(ids), HAND_OVER_ITEMS):
-            if since_hand_over >= HAND_OVER_ITEMS:
+        run = _Entries(ledger_id, [], [])
+        keys, values = iter(ledger), iter(ledger.values())
+        in_order = True
+        while len(run.entry_ids) < len(ledger):
+            if since_hand_over >= _COPY_ITEMS:
                 hand_over_gil()
                 since_hand_over = 0
-            run = [(ledger_id, entry_id, ledger[entry_id])
-                   for entry_id in ids[start:start + HAND_OVER_ITEMS]]
-            data_bytes += sum([len(entry[2]) for entry in run])
-            entries += run
-            since_hand_over += len(run)
-    return entries, data_bytes
+            ids = list(islice(keys, _COPY_ITEMS - since_hand_over))
+            in_order = (in_order and ids == sorted(ids)
+                        and not (run.entry_ids and ids[0] <= run.entry_ids[-1]))
+            run.entry_ids += ids
+            run.datas += islice(values, len(ids))
+            since_hand_over += len(ids)
+        if not in_order:
+            run.entry_ids.sort()
+            run.datas = list(map(ledger.__getitem__, run.entry_ids))
+        data_bytes += sum(map(len, run.datas))
+        runs.append(run)
+    return runs, data_bytes
 
 
-# Items freed between two hand-overs: freeing an entry costs a fraction of encoding it.
-_FREE_ITEMS = HAND_OVER_ITEMS * 4
+# Items handled between two hand-overs by the loops that only move or drop references (a
+# hand-over costs its thread about 16 us of CPU: these would spend more on hand-overs than on
+# their work at `HAND_OVER_ITEMS`). Measured per item: copying references out of a dict 20
+# ns, dropping a list's references (the ids and data the half still holds, the locations'
+# ints) 5 ns, popping an entry out of a half and freeing its 1 KB of data 300 ns.
+_COPY_ITEMS = HAND_OVER_ITEMS * 8
+_DROP_ITEMS = HAND_OVER_ITEMS * 32
+_FREE_ITEMS = HAND_OVER_ITEMS * 2
 
 
-def _free_list(items: list[Any]) -> None:
-    """Empty a flush's list of a second's entries (or their locations) a chunk at a time,
-    handing the GIL over between: freed at once when the flush returned, 5,000 of them held
-    it for a few tenths of a millisecond."""
-    while items:
-        del items[-_FREE_ITEMS:]
-        if items:
-            hand_over_gil()
+def _free_lists(lists: list[list[Any]]) -> None:
+    """Empty a flush's lists (each run's entry ids, data and locations: thousands of items
+    a second, hundreds of thousands in a full half of small entries) a chunk at a time,
+    handing the GIL over between."""
+    since_hand_over = 0
+    for items in lists:
+        while items:
+            if since_hand_over >= _DROP_ITEMS:
+                hand_over_gil()
+                since_hand_over = 0
+            count = min(len(items), _DROP_ITEMS - since_hand_over)
+            del items[-count:]
+            since_hand_over += count
 
 
 def _free_half(half: CacheHalf) -> None:
     """Free a flushed half (out of the cache by now) a chunk of entries at a time, handing
-    the GIL over between: dropped whole, 5,000 1 KB entries held it for about a millisecond."""
+    the GIL over between: dropped whole, 5,000 1 KB entries held it for about a millisecond.
+    Each chunk is popped by C code (`popitem` called through `starmap`, its results dropped
+    by a zero-length deque)."""
     since_hand_over = 0
     for ledger in half.entries.values():
         while ledger:
@@ -313,22 +353,17 @@ def _free_half(half: CacheHalf) -> None:
                 hand_over_gil()
                 since_hand_over = 0
             count = min(len(ledger), _FREE_ITEMS - since_hand_over)
-            for _ in range(count):
-                ledger.popitem()
+            deque(starmap(ledger.popitem, repeat((), count)), maxlen=0)
             since_hand_over += count
 
 
-def _run_end(entries: list[tuple[int, int, bytes]], start: int, position: int,
-             remaining: int, limit: int) -> int:
-    """End of the run of entries from `start` that fits in a log at `position` (at least
-    one entry); `remaining` is the record bytes of all of `entries[start:]`."""
-    if position + remaining <= limit:
-        return len(entries)
+def _run_end(datas: list[bytes], start: int, position: int, limit: int) -> int:
+    """End of the records of `datas[start:]` that fit in a log at `position` (at least
+    one)."""
     stop, size = start, position
-    while stop < len(entries) and (stop == start or
-                                   size + RECORD_HEADER_BYTES + len(entries[stop][2])
-                                   <= limit):
-        size += RECORD_HEADER_BYTES + len(entries[stop][2])
+    while stop < len(datas) and (stop == start or
+                                 size + RECORD_HEADER_BYTES + len(datas[stop]) <= limit):
+        size += RECORD_HEADER_BYTES + len(datas[stop])
         stop += 1
     return stop
 

@@ -34,9 +34,12 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, chain, groupby, islice, repeat
+from operator import add, itemgetter
 
 from ._crc import crc32c, crc32c_native
 from ._errors import CorruptionError
@@ -102,6 +105,15 @@ def split_location(location: int) -> tuple[int, int]:
     return location >> OFFSET_BITS, location & (2**OFFSET_BITS - 1)
 
 
+def _chunk_end(data_ends: list[int], start: int, records_max: int, bytes_max: int) -> int:
+    """End of the chunk of records from `start` (at least one) of at most `records_max`
+    records and about `bytes_max` bytes of data (a record's head is not counted);
+    `data_ends` are the running sums of the data sizes."""
+    before = data_ends[start - 1] if start else 0
+    fitting = bisect_right(data_ends, before + bytes_max, start)
+    return max(start + 1, min(start + max(1, records_max), fitting, len(data_ends)))
+
+
 def _encode_header(log_id: int, map_offset: int, map_count: int) -> bytes:
     fields = _HEADER.pack(MAGIC, VERSION, map_offset, map_count, log_id)
     block = fields + struct.pack(">I", crc32c(fields))
@@ -133,71 +145,83 @@ class EntryLogWriter:
         self.position = ENTRY_LOG_HEADER_BYTES
         self._writeback_from = self.position  # the first byte no writeback was started for
         self.ledger_bytes: dict[int, int] = {}
-        # Of those, what the last `append` wrote (a checkpoint adds it to the log's GC record,
-        # without a walk of every ledger the log holds).
-        self.appended_bytes: dict[int, int] = {}
+        # Records and bytes written since the GIL was last handed over (`append_run`).
+        self._records_unhanded = self._bytes_unhanded = 0
 
-    def append(self, entries: list[tuple[int, int, bytes]],
-               keys: list[bytes] | None = None) -> list[int]:
+    def append(self, entries: list[tuple[int, int, bytes]]) -> list[int]:
         """Write records for (ledger, entry, data) triples; returns their locations. Not
-        durable until `sync`. When `keys` is given, each entry's ledger ‖ entry block (the
-        same 16 bytes as its index key) is appended to it.
+        durable until `sync`. Each stretch of one ledger goes to `append_run`.
 
-        The loop is the checkpoint's hot path: `encode_entry` and `location_of` inlined,
-        and the per-ledger byte counts summed over runs of one ledger. It writes and hands
-        the GIL over (`_gil.py`) every `HAND_OVER_ITEMS` records or `HAND_OVER_BYTES`
-        bytes, so that the event loop never waits long for it behind a big flush.
+        Raises:
+            OSError: as `append_run`.
+        """
+        locations: list[int] = []
+        for ledger_id, group in groupby(entries, key=itemgetter(0)):
+            items = list(group)
+            locations += self.append_run(ledger_id, [item[1] for item in items],
+                                         [item[2] for item in items])
+        return locations
+
+    def append_run(self, ledger_id: int, entry_ids: Sequence[int],
+                   datas: Sequence[bytes]) -> list[int]:
+        """Write records for entries `entry_ids` of one ledger, whose data are `datas`;
+        returns their locations. Not durable until `sync`.
+
+        The checkpoint's hot path, with no Python code per record: a chunk of records is
+        encoded by maps of C functions (the ids' packing, the CRCs, the heads' packing)
+        joined into one buffer, and its locations are a running sum. No object per record
+        outlives the call (a tuple per record cost as much again in cyclic-GC passes, which
+        hold the GIL). It writes and hands the GIL over (`_gil.py`) every `HAND_OVER_ITEMS`
+        records or `HAND_OVER_BYTES` bytes, counted across calls, so that the event loop
+        never waits long for it behind a big flush.
 
         Raises:
             OSError: a write failed; the records of the chunks before it are in the file
                 (nothing points at them: the index commit that would is not made).
         """
+        count = len(entry_ids)
         assert self.log_id >= 1
-        out = bytearray()
+        assert len(datas) == count
         locations: list[int] = []
-        base = self.position  # the file offset of out[0]
-        log_bits = self.log_id << OFFSET_BITS
+        sizes = list(map(len, datas))
+        data_ends = list(accumulate(sizes))
         pack_ids, pack_size_crc, crc = _IDS.pack, _SIZE_CRC.pack, crc32c_native
-        run_ledger, run_bytes = -1, 0
-        self.appended_bytes = {}
-        start = base
-        countdown = HAND_OVER_ITEMS
-        for ledger_id, entry_id, data in entries:
-            start = base + len(out)
-            locations.append(log_bits | start)
-            ids = pack_ids(ledger_id, entry_id)
-            out += pack_size_crc(16 + len(data), crc(data, crc(ids, 0)))
-            out += ids
-            out += data
-            if keys is not None:
-                keys.append(ids)
-            if ledger_id != run_ledger:
-                self._count_ledger_bytes(run_ledger, run_bytes)
-                run_ledger, run_bytes = ledger_id, 0
-            run_bytes += RECORD_HEADER_BYTES + len(data)
-            countdown -= 1
-            if not countdown or len(out) >= HAND_OVER_BYTES:
-                self._write(out)
-                base, out, countdown = self.position, bytearray(), HAND_OVER_ITEMS
+        start = 0
+        while start < count:
+            if (self._records_unhanded >= HAND_OVER_ITEMS
+                    or self._bytes_unhanded >= HAND_OVER_BYTES):
                 hand_over_gil()
-        self._count_ledger_bytes(run_ledger, run_bytes)
-        assert start < 2**OFFSET_BITS, "a location keeps a 32-bit offset"
-        if out:
+                self._records_unhanded = self._bytes_unhanded = 0
+            stop = _chunk_end(data_ends, start, HAND_OVER_ITEMS - self._records_unhanded,
+                              HAND_OVER_BYTES - self._bytes_unhanded)
+            ids, chunk, chunk_sizes = entry_ids[start:stop], datas[start:stop], sizes[start:stop]
+            blocks = list(map(pack_ids, repeat(ledger_id), ids))
+            heads = map(pack_size_crc, map(add, chunk_sizes, repeat(16)),
+                        map(crc, chunk, map(crc, blocks, repeat(0))))
+            out = b"".join(chain.from_iterable(zip(heads, blocks, chunk, strict=True)))
+            # A location is log id << 32 | offset, and an offset is < 2**32: the running
+            # sum of the record sizes from the first location.
+            first = (self.log_id << OFFSET_BITS) | self.position
+            locations += islice(accumulate(map(add, chunk_sizes, repeat(RECORD_HEADER_BYTES)),
+                                           initial=first), stop - start)
             self._write(out)
+            self._records_unhanded += stop - start
+            self._bytes_unhanded += len(out)
+            start = stop
+        if count:
+            assert locations[-1] & _OFFSET_MASK == self.position - RECORD_HEADER_BYTES - sizes[-1]
+            assert locations[-1] >> OFFSET_BITS == self.log_id, "a location keeps a 32-bit offset"
+            size = RECORD_HEADER_BYTES * count + data_ends[-1]
+            self.ledger_bytes[ledger_id] = self.ledger_bytes.get(ledger_id, 0) + size
         return locations
 
-    def _write(self, out: bytearray) -> None:
+    def _write(self, out: bytes | bytearray) -> None:
         self._handle.pwrite(out, self.position)
         self.position += len(out)
         if self.position - self._writeback_from >= WRITEBACK_BYTES:
             self._handle.start_writeback(self._writeback_from,
                                          self.position - self._writeback_from)
             self._writeback_from = self.position
-
-    def _count_ledger_bytes(self, ledger_id: int, size: int) -> None:
-        if size:
-            self.ledger_bytes[ledger_id] = self.ledger_bytes.get(ledger_id, 0) + size
-            self.appended_bytes[ledger_id] = self.appended_bytes.get(ledger_id, 0) + size
 
     def sync(self) -> None:
         self._handle.fdatasync()

@@ -8,13 +8,13 @@ second's worth of entries (20 ms of Python for 5,000 1 KB entries), every one of
 could wait up to 5 ms, and a SEND's receipt, which needs several, 10-20 ms -- the publish
 latency p99 of issue 14.
 
-So the storage's background loops over many items (a checkpoint's sort of its entries, its
-entry-log append and its index puts; a GC copy) call `hand_over_gil` every `HAND_OVER_ITEMS`
-items (or, in the append, `HAND_OVER_BYTES` bytes), a fraction of a millisecond of work: a short
-sleep. A zero-length sleep or `sched_yield` is not enough:
+So the storage's background loops over many items (a checkpoint's copy of its entries out of
+the cache, its entry-log append, its index puts and its frees; a GC copy) call `hand_over_gil`
+every `HAND_OVER_ITEMS` items (or, in the append, `HAND_OVER_BYTES` bytes), a fraction of a
+millisecond of work: a short sleep. A zero-length sleep or `sched_yield` is not enough:
 the yielding thread usually takes the GIL back before the waiting one has woken up, whereas
 during a sleep it cannot. The sleep costs the background thread a few tens of microseconds of
-wall time per hand-over and no CPU.
+wall time per hand-over, and about 16 us of CPU (its system calls, measured on the 2-core VM).
 
 A sleep lasts at least its time plus the thread's timer slack (Linux: 50 us by default): a
 20 us sleep took about 90 us, and an append of 20,000 1 KB entries handing over every 64 took
@@ -38,10 +38,12 @@ __all__ = ["HAND_OVER_BYTES", "HAND_OVER_ITEMS", "TIMER_SLACK_NS", "hand_over_gi
 
 # Items a background loop handles between two hand-overs, or bytes it encodes, whichever comes
 # first. Beside checkpoints of 5,000 1 KB entries (loaded machine) another thread waited for
-# the GIL at p99 2.5-3.6 ms with 256 items and 1.0-1.8 ms with 64. 64 cut the append's rate
-# from about 340 to 180 MB/s with the default timer slack; with `TIMER_SLACK_NS` an append
-# of 20,000 1 KB entries in 64-item chunks takes about as long as in 256-item ones before.
-HAND_OVER_ITEMS: Final = 64
+# the GIL at p99 2.5-3.6 ms with 256 items and 1.0-1.8 ms with 64, when each item was a few
+# microseconds of Python. The loops now do C calls per item (maps over the packing and the
+# CRC, slices, putmulti): 128 records are encoded in about 0.1 ms, and a hand-over costs its
+# thread some 16 us of CPU (the sleep's system calls, the GIL's hand-off), so 64 would spend
+# about as much on hand-overs as on the work.
+HAND_OVER_ITEMS: Final = 128
 HAND_OVER_BYTES: Final = 256 * 1024
 HAND_OVER_SLEEP_S: Final = 20e-6  # long enough for a waiting thread to wake and take the GIL
 TIMER_SLACK_NS: Final = 1000  # a handing-over thread's timer slack (module comment)

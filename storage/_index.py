@@ -27,7 +27,7 @@ import threading
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any
 
 import lmdb
@@ -36,7 +36,8 @@ from ._crc import crc32c
 from ._gil import HAND_OVER_ITEMS, hand_over_gil
 from ._journal import JournalMark
 
-__all__ = ["CheckpointWrite", "EntryLogRecord", "Index", "LedgerRecord", "MetaOp"]
+__all__ = ["CheckpointWrite", "EntryLogRecord", "Index", "LedgerRecord", "LocationRun",
+           "MetaOp"]
 
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
@@ -128,11 +129,20 @@ class EntryLogRecord:
 
 
 @dataclass
+class LocationRun:
+    """The locations of entries of one ledger, as a checkpoint's append returns them."""
+
+    ledger_id: int
+    entry_ids: list[int]
+    locations: list[int]
+
+
+@dataclass
 class CheckpointWrite:
     """Everything one checkpoint commits, in one transaction."""
 
     mark: JournalMark | None
-    locations: list[tuple[bytes, int]] = field(default_factory=list)
+    location_runs: list[LocationRun] = field(default_factory=list)
     ledgers: list[LedgerRecord] = field(default_factory=list)
     purge_ledgers: list[int] = field(default_factory=list)
     drop_ledgers: list[int] = field(default_factory=list)  # tombstones to remove
@@ -313,16 +323,8 @@ class Index:
             self.persisted_mark = write.mark
 
     def _apply(self, txn: Any, write: CheckpointWrite) -> None:
-        if write.locations:  # C loops (putmulti) of `HAND_OVER_ITEMS` puts; between them
-            # the GIL is handed over, as the checkpoint's append does (`_gil.py`): packing a
-            # second's locations in one go held it for a millisecond or more.
-            pack, locations = _U64.pack, write.locations
-            cursor = txn.cursor(db=self._locations)
-            for start in range(0, len(locations), HAND_OVER_ITEMS):
-                if start:
-                    hand_over_gil()
-                cursor.putmulti([(key, pack(location)) for key, location
-                                 in locations[start:start + HAND_OVER_ITEMS]])
+        if write.location_runs:
+            self._put_locations(txn, write)
         for key, old, new in write.relocations:
             current = txn.get(key, db=self._locations)
             if current is not None and _U64.unpack(current)[0] == old:
@@ -352,6 +354,27 @@ class Index:
             assert persisted is None or write.mark >= persisted, (
                 f"mark would regress from {persisted} to {write.mark}")
             txn.put(b"lastMark", encode_mark(write.mark), db=self._meta)
+
+    def _put_locations(self, txn: Any, write: CheckpointWrite) -> None:
+        """The locations' puts: C loops (putmulti over maps of the keys' and values'
+        packing) of `HAND_OVER_ITEMS` puts; between them the GIL is handed over, as the
+        checkpoint's append does (`_gil.py`): packing a second's locations in one go held
+        it for a millisecond or more."""
+        pack, pack_key = _U64.pack, _KEY.pack
+        cursor = txn.cursor(db=self._locations)
+        since_hand_over = 0
+        for run in write.location_runs:
+            start = 0
+            while start < len(run.entry_ids):
+                if since_hand_over >= HAND_OVER_ITEMS:
+                    hand_over_gil()
+                    since_hand_over = 0
+                stop = start + HAND_OVER_ITEMS - since_hand_over
+                ids = run.entry_ids[start:stop]
+                cursor.putmulti(zip(map(pack_key, repeat(run.ledger_id), ids),
+                                    map(pack, run.locations[start:stop]), strict=True))
+                since_hand_over += len(ids)
+                start = stop
 
     def _delete_ledger_range(self, txn: Any, ledger_id: int) -> None:
         cursor = txn.cursor(db=self._locations)

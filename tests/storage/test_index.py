@@ -17,6 +17,7 @@ from magnetar.storage._index import (
     EntryLogRecord,
     Index,
     LedgerRecord,
+    LocationRun,
     decode_mark,
     encode_mark,
     location_key,
@@ -33,8 +34,8 @@ def index(tmp_path: Path) -> Iterator[Index]:
 
 
 def put_locations(index: Index, items: dict[tuple[int, int], int]) -> None:
-    index.commit_checkpoint(CheckpointWrite(
-        mark=None, locations=[(location_key(lid, e), loc) for (lid, e), loc in items.items()]))
+    index.commit_checkpoint(CheckpointWrite(mark=None, location_runs=[
+        LocationRun(lid, [e], [loc]) for (lid, e), loc in items.items()]))
 
 
 # -- locations ---------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def test_corrupt_stored_mark_loads_as_none(index: Index) -> None:
 def test_commit_refuses_to_regress_the_mark(index: Index) -> None:
     index.commit_checkpoint(CheckpointWrite(mark=JournalMark(3, 8192, 50)))
     stale = CheckpointWrite(mark=JournalMark(3, 4096, 20),
-                            locations=[(location_key(1, 0), 5)],
+                            location_runs=[LocationRun(1, [0], [5])],
                             ledgers=[LedgerRecord(1, "open", 0, {})])
     with pytest.raises(AssertionError, match="regress"):
         index.commit_checkpoint(stale)
@@ -254,7 +255,7 @@ def test_checkpoint_commit_is_atomic_and_durable(tmp_path: Path) -> None:
     index = Index(path, 64 * 1024 * 1024)
     index.commit_checkpoint(CheckpointWrite(
         mark=JournalMark(1, 4096, 3),
-        locations=[(location_key(1, e), e) for e in range(3)],
+        location_runs=[LocationRun(1, [0, 1, 2], [0, 1, 2])],
         ledgers=[LedgerRecord(1, "open", 2, {})],
         entry_logs=[EntryLogRecord(1, 1200, {1: 100}, 100)],
         counters={"nextLedgerId": 2, "nextLogId": 2}))
