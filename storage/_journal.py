@@ -266,12 +266,18 @@ class Journal:
         finally:
             with self._lock:
                 self._leading = False
-                self._notify_all()
+                self._lock.notify_all()
+                if self._sync_queue:  # handed over while leading: the syncer's turn now
+                    self._syncer_wake.notify()
             if segment is not None:
                 self._maybe_roll_over(segment)
             with self._lock:
                 self._writing = False
-                self._notify_all()
+                self._lock.notify_all()
+                # Only a writer with something to do: waking it for nothing after every lone
+                # add cost that add a context switch and a GIL hand-over.
+                if self._queue or self._closing or self._failed is not None:
+                    self._writer_wake.notify()
         return True
 
     def pump(self) -> bool:
