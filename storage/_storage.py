@@ -414,7 +414,9 @@ class Storage:
         Entry ids are dense from 0. Usable from any thread; `await` the completion from
         asyncio. While the write cache is full and its other half is still being flushed,
         this BLOCKS the calling thread (up to `write_cache_wait_ms_max`): an event loop
-        calls `try_add_entry` and awaits `cache_space` instead.
+        calls `try_add_entry` and awaits `cache_space` instead. An add made while nothing
+        else is being journaled is written once its completion is first used (blocked on,
+        awaited, given a callback, polled) or with the next record (`Journal.submit`).
 
         Raises:
             EntryTooLargeError: above `entry_size_bytes_max`; nothing written.
