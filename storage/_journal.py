@@ -58,10 +58,8 @@ from ._journal_batch import (
     delete_segments_before,
     encode_batch,
     list_segments,
-    preallocate,
 )
 from ._journal_format import (
-    RECORD_HEADER_BYTES,
     JournalMark,
     parse_segment_name,
     segment_file_name,
@@ -428,13 +426,7 @@ class Journal:
         return out
 
     def _write_batch_bytes(self, segment: _Segment, batch: bytearray) -> None:
-        end = segment.position + len(batch)
-        if end + RECORD_HEADER_BYTES > segment.allocated:
-            segment.allocated = preallocate(segment.handle, segment.allocated,
-                                            end + RECORD_HEADER_BYTES,
-                                            self._config.journal_prealloc_bytes)
-        segment.handle.pwrite(batch, segment.position)
-        segment.position = end
+        segment.write(batch, self._config.journal_prealloc_bytes)
         self.metrics.journal_bytes_written += len(batch)
 
     # -- the syncer ----------------------------------------------------------------------
