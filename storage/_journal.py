@@ -19,7 +19,8 @@ in its own thread, deterministically):
 
 While the syncer waits on the disk, requests pile up, so the next batch is larger: the
 group grows with the load without any artificial delay, and a single request in flight
-costs one write and one fdatasync.
+costs one write and one fdatasync. A thread that blocks on an add while the journal is idle
+takes both roles for it (`try_lead`); a lone `add_entry` then wakes no thread at all.
 
 Segments are preallocated with zeros (1 MiB when created, then `journal_prealloc_bytes` at
 a time) so that a sync need not update the file's size; a zero record header ends the data.
