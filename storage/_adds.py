@@ -165,7 +165,8 @@ def add_one(engine: _Engine, ledger_id: int, data: bytes,
         entry_id = ledger.next_entry_id
         ledger.next_entry_id = entry_id + 1
         cache.put_new(ledger_id, entry_id, data)
-        journal.submit(JournalRequest.add(completion, ledger, ledger_id, entry_id, data))
+        journal.submit(JournalRequest.add(completion, ledger, ledger_id, entry_id, data),
+                       defer_wake=journal_may_wait)  # (`Storage.add_entry`: see `submit`)
     return completion
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Completion"]
+__all__ = ["Completion", "set_results"]
 
 T = TypeVar("T")
 
@@ -25,7 +25,8 @@ _STATE_LOCK = threading.Lock()  # one lock for all completions: they are short-l
 class Completion(Generic[T]):
     """The outcome of an operation that finishes in another thread."""
 
-    __slots__ = ("_callback", "_error", "_event", "_more", "_value", "before_blocking")
+    __slots__ = ("_callback", "_error", "_event", "_more", "_value", "before_blocking",
+                 "wake_work")
 
     def __init__(self) -> None:
         self._value: Any = _PENDING
@@ -40,6 +41,10 @@ class Completion(Generic[T]):
         # Called once by a thread about to block in `result` (the journal uses it to write
         # and sync a lone add in the waiting thread itself; see `Journal.try_lead`).
         self.before_blocking: Callable[[], object] | None = None
+        # Called once on the first use other than `result` while pending (a callback, an
+        # await, `done`): the journal sets it when it left its writer asleep for a lone add
+        # whose caller would most likely write it itself (`Journal.submit`).
+        self.wake_work: Callable[[], object] | None = None
 
     @classmethod
     def resolved(cls, value: T) -> Completion[T]:
@@ -55,7 +60,16 @@ class Completion(Generic[T]):
         return done
 
     def done(self) -> bool:
-        return self._value is not _PENDING
+        if self._value is not _PENDING:
+            return True
+        if self.wake_work is not None:
+            self._wake_work()
+        return False
+
+    def _wake_work(self) -> None:
+        wake, self.wake_work = self.wake_work, None
+        if wake is not None:
+            wake()
 
     def set_result(self, value: T) -> None:
         self._finish(value, None)
@@ -85,15 +99,18 @@ class Completion(Generic[T]):
         """Call `callback(self)` once done: at once if already done, else in the thread
         that completes it. Callbacks must be quick and must not raise."""
         with _STATE_LOCK:
-            if self._value is _PENDING:
+            pending = self._value is _PENDING
+            if pending:
                 if self._callback is None:
                     self._callback = callback
                 elif self._more is None:
                     self._more = [callback]
                 else:
                     self._more.append(callback)
-                return
-        callback(self)
+        if not pending:
+            callback(self)
+        elif self.wake_work is not None:
+            self._wake_work()
 
     def result(self, timeout: float | None = None) -> T:
         """Block until done and return the value.
@@ -107,6 +124,8 @@ class Completion(Generic[T]):
             self.before_blocking = None
             hook()
         if self._value is _PENDING:
+            if self.wake_work is not None:  # (a hook that could not lead woke the writer)
+                self._wake_work()
             with _STATE_LOCK:
                 if self._value is _PENDING and self._event is None:
                     self._event = threading.Lock()
@@ -139,6 +158,36 @@ class Completion(Generic[T]):
             self.add_done_callback(wake)
             yield from waiter.__await__()
         return self.result()
+
+
+def set_results(completions: Sequence[Completion[T] | None], values: Sequence[T]) -> None:
+    """`set_result(value)` for each completion (None: skipped), in order, as ONE step: the
+    state lock is taken once for all of them (a journal group commit finishes hundreds at a
+    time), then each one's blocked waiter is released and its callbacks run, in order. A
+    callback may thus see later completions of the list already done.
+
+    Once a completion's value is set under the lock, nobody adds a callback or an event to
+    it any more (`add_done_callback` and `result` check under the same lock), so both are
+    read without it afterwards."""
+    with _STATE_LOCK:
+        for completion, value in zip(completions, values, strict=True):
+            if completion is not None:
+                assert completion._value is _PENDING, "a completion finishes once"
+                completion._value = value
+    for completion in completions:
+        if completion is None:
+            continue
+        event = completion._event
+        if event is not None:
+            event.release()
+        callback = completion._callback
+        if callback is not None:
+            more = completion._more
+            completion._callback = completion._more = None
+            callback(completion)
+            if more is not None:
+                for callback in more:
+                    callback(completion)
 
 
 def _set_if_pending(waiter: asyncio.Future[None]) -> None:

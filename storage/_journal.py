@@ -19,7 +19,8 @@ in its own thread, deterministically):
 
 While the syncer waits on the disk, requests pile up, so the next batch is larger: the
 group grows with the load without any artificial delay, and a single request in flight
-costs one write and one fdatasync.
+costs one write and one fdatasync. A thread that blocks on an add while the journal is idle
+takes both roles for it (`try_lead`); a lone `add_entry` then wakes no thread at all.
 
 Segments are preallocated with zeros (1 MiB when created, then `journal_prealloc_bytes` at
 a time) so that a sync need not update the file's size; a zero record header ends the data.
@@ -58,10 +59,8 @@ from ._journal_batch import (
     delete_segments_before,
     encode_batch,
     list_segments,
-    preallocate,
 )
 from ._journal_format import (
-    RECORD_HEADER_BYTES,
     JournalMark,
     parse_segment_name,
     segment_file_name,
@@ -182,20 +181,39 @@ class Journal:
 
     # -- submitting ----------------------------------------------------------------------
 
-    def submit(self, request: JournalRequest) -> None:
+    def submit(self, request: JournalRequest, *, defer_wake: bool = False) -> None:
         """Queue a record. Its completion (if any) finishes once the record is durable, or
         fails with `StorageFailedError`. Blocks while `journal_queue_requests_max` requests
-        are queued."""
+        are queued.
+
+        `defer_wake` (`Storage.add_entry`): a lone request into an idle journal whose
+        caller may lead it (`try_lead`) does not wake the writer (a system call on the add's
+        path and a context switch), as its caller most likely blocks and writes it itself;
+        its completion wakes the writer on any other first use (`Completion.wake_work`), as
+        does a lead that cannot start. Until then it waits for the next record or `close`."""
         with self._mutex:
             if (self._failed is None and not self._closing
                     and self._queued_records < self._config.journal_queue_requests_max):
                 self._queue.append(request)  # the common case, first
                 self._queued_records += request.records
                 self._queued_bytes += request.size
-                if self._writer_idle:
-                    self._writer_wake.notify()
+                if self._writer_idle and not self._writing:  # (a leader wakes it after)
+                    completion = request.completion
+                    if (defer_wake and completion is not None
+                            and completion.before_blocking is not None
+                            and len(self._queue) == 1 and not self._sync_busy
+                            and not self._sync_queue and self._config.journal_sync):
+                        completion.wake_work = self.wake_writer
+                    else:
+                        self._writer_wake.notify()
                 return
         self.submit_many([request])  # failed, closing or full: the slow path
+
+    def wake_writer(self) -> None:
+        """Wake the idle writer if anything is queued (see `submit`)."""
+        with self._mutex:
+            if self._queue and self._writer_idle and not self._writing:
+                self._writer_wake.notify()
 
     def submit_many(self, requests: list[JournalRequest]) -> None:
         """`submit` each of `requests` in order, with one hold of the lock and one wake-up of
@@ -250,11 +268,11 @@ class Journal:
         is in progress it returns False at once and the background threads carry on with
         group commit as usual.
         """
-        if not self._threads or not self._config.journal_sync:
-            return False
         with self._lock:
             if (self._writing or self._sync_busy or self._sync_queue or not self._queue
-                    or self._failed is not None or self._closing):
+                    or self._failed is not None or self._closing or not self._threads
+                    or not self._config.journal_sync):
+                self.wake_writer()  # `submit` may have left it asleep
                 return False
             self._writing = True
             self._leading = True
@@ -266,12 +284,17 @@ class Journal:
         finally:
             with self._lock:
                 self._leading = False
-                self._notify_all()
+                self._lock.notify_all()
+                if self._sync_queue:  # handed over while leading: the syncer's turn now
+                    self._syncer_wake.notify()
             if segment is not None:
                 self._maybe_roll_over(segment)
             with self._lock:
                 self._writing = False
-                self._notify_all()
+                self._lock.notify_all()
+                # (only a writer with work: each wake-up costs a context switch)
+                if self._queue or self._closing or self._failed is not None:
+                    self._writer_wake.notify()
         return True
 
     def pump(self) -> bool:
@@ -404,13 +427,7 @@ class Journal:
         return out
 
     def _write_batch_bytes(self, segment: _Segment, batch: bytearray) -> None:
-        end = segment.position + len(batch)
-        if end + RECORD_HEADER_BYTES > segment.allocated:
-            segment.allocated = preallocate(segment.handle, segment.allocated,
-                                            end + RECORD_HEADER_BYTES,
-                                            self._config.journal_prealloc_bytes)
-        segment.handle.pwrite(batch, segment.position)
-        segment.position = end
+        segment.write(batch, self._config.journal_prealloc_bytes)
         self.metrics.journal_bytes_written += len(batch)
 
     # -- the syncer ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from ._config import StorageConfig
 from ._fs import FileHandle, FileSystem
 from ._journal_format import (
     ADD_IDS_BYTES,
+    RECORD_HEADER_BYTES,
     AddRun,
     RecordType,
     SegmentHeader,
@@ -95,6 +96,16 @@ class _Segment:
         self.handle = handle
         self.position = position
         self.allocated = allocated
+
+    def write(self, batch: bytearray, prealloc_bytes: int) -> None:
+        """Write an encoded batch at `position` (preallocating first, in `prealloc_bytes`
+        steps, so that a zero record header follows it) and move `position` past it."""
+        end = self.position + len(batch)
+        if end + RECORD_HEADER_BYTES > self.allocated:
+            self.allocated = preallocate(self.handle, self.allocated, end + RECORD_HEADER_BYTES,
+                                         prealloc_bytes)
+        self.handle.pwrite(batch, self.position)
+        self.position = end
 
 
 def create_segment(fs: FileSystem, directory: str, config: StorageConfig, segment_id: int,

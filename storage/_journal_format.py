@@ -267,6 +267,7 @@ def scan_segment(handle: FileHandle, header: SegmentHeader, start_offset: int,
     # The hot loop of recovery: it indexes one read buffer by offset instead of slicing
     # views for every header.
     unpack_header = _RECORD_HEADER.unpack_from
+    crc_of, new_record = crc32c_native, tuple.__new__  # (no Python-level call per record)
     pad = RecordType.PAD
     buffer = b""
     view = memoryview(buffer)
@@ -304,12 +305,12 @@ def scan_segment(handle: FileHandle, header: SegmentHeader, start_offset: int,
                 else:
                     payload = view[at + RECORD_HEADER_BYTES:end]
                     # Bytes 4..23 and the payload are contiguous: one CRC call covers both.
-                    if crc32c(view[at + 4:end], seed) != crc:
+                    if crc_of(view[at + 4:end], seed) != crc:
                         problem = "record CRC mismatch"
             if problem:
                 result.clean, result.problem = False, problem
                 break
-            record = Record(lsn, kind, payload, offset)
+            record: Record = new_record(Record, (lsn, kind, payload, offset))
             offset += RECORD_HEADER_BYTES + length
             last_lsn = lsn
             records += 1

@@ -330,10 +330,15 @@ def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: ReplayFlu
     checkpoint that follows the replay: the open need not wait for it). The hot loop of
     replay: an add that extends its ledger (nearly every record) is applied here, every
     other record by `_apply_record`."""
-    add, ids_size, unpack_ids = RecordType.ADD_ENTRY, _IDS.size, _IDS.unpack_from
+    add, ids_size, unpack_ids = int(RecordType.ADD_ENTRY), _IDS.size, _IDS.unpack_from
     ledgers, cache = store.ledgers.ledgers, store.cache
     count = size = 0
     end = (0, 0)  # offset past the last record applied in this segment, and its LSN
+    # The cache half and ledger the last add went to, and that ledger's dict in it: a run
+    # of one ledger's adds is put without a call or a lookup each. Replay puts an entry
+    # only as its ledger's next (lac + 1) into a half that started empty, so it replaces
+    # none (`WriteCache.put_new`).
+    half, entries, current = None, None, -1
     try:
         for record in records:
             if count and cache.active.entry_bytes >= cache.half_bytes_max:
@@ -345,7 +350,13 @@ def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: ReplayFlu
                 ledger_id, entry_id = unpack_ids(payload)
                 ledger = ledgers.get(ledger_id)
             if ledger is not None and ledger.state != DELETED and entry_id == ledger.lac + 1:
-                cache.put(ledger_id, entry_id, bytes(payload[ids_size:]))
+                if cache.active is not half or ledger_id != current:
+                    half, current = cache.active, ledger_id
+                    entries = half.entries.setdefault(ledger_id, {})
+                assert entries is not None
+                assert half is not None
+                entries[entry_id] = data = bytes(payload[ids_size:])
+                half.entry_bytes += len(data)
                 ledger.lac = entry_id
                 ledger.next_entry_id = entry_id + 1
             else:

@@ -75,7 +75,7 @@ import lmdb
 
 from ._adds import AddedRuns, add_one, add_run, add_runs, one_by_one
 from ._checkpoint import Checkpointer
-from ._completion import Completion
+from ._completion import Completion, set_results
 from ._config import StorageConfig
 from ._entry_logs import EntryLogs
 from ._errors import (
@@ -414,7 +414,8 @@ class Storage:
         Entry ids are dense from 0. Usable from any thread; `await` the completion from
         asyncio. While the write cache is full and its other half is still being flushed,
         this BLOCKS the calling thread (up to `write_cache_wait_ms_max`): an event loop
-        calls `try_add_entry` and awaits `cache_space` instead.
+        calls `try_add_entry` and awaits `cache_space` instead. A lone add is written once
+        its completion is first used, or with the next record (`Journal.submit`).
 
         Raises:
             EntryTooLargeError: above `entry_size_bytes_max`; nothing written.
@@ -627,9 +628,8 @@ class Storage:
             elif request.kind == _DELETE:  # a tombstone: purged once a mark passes here
                 assert self.journal is not None
                 self.ledgers.tombstones.append((self.journal.acknowledged_end, entry_id))
-            completion = request.completion
-            if completion is not None:
-                completion.set_result(entry_id)
+        set_results([request.completion for request in requests],  # one run (LACs first)
+                    [request.entry_id for request in requests])
         if trace.on:
             trace.mark("durable", len(requests))
 

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from magnetar.storage import Completion, StorageFailedError
+from magnetar.storage._completion import set_results
 
 
 def test_result_of_a_resolved_completion() -> None:
@@ -170,3 +171,34 @@ def test_completing_after_the_awaiting_loop_closed_does_not_raise() -> None:
     pending.set_result(1)  # must not raise
     assert pending.result() == 1
     assert not task.done()
+
+
+def test_set_results_finishes_a_run_in_order_and_releases_its_waiters() -> None:
+    """`set_results` (a journal group commit): every completion of the list gets its value,
+    None entries are skipped, each one's callbacks run in list order, and a thread blocked
+    on one of them wakes."""
+    run: list[Completion[int] | None] = [Completion(), None, Completion(), Completion()]
+    calls: list[tuple[str, int]] = []
+    for name, completion in zip("abcd", run, strict=True):
+        if completion is not None:
+            completion.add_done_callback(lambda c, n=name: calls.append((n, c.result(0))))
+    last = run[-1]
+    assert last is not None
+    last.add_done_callback(lambda c: calls.append(("d again", c.result(0))))
+    blocked_got: list[int] = []
+    started = threading.Event()
+
+    def block() -> None:
+        started.set()
+        blocked_got.append(last.result(10))
+
+    waiter = threading.Thread(target=block)
+    waiter.start()
+    assert started.wait(10)
+    set_results(run, [1, 2, 3, 4])
+    waiter.join(10)
+    assert blocked_got == [4]
+    assert calls == [("a", 1), ("c", 3), ("d", 4), ("d again", 4)]
+    assert [c.result(0) for c in run if c is not None] == [1, 3, 4]
+    with pytest.raises(AssertionError, match="finishes once"):
+        set_results(run[:1], [5])

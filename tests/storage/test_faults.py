@@ -273,7 +273,9 @@ def test_batch_being_written_when_the_checkpoint_fails(tmp_path: Path, seed: int
     store, ledger = acknowledged_store(tmp_path, fs, small_config(checkpoint_interval_ms=60_000),
                                        count=3)
     fs.gate_armed = True
-    in_flight = store.add_entry(ledger, entry(3))
+    # (try_add_entry: an add_entry nobody waits on yet need not wake the writer)
+    in_flight = store.try_add_entry(ledger, entry(3))
+    assert in_flight is not None
     assert fs.writing.wait(WAIT_SECONDS_MAX)
     fs.entry_logs_full = True
     with pytest.raises(StorageFullError) as caught:

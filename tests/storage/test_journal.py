@@ -3,6 +3,7 @@ segment life cycle through `Storage`."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from pathlib import Path
@@ -405,6 +406,32 @@ def test_a_lone_add_is_synced_by_the_waiting_thread(tmp_path: Path) -> None:
     assert fs.total("sync", journal_dir) - syncs_before == 20
     assert finished_in.count(threading.current_thread()) >= 15  # the writer may win a race
     store.close()
+
+
+@pytest.mark.parametrize("use", ["callback", "done", "await"])
+def test_a_lone_add_is_written_when_its_completion_is_used_without_blocking(
+        tmp_path: Path, use: str) -> None:
+    """A lone `add_entry` into an idle journal does not wake the writer (its caller most
+    likely blocks on it and writes it itself); a callback, a poll of `done` or an await
+    must wake it instead, or the add would wait for the next record."""
+    store = Storage.open(tmp_path / "data", small_config())
+    try:
+        ledger = store.create_ledger().result(WAIT_RESULT_S)
+        for i in range(3):  # each one into an idle journal
+            completion = store.add_entry(ledger, b"lone-%d" % i)
+            if use == "callback":
+                finished = threading.Event()
+                completion.add_done_callback(lambda _, event=finished: event.set())
+                assert finished.wait(WAIT_RESULT_S)
+            elif use == "done":
+                wait_until(completion.done, "the add to be durable")
+            else:
+                async def awaited(c: Completion[int] = completion) -> int:
+                    return await c
+                assert asyncio.run(asyncio.wait_for(awaited(), WAIT_RESULT_S)) == i
+            assert completion.result(0) == i
+    finally:
+        store.close()
 
 
 def test_the_waiting_thread_does_not_sync_when_disabled(tmp_path: Path) -> None:
