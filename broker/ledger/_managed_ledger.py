@@ -74,7 +74,8 @@ moves to another ledger, and whenever the owner calls `trim_consumed_ledgers` (P
 
 Position arithmetic (the base class `LedgerLayout`, `_layout.py`). Ledgers other than the
 current one always have at least one entry (a ledger is rolled over only once it has entries,
-and empty ones are dropped on open). The *write position* is `(current, entries of current)`, where the next entry will go.
+and empty ones are dropped on open). The *write position* is `(current, entries of current)`,
+where the next entry will go.
 `next_position(p)` is the position right after p in the layout (crossing to entry 0 of the next
 ledger that has entries); `next_valid_position(p)` is that, capped at the write position
 (Pulsar's `getNextValidPosition`).
