@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -246,16 +247,17 @@ async def test_an_unanswered_challenge_closes_the_connection() -> None:
 
 
 @pytest.mark.parametrize(("answer", "reason"), [
-    (_token(exp_in_s=-5), "expired"), (b"garbage", "3 dot-separated parts"),
-    (_token("mallory", exp_in_s=60), "for another role")])
-async def test_a_bad_answer_is_refused_and_closes_the_connection(answer: bytes,
+    (lambda: _token(exp_in_s=-5), "expired"), (lambda: b"garbage", "3 dot-separated parts"),
+    (lambda: _token("mallory", exp_in_s=60), "for another role")])
+async def test_a_bad_answer_is_refused_and_closes_the_connection(answer: Callable[[], bytes],
                                                                  reason: str) -> None:
     """As Pulsar answers refused refreshed credentials: ERROR "Failed to authenticate", then
-    the close."""
+    the close. (Each answer is made when the test runs: one made at collection could expire
+    before a long suite reaches the test.)"""
     wire = _Wire()
     session = _session(wire, _token(exp_in_s=0.1))
     await _until(lambda: wire.challenges, "a challenge")
-    session.on_response(_response(answer))
+    session.on_response(_response(answer()))
     assert wire.closed.is_set()
     assert len(wire.refusals) == 1
     assert wire.refusals[0].startswith("Failed to authenticate: ")
