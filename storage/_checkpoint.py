@@ -306,12 +306,13 @@ def _sorted_runs(half: CacheHalf, deleted: set[int]) -> tuple[list[_Entries], in
             in_order = (in_order and ids == sorted(ids)
                         and not (run.entry_ids and ids[0] <= run.entry_ids[-1]))
             run.entry_ids += ids
-            run.datas += islice(values, len(ids))
+            datas = list(islice(values, len(ids)))
+            data_bytes += sum(map(len, datas))
+            run.datas += datas
             since_hand_over += len(ids)
         if not in_order:
             run.entry_ids.sort()
             run.datas = list(map(ledger.__getitem__, run.entry_ids))
-        data_bytes += sum(map(len, run.datas))
         runs.append(run)
     return runs, data_bytes
 

@@ -105,15 +105,6 @@ def split_location(location: int) -> tuple[int, int]:
     return location >> OFFSET_BITS, location & (2**OFFSET_BITS - 1)
 
 
-def _chunk_end(data_ends: list[int], start: int, records_max: int, bytes_max: int) -> int:
-    """End of the chunk of records from `start` (at least one) of at most `records_max`
-    records and about `bytes_max` bytes of data (a record's head is not counted);
-    `data_ends` are the running sums of the data sizes."""
-    before = data_ends[start - 1] if start else 0
-    fitting = bisect_right(data_ends, before + bytes_max, start)
-    return max(start + 1, min(start + max(1, records_max), fitting, len(data_ends)))
-
-
 def _encode_header(log_id: int, map_offset: int, map_count: int) -> bytes:
     fields = _HEADER.pack(MAGIC, VERSION, map_offset, map_count, log_id)
     block = fields + struct.pack(">I", crc32c(fields))
@@ -183,8 +174,6 @@ class EntryLogWriter:
         assert self.log_id >= 1
         assert len(datas) == count
         locations: list[int] = []
-        sizes = list(map(len, datas))
-        data_ends = list(accumulate(sizes))
         pack_ids, pack_size_crc, crc = _IDS.pack, _SIZE_CRC.pack, crc32c_native
         start = 0
         while start < count:
@@ -192,27 +181,33 @@ class EntryLogWriter:
                     or self._bytes_unhanded >= HAND_OVER_BYTES):
                 hand_over_gil()
                 self._records_unhanded = self._bytes_unhanded = 0
-            stop = _chunk_end(data_ends, start, HAND_OVER_ITEMS - self._records_unhanded,
-                              HAND_OVER_BYTES - self._bytes_unhanded)
-            ids, chunk, chunk_sizes = entry_ids[start:stop], datas[start:stop], sizes[start:stop]
-            blocks = list(map(pack_ids, repeat(ledger_id), ids))
-            heads = map(pack_size_crc, map(add, chunk_sizes, repeat(16)),
+            stop = start + HAND_OVER_ITEMS - self._records_unhanded
+            chunk = datas[start:stop]
+            sizes = list(map(len, chunk))
+            # At least one record; no more than the bytes left before the next hand-over.
+            fitting = max(1, bisect_right(list(accumulate(sizes)),
+                                          HAND_OVER_BYTES - self._bytes_unhanded))
+            if fitting < len(chunk):
+                chunk, sizes = chunk[:fitting], sizes[:fitting]
+            stop = start + len(chunk)
+            blocks = list(map(pack_ids, repeat(ledger_id), entry_ids[start:stop]))
+            heads = map(pack_size_crc, map(add, sizes, repeat(16)),
                         map(crc, chunk, map(crc, blocks, repeat(0))))
             out = b"".join(chain.from_iterable(zip(heads, blocks, chunk, strict=True)))
             # A location is log id << 32 | offset, and an offset is < 2**32: the running
             # sum of the record sizes from the first location.
             first = (self.log_id << OFFSET_BITS) | self.position
-            locations += islice(accumulate(map(add, chunk_sizes, repeat(RECORD_HEADER_BYTES)),
-                                           initial=first), stop - start)
+            locations += islice(accumulate(map(add, sizes, repeat(RECORD_HEADER_BYTES)),
+                                           initial=first), len(chunk))
             self._write(out)
-            self._records_unhanded += stop - start
+            self._records_unhanded += len(chunk)
             self._bytes_unhanded += len(out)
+            self.ledger_bytes[ledger_id] = self.ledger_bytes.get(ledger_id, 0) + len(out)
             start = stop
         if count:
-            assert locations[-1] & _OFFSET_MASK == self.position - RECORD_HEADER_BYTES - sizes[-1]
+            assert locations[-1] & _OFFSET_MASK == self.position - RECORD_HEADER_BYTES - len(
+                datas[-1])
             assert locations[-1] >> OFFSET_BITS == self.log_id, "a location keeps a 32-bit offset"
-            size = RECORD_HEADER_BYTES * count + data_ends[-1]
-            self.ledger_bytes[ledger_id] = self.ledger_bytes.get(ledger_id, 0) + size
         return locations
 
     def _write(self, out: bytes | bytearray) -> None:

@@ -529,11 +529,12 @@ def test_standalone_freezes_what_is_loaded_before_serving(
 
     monkeypatch.setattr(_standalone, "run_standalone", serve)
     assert gc.get_freeze_count() == 0
-    before = sys.getswitchinterval()
+    before, threshold = sys.getswitchinterval(), gc.get_threshold()
     try:
         assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
     finally:
         sys.setswitchinterval(before)  # the run set the broker's
+        gc.set_threshold(*threshold)
         gc.unfreeze()
     assert [count > 10_000 for count in frozen_when_serving] == [True]
 
@@ -553,15 +554,48 @@ def test_standalone_shortens_the_gil_switch_interval(
         return 0
 
     monkeypatch.setattr(_standalone, "run_standalone", serve)
-    before = sys.getswitchinterval()
+    before, threshold = sys.getswitchinterval(), gc.get_threshold()
     sys.setswitchinterval(PYTHON_SWITCH_INTERVAL_S)
     try:
         assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
     finally:
         sys.setswitchinterval(before)
+        gc.set_threshold(*threshold)
         gc.unfreeze()
     assert interval_when_serving == [pytest.approx(_standalone.GIL_SWITCH_INTERVAL_S)]
     assert _standalone.GIL_SWITCH_INTERVAL_S < PYTHON_SWITCH_INTERVAL_S
+
+
+def test_standalone_raises_the_young_gc_threshold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`magnetar standalone` serves with the cyclic GC's first threshold at
+    `GC_YOUNG_THRESHOLD`, not Python's 700, and its older thresholds as they were: young
+    collections, which hold the GIL, come several times less often."""
+    import gc
+
+    from magnetar.broker.cli import _standalone
+
+    threshold_when_serving: list[tuple[int, int, int]] = []
+
+    def serve(options: object) -> int:
+        threshold_when_serving.append(gc.get_threshold())
+        return 0
+
+    monkeypatch.setattr(_standalone, "run_standalone", serve)
+    before, threshold = sys.getswitchinterval(), gc.get_threshold()
+    gc.set_threshold(PYTHON_GC_THRESHOLD[0], threshold[1], threshold[2])
+    try:
+        assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
+    finally:
+        sys.setswitchinterval(before)
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+    assert threshold_when_serving == [(_standalone.GC_YOUNG_THRESHOLD, threshold[1],
+                                       threshold[2])]
+    assert PYTHON_GC_THRESHOLD[0] < _standalone.GC_YOUNG_THRESHOLD
+
+
+PYTHON_GC_THRESHOLD = (700, 10, 10)  # Python's default
 
 
 PYTHON_SWITCH_INTERVAL_S = 0.005  # Python's default
