@@ -55,6 +55,7 @@ from magnetar.codec import (
     BatchContainer,
     KeyBasedBatchContainer,
     MessageId,
+    SingleMessage,
     build_batch,
     build_message,
     chunk_payload_size_bytes,
@@ -92,6 +93,7 @@ _PASSING_ERRORS: Final = (ConnectError, NotConnected, Timeout, ServiceUnitNotRea
                           ProducerBusy, BrokerMetadataError, BrokerPersistenceError)
 
 log = logging.getLogger(__name__)
+_new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -340,10 +342,16 @@ class ProducerCore:
                           failed: Callable[[_O, Exception], None]) -> None:
         """`offer_batched` for each message at the head of `queue` (its own sink) while it has
         no delivery time, the producer is open and a slot is free (the hot path of `send_async`:
-        one call per burst); the rest stay queued. One whose add raised goes to `failed`."""
+        one call per burst); the rest stay queued. One whose add raised goes to `failed`.
+
+        The default container takes each stretch of messages with new sequence ids in one
+        call (`_add_run`); a possible duplicate, or a key-based container, goes one by one."""
         limit = self.config.max_pending_messages
         add = self._add_to_batch
         while queue and self._closed_reason is None:
+            if not self._key_based and not self._duplicate_batched and \
+                    self._add_run(queue, now_ms, failed):
+                continue
             sink = queue[0]
             message = sink.message
             used = self._slots_used
@@ -355,6 +363,53 @@ class ProducerCore:
                 add(message, sink, now_ms)
             except Exception as exc:  # as `offer_batched` raising for this one message
                 failed(sink, exc)
+
+    def _add_run(self, queue: deque[_O], now_ms: int,
+                 failed: Callable[[_O, Exception], None]) -> bool:
+        """Put the messages at the head of `queue` into the open batch while each has a slot,
+        no delivery time and a sequence id above the last one pushed (`_add_to_batch` for each,
+        in one loop and one call of the container); False when it took none. Should that call
+        raise, the run's messages not answered yet go to `failed`."""
+        limit = self.config.max_pending_messages
+        used, last, next_id = self._slots_used, self._last_pushed, self._next_sequence_id
+        sinks = self._batch_sinks
+        singles: list[SingleMessage] = []
+        append = singles.append
+        while queue:
+            sink = queue[0]
+            payload, properties, key, ordering_key, event_time, sequence_id, deliver_at = \
+                sink.message
+            if deliver_at is not None or (used >= limit and used):
+                break
+            if sequence_id is None:
+                sequence_id = next_id
+                if sequence_id <= last:
+                    break  # a possible duplicate: `_add_to_batch` closes the batch first
+                next_id = sequence_id + 1
+            elif sequence_id <= last:
+                break
+            queue.popleft()
+            used += 1
+            last = sequence_id
+            sinks.append(sink)
+            append(_new_tuple(SingleMessage, (  # `OutMessage.single`, inline
+                payload, properties, key, False, ordering_key, event_time, sequence_id, False,
+                -1, False)))
+        if not singles:
+            return False
+        taken_sinks: list[_O] = sinks[-len(singles):]  # type: ignore[assignment]
+        self._slots_used, self._last_pushed, self._next_sequence_id = used, last, next_id
+        container = self._container
+        assert container is not None
+        try:
+            self._send_batches(container.add_many(singles, now_ms))
+            if self._batch_timer is None:
+                self._arm_batch_timer()
+        except Exception as exc:  # as `offer_batched` raising (not expected)
+            for taken in taken_sinks:
+                if not taken.done():
+                    failed(taken, exc)
+        return True
 
     def offer(self, message: OutMessage, sink: ResultSink) -> bool:
         """Queue `message` if its slots are free now, its outcome going to `sink`; False (and
