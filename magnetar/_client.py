@@ -49,7 +49,7 @@ __all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Read
 
 log = logging.getLogger(__name__)
 
-READ_AHEAD_MAX = 100  # messages one receive() round trip may bring to the caller's thread
+READ_AHEAD_MAX = 1000  # messages one receive() round trip may bring to the caller's thread
 ACK_DRAIN_S = 0.01  # acks queued after a receive reach the loop at most this late (no wake)
 
 T = TypeVar("T")
