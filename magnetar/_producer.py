@@ -78,11 +78,21 @@ from ._errors import (
     ServiceUnitNotReady,
     Timeout,
 )
-from ._outgoing import OutMessage, PartsSink, ResultSink, plain_message, stored, stored_one
+from ._outgoing import (
+    NO_PROPERTIES,
+    OutMessage,
+    PartsSink,
+    Queued,
+    ResultSink,
+    out_of,
+    plain_message,
+    stored,
+    stored_one,
+)
 from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
-__all__ = ["Offered", "OutMessage", "PartsSink", "ProducerConfig", "ProducerCore",
-           "ResultSink", "now_ms", "plain_message", "stored", "stored_one"]
+__all__ = ["Offered", "OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "Queued",
+           "ResultSink", "now_ms", "out_of", "plain_message", "stored", "stored_one"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -149,7 +159,7 @@ class Offered(ResultSink, Protocol):
     """A queued message that is its own result sink (`send_async`'s, `offer_batched_run`)."""
 
     @property
-    def message(self) -> OutMessage: ...
+    def message(self) -> Queued: ...
 
 
 _O = TypeVar("_O", bound=Offered)
@@ -353,7 +363,7 @@ class ProducerCore:
                     self._add_run(queue, now_ms, failed):
                 continue
             sink = queue[0]
-            message = sink.message
+            message = out_of(sink.message)
             used = self._slots_used
             if message.deliver_at_ms is not None or (used >= limit and used):
                 return
@@ -377,9 +387,23 @@ class ProducerCore:
         append = singles.append
         while queue:
             sink = queue[0]
+            queued = sink.message
+            if used >= limit and used:
+                break
+            if type(queued) is bytes:  # bare bytes (`Queued`): the usual
+                if next_id <= last:
+                    break  # a possible duplicate: `_add_to_batch` closes the batch first
+                queue.popleft()
+                used += 1
+                last = next_id
+                sinks.append(sink)
+                append(_new_tuple(SingleMessage, (  # `OutMessage.single`, inline
+                    queued, NO_PROPERTIES, None, False, None, 0, next_id, False, -1, False)))
+                next_id += 1
+                continue
             payload, properties, key, ordering_key, event_time, sequence_id, deliver_at = \
-                sink.message
-            if deliver_at is not None or (used >= limit and used):
+                out_of(queued)
+            if deliver_at is not None:
                 break
             if sequence_id is None:
                 sequence_id = next_id
