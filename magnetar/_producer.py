@@ -353,9 +353,7 @@ class ProducerCore:
         """`offer_batched` for each message at the head of `queue` (its own sink) while it has
         no delivery time, the producer is open and a slot is free (the hot path of `send_async`:
         one call per burst); the rest stay queued. One whose add raised goes to `failed`.
-
-        The default container takes each stretch of messages with new sequence ids in one
-        call (`_add_run`); a possible duplicate, or a key-based container, goes one by one."""
+        Stretches of bare bytes go in one loop (`_add_run`), other messages one by one."""
         limit = self.config.max_pending_messages
         add = self._add_to_batch
         while queue and self._closed_reason is None:
@@ -376,10 +374,10 @@ class ProducerCore:
 
     def _add_run(self, queue: deque[_O], now_ms: int,
                  failed: Callable[[_O, Exception], None]) -> bool:
-        """Put the messages at the head of `queue` into the open batch while each has a slot,
-        no delivery time and a sequence id above the last one pushed (`_add_to_batch` for each,
-        in one loop and one call of the container); False when it took none. Should that call
-        raise, the run's messages not answered yet go to `failed`."""
+        """`_add_to_batch` for the sends of bare bytes (`Queued`) at the head of `queue` while
+        each has a slot and its sequence id is above the last one pushed, in one loop and one
+        call of the (default) container; False when it took none. Should that call raise, the
+        sends it took that are not answered yet go to `failed`."""
         limit = self.config.max_pending_messages
         used, last, next_id = self._slots_used, self._last_pushed, self._next_sequence_id
         sinks = self._batch_sinks
@@ -387,41 +385,19 @@ class ProducerCore:
         append = singles.append
         while queue:
             sink = queue[0]
-            queued = sink.message
-            if used >= limit and used:
-                break
-            if type(queued) is bytes:  # bare bytes (`Queued`): the usual
-                if next_id <= last:
-                    break  # a possible duplicate: `_add_to_batch` closes the batch first
-                queue.popleft()
-                used += 1
-                last = next_id
-                sinks.append(sink)
-                append(_new_tuple(SingleMessage, (  # `OutMessage.single`, inline
-                    queued, NO_PROPERTIES, None, False, None, 0, next_id, False, -1, False)))
-                next_id += 1
-                continue
-            payload, properties, key, ordering_key, event_time, sequence_id, deliver_at = \
-                out_of(queued)
-            if deliver_at is not None:
-                break
-            if sequence_id is None:
-                sequence_id = next_id
-                if sequence_id <= last:
-                    break  # a possible duplicate: `_add_to_batch` closes the batch first
-                next_id = sequence_id + 1
-            elif sequence_id <= last:
-                break
+            payload = sink.message
+            if type(payload) is not bytes or (used >= limit and used) or next_id <= last:
+                break  # a possible duplicate (`_add_to_batch` closes the batch first), or full
             queue.popleft()
             used += 1
-            last = sequence_id
+            last = next_id
             sinks.append(sink)
-            append(_new_tuple(SingleMessage, (  # `OutMessage.single`, inline
-                payload, properties, key, False, ordering_key, event_time, sequence_id, False,
-                -1, False)))
+            append(_new_tuple(SingleMessage, (  # `plain_message(payload).single`, inline
+                payload, NO_PROPERTIES, None, False, None, 0, next_id, False, -1, False)))
+            next_id += 1
         if not singles:
             return False
-        taken_sinks: list[_O] = sinks[-len(singles):]  # type: ignore[assignment]
+        taken: list[_O] = sinks[-len(singles):]  # type: ignore[assignment]
         self._slots_used, self._last_pushed, self._next_sequence_id = used, last, next_id
         container = self._container
         assert container is not None
@@ -430,9 +406,9 @@ class ProducerCore:
             if self._batch_timer is None:
                 self._arm_batch_timer()
         except Exception as exc:  # as `offer_batched` raising (not expected)
-            for taken in taken_sinks:
-                if not taken.done():
-                    failed(taken, exc)
+            for sink in taken:
+                if not sink.done():
+                    failed(sink, exc)
         return True
 
     def offer(self, message: OutMessage, sink: ResultSink) -> bool:
