@@ -178,9 +178,10 @@ def _publish(client: Any, ok: object, topic: str, in_flight: int, batching: bool
                 count += 1
             return count, started, time.perf_counter()
         receipts = _Receipts(ok)
+        callback = receipts.callback  # one bound method: not one made (and held) per send
         sent = 0
         while time.perf_counter() < stop_at:  # send_async blocks while 256 are unreceipted
-            producer.send_async(payload, receipts.callback)
+            producer.send_async(payload, callback)
             sent += 1
         producer.flush()
         receipts.wait_all(sent, DRAIN_DEADLINE_S)

@@ -839,6 +839,17 @@ class _ContainerBase:
             closed.extend(self.flush())
         return closed
 
+    def add_many(self, messages: Sequence[SingleMessage], now_ms: float) -> list[Batch]:
+        """`add` of each message in order (one call for a producer's run of messages).
+
+        Returns:
+            The batches the messages closed (possibly none), to send in order.
+        """
+        closed: list[Batch] = []
+        for message in messages:
+            closed += self.add(message, now_ms)
+        return closed
+
     def expire(self, now_ms: float) -> list[Batch]:
         """Close everything if the delay has run out.
 
@@ -888,6 +899,33 @@ class BatchContainer(_ContainerBase):
         )
         self._messages: list[SingleMessage] = []  # kept: `_insert` is its bound append
         self._insert = self._messages.append
+
+    def add_many(self, messages: Sequence[SingleMessage], now_ms: float) -> list[Batch]:
+        """`add` of each message in order, in one loop (a producer's burst of sends)."""
+        limits = self._limits
+        count_max, bytes_max = limits.batch_messages_max, limits.batch_size_bytes_max
+        waiting = self._messages
+        count, size_bytes = self._count, self._size_bytes
+        closed: list[Batch] = []
+        for message in messages:
+            payload = message[0]  # `payload`
+            size = 0 if payload is None else len(payload)
+            if count and (count >= count_max or size_bytes + size > bytes_max):
+                closed.append(Batch(tuple(waiting)))  # `flush`, inline
+                waiting.clear()
+                count = size_bytes = 0
+            if not count:
+                self._deadline_ms = now_ms + limits.batch_delay_ms_max
+            waiting.append(message)
+            count += 1
+            size_bytes += size
+            if count >= count_max or size_bytes >= bytes_max:
+                closed.append(Batch(tuple(waiting)))
+                waiting.clear()
+                count = size_bytes = 0
+                self._deadline_ms = None
+        self._count, self._size_bytes = count, size_bytes
+        return closed
 
     def _drain(self) -> list[Batch]:
         if not self._messages:

@@ -37,7 +37,6 @@ from ._options import (
     producer_options,
     reader_options,
 )
-from ._producer import plain_message
 from ._routing import ProducerSet
 from ._sender import AsyncSender, SendCallback, SendWaiter
 
@@ -49,7 +48,7 @@ __all__ = ["Client", "Consumer", "ConsumerBatchReceivePolicy", "Producer", "Read
 
 log = logging.getLogger(__name__)
 
-READ_AHEAD_MAX = 100  # messages one receive() round trip may bring to the caller's thread
+READ_AHEAD_MAX = 1000  # messages one receive() round trip may bring to the caller's thread
 ACK_DRAIN_S = 0.01  # acks queued after a receive reach the loop at most this late (no wake)
 
 T = TypeVar("T")
@@ -192,8 +191,8 @@ class Producer:
         Raises:
             PulsarException: the send failed (`Timeout`, `MessageTooBig`, ...).
             RuntimeError: called from a callback on the client's own thread."""
-        message = plain_message(content) if not kwargs and type(content) is bytes else \
-            out_message(content, **kwargs)
+        message = content if not kwargs and type(content) is bytes else \
+            out_message(content, **kwargs)  # bare bytes: a plain message (`Queued`)
         if self._client._core.closed:
             raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
         if self._client._thread.on_loop():
@@ -213,8 +212,8 @@ class Producer:
         Raises:
             ProducerQueueIsFull: the queue is full and blocking is off.
             AlreadyClosed: the client is closed."""
-        message = plain_message(content) if not kwargs and type(content) is bytes else \
-            out_message(content, **kwargs)
+        message = content if not kwargs and type(content) is bytes else \
+            out_message(content, **kwargs)  # bare bytes: a plain message (`Queued`)
         if self._client._core.closed:
             raise AlreadyClosed(f"the client of {self._client.service_url} is closed")
         self._sender.send_async(message, callback)

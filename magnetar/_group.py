@@ -11,10 +11,14 @@ receiver queue is `min(receiver_queue_size, RECEIVER_QUEUE_ACROSS_PARTITIONS_MAX
 
 The group's queue holds messages in arrival order. `receive` takes the head, or waits with a
 waiter future that either a message or the timeout timer resolves -- never both, so no
-message is lost to a timeout. Taking a message tells its consumer (`taken`: permits, ack
-timeout). Acks and negative acks find their consumer through the message (`Message.owner`),
-or for a bare `MessageId` through its partition; a bare id on a multi-topic group is refused
-with `OperationNotSupported`, as in the official client.
+message is lost to a timeout. Messages that arrive while receives wait are queued and handed
+to them at the end of that turn of the loop (`_serve`): what arrived in one turn -- a dispatch
+round's entries -- goes to a synchronous receive in one hand-over, not one per entry (a
+consumer without a receiver queue is served at once, as it asks for one message at a time).
+Taking a message tells its consumer (`taken`: permits, ack timeout). Acks and negative acks
+find their consumer through the message (`Message.owner`), or for a bare `MessageId` through
+its partition; a bare id on a multi-topic group is refused with `OperationNotSupported`, as
+in the official client.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class ConsumerGroup:
         self._queue: deque[Message] = deque()
         # Asynchronous receives (futures) and synchronous ones (`Handoff`s), oldest first.
         self._waiters: deque[asyncio.Future[Message] | Handoff] = deque()
+        self._serving = False  # `_serve` is scheduled: the queue's messages go to the waiters
         self._discovery: asyncio.TimerHandle | None = None
         self._partitioned = False  # one partitioned topic: bare ids route by partition
         self.partitions_update_interval_s = partitions_update_interval_s
@@ -224,29 +229,33 @@ class ConsumerGroup:
     # -- the queue -------------------------------------------------------------------------
 
     def enqueue(self, messages: list[Message]) -> None:
-        """Messages of one consumer, in order: to the waiting receives, the rest queued."""
-        waiters = self._waiters
-        if not waiters:
-            self._queue.extend(messages)
-            return
-        index, count = 0, len(messages)
-        while index < count:
+        """Messages of one consumer, in order: queued, for the waiting receives at the end of
+        this turn of the loop (`_serve`; at once without a receiver queue)."""
+        self._queue.extend(messages)
+        if self._waiters and not self._serving:
+            if self.config.receiver_queue_size == 0:
+                self._serve()
+                return
+            self._serving = True
+            asyncio.get_running_loop().call_soon(self._serve)
+
+    def _serve(self) -> None:
+        """Queued messages to the waiting receives, oldest first: a synchronous receive takes a
+        run of them (up to its `most`), an asynchronous one a message."""
+        self._serving = False
+        queue, waiters = self._queue, self._waiters
+        while queue:
             while waiters and waiters[0].done():
                 waiters.popleft()
             if not waiters:
-                self._queue.extend(messages[index:])
                 return
             waiter = waiters.popleft()
-            if isinstance(waiter, Handoff):  # a synchronous receive takes a run at once
-                run = messages[index:index + waiter.most]
-                run[0].owner.taken(run)
-                waiter.give(run)
-                index += len(run)
+            if isinstance(waiter, Handoff):
+                waiter.give(self._take_some(waiter.most))
                 continue
-            message = messages[index]
+            message = queue.popleft()
             message.owner.taken([message])
             waiter.set_result(message)
-            index += 1
 
     def waiting(self) -> bool:
         """Whether a receive waits and nothing is queued for it."""
@@ -269,7 +278,7 @@ class ConsumerGroup:
             Timeout: nothing arrived in time. AlreadyClosed: the consumer is closed.
         """
         self._check_open()
-        if self._queue:
+        if self._queue and not self._serving:
             message = self._queue.popleft()
             message.owner.taken([message])
             return message
@@ -301,7 +310,7 @@ class ConsumerGroup:
         see `Received.generation`; each counts as taken now)."""
         self._check_open()
         out: list[Message] = []
-        if not self._queue:
+        if not self._queue or self._serving:
             out.append(await self.receive(timeout_ms))
         out += self._take_some(most - len(out))
         return [(message, message.received.generation) for message in out]
@@ -315,7 +324,7 @@ class ConsumerGroup:
             waiter.set_exception(AlreadyClosed(f"consumer {self.config.subscription!r} on "
                                                f"{self.topic} is closed"))
             return
-        if self._queue:
+        if self._queue and not self._serving:
             waiter.give(self._take_some(waiter.most))
             return
         self._waiters.append(waiter)

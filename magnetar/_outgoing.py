@@ -1,8 +1,10 @@
 """What a producer sends and where its outcome goes: `OutMessage` (one message as the
-application gave it; `plain_message` for bare bytes, the hot path), `ResultSink` (an
-`asyncio.Future` or any object with its three methods), `PartsSink` (a sink that takes a stored
-message's id as its parts) and `stored` / `stored_one` (resolving the sinks of one stored entry).
-The producer core (`_producer.py`) and `send_async` (`_sender.py`) share them.
+application gave it; `plain_message` for bare bytes; `Queued`, what a send on its way to the
+loop holds: bare bytes stand for their `plain_message` until a path needs the tuple, the hot
+path), `ResultSink` (an `asyncio.Future` or any object with its three methods), `PartsSink` (a
+sink that takes a stored message's id as its parts) and `stored` / `stored_one` (resolving the
+sinks of one stored entry). The producer core (`_producer.py`) and `send_async` (`_sender.py`)
+share them.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from magnetar.codec import MessageId, SingleMessage
 
 from ._message_id import trusted_id
 
-__all__ = ["OutMessage", "PartsSink", "ResultSink", "plain_message", "stored", "stored_one"]
+__all__ = ["NO_PROPERTIES", "OutMessage", "PartsSink", "Queued", "ResultSink", "out_of",
+           "plain_message", "stored", "stored_one"]
 
-_NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
+NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
 _new_tuple = tuple.__new__
 assert SingleMessage._fields == (  # the order `OutMessage.single` builds it in
     "payload", "properties", "partition_key", "partition_key_b64_encoded", "ordering_key",
@@ -28,7 +31,7 @@ class OutMessage(NamedTuple):
     """One message to send, as the application gave it (a tuple: one is made per send)."""
 
     payload: bytes | None
-    properties: Mapping[str, str] = _NO_PROPERTIES
+    properties: Mapping[str, str] = NO_PROPERTIES
     partition_key: str | None = None
     ordering_key: bytes | None = None
     event_time: int = 0
@@ -47,9 +50,19 @@ assert OutMessage._fields == ("payload", "properties", "partition_key", "orderin
 
 
 def plain_message(payload: bytes) -> OutMessage:
-    """A message of bare bytes and no options (the hot path of `send` and `send_async`:
-    nothing to check)."""
-    return _new_tuple(OutMessage, (payload, _NO_PROPERTIES, None, None, 0, None, None))
+    """A message of bare bytes and no options (nothing to check)."""
+    return _new_tuple(OutMessage, (payload, NO_PROPERTIES, None, None, 0, None, None))
+
+
+# A send on its way to the loop: its message, or for bare bytes and no options the bytes
+# alone (the hot path of `send` and `send_async`: no tuple per message, which the garbage
+# collector would count until the receipt).
+Queued = OutMessage | bytes
+
+
+def out_of(queued: Queued) -> OutMessage:
+    """The message a queued send stands for."""
+    return plain_message(queued) if isinstance(queued, bytes) else queued
 
 
 class PartsSink:

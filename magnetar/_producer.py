@@ -22,7 +22,7 @@ with a `PulsarException`). In between:
    (`codec.build_batch` / `build_message`, compressed as configured). Larger than the broker's
    `max_message_size`: with `chunking_enabled` it is cut into chunks (`codec.split_into_chunks`),
    each sent on its own; otherwise the message fails with `MessageTooBig`.
-5. Receipts. Each entry is an `_Op` handed to `Transport.send`; its future's outcome completes
+5. Receipts. Each entry is an `Op` handed to `Transport.send`; its future's outcome completes
    the messages' futures (a batch's message i gets batch index i). `last_sequence_id` follows
    the highest id stored.
 6. Send timeout. A timer looks at the oldest op every so often; once it is `send_timeout_millis`
@@ -46,15 +46,15 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Final, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from magnetar.codec import (
     Batch,
     BatchContainer,
     KeyBasedBatchContainer,
     MessageId,
+    SingleMessage,
     build_batch,
     build_message,
     chunk_payload_size_bytes,
@@ -62,13 +62,12 @@ from magnetar.codec import (
     split_into_chunks,
 )
 
-from ._enums import BatchingType, CompressionType
+from ._enums import BatchingType
 from ._errors import (
     AlreadyClosed,
     BrokerMetadataError,
     BrokerPersistenceError,
     ConnectError,
-    InvalidConfiguration,
     MessageTooBig,
     NotConnected,
     ProducerBusy,
@@ -77,11 +76,22 @@ from ._errors import (
     ServiceUnitNotReady,
     Timeout,
 )
-from ._outgoing import OutMessage, PartsSink, ResultSink, plain_message, stored, stored_one
+from ._outgoing import (
+    NO_PROPERTIES,
+    OutMessage,
+    PartsSink,
+    Queued,
+    ResultSink,
+    out_of,
+    plain_message,
+    stored,
+    stored_one,
+)
+from ._producer_data import Offered, Op, ProducerConfig, now_ms
 from ._transport import ProducerOpened, ProducerRequest, SendReceipt, Transport
 
-__all__ = ["Offered", "OutMessage", "PartsSink", "ProducerConfig", "ProducerCore",
-           "ResultSink", "now_ms", "plain_message", "stored", "stored_one"]
+__all__ = ["Offered", "OutMessage", "PartsSink", "ProducerConfig", "ProducerCore", "Queued",
+           "ResultSink", "now_ms", "out_of", "plain_message", "stored", "stored_one"]
 
 SEND_TIMEOUT_CHECK_S_MAX: Final = 1.0  # the send-timeout timer looks at least this often
 RECONNECT_BACKOFF_S_MIN: Final = 0.05
@@ -92,69 +102,10 @@ _PASSING_ERRORS: Final = (ConnectError, NotConnected, Timeout, ServiceUnitNotRea
                           ProducerBusy, BrokerMetadataError, BrokerPersistenceError)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ProducerConfig:
-    """The producer settings the core uses (defaults as the official Python client's)."""
-
-    producer_name: str = ""
-    initial_sequence_id: int | None = None
-    send_timeout_ms: int = 30_000
-    compression_type: CompressionType = CompressionType.NONE
-    max_pending_messages: int = 1000
-    block_if_queue_full: bool = False
-    batching_enabled: bool = False
-    batching_max_messages: int = 1000
-    batching_max_allowed_size_in_bytes: int = 128 * 1024
-    batching_max_publish_delay_ms: int = 10
-    batching_type: BatchingType = BatchingType.Default
-    chunking_enabled: bool = False
-    access_mode: str = "Shared"
-    properties: Mapping[str, str] = field(default_factory=dict)
-    initial_subscription_name: str = ""  # created with the topic (dead-letter producers)
-
-    def __post_init__(self) -> None:
-        if self.batching_enabled and self.chunking_enabled:
-            raise InvalidConfiguration("batching and chunking cannot both be enabled")
-        if self.max_pending_messages < 1:
-            raise InvalidConfiguration("max_pending_messages must be at least 1")
-        if self.send_timeout_ms < 0:
-            raise InvalidConfiguration("send_timeout_millis must not be negative")
-        if self.batching_enabled and self.batching_max_messages < 1:
-            raise InvalidConfiguration("batching_max_messages must be at least 1")
-
-
-@dataclass(eq=False, slots=True)
-class _Op:
-    """One entry in flight (a message, a batch, or one chunk)."""
-
-    sequence_id: int
-    highest_sequence_id: int
-    slots: int
-    results: list[ResultSink]  # one per message; empty for non-last chunks
-    created_s: float
-    batch_size: int = 0  # > 0 for batches: message i gets batch index i
-    done: bool = False
-    metadata: pb.MessageMetadata | None = None  # kept for a resend after a reconnection
-    payload: bytes = b""
-    num_messages: int = 1
-    in_flight: bool = False  # handed to the transport and not answered yet
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)  # flush calls
-
-
-class Offered(ResultSink, Protocol):
-    """A queued message that is its own result sink (`send_async`'s, `offer_batched_run`)."""
-
-    @property
-    def message(self) -> OutMessage: ...
+_new_tuple = tuple.__new__
 
 
 _O = TypeVar("_O", bound=Offered)
-
-def now_ms() -> int:
-    """The wall clock in ms (publish times, batch delays)."""
-    return int(time.time() * 1000)
 
 
 class ProducerCore:
@@ -175,7 +126,7 @@ class ProducerCore:
         self._slots_used = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._ops: dict[_Op, None] = {}  # in flight, oldest first
+        self._ops: dict[Op, None] = {}  # in flight, oldest first
         self._container: BatchContainer | KeyBasedBatchContainer | None = None
         # The open batches' sinks: in message order for the default container (its batches
         # close oldest first), by sequence id for a key-based one (which regroups them).
@@ -340,12 +291,16 @@ class ProducerCore:
                           failed: Callable[[_O, Exception], None]) -> None:
         """`offer_batched` for each message at the head of `queue` (its own sink) while it has
         no delivery time, the producer is open and a slot is free (the hot path of `send_async`:
-        one call per burst); the rest stay queued. One whose add raised goes to `failed`."""
+        one call per burst); the rest stay queued. One whose add raised goes to `failed`.
+        Stretches of bare bytes go in one loop (`_add_run`), other messages one by one."""
         limit = self.config.max_pending_messages
         add = self._add_to_batch
         while queue and self._closed_reason is None:
+            if not self._key_based and not self._duplicate_batched and \
+                    self._add_run(queue, now_ms, failed):
+                continue
             sink = queue[0]
-            message = sink.message
+            message = out_of(sink.message)
             used = self._slots_used
             if message.deliver_at_ms is not None or (used >= limit and used):
                 return
@@ -355,6 +310,45 @@ class ProducerCore:
                 add(message, sink, now_ms)
             except Exception as exc:  # as `offer_batched` raising for this one message
                 failed(sink, exc)
+
+    def _add_run(self, queue: deque[_O], now_ms: int,
+                 failed: Callable[[_O, Exception], None]) -> bool:
+        """`_add_to_batch` for the sends of bare bytes (`Queued`) at the head of `queue` while
+        each has a slot and its sequence id is above the last one pushed, in one loop and one
+        call of the (default) container; False when it took none. Should that call raise, the
+        sends it took that are not answered yet go to `failed`."""
+        limit = self.config.max_pending_messages
+        used, last, next_id = self._slots_used, self._last_pushed, self._next_sequence_id
+        sinks = self._batch_sinks
+        singles: list[SingleMessage] = []
+        append = singles.append
+        while queue:
+            sink = queue[0]
+            payload = sink.message
+            if type(payload) is not bytes or (used >= limit and used) or next_id <= last:
+                break  # a possible duplicate (`_add_to_batch` closes the batch first), or full
+            queue.popleft()
+            used += 1
+            last = next_id
+            sinks.append(sink)
+            append(_new_tuple(SingleMessage, (  # `plain_message(payload).single`, inline
+                payload, NO_PROPERTIES, None, False, None, 0, next_id, False, -1, False)))
+            next_id += 1
+        if not singles:
+            return False
+        taken: list[_O] = sinks[-len(singles):]  # type: ignore[assignment]
+        self._slots_used, self._last_pushed, self._next_sequence_id = used, last, next_id
+        container = self._container
+        assert container is not None
+        try:
+            self._send_batches(container.add_many(singles, now_ms))
+            if self._batch_timer is None:
+                self._arm_batch_timer()
+        except Exception as exc:  # as `offer_batched` raising (not expected)
+            for sink in taken:
+                if not sink.done():
+                    failed(sink, exc)
+        return True
 
     def offer(self, message: OutMessage, sink: ResultSink) -> bool:
         """Queue `message` if its slots are free now, its outcome going to `sink`; False (and
@@ -399,7 +393,7 @@ class ProducerCore:
             metadata)) if len(pieces) > 1 else [(metadata, payload)]
         for index, (chunk_metadata, chunk_payload) in enumerate(chunks):
             last = index == len(chunks) - 1
-            self._dispatch(_Op(sequence_id, sequence_id, 1, [sink] if last else [],
+            self._dispatch(Op(sequence_id, sequence_id, 1, [sink] if last else [],
                                time.monotonic()), chunk_metadata, chunk_payload, 1)
 
     def _add_to_batch(self, message: OutMessage, sink: ResultSink, now_ms: int) -> None:
@@ -491,7 +485,7 @@ class ProducerCore:
                 batch.messages, producer_name=self.producer_name, publish_time=now_ms(),
                 compression=int(self.config.compression_type))
             metadata.highest_sequence_id = batch.highest_sequence_id
-            op = _Op(batch.sequence_id, batch.highest_sequence_id, count, results,
+            op = Op(batch.sequence_id, batch.highest_sequence_id, count, results,
                      time.monotonic(), batch_size=count)
             if len(payload) > self.transport.max_message_size:
                 self._finish(op, MessageTooBig(
@@ -513,7 +507,7 @@ class ProducerCore:
 
     # -- ops -------------------------------------------------------------------------------
 
-    def _dispatch(self, op: _Op, metadata: pb.MessageMetadata, payload: bytes,
+    def _dispatch(self, op: Op, metadata: pb.MessageMetadata, payload: bytes,
                   num_messages: int) -> None:
         op.metadata, op.payload, op.num_messages = metadata, payload, num_messages
         self._ops[op] = None
@@ -521,14 +515,14 @@ class ProducerCore:
             self._send_op(op)
         self._arm_timeout_timer()
 
-    def _send_op(self, op: _Op) -> None:
+    def _send_op(self, op: Op) -> None:
         assert op.metadata is not None
         op.in_flight = True
         future = self.transport.send(self.producer_id, op.sequence_id, op.highest_sequence_id,
                                      op.num_messages, op.metadata, op.payload)
         future.add_done_callback(lambda done: self._receipt(op, done))
 
-    def _receipt(self, op: _Op, done: SendReceipt) -> None:
+    def _receipt(self, op: Op, done: SendReceipt) -> None:
         op.in_flight = False
         if op.done:
             return  # failed by the send timeout already
@@ -546,7 +540,7 @@ class ProducerCore:
         self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
         self._finish(op, None, ledger_id, entry_id)
 
-    def _finish(self, op: _Op, error: BaseException | None, ledger_id: int = -1,
+    def _finish(self, op: Op, error: BaseException | None, ledger_id: int = -1,
                 entry_id: int = -1) -> None:
         op.done = True
         self._ops.pop(op, None)

@@ -46,7 +46,7 @@ from ._errors import AlreadyClosed, ProducerQueueIsFull, PulsarException
 from ._loop import LoopThread
 from ._message_id import MessageId as ClientMessageId
 from ._message_id import trusted_id
-from ._producer import OutMessage, PartsSink, ResultSink, now_ms, stored_one
+from ._producer import PartsSink, Queued, ResultSink, now_ms, out_of, stored_one
 from ._routing import ProducerSet
 
 __all__ = ["AsyncSender", "SendCallback", "SendWaiter"]
@@ -157,7 +157,7 @@ class _Receipt(PartsSink):
     __slots__ = ("_callback", "_finished", "_sender", "message")
 
     def __init__(self, sender: AsyncSender, callback: SendCallback | SendWaiter | None,
-                 message: OutMessage):
+                 message: Queued):
         self._sender = sender
         self._callback = callback
         self._finished = False
@@ -238,8 +238,8 @@ class AsyncSender:
         self._idle: asyncio.Event | None = None  # loop only, made on first use
         self._task: asyncio.Task[None] | None = None
 
-    def send_async(self, message: OutMessage, callback: SendCallback | SendWaiter | None) -> None:
-        """Queue `message` (caller's thread).
+    def send_async(self, message: Queued, callback: SendCallback | SendWaiter | None) -> None:
+        """Queue `message` (caller's thread; bare bytes: a message of them and no options).
 
         Raises:
             ProducerQueueIsFull: `slots` messages are pending and blocking is off.
@@ -290,7 +290,7 @@ class AsyncSender:
                 if not queue:
                     continue
             receipt = queue.popleft()
-            message = receipt.message
+            message = out_of(receipt.message)
             try:
                 if batching is None or message.deliver_at_ms is not None:
                     waiting = core.offer(message, receipt)
@@ -327,7 +327,7 @@ class AsyncSender:
                 receipt = self._queue.popleft()
                 callback = receipt._callback
                 try:
-                    waiting = self._core.offer(receipt.message, receipt)
+                    waiting = self._core.offer(out_of(receipt.message), receipt)
                 except Exception as exc:
                     self._finished(callback, _as_pulsar(exc), None)
                     waiting = None

@@ -381,6 +381,29 @@ def test_batch_properties() -> None:
     assert unpack_messages(metadata, payload)[1].payload is None
 
 
+@settings(max_examples=60, deadline=None)
+@given(runs=st.lists(st.lists(st.tuples(st.sampled_from([0, 10, 20, 70]),
+                                        st.sampled_from([None, "A", "B"])), max_size=12),
+                     max_size=5),
+       count_max=st.integers(1, 6), bytes_max=st.sampled_from([10, 20, 30, 60, 100]),
+       key_based=st.booleans())
+def test_add_many_closes_what_one_add_per_message_closes(
+        runs: list[list[tuple[int, str | None]]], count_max: int, bytes_max: int,
+        key_based: bool) -> None:
+    kind = KeyBasedBatchContainer if key_based else BatchContainer
+    one, many = (kind(batch_messages_max=count_max, batch_size_bytes_max=bytes_max,
+                      batch_delay_ms_max=5) for _ in range(2))
+    sequence = 0
+    for now, run in enumerate(runs):
+        messages = [msg(sequence + i, size, key) for i, (size, key) in enumerate(run)]
+        sequence += len(run)
+        expected = [b for m in messages for b in one.add(m, now)]
+        assert many.add_many(messages, now) == expected
+        assert (len(many), many.size_bytes, many.deadline_ms) == \
+            (len(one), one.size_bytes, one.deadline_ms)
+    assert many.flush() == one.flush()
+
+
 def test_key_based_container_one_batch_per_key_in_first_seen_order() -> None:
     container = KeyBasedBatchContainer()
     for i, key in enumerate("ABCBCA"):
