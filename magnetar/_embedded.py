@@ -27,16 +27,11 @@ in call order. A run is bounded by its producer's pending-message limit
 
 `close` closes the service (topics, managed ledgers, dedup snapshots) and then the storage
 (queued writes, checkpoint, the directory lock) in a worker thread.
-
-Garbage collection: the first `open` in a process freezes what the collector tracks by then
-(`gc.freeze`, see `_freeze_long_lived`), so that its full collections -- a stall of every
-thread, the broker's included -- walk what was made since rather than every module again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -88,24 +83,6 @@ __all__ = ["EmbeddedTransport"]
 _Send = tuple[int, int, pb.MessageMetadata, bytes, SendReceipt]
 
 _ACK_TYPES = {False: pb.CommandAck.Individual, True: pb.CommandAck.Cumulative}
-
-
-_frozen = False  # `_freeze_long_lived` ran in this process
-
-
-def _freeze_long_lived() -> None:
-    """Once per process, before the first embedded broker is built: take every object the
-    garbage collector tracks by now out of its reach (`gc.freeze`). Nearly all of them are
-    the modules' functions, classes and constants, which live as long as the process; a full
-    collection walks every tracked object, and the broker's traffic makes one every second or
-    so, which walked a benchmark's modules (about 30,000 objects) in 15-40 ms each time, every
-    thread stalled. What it leaves behind: an object alive now that later becomes garbage in
-    a reference cycle is never freed (those made after the call, the broker's among them,
-    are collected as before)."""
-    global _frozen
-    if not _frozen:
-        _frozen = True
-        gc.freeze()
 
 
 def converted(exc: BaseException, where: str) -> PulsarException:
@@ -186,7 +163,6 @@ class EmbeddedTransport:
         path = os.path.abspath(data_dir)
         if os.path.exists(path) and not os.path.isdir(path):
             raise InvalidConfiguration(f"data directory {path} is not a directory")
-        _freeze_long_lived()
         try:
             storage = await asyncio.to_thread(Storage.open, path, storage_config)
         except DataDirLockedError as exc:

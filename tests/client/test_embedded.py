@@ -46,23 +46,6 @@ def test_import_magnetar_loads_neither_broker_nor_storage() -> None:
     assert out.strip() == "[]"
 
 
-def test_the_first_embedded_client_freezes_the_objects_made_before_it(tmp_path: Path) -> None:
-    """Full collections skip what the process made before its first broker (gc.freeze), and
-    only the first client freezes: the second one's open freezes nothing more."""
-    probe = _python(f"""
-        import gc, magnetar
-        before = gc.get_freeze_count()
-        with magnetar.Client({str(tmp_path / "a")!r}):
-            first = gc.get_freeze_count()
-        with magnetar.Client({str(tmp_path / "b")!r}):
-            second = gc.get_freeze_count()
-        print(before, first > 1000, second <= first)
-    """)
-    out, err = probe.communicate(timeout=SUBPROCESS_DEADLINE_S)
-    assert probe.returncode == 0, err
-    assert out.strip() == "0 True True"
-
-
 def test_dedup_across_an_embedded_restart(tmp_path: Path) -> None:
     data, topic = tmp_path / "data", "persistent://public/default/dedup"
     config = BrokerConfig(broker_deduplication_enabled=True)
