@@ -268,7 +268,7 @@ class Journal:
         is in progress it returns False at once and the background threads carry on with
         group commit as usual.
         """
-        with self._lock:
+        with self._mutex:
             if (self._writing or self._sync_busy or self._sync_queue or not self._queue
                     or self._failed is not None or self._closing or not self._threads
                     or not self._config.journal_sync):
@@ -282,14 +282,14 @@ class Journal:
             segment = self._write_and_queue(*taken)
             self._sync_once()
         finally:
-            with self._lock:
+            with self._mutex:
                 self._leading = False
                 self._lock.notify_all()
                 if self._sync_queue:  # handed over while leading: the syncer's turn now
                     self._syncer_wake.notify()
             if segment is not None:
                 self._maybe_roll_over(segment)
-            with self._lock:
+            with self._mutex:
                 self._writing = False
                 self._lock.notify_all()
                 # (only a writer with work: each wake-up costs a context switch)
@@ -392,7 +392,7 @@ class Journal:
             self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
             done.requests = []
-        with self._lock:
+        with self._mutex:
             failed = self._failed
             # Nothing else to write and no sync under way: sync here rather than wake the
             # syncer (one thread hand-off less for a lone add); else hand over and go on.
@@ -459,7 +459,7 @@ class Journal:
                 self._syncer_wake.wait()
 
     def _sync_once(self) -> bool:
-        with self._lock:
+        with self._mutex:
             if not self._sync_queue or self._failed is not None:
                 return False
             batches = list(self._sync_queue)
@@ -476,7 +476,8 @@ class Journal:
             started_ns = time.perf_counter_ns()
             last.segment.handle.fdatasync()
             self.metrics.journal_fsync_us.add((time.perf_counter_ns() - started_ns) // 1000)
-            self.metrics.group_commit_records.add(sum(b.records for b in batches))
+            self.metrics.group_commit_records.add(
+                last.records if len(batches) == 1 else sum(b.records for b in batches))
             # A simulated crash just after the sync: the batch is on disk but nobody hears
             # of it (allowed: durable without an acknowledgment). Inside the try so that the
             # syncer thread fails the requests instead of dying with them unanswered.
@@ -497,7 +498,7 @@ class Journal:
             self.acknowledged_end = (last.segment.segment_id, last.end_offset)
         if requests:
             self._on_durable(requests)
-        with self._lock:
+        with self._mutex:
             self._sync_busy = False
             self._lock.notify_all()  # a rollover waiting for the syncer to be idle
 
