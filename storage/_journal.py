@@ -51,6 +51,7 @@ from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
 from ._fs import FileSystem
 from ._journal_batch import (
+    CountedCondition,
     JournalRequest,
     _Batch,
     _Segment,
@@ -96,7 +97,7 @@ class Journal:
         # `with self._mutex` is `with self._lock` without its Python-level wrappers (the
         # per-add paths use it).
         self._mutex = lock = threading.RLock()
-        self._lock = threading.Condition(lock)
+        self._lock = CountedCondition(lock)  # (its notify_all is cheap with nobody waiting)
         # The writer's own condition (same lock): a submission wakes only the writer, and
         # only while it waits (`_writer_idle`).
         self._writer_wake = threading.Condition(lock)
