@@ -59,7 +59,6 @@ from ._journal_batch import (
     cut_after,
     delete_segments_before,
     encode_batch,
-    list_segments,
 )
 from ._journal_format import (
     JournalMark,
@@ -168,10 +167,6 @@ class Journal:
                 self._lock.wait()
             if self._failed is not None:
                 raise self._failed
-
-    def segments(self) -> list[tuple[int, str]]:
-        """(segment id, path) of every segment file on disk, oldest first."""
-        return list_segments(self._fs, self._dir)
 
     def delete_segments_before(self, mark_segment_id: int) -> list[int]:
         """Delete segments older than the persisted mark's segment, keeping the newest
