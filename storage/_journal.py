@@ -276,22 +276,30 @@ class Journal:
         segment = None
         try:
             segment = self._write_and_queue(*taken)
-            self._sync_once()
+            if self._sync_queue:  # handed over, not synced inline (only a leader can now)
+                self._sync_once()
         finally:
-            with self._mutex:
-                self._leading = False
-                self._lock.notify_all()
-                if self._sync_queue:  # handed over while leading: the syncer's turn now
-                    self._syncer_wake.notify()
-            if segment is not None:
+            rolls = (segment is not None  # (the syncer must be free to sync before it)
+                     and segment.position >= self._config.journal_segment_bytes_max)
+            self._end_lead(syncing=True, writing=not rolls)
+            if segment is not None and rolls:
                 self._maybe_roll_over(segment)
-            with self._mutex:
-                self._writing = False
-                self._lock.notify_all()
-                # (only a writer with work: each wake-up costs a context switch)
-                if self._queue or self._closing or self._failed is not None:
-                    self._writer_wake.notify()
+                self._end_lead(syncing=False, writing=True)
         return True
+
+    def _end_lead(self, *, syncing: bool, writing: bool) -> None:
+        """A leader gives up the syncer role and/or the writer role, waking whichever
+        thread has work left (only those: each wake-up costs a context switch)."""
+        with self._mutex:
+            if syncing:
+                self._leading = False
+            if writing:
+                self._writing = False
+            self._lock.notify_all()
+            if syncing and self._sync_queue:  # handed over while leading: the syncer's turn
+                self._syncer_wake.notify()
+            if writing and (self._queue or self._closing or self._failed is not None):
+                self._writer_wake.notify()
 
     def pump(self) -> bool:
         """Without background threads: write and sync what is queued; whether it did."""

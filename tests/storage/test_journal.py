@@ -248,6 +248,24 @@ def test_storage_replays_across_many_segments(tmp_path: Path) -> None:
     reopened.close()
 
 
+def test_lone_adds_led_by_their_callers_roll_segments_over(tmp_path: Path) -> None:
+    """With the journal threads running, each lone add is written and synced by the thread
+    that waits on it (`try_lead`), rollovers included: every add completes, the journal
+    rolls over many times, and replay restores them all."""
+    config = small_config(**{**ROLLING, "background_threads": True})
+    store = Storage.open(tmp_path, config)
+    ledger = store.create_ledger().result(WAIT_RESULT_S)
+    datas = [payload(i, 200) for i in range(60)]
+    for i, data in enumerate(datas):
+        assert store.add_entry(ledger, data).result(WAIT_RESULT_S) == i
+    assert len(journal_files(tmp_path)) >= 5
+    store.abandon()
+    reopened = Storage.open(tmp_path, config)
+    assert reopened.last_add_confirmed(ledger) == 59
+    assert reopened.read_entries(ledger, 0, 59) == datas
+    reopened.close()
+
+
 def test_checkpoint_deletes_old_segments_keeping_a_few(tmp_path: Path) -> None:
     config = small_config(**ROLLING, journal_segments_kept_max=2)
     store = Storage.open(tmp_path, config)
