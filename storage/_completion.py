@@ -60,6 +60,8 @@ class Completion(Generic[T]):
         return done
 
     def done(self) -> bool:
+        """Whether finished; a first poll while pending calls `wake_work` (a poller waits
+        for the work to be done by others, so the journal must not leave it queued)."""
         if self._value is not _PENDING:
             return True
         if self.wake_work is not None:

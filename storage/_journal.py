@@ -51,6 +51,7 @@ from ._config import StorageConfig
 from ._errors import StorageClosedError, StorageFailedError, journal_io_error
 from ._fs import FileSystem
 from ._journal_batch import (
+    CountedCondition,
     JournalRequest,
     _Batch,
     _Segment,
@@ -58,7 +59,6 @@ from ._journal_batch import (
     cut_after,
     delete_segments_before,
     encode_batch,
-    list_segments,
 )
 from ._journal_format import (
     JournalMark,
@@ -96,7 +96,7 @@ class Journal:
         # `with self._mutex` is `with self._lock` without its Python-level wrappers (the
         # per-add paths use it).
         self._mutex = lock = threading.RLock()
-        self._lock = threading.Condition(lock)
+        self._lock = CountedCondition(lock)  # (its notify_all is cheap with nobody waiting)
         # The writer's own condition (same lock): a submission wakes only the writer, and
         # only while it waits (`_writer_idle`).
         self._writer_wake = threading.Condition(lock)
@@ -167,10 +167,6 @@ class Journal:
                 self._lock.wait()
             if self._failed is not None:
                 raise self._failed
-
-    def segments(self) -> list[tuple[int, str]]:
-        """(segment id, path) of every segment file on disk, oldest first."""
-        return list_segments(self._fs, self._dir)
 
     def delete_segments_before(self, mark_segment_id: int) -> list[int]:
         """Delete segments older than the persisted mark's segment, keeping the newest
@@ -268,7 +264,7 @@ class Journal:
         is in progress it returns False at once and the background threads carry on with
         group commit as usual.
         """
-        with self._lock:
+        with self._mutex:
             if (self._writing or self._sync_busy or self._sync_queue or not self._queue
                     or self._failed is not None or self._closing or not self._threads
                     or not self._config.journal_sync):
@@ -280,22 +276,30 @@ class Journal:
         segment = None
         try:
             segment = self._write_and_queue(*taken)
-            self._sync_once()
+            if self._sync_queue:  # handed over, not synced inline (only a leader can now)
+                self._sync_once()
         finally:
-            with self._lock:
-                self._leading = False
-                self._lock.notify_all()
-                if self._sync_queue:  # handed over while leading: the syncer's turn now
-                    self._syncer_wake.notify()
-            if segment is not None:
+            rolls = (segment is not None  # (the syncer must be free to sync before it)
+                     and segment.position >= self._config.journal_segment_bytes_max)
+            self._end_lead(syncing=True, writing=not rolls)
+            if segment is not None and rolls:
                 self._maybe_roll_over(segment)
-            with self._lock:
-                self._writing = False
-                self._lock.notify_all()
-                # (only a writer with work: each wake-up costs a context switch)
-                if self._queue or self._closing or self._failed is not None:
-                    self._writer_wake.notify()
+                self._end_lead(syncing=False, writing=True)
         return True
+
+    def _end_lead(self, *, syncing: bool, writing: bool) -> None:
+        """A leader gives up the syncer role and/or the writer role, waking whichever
+        thread has work left (only those: each wake-up costs a context switch)."""
+        with self._mutex:
+            if syncing:
+                self._leading = False
+            if writing:
+                self._writing = False
+            self._lock.notify_all()
+            if syncing and self._sync_queue:  # handed over while leading: the syncer's turn
+                self._syncer_wake.notify()
+            if writing and (self._queue or self._closing or self._failed is not None):
+                self._writer_wake.notify()
 
     def pump(self) -> bool:
         """Without background threads: write and sync what is queued; whether it did."""
@@ -392,7 +396,7 @@ class Journal:
             self.acknowledged_end = (segment.segment_id, segment.position)
             self._on_durable(requests)
             done.requests = []
-        with self._lock:
+        with self._mutex:
             failed = self._failed
             # Nothing else to write and no sync under way: sync here rather than wake the
             # syncer (one thread hand-off less for a lone add); else hand over and go on.
@@ -459,7 +463,7 @@ class Journal:
                 self._syncer_wake.wait()
 
     def _sync_once(self) -> bool:
-        with self._lock:
+        with self._mutex:
             if not self._sync_queue or self._failed is not None:
                 return False
             batches = list(self._sync_queue)
@@ -476,7 +480,8 @@ class Journal:
             started_ns = time.perf_counter_ns()
             last.segment.handle.fdatasync()
             self.metrics.journal_fsync_us.add((time.perf_counter_ns() - started_ns) // 1000)
-            self.metrics.group_commit_records.add(sum(b.records for b in batches))
+            self.metrics.group_commit_records.add(
+                last.records if len(batches) == 1 else sum(b.records for b in batches))
             # A simulated crash just after the sync: the batch is on disk but nobody hears
             # of it (allowed: durable without an acknowledgment). Inside the try so that the
             # syncer thread fails the requests instead of dying with them unanswered.
@@ -497,7 +502,7 @@ class Journal:
             self.acknowledged_end = (last.segment.segment_id, last.end_offset)
         if requests:
             self._on_durable(requests)
-        with self._lock:
+        with self._mutex:
             self._sync_busy = False
             self._lock.notify_all()  # a rollover waiting for the syncer to be idle
 

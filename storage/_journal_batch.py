@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 
 from ._completion import Completion
@@ -25,8 +26,8 @@ from ._journal_format import (
 )
 from ._trace import trace
 
-__all__ = ["JournalRequest", "create_segment", "cut_after", "delete_segments_before",
-           "encode_batch", "list_segments", "preallocate"]
+__all__ = ["CountedCondition", "JournalRequest", "create_segment", "cut_after",
+           "delete_segments_before", "encode_batch", "list_segments", "preallocate"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,27 @@ class JournalRequest:
         request.records = 1
         request.size = ADD_IDS_BYTES + len(data)
         return request
+
+
+class CountedCondition(threading.Condition):
+    """A condition that counts its waiters, so that `notify_all` with nobody waiting (the
+    journal's rollover and full-queue waits are rare; its notifications come once or twice
+    per batch) returns at once instead of going through `Condition`'s Python-level steps."""
+
+    def __init__(self, lock: threading.RLock):
+        super().__init__(lock)
+        self.waiting = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1  # (the lock is held here, as `Condition.wait` requires)
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+    def notify_all(self) -> None:
+        if self.waiting:
+            super().notify_all()
 
 
 @dataclass

@@ -147,7 +147,8 @@ def encode_record(out: bytearray, segment_id: int, lsn: int, kind: int,
     length = len(payload)
     assert length > 0 or kind == RecordType.PAD
     tail = _RECORD_TAIL.pack(length, lsn, kind, 0, 0, length ^ 0xFFFFFFFF)
-    crc = crc32c(payload, crc32c(tail, crc32c(_SEGMENT_ID.pack(segment_id))))
+    crc = crc32c_native(_SEGMENT_ID.pack(segment_id), 0)  # (the C function: every PAD)
+    crc = crc32c_native(payload, crc32c_native(tail, crc))
     out += _U32.pack(crc)
     out += tail
     out += payload

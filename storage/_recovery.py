@@ -334,11 +334,9 @@ def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: ReplayFlu
     ledgers, cache = store.ledgers.ledgers, store.cache
     count = size = 0
     end = (0, 0)  # offset past the last record applied in this segment, and its LSN
-    # The cache half and ledger the last add went to, and that ledger's dict in it: a run
-    # of one ledger's adds is put without a call or a lookup each. Replay puts an entry
-    # only as its ledger's next (lac + 1) into a half that started empty, so it replaces
-    # none (`WriteCache.put_new`).
-    half, entries, current = None, None, -1
+    # The half, ledger and dict the last add went to (a run of adds: no call or lookup each);
+    # an entry goes in as its ledger's next, into a half that started empty: it replaces none.
+    half, entries, current = cache.active, {}, -1  # (-1: no ledger yet)
     try:
         for record in records:
             if count and cache.active.entry_bytes >= cache.half_bytes_max:
@@ -353,8 +351,6 @@ def _apply_records(store: RecoveryTarget, stats: ReplayStats, flusher: ReplayFlu
                 if cache.active is not half or ledger_id != current:
                     half, current = cache.active, ledger_id
                     entries = half.entries.setdefault(ledger_id, {})
-                assert entries is not None
-                assert half is not None
                 entries[entry_id] = data = bytes(payload[ids_size:])
                 half.entry_bytes += len(data)
                 ledger.lac = entry_id

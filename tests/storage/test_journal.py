@@ -13,6 +13,7 @@ import pytest
 from magnetar.storage import Completion, OsFileSystem, Storage, StorageConfig, StorageFailedError
 from magnetar.storage._fs import FileSystem
 from magnetar.storage._journal import Journal, JournalRequest, parse_segment_name, segment_file_name
+from magnetar.storage._journal_batch import CountedCondition
 from magnetar.storage._journal_format import RecordType, ScanResult, SegmentHeader, scan_segment
 from magnetar.storage.testing.simfs import SimFileSystem
 from tests.storage.helpers import CountingFileSystem, journal_files, small_config, wait_until
@@ -247,6 +248,24 @@ def test_storage_replays_across_many_segments(tmp_path: Path) -> None:
     reopened.close()
 
 
+def test_lone_adds_led_by_their_callers_roll_segments_over(tmp_path: Path) -> None:
+    """With the journal threads running, each lone add is written and synced by the thread
+    that waits on it (`try_lead`), rollovers included: every add completes, the journal
+    rolls over many times, and replay restores them all."""
+    config = small_config(**{**ROLLING, "background_threads": True})
+    store = Storage.open(tmp_path, config)
+    ledger = store.create_ledger().result(WAIT_RESULT_S)
+    datas = [payload(i, 200) for i in range(60)]
+    for i, data in enumerate(datas):
+        assert store.add_entry(ledger, data).result(WAIT_RESULT_S) == i
+    assert len(journal_files(tmp_path)) >= 5
+    store.abandon()
+    reopened = Storage.open(tmp_path, config)
+    assert reopened.last_add_confirmed(ledger) == 59
+    assert reopened.read_entries(ledger, 0, 59) == datas
+    reopened.close()
+
+
 def test_checkpoint_deletes_old_segments_keeping_a_few(tmp_path: Path) -> None:
     config = small_config(**ROLLING, journal_segments_kept_max=2)
     store = Storage.open(tmp_path, config)
@@ -432,6 +451,32 @@ def test_a_lone_add_is_written_when_its_completion_is_used_without_blocking(
             assert completion.result(0) == i
     finally:
         store.close()
+
+
+def test_counted_condition_wakes_its_waiters_and_skips_a_notify_nobody_hears() -> None:
+    """The journal's own condition counts its waiters: `notify_all` must still wake one
+    that waits (it is skipped only when nobody does)."""
+    condition = CountedCondition(threading.RLock())
+    woken = threading.Event()
+    go = False
+
+    def waiter() -> None:
+        with condition:
+            while not go:
+                condition.wait()
+            woken.set()
+
+    with condition:
+        condition.notify_all()  # nobody waits: nothing happens
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_until(lambda: condition.waiting == 1, "the waiter to wait")
+    with condition:
+        go = True
+        condition.notify_all()
+    assert woken.wait(WAIT_RESULT_S)
+    thread.join(WAIT_RESULT_S)
+    assert condition.waiting == 0
 
 
 def test_the_waiting_thread_does_not_sync_when_disabled(tmp_path: Path) -> None:
