@@ -7,7 +7,9 @@ data directory is being recovered still shuts down cleanly), open the `Storage` 
 the directory), start the `BrokerService`, start the binary-protocol server
 (`wire/_server.serve`), then the admin HTTP server (`start_http`). Only then
 does the process log that it is ready; the TCP port accepts connections from the moment the
-server starts.
+server starts. The admin server's modules (aiohttp above all: a quarter of a second) are
+imported only then, on a worker thread, while the event loop serves the binary protocol: a
+restarted broker serves its topics before its admin API is up.
 
 Security. Before the data directory is opened, the authentication service
 (`_auth.AuthenticationService.from_config`: the token key is read) and the TLS context
@@ -47,7 +49,7 @@ import socket
 import ssl
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -62,7 +64,6 @@ from magnetar.storage import (
 from .._config import REMOVED_SETTINGS, BrokerConfig, parse_value
 from .._errors import ConfigurationError
 from .._listeners import check_tls, listeners_of
-from ..http._admin import start_admin
 from ..security._auth import AuthenticationService
 from ..security._tls import TlsOptions, server_ssl_context
 from ..topics._service import BrokerService, check_entry_fits_storage
@@ -197,8 +198,15 @@ async def start_http(service: BrokerService, host: str, port: int,
     Returns:
         The admin server's handle.
     """
+    start_admin = await asyncio.to_thread(_admin_starter)
     handle: object = await start_admin(service, host, port, **options)
     return handle
+
+
+def _admin_starter() -> Callable[..., Awaitable[object]]:
+    """`start_admin`, its modules imported by the calling thread (see the module comment)."""
+    from ..http._admin import start_admin
+    return start_admin
 
 
 async def stop_http(handle: object | None) -> None:
