@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
+import gc
 import inspect
 import logging
 import os
@@ -73,6 +74,7 @@ from ..wire._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 __all__ = [
     "StandaloneOptions",
     "config_with_overrides",
+    "freeze_loaded",
     "run_standalone",
     "serve_standalone",
     "start_http",
@@ -265,6 +267,10 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     try:
         service = BrokerService(storage, options.config)
         await service.start()
+        # The storage's ledger table (several objects a ledger, one ledger or more a topic:
+        # ~120,000 at 100,000 topics) lives as long as the process; `_main` froze what the
+        # imports loaded, this freezes the table too (see `freeze_loaded`).
+        freeze_loaded()
         try:
             await _serve_until(service, options, stop, started, security)
         finally:
@@ -273,6 +279,16 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
         storage.close()
     log.info("stopped cleanly")
     return EXIT_OK
+
+
+def freeze_loaded() -> None:
+    """Move every object the cyclic GC tracks by now out of its full collections
+    (`gc.freeze`). A full collection holds the GIL while it walks every tracked object: with
+    100,000 topics' ledgers loaded each took ~80 ms (6 in 3 s of 100 producers publishing,
+    measured on the shared 2-core machine), a stall of every connection and of the journal's
+    receipts. Frozen objects are never collected: only what lives as long as the process
+    (modules, the ledger table as recovered) is frozen, before anything is served."""
+    gc.freeze()
 
 
 def _open_storage(data_dir: str, config: StorageConfig) -> Storage:
