@@ -124,7 +124,7 @@ class LedgerRecord:
 def decode_ledger(ledger_id: int, raw: bytes) -> tuple[str, int, MetadataPairs]:
     """A ledger record's state, last entry id and metadata pairs, from the binary form of
     `LedgerRecord.encode` or the JSON form of older data directories (an object, so it starts
-    with "{"; the next checkpoint that changes the ledger rewrites it in the binary form).
+    with "{"; recovery has the open's checkpoint rewrite those in the binary form).
 
     Raises:
         ValueError: the record is not one of either form, naming the ledger.
@@ -136,6 +136,8 @@ def decode_ledger(ledger_id: int, raw: bytes) -> tuple[str, int, MetadataPairs]:
         if form != _LEDGER_FORM:
             raise ValueError(f"unknown form {form!r}")
         state = STATES[code]
+        if 8 * count > len(raw) - _LEDGER_HEAD.size:
+            raise ValueError(f"{count} metadata pairs cannot fit its {len(raw)} bytes")
         lengths = _lengths(count).unpack_from(raw, _LEDGER_HEAD.size)
         text = raw[_LEDGER_HEAD.size + 8 * count:].decode("utf-8", "surrogatepass")
         if sum(lengths) != len(text):

@@ -102,6 +102,7 @@ def test_json_records_of_older_data_dirs_load_and_are_rewritten(tmp_path: Path) 
     (b"\x01\x00" + bytes(8) + struct.pack("<I", 1) + struct.pack("<II", 1, 1) + b"abc",
      "lengths say 2"),
     (b"\x01\x00\x00", "error"),
+    (b"\x01\x00" + bytes(8) + struct.pack("<I", 2**32 - 1) + b"ab", "cannot fit"),
     (b'{"state":"open","last":-1}', "KeyError"),
     (b'{"state":"gone","last":-1,"meta":{}}', "state 'gone'"),
 ])
