@@ -528,6 +528,7 @@ def test_standalone_freezes_what_is_loaded_before_serving(
         return 0
 
     monkeypatch.setattr(_standalone, "run_standalone", serve)
+    gc.unfreeze()  # what an earlier in-process `main(["standalone", ...])` froze
     assert gc.get_freeze_count() == 0
     before = sys.getswitchinterval()
     try:
