@@ -6,15 +6,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ._index import LedgerRecord
+from ._index import CLOSED, DELETED, FENCED, OPEN, STATES, LedgerRecord, MetadataPairs
 
-__all__ = ["LedgerInfo", "LedgerState", "LedgerTable"]
-
-OPEN = "open"
-FENCED = "fenced"
-CLOSED = "closed"
-DELETED = "deleted"
-STATES = (OPEN, FENCED, CLOSED, DELETED)
+__all__ = ["CLOSED", "DELETED", "FENCED", "OPEN", "LedgerInfo", "LedgerState", "LedgerTable"]
 
 
 class LedgerState:
@@ -25,11 +19,12 @@ class LedgerState:
 
     __slots__ = ("lac", "ledger_id", "metadata", "next_entry_id", "state")
 
-    def __init__(self, ledger_id: int, metadata: Mapping[str, str], state: str = OPEN,
-                 lac: int = -1):
+    def __init__(self, ledger_id: int, metadata: Mapping[str, str] | MetadataPairs,
+                 state: str = OPEN, lac: int = -1):
         assert state in STATES
         self.ledger_id = ledger_id
-        self.metadata: tuple[tuple[str, str], ...] = tuple(metadata.items())
+        self.metadata: MetadataPairs = (metadata if isinstance(metadata, tuple)
+                                        else tuple(metadata.items()))
         self.state = state
         self.lac = lac
         self.next_entry_id = lac + 1

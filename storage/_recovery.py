@@ -46,7 +46,9 @@ Theory of operation
    the skipped part are lost, and so are later adds to a ledger that lost entries there
    (entry ids stay dense).
 4. Open a fresh journal segment (its first LSN follows the last replayed one) and run a
-   checkpoint, which persists a mark at the start of that segment.
+   checkpoint, which persists a mark at the start of that segment. With background threads
+   the replayed segments, now before the mark, are deleted by the checkpoint thread's next
+   checkpoint, not during the open (`Checkpointer.checkpoint(keep_segments=True)`).
 
    With `flush_in_background` (`Storage.open` with background threads) the open does not
    wait for step 4's checkpoint, nor for a flush of a full cache half still under way: the
@@ -166,8 +168,8 @@ def recover(store: RecoveryTarget, *, flush_in_background: bool = False) -> Repl
     store.start_journal(next_segment, last_lsn)
     if defer:
         flusher.detach()
-    else:
-        store.checkpointer.checkpoint()
+    else:  # the checkpoint thread deletes the replayed segments
+        store.checkpointer.checkpoint(keep_segments=flush_in_background)
     log.info("recovered %s: %d ledgers, replayed %d records (%d bytes) from %d segments%s",
              store.data_dir, len(store.ledgers), stats.records, stats.bytes, stats.segments,
              f"; {stats.torn_tail}" if stats.torn_tail else "")
@@ -197,13 +199,14 @@ def _load_ledgers(store: RecoveryTarget) -> None:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        loaded = store.index.load_ledgers_and_lacs(DELETED)
-        store.ledgers.load_many([LedgerState(record.ledger_id, record.metadata, record.state,
-                                             lac) for record, lac in loaded])
+        loaded, older = store.index.load_ledger_table(DELETED)
+        store.ledgers.load_many([LedgerState(ledger_id, pairs, state, lac)
+                                 for ledger_id, state, pairs, lac in loaded])
+        store.ledgers.dirty.update(older)  # rewritten in the binary form by the checkpoint
     finally:
         if collecting:
             gc.enable()
-    highest = loaded[-1][0].ledger_id if loaded else 0
+    highest = loaded[-1][0] if loaded else 0
     store.ledgers.next_id = max(store.index.counter("nextLedgerId"), highest + 1, 1)
 
 
@@ -570,8 +573,8 @@ def plan_recovery(data_dir: str, config: StorageConfig, fs: FileSystem,
     place = _Dir(fs, config, os.path.join(data_dir, "journal"),
                  os.path.join(data_dir, "entrylogs"))
     plan = RecoveryPlan()
-    for record, lac in index.load_ledgers_and_lacs(DELETED):
-        plan.ledgers[record.ledger_id] = PlannedLedger(record.state, lac, record.metadata)
+    for ledger_id, state, pairs, lac in index.load_ledger_table(DELETED)[0]:
+        plan.ledgers[ledger_id] = PlannedLedger(state, lac, dict(pairs))
     _plan_entry_logs(place, index, plan)
     _plan_journal(place, index, plan)
     return plan

@@ -528,6 +528,7 @@ def test_standalone_freezes_what_is_loaded_before_serving(
         return 0
 
     monkeypatch.setattr(_standalone, "run_standalone", serve)
+    gc.unfreeze()  # what an earlier in-process `main(["standalone", ...])` froze
     assert gc.get_freeze_count() == 0
     before, threshold = sys.getswitchinterval(), gc.get_threshold()
     try:
@@ -599,3 +600,21 @@ PYTHON_GC_THRESHOLD = (700, 10, 10)  # Python's default
 
 
 PYTHON_SWITCH_INTERVAL_S = 0.005  # Python's default
+
+
+def test_standalone_serves_before_it_imports_the_admin_server_and_token_auth(
+        tmp_path: Path) -> None:
+    """What `magnetar standalone` imports before its binary port serves holds neither the
+    admin HTTP server's modules (aiohttp, prometheus_client: imported on a worker thread once
+    the port serves), nor token authentication's (jwt, cryptography: only when enabled), nor
+    the other commands' parsers."""
+    code = ("import sys\n"
+            "from magnetar.broker.cli import _main, _standalone\n"
+            "_standalone.run_standalone = lambda options: 0\n"
+            f"assert _main.main(['standalone', '--data-dir', {str(tmp_path)!r}]) == 0\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'aiohttp', 'prometheus_client', 'jwt', 'cryptography'}), "
+            "'magnetar.broker.cli._admin_cli' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=CLI_DEADLINE_S, check=True)
+    assert done.stdout.strip() == "[] False"

@@ -7,7 +7,9 @@ data directory is being recovered still shuts down cleanly), open the `Storage` 
 the directory), start the `BrokerService`, start the binary-protocol server
 (`wire/_server.serve`), then the admin HTTP server (`start_http`). Only then
 does the process log that it is ready; the TCP port accepts connections from the moment the
-server starts.
+server starts. The admin server's modules (aiohttp above all: a quarter of a second) are
+imported only then, on a worker thread, while the event loop serves the binary protocol: a
+restarted broker serves its topics before its admin API is up.
 
 Security. Before the data directory is opened, the authentication service
 (`_auth.AuthenticationService.from_config`: the token key is read) and the TLS context
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
+import gc
 import inspect
 import logging
 import os
@@ -47,7 +50,7 @@ import socket
 import ssl
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -62,7 +65,6 @@ from magnetar.storage import (
 from .._config import REMOVED_SETTINGS, BrokerConfig, parse_value
 from .._errors import ConfigurationError
 from .._listeners import check_tls, listeners_of
-from ..http._admin import start_admin
 from ..security._auth import AuthenticationService
 from ..security._tls import TlsOptions, server_ssl_context
 from ..topics._service import BrokerService, check_entry_fits_storage
@@ -72,6 +74,7 @@ from ..wire._server import SHUTDOWN_GRACE_S_DEFAULT, serve
 __all__ = [
     "StandaloneOptions",
     "config_with_overrides",
+    "freeze_loaded",
     "run_standalone",
     "serve_standalone",
     "start_http",
@@ -206,8 +209,15 @@ async def start_http(service: BrokerService, host: str, port: int,
     Returns:
         The admin server's handle.
     """
+    start_admin = await asyncio.to_thread(_admin_starter)
     handle: object = await start_admin(service, host, port, **options)
     return handle
+
+
+def _admin_starter() -> Callable[..., Awaitable[object]]:
+    """`start_admin`, its modules imported by the calling thread (see the module comment)."""
+    from ..http._admin import start_admin
+    return start_admin
 
 
 async def stop_http(handle: object | None) -> None:
@@ -266,6 +276,10 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
     try:
         service = BrokerService(storage, options.config)
         await service.start()
+        # The storage's ledger table (several objects a ledger, one ledger or more a topic:
+        # ~120,000 at 100,000 topics) lives as long as the process; `_main` froze what the
+        # imports loaded, this freezes the table too (see `freeze_loaded`).
+        freeze_loaded()
         try:
             await _serve_until(service, options, stop, started, security)
         finally:
@@ -274,6 +288,16 @@ async def serve_standalone(options: StandaloneOptions, stop: asyncio.Event | Non
         storage.close()
     log.info("stopped cleanly")
     return EXIT_OK
+
+
+def freeze_loaded() -> None:
+    """Move every object the cyclic GC tracks by now out of its full collections
+    (`gc.freeze`). A full collection holds the GIL while it walks every tracked object: with
+    100,000 topics' ledgers loaded each took ~80 ms (6 in 3 s of 100 producers publishing,
+    measured on the shared 2-core machine), a stall of every connection and of the journal's
+    receipts. Frozen objects are never collected: only what lives as long as the process
+    (modules, the ledger table as recovered) is frozen, before anything is served."""
+    gc.freeze()
 
 
 def _open_storage(data_dir: str, config: StorageConfig) -> Storage:

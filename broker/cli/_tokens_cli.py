@@ -108,8 +108,9 @@ def _cmd_create_key_pair(args: argparse.Namespace) -> int:
 
 def _cmd_create(args: argparse.Namespace) -> int:
     from .._errors import BrokerError
-    from ..security._auth import load_private_key, read_key_source
     from ..security._jwt import SigningKey, encode_token
+    from ..security._principal import read_key_source
+    from ..security._token import load_private_key
 
     claims: dict[str, Any] = {"sub": args.subject}
     if args.expiry_time is not None:
@@ -140,8 +141,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from .._errors import BrokerError
-    from ..security._auth import load_public_key, read_key_source
     from ..security._jwt import VerifyingKey, decode_token
+    from ..security._principal import read_key_source
+    from ..security._token import load_public_key
 
     try:
         key: VerifyingKey

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 `AuthenticationService` holds the enabled providers by method name (Pulsar's
-authenticationProviders): "token" (`TokenAuthenticationProvider`, Pulsar's
+authenticationProviders): "token" (`_token.TokenAuthenticationProvider`, Pulsar's
 AuthenticationProviderToken), "basic" and "tls" (`_basic.py`), the anonymous role (Pulsar's
 anonymousUserRole: the role of a client that sends no credentials or names a method that is
 not enabled) and the superuser roles (for `_authz.py`). It is built from the broker
@@ -49,9 +49,6 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-
 from magnetar.codec import pb
 
 from .._config import BrokerConfig
@@ -63,8 +60,7 @@ from ._basic import (
     TlsAuthenticationProvider,
     read_basic_auth_conf,
 )
-from ._jwt import PrivateKey, PublicKey, TokenError, VerifyingKey, decode_token
-from ._principal import AuthenticationProvider, Principal, read_key_source
+from ._principal import AUTH_METHOD_TOKEN, AuthenticationProvider, Principal, read_key_source
 
 __all__ = [
     "ANONYMOUS_METHOD",
@@ -76,96 +72,16 @@ __all__ = [
     "AuthenticationProvider",
     "AuthenticationService",
     "Principal",
-    "TokenAuthenticationProvider",
-    "load_private_key",
-    "load_public_key",
     "read_key_source",
 ]
 
 log = logging.getLogger(__name__)
 
-AUTH_METHOD_TOKEN: Final = "token"
 REFRESH_AUTH_DATA: Final = b"PulsarAuthRefresh"  # Pulsar's AuthData.REFRESH_AUTH_DATA
 ANONYMOUS_METHOD: Final = "anonymous"  # Principal.method of the anonymous role
 AUTH_REFUSED: Final = "Failed to authenticate"  # Pulsar's text of the ERROR refusing credentials
 # What authentication_providers may name.
 PROVIDER_NAMES: Final = (AUTH_METHOD_TOKEN, AUTH_METHOD_BASIC, AUTH_METHOD_TLS)
-
-
-# -- keys -------------------------------------------------------------------------------------
-
-
-def load_public_key(data: bytes, where: str = "public key") -> PublicKey:
-    """An RSA or EC public key from DER (SubjectPublicKeyInfo) or PEM bytes.
-
-    Raises:
-        ConfigurationError: not such a key.
-    """
-    try:
-        if data.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_public_key(data)
-        else:
-            key = serialization.load_der_public_key(data)
-    except (ValueError, TypeError) as exc:
-        raise ConfigurationError(f"{where}: not a DER or PEM public key ({exc})") from None
-    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
-        raise ConfigurationError(f"{where}: only RSA and EC public keys are supported")
-    return key
-
-
-def load_private_key(data: bytes, where: str = "private key") -> PrivateKey:
-    """An RSA or EC private key from DER (PKCS#8) or PEM bytes, unencrypted.
-
-    Raises:
-        ConfigurationError: not such a key.
-    """
-    try:
-        if data.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_private_key(data, password=None)
-        else:
-            key = serialization.load_der_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise ConfigurationError(f"{where}: not a DER or PEM private key ({exc})") from None
-    if not isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
-        raise ConfigurationError(f"{where}: only RSA and EC private keys are supported")
-    return key
-
-
-# -- providers --------------------------------------------------------------------------------
-
-
-class TokenAuthenticationProvider(AuthenticationProvider):
-    """JWT tokens signed with a secret key or a key pair (see `_jwt.py`).
-
-    Args:
-        key: the secret (bytes) or the public key that verifies tokens.
-        role_claim: the claim holding the role (Pulsar's tokenAuthClaim, default "sub").
-        clock_skew_s: tolerance on `exp`/`nbf` (Pulsar's tokenAllowedClockSkewSeconds).
-    """
-
-    method_name = AUTH_METHOD_TOKEN
-
-    def __init__(self, key: VerifyingKey, role_claim: str = "sub", clock_skew_s: float = 0.0):
-        assert role_claim, "the role claim needs a name"
-        assert clock_skew_s >= 0
-        self.key = key
-        self.role_claim = role_claim
-        self.clock_skew_s = clock_skew_s
-
-    def authenticate(self, auth_data: bytes, tls_common_name: str | None = None) -> Principal:
-        if not auth_data:
-            raise TokenError("no token was sent")
-        try:
-            token = auth_data.decode("ascii")
-        except UnicodeDecodeError:
-            raise TokenError("the token is not ASCII text") from None
-        claims = decode_token(token, self.key, clock_skew_s=self.clock_skew_s)
-        role = claims.get(self.role_claim)
-        if not isinstance(role, str) or not role:
-            raise TokenError(f"the token has no {self.role_claim!r} claim (the role)")
-        exp = claims.get("exp")
-        return Principal(role, self.method_name,
-                         None if exp is None else float(exp) + self.clock_skew_s)
 
 
 # -- the service ------------------------------------------------------------------------------
@@ -209,8 +125,9 @@ class AuthenticationService:
                                      f"{', '.join(sorted(unknown)) or 'none'}")
         providers: list[AuthenticationProvider] = []
         for name in config.authentication_providers:
-            if name == AUTH_METHOD_TOKEN:
-                providers.append(_token_provider(config))
+            if name == AUTH_METHOD_TOKEN:  # jwt and cryptography load only for it
+                from ._token import token_provider
+                providers.append(token_provider(config))
             elif name == AUTH_METHOD_BASIC:
                 providers.append(BasicAuthenticationProvider(
                     read_basic_auth_conf(config.basic_auth_conf)))
@@ -357,21 +274,6 @@ class AuthenticationService:
                  principal.method)
         session.start()
         return session
-
-
-def _token_provider(config: BrokerConfig) -> TokenAuthenticationProvider:
-    if bool(config.token_secret_key) == bool(config.token_public_key):
-        raise ConfigurationError("token authentication needs exactly one of "
-                                 "token_secret_key and token_public_key")
-    key: VerifyingKey
-    if config.token_secret_key:
-        key = read_key_source(config.token_secret_key)
-    else:
-        key = load_public_key(read_key_source(config.token_public_key),
-                              config.token_public_key)
-    log.info("token authentication: %s key", "secret" if isinstance(key, bytes) else "public")
-    return TokenAuthenticationProvider(key, config.token_auth_claim,
-                                       config.token_allowed_clock_skew_s)
 
 
 class AuthSession:

@@ -14,8 +14,10 @@ from typing import Final
 
 from .._errors import ConfigurationError
 
-__all__ = ["KEY_FILE_BYTES_MAX", "AuthenticationProvider", "Principal", "read_key_source"]
+__all__ = ["AUTH_METHOD_TOKEN", "KEY_FILE_BYTES_MAX", "AuthenticationProvider", "Principal",
+           "read_key_source"]
 
+AUTH_METHOD_TOKEN: Final = "token"  # the method name of token authentication (`_token.py`)
 KEY_FILE_BYTES_MAX: Final = 1024 * 1024  # a key or password file larger than this is refused
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from magnetar.broker import AuthenticationService
 from magnetar.broker.http._admin import start_admin
-from magnetar.broker.security._auth import TokenAuthenticationProvider
 from magnetar.broker.security._jwt import encode_token
+from magnetar.broker.security._token import TokenAuthenticationProvider
 
 from .helpers import broker_env
 

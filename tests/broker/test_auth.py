@@ -19,12 +19,14 @@ from magnetar.broker.security._auth import (
     REFRESH_AUTH_DATA,
     AuthenticationService,
     AuthSession,
-    TokenAuthenticationProvider,
-    load_private_key,
-    load_public_key,
     read_key_source,
 )
 from magnetar.broker.security._jwt import encode_token
+from magnetar.broker.security._token import (
+    TokenAuthenticationProvider,
+    load_private_key,
+    load_public_key,
+)
 from magnetar.codec import pb
 
 SECRET = b"0123456789abcdef0123456789abcdef"
