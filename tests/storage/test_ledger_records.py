@@ -24,7 +24,7 @@ from magnetar.storage._index import (
     CheckpointWrite,
     Index,
     LedgerRecord,
-    location_key,
+    LocationRun,
 )
 
 from .helpers import journal_files, small_config, wait_until
@@ -64,7 +64,7 @@ def test_binary_records_load_with_their_highest_entries(index: Index) -> None:
                LedgerRecord(2**40, "deleted", -1, {"ml": "persistent://t/n/x"})]
     index.commit_checkpoint(CheckpointWrite(
         mark=None, ledgers=records,
-        locations=[(location_key(2, e), 1) for e in range(3)] + [(location_key(2**40, 0), 1)]))
+        location_runs=[LocationRun(2, [0, 1, 2], [1, 1, 1]), LocationRun(2**40, [0], [1])]))
     loaded, older = index.load_ledger_table("deleted")
     assert loaded == [(1, "open", (), -1), (2, "fenced", (("a", "b"),), 2),
                       (3, "closed", (("ml", "t/n/é\ud800"), ("x", "")), -1),
@@ -126,10 +126,10 @@ def test_highest_entries_by_scan_and_by_seek_agree(index: Index, per_ledger: int
     """Few locations a ledger: one scan finds the highest entries; many: a seek per ledger."""
     ledgers = [LedgerRecord(i, "open") for i in (1, 2, 5, 9)]
     entries = {1: per_ledger, 2: 0, 5: 2 * per_ledger, 9: 1}  # ledger 2 has none
-    locations = [(location_key(lid, e), 1) for lid, count in entries.items()
-                 for e in range(count)]
-    locations.append((location_key(7, 3), 1))  # a ledger without a record
-    index.commit_checkpoint(CheckpointWrite(mark=None, ledgers=ledgers, locations=locations))
+    runs = [LocationRun(lid, list(range(count)), [1] * count)
+            for lid, count in entries.items() if count]
+    runs.append(LocationRun(7, [3], [1]))  # a ledger without a record
+    index.commit_checkpoint(CheckpointWrite(mark=None, ledgers=ledgers, location_runs=runs))
     loaded, _ = index.load_ledger_table("deleted")
     assert [lac for _, _, _, lac in loaded] == [per_ledger - 1, -1, 2 * per_ledger - 1, 0]
     assert [lac for _, _, _, lac in loaded] == [index.last_indexed_entry(lid)
