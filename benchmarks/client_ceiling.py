@@ -109,9 +109,11 @@ def measure(scratch: str, seconds: float) -> dict[str, Any]:
 
 
 def _workload_json(workload: Workload) -> dict[str, Any]:
-    _, client_us = workload.cpu_us_per_message()
+    server_us, client_us = workload.cpu_us_per_message()
     return {"per_s": workload.per_s, "stalled": workload.stalled, "p50_ms": workload.p50_ms,
-            "p99_ms": workload.p99_ms, "client_cpu_us_per_message": client_us}
+            "p99_ms": workload.p99_ms, "client_cpu_us_per_message": client_us,
+            "server_cpu_us_per_message": server_us,
+            "client_cores": workload.client_cpu_s / workload.wall_s if workload.wall_s else 0.0}
 
 
 def targets(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -147,6 +149,8 @@ def targets(document: dict[str, Any]) -> list[dict[str, Any]]:
         result.append({"target": name, "goal": goal, "values": values,
                        "client_cpu_us": {s: servers[s][workload]["client_cpu_us_per_message"]
                                          for s in SERVERS},
+                       "null_server_cpu_us": servers["null"][workload]["server_cpu_us_per_message"],
+                       "null_client_cores": servers["null"][workload]["client_cores"],
                        "reachable_with_this_client": reachable})
     return result
 
@@ -165,6 +169,10 @@ def render(document: dict[str, Any]) -> str:
         cpu = " / ".join(f"{row['client_cpu_us'][s]:.1f}" for s in SERVERS)
         lines.append(f"{row['target']:<32}{row['goal']:>10,.2f}{values}  {cpu:<36} "
                      f"{'yes' if row['reachable_with_this_client'] else 'NO'}")
+    lines += ["", "against the null broker: its own CPU us/msg, and the client's cores "
+              "(CPU seconds per wall second)"]
+    lines += [f"  {row['target']:<32}{row['null_server_cpu_us']:>8.1f} us/msg  "
+              f"{row['null_client_cores']:.2f} cores" for row in document["targets"]]
     return "\n".join(lines)
 
 

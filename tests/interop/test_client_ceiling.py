@@ -60,7 +60,8 @@ def test_the_null_broker_receipts_sync_async_and_batched_sends(tmp_path: Path) -
 def _document(null_sync_per_s: float) -> dict[str, Any]:
     def workload(per_s: float, p99_ms: float = 0.0) -> dict[str, Any]:
         return {"per_s": per_s, "stalled": False, "p50_ms": 0.0, "p99_ms": p99_ms,
-                "client_cpu_us_per_message": 10.0}
+                "client_cpu_us_per_message": 10.0, "server_cpu_us_per_message": 2.0,
+                "client_cores": 0.5}
 
     servers = {name: {"batched publish": workload(rate), "unbatched publish": workload(rate),
                       "sync publish": workload(1000.0), "publish latency": workload(0, 5.0)}
@@ -92,6 +93,12 @@ def test_the_verdicts_follow_from_the_figures() -> None:
     slow = {row["target"]: row for row in ceiling.targets(_document(null_sync_per_s=4000.0))}
     assert slow["sync publish, x raw fsync"]["values"]["null"] == pytest.approx(0.5714, 1e-3)
     assert not slow["sync publish, x raw fsync"]["reachable_with_this_client"]
+    document = _document(null_sync_per_s=4000.0)
+    document["targets"] = ceiling.targets(document)
+    text = ceiling.render(document)
+    sync_line = next(line for line in text.splitlines() if line.startswith("sync publish"))
+    assert sync_line.endswith("NO")
+    assert "0.57" in sync_line
 
 
 def test_a_bad_option_is_one_line() -> None:
