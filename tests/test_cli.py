@@ -8,7 +8,9 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -16,6 +18,8 @@ from magnetar.broker._errors import ConfigurationError
 from magnetar.broker.cli import build_parser, main
 from magnetar.broker.cli._standalone import config_with_overrides
 from magnetar.storage import Storage
+
+T = TypeVar("T")
 
 
 def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
@@ -513,57 +517,57 @@ def test_every_number_setting_has_a_range() -> None:
     assert set(SETTING_RANGES) <= numbers
 
 
-def test_standalone_freezes_what_is_loaded_before_serving(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`magnetar standalone` moves the objects loaded before it serves out of the cyclic GC's
-    full collections (`gc.freeze`), which pause every thread while they walk them."""
+def _when_standalone_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                            probe: Callable[[], T]) -> T:
+    """What `probe` sees once `magnetar standalone` is about to serve (its server replaced by
+    the probe); the interpreter state the command sets (GIL switch interval, GC thresholds,
+    frozen objects) is restored afterwards."""
     import gc
 
     from magnetar.broker.cli import _standalone
 
-    frozen_when_serving: list[int] = []
+    seen: list[T] = []
 
     def serve(options: object) -> int:
-        frozen_when_serving.append(gc.get_freeze_count())
-        return 0
-
-    monkeypatch.setattr(_standalone, "run_standalone", serve)
-    gc.unfreeze()  # what an earlier in-process `main(["standalone", ...])` froze
-    assert gc.get_freeze_count() == 0
-    before, threshold = sys.getswitchinterval(), gc.get_threshold()
-    try:
-        assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
-    finally:
-        sys.setswitchinterval(before)  # the run set the broker's
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
-    assert [count > 10_000 for count in frozen_when_serving] == [True]
-
-
-def test_standalone_shortens_the_gil_switch_interval(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`magnetar standalone` serves with `GIL_SWITCH_INTERVAL_S`, not Python's 5 ms: a thread
-    waiting for the GIL (the journal's, the event loop) forces a switch that much sooner."""
-    import gc
-
-    from magnetar.broker.cli import _standalone
-
-    interval_when_serving: list[float] = []
-
-    def serve(options: object) -> int:
-        interval_when_serving.append(sys.getswitchinterval())
+        seen.append(probe())
         return 0
 
     monkeypatch.setattr(_standalone, "run_standalone", serve)
     before, threshold = sys.getswitchinterval(), gc.get_threshold()
-    sys.setswitchinterval(PYTHON_SWITCH_INTERVAL_S)
     try:
         assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
     finally:
         sys.setswitchinterval(before)
         gc.set_threshold(*threshold)
         gc.unfreeze()
-    assert interval_when_serving == [pytest.approx(_standalone.GIL_SWITCH_INTERVAL_S)]
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_standalone_freezes_what_is_loaded_before_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`magnetar standalone` moves the objects loaded before it serves out of the cyclic GC's
+    full collections (`gc.freeze`), which pause every thread while they walk them."""
+    import gc
+
+    gc.unfreeze()  # what an earlier in-process `main(["standalone", ...])` froze
+    assert gc.get_freeze_count() == 0
+    assert _when_standalone_serves(tmp_path, monkeypatch, gc.get_freeze_count) > 10_000
+
+
+def test_standalone_shortens_the_gil_switch_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`magnetar standalone` serves with `GIL_SWITCH_INTERVAL_S`, not Python's 5 ms: a thread
+    waiting for the GIL (the journal's, the event loop) forces a switch that much sooner."""
+    from magnetar.broker.cli import _standalone
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(PYTHON_SWITCH_INTERVAL_S)
+    try:
+        interval = _when_standalone_serves(tmp_path, monkeypatch, sys.getswitchinterval)
+    finally:
+        sys.setswitchinterval(before)
+    assert interval == pytest.approx(_standalone.GIL_SWITCH_INTERVAL_S)
     assert _standalone.GIL_SWITCH_INTERVAL_S < PYTHON_SWITCH_INTERVAL_S
 
 
@@ -576,23 +580,13 @@ def test_standalone_raises_the_young_gc_threshold(
 
     from magnetar.broker.cli import _standalone
 
-    threshold_when_serving: list[tuple[int, int, int]] = []
-
-    def serve(options: object) -> int:
-        threshold_when_serving.append(gc.get_threshold())
-        return 0
-
-    monkeypatch.setattr(_standalone, "run_standalone", serve)
-    before, threshold = sys.getswitchinterval(), gc.get_threshold()
+    threshold = gc.get_threshold()
     gc.set_threshold(PYTHON_GC_THRESHOLD[0], threshold[1], threshold[2])
     try:
-        assert main(["standalone", "--data-dir", str(tmp_path)]) == 0
+        seen = _when_standalone_serves(tmp_path, monkeypatch, gc.get_threshold)
     finally:
-        sys.setswitchinterval(before)
         gc.set_threshold(*threshold)
-        gc.unfreeze()
-    assert threshold_when_serving == [(_standalone.GC_YOUNG_THRESHOLD, threshold[1],
-                                       threshold[2])]
+    assert seen == (_standalone.GC_YOUNG_THRESHOLD, threshold[1], threshold[2])
     assert PYTHON_GC_THRESHOLD[0] < _standalone.GC_YOUNG_THRESHOLD
 
 
