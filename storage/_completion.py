@@ -84,14 +84,20 @@ class Completion(Generic[T]):
             assert self._value is _PENDING, "a completion finishes once"
             self._error = error
             self._value = value
-            callback = self._callback
-            event = self._event
-            if callback is not None:
-                more = self._more
-                self._callback = self._more = None
+        self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        """Release a blocked `result` and run the callbacks, in order. Only after the value
+        is set under the state lock: from then on nobody adds a callback or an event
+        (`add_done_callback` and `result` check under the same lock), so both are read
+        without it."""
+        event = self._event
         if event is not None:
             event.release()
+        callback = self._callback
         if callback is not None:
+            more = self._more
+            self._callback = self._more = None
             callback(self)
             if more is not None:
                 for callback in more:
@@ -165,31 +171,17 @@ class Completion(Generic[T]):
 def set_results(completions: Sequence[Completion[T] | None], values: Sequence[T]) -> None:
     """`set_result(value)` for each completion (None: skipped), in order, as ONE step: the
     state lock is taken once for all of them (a journal group commit finishes hundreds at a
-    time), then each one's blocked waiter is released and its callbacks run, in order. A
-    callback may thus see later completions of the list already done.
-
-    Once a completion's value is set under the lock, nobody adds a callback or an event to
-    it any more (`add_done_callback` and `result` check under the same lock), so both are
-    read without it afterwards."""
+    time), then each one's blocked waiter is released and its callbacks run, in order
+    (`_release_waiters`). A callback may thus see later completions of the list already
+    done."""
     with _STATE_LOCK:
         for completion, value in zip(completions, values, strict=True):
             if completion is not None:
                 assert completion._value is _PENDING, "a completion finishes once"
                 completion._value = value
     for completion in completions:
-        if completion is None:
-            continue
-        event = completion._event
-        if event is not None:
-            event.release()
-        callback = completion._callback
-        if callback is not None:
-            more = completion._more
-            completion._callback = completion._more = None
-            callback(completion)
-            if more is not None:
-                for callback in more:
-                    callback(completion)
+        if completion is not None:
+            completion._release_waiters()
 
 
 def _set_if_pending(waiter: asyncio.Future[None]) -> None:
