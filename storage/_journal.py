@@ -480,8 +480,7 @@ class Journal:
             started_ns = time.perf_counter_ns()
             last.segment.handle.fdatasync()
             self.metrics.journal_fsync_us.add((time.perf_counter_ns() - started_ns) // 1000)
-            self.metrics.group_commit_records.add(
-                last.records if len(batches) == 1 else sum(b.records for b in batches))
+            self.metrics.group_commit_records.add(sum(b.records for b in batches))
             # A simulated crash just after the sync: the batch is on disk but nobody hears
             # of it (allowed: durable without an acknowledgment). Inside the try so that the
             # syncer thread fails the requests instead of dying with them unanswered.
