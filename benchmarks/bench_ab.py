@@ -74,6 +74,7 @@ def _run_broker(root: str, scratch: str, seconds: float, consume_max: int,
                            event_loop=event_loop, root=root)
     broker.start()
     try:
+        broker.wait_ready()
         return _measured(broker, lambda: run_workloads(
             os.path.basename(root) or root, broker.url, broker.pid, seconds, consume_max,
             workloads))

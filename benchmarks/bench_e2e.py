@@ -73,6 +73,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # e2e_peers besi
 import pulsar  # type: ignore[import-untyped]
 from e2e_many_topics import plot_many_topics, render_many_topics, run_many_topics
 from e2e_peers import (
+    STARTUP_DEADLINE_S,
     WORKLOADS,
     ServerProcess,
     plot_side_by_side,
@@ -107,6 +108,7 @@ RECEIVE_TIMEOUT_MS = 10_000
 OPERATION_TIMEOUT_S = 30
 DRAIN_DEADLINE_S = 60.0  # for the last receipts or latency messages of a phase
 SEND_TIME_PROPERTY = "bench-sent-ns"
+READY_LOG_LINE = b"Magnetar standalone ready on"  # broker/cli/_standalone.py logs it
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,24 @@ class BrokerProcess(ServerProcess):
             env["MAGNETAR_EVENT_LOOP"] = self.event_loop
         self._launch(command, cwd=self.root, env=env)
 
+    def wait_ready(self) -> None:
+        """Wait until the broker has logged that it is ready. The binary port opens before
+        the admin HTTP server's imports and the start's last steps, which hold the GIL for
+        some 0.15 s: a workload timed from the port's opening measures those too.
+
+        Raises:
+            RuntimeError: no ready line within `STARTUP_DEADLINE_S`.
+        """
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while True:
+            with open(self.log_path, "rb") as log:
+                if READY_LOG_LINE in log.read():
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not log that it was ready within "
+                                   f"{STARTUP_DEADLINE_S} s; see {self.log_path}")
+            time.sleep(0.02)
+
 
 @contextlib.contextmanager
 def _running_broker(scratch: str, options: BenchOptions) -> Iterator[BrokerProcess]:
@@ -220,6 +240,7 @@ def _running_broker(scratch: str, options: BenchOptions) -> Iterator[BrokerProce
                            options.profile_path, options.event_loop)
     broker.start()
     try:
+        broker.wait_ready()
         yield broker
     finally:
         broker.stop()

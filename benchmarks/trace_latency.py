@@ -298,6 +298,7 @@ def main() -> int:
                                **({"root": args.root} if args.root else {}))
         broker.start()
         try:
+            broker.wait_ready()
             if args.warm_up:
                 assert broker.process is not None
                 run_workloads("magnetar", broker.url, broker.process.pid, 3.0, 10_000,
