@@ -12,13 +12,21 @@ message ids and hashes. No sockets, no threads, no asyncio in this package.
 | `_sends.py`        | plain SENDs decoded without the protobuf runtime                   |
 | `_message_frames.py` | MESSAGE frames built without the protobuf runtime                |
 | `_compression.py`  | NONE, LZ4, ZLIB, ZSTD, SNAPPY as Pulsar's clients write them       |
-| `_batching.py`     | batch payloads and the default and key-based batch containers      |
+| `_batch_payload.py` | `SingleMessage` and the batch payload's bytes (hand-written codec) |
+| `_batching.py`     | batch entries and the default and key-based batch containers       |
 | `_plain_batch.py`  | batches of bare bodies, handed out before they are decoded         |
 | `_chunking.py`     | splitting large messages and reassembling them                     |
 | `_message_id.py`   | `MessageId`: ordering, strings, Pulsar's serialized form           |
 | `_hashing.py`      | Murmur3, JavaStringHash, BoostHash, Key_Shared slots               |
 """
 
+from ._batch_payload import (
+    SingleMessage,
+    batch_last_sequence_id,
+    decode_batch_payload,
+    encode_batch_payload,
+    encode_single_metadata,
+)
 from ._batching import (
     BATCH_DELAY_MS_MAX_DEFAULT,
     BATCH_MESSAGES_MAX_DEFAULT,
@@ -26,14 +34,9 @@ from ._batching import (
     Batch,
     BatchContainer,
     KeyBasedBatchContainer,
-    SingleMessage,
     batch_key,
-    batch_last_sequence_id,
     build_batch,
     build_message,
-    decode_batch_payload,
-    encode_batch_payload,
-    encode_single_metadata,
     unpack_messages,
 )
 from ._chunking import (

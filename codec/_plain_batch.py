@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from ._batching import EMPTY_PROPERTIES, SingleMessage
+from ._batch_payload import EMPTY_PROPERTIES, SingleMessage
 from ._wire import decode_varint
 
 __all__ = ["plain_batch_message", "plain_batch_starts"]

@@ -8,7 +8,7 @@ Two kinds of help live here:
   runtime hands those back as `bytes`, which no caller expects). The last two are found in one
   walk of the fields the message holds, which costs less than the runtime's `IsInitialized`.
 * Varint encoding and decoding for the hand-written `SingleMessageMetadata` codec in
-  `_batching.py`, which is the one hot path where the protobuf runtime's per-object cost matters.
+  `_batch_payload.py`, the one hot path where the protobuf runtime's per-object cost matters.
 
 Varint layout (protobuf base-128): seven payload bits per byte, least significant group first, the
 high bit set on every byte but the last. A 64-bit value takes at most 10 bytes; a negative int32 or

@@ -13,6 +13,7 @@ CODEC_DIR = Path(codec.__file__).parent
 MODULES = sorted(p for p in CODEC_DIR.glob("_*.py") if p.name != "__init__.py")
 FORBIDDEN_IMPORTS = {"storage", "broker", "socket", "asyncio", "threading", "selectors", "ssl"}
 CORE_MODULES = {
+    "_batch_payload.py",
     "_batching.py",
     "_chunking.py",
     "_compression.py",
