@@ -73,6 +73,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # e2e_peers besi
 import pulsar  # type: ignore[import-untyped]
 from e2e_many_topics import plot_many_topics, render_many_topics, run_many_topics
 from e2e_peers import (
+    RECEIPTS,
     STARTUP_DEADLINE_S,
     WORKLOADS,
     ServerProcess,
@@ -148,6 +149,7 @@ class BenchOptions:
     event_loop: str | None = None  # the broker's MAGNETAR_EVENT_LOOP (None: inherited)
     many_topics: int | None = None  # overrides the scale's
     only_many_topics: bool = False  # the many-topics workloads alone
+    receipts: str = RECEIPTS[0]  # how the side-by-side publish workloads count receipts
 
     def chosen_scale(self) -> E2EScale:
         scale = self.scale if self.scale is not None else QUICK if self.quick else FULL
@@ -420,13 +422,15 @@ def _run_single_topic(scratch: str, options: BenchOptions, scale: E2EScale,
         bar.set_description("side by side: Magnetar")
         results.side_by_side += run_workloads("magnetar", broker.url, broker.pid,
                                               scale.publish_seconds,
-                                              scale.consume_messages, options.workloads)
+                                              scale.consume_messages, options.workloads,
+                                              options.receipts)
         bar.update()
     bar.set_description("side by side: pulsar-lite")
     with running_pulsar_lite(scratch) as peer:
         results.side_by_side += run_workloads("pulsar-lite", peer.url, peer.pid,
                                               scale.publish_seconds,
-                                              scale.consume_messages, options.workloads)
+                                              scale.consume_messages, options.workloads,
+                                              options.receipts)
     bar.update()
 
 
@@ -453,6 +457,7 @@ def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
             "scale": dataclasses.asdict(scale),
             "message_sizes": list(MESSAGE_SIZES),
             "publish_in_flight": PUBLISH_IN_FLIGHT,
+            "side_by_side_receipts": options.receipts,
             "latency_rate_fraction": LATENCY_RATE_FRACTION,
             "latency_rate_max_per_s": LATENCY_RATE_MAX_PER_S,
             "client": f"pulsar-client {_client_version()}",
@@ -597,6 +602,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the broker under cProfile and write its stats here")
     parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default=None,
                         help="the broker's event loop (default: its own default)")
+    parser.add_argument("--receipts", choices=RECEIPTS, default=RECEIPTS[0],
+                        help="how the side-by-side publish workloads learn of receipts: "
+                             "flush (no callbacks; flush() waits for the last one) or "
+                             "callback (a Python callback per send, which costs the official "
+                             "client about 30 us per message); default flush")
     return parser
 
 
@@ -615,7 +625,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    side_by_side_only=args.side_by_side_only,
                                    workloads=workloads, profile_path=args.profile,
                                    event_loop=args.event_loop, many_topics=args.many_topics,
-                                   only_many_topics=args.only_many_topics))
+                                   only_many_topics=args.only_many_topics,
+                                   receipts=args.receipts))
     return 0
 
 

@@ -20,6 +20,10 @@ offers): `1 / (1 / null rate + 1 / preallocated fsync rate)`, against 0.8x the g
 rate the target names. The client's CPU per message is printed
 for each server: it is the client process, all its threads. Table on stdout, JSON with --json.
 
+How the publish workloads learn of receipts matters here (`--receipts`, see `e2e_peers.py`):
+with a Python callback per send, the client's callbacks cost it more than any broker does, and
+every broker ends up at the same ceiling; without them (the default), the brokers differ.
+
 Example: `python benchmarks/client_ceiling.py --seconds 3 --dir /tmp`.
 """
 
@@ -41,6 +45,7 @@ from bench_e2e import BrokerProcess
 from e2e_peers import (
     LATENCY,
     LATENCY_P99_ALLOWANCE_MS,
+    RECEIPTS,
     ServerProcess,
     Workload,
     run_workloads,
@@ -88,8 +93,9 @@ def _running(server: str, scratch: str) -> Iterator[ServerProcess]:
         process.stop()
 
 
-def measure(scratch: str, seconds: float) -> dict[str, Any]:
-    """The disk limits, then every server's publish workloads; the JSON document."""
+def measure(scratch: str, seconds: float, receipts: str = RECEIPTS[0]) -> dict[str, Any]:
+    """The disk limits, then every server's publish workloads (receipts counted as
+    `receipts` says, `e2e_peers.RECEIPTS`); the JSON document."""
     limits_results = _Results()
     _run_limits(QUICK_SCALE, scratch, limits_results, "start")
     limits = _best_limits(limits_results.limit_samples, QUICK_SCALE)
@@ -97,9 +103,10 @@ def measure(scratch: str, seconds: float) -> dict[str, Any]:
     for server in SERVERS:
         with _running(server, scratch) as process:
             done = run_workloads(server, process.url, process.pid, seconds, 1,
-                                 only=PUBLISH_WORKLOADS)
+                                 only=PUBLISH_WORKLOADS, receipts=receipts)
         figures[server] = {w.name: w for w in done if w.name in PUBLISH_WORKLOADS}
     return {
+        "receipts": receipts,
         "fsync_append_per_s": limits.fsync_append_per_s,
         "fsync_append_p99_ms": limits.fsync_append_p99_ms,
         "fsync_overwrite_per_s": limits.fsync_overwrite_per_s,
@@ -156,7 +163,8 @@ def targets(document: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render(document: dict[str, Any]) -> str:
-    lines = [f"raw write(1 KB) + fdatasync: {document['fsync_append_per_s']:,.0f} /s, "
+    lines = [f"publish receipts counted by {document.get('receipts', 'callback')}",
+             f"raw write(1 KB) + fdatasync: {document['fsync_append_per_s']:,.0f} /s, "
              f"p99 {document['fsync_append_p99_ms']:.3f} ms; preallocated "
              f"{document['fsync_overwrite_per_s']:,.0f} /s",
              "null: the do-nothing broker (sync row: plus one preallocated fdatasync per "
@@ -185,13 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=tempfile.gettempdir(),
                         help="run on the disk holding this directory")
     parser.add_argument("--json", help="write the results as JSON here")
+    parser.add_argument("--receipts", choices=RECEIPTS, default=RECEIPTS[0],
+                        help="flush (sends without callbacks, flush() at the end; default) or "
+                             "callback (a Python callback per send)")
     args = parser.parse_args(argv)
     if args.seconds <= 0:
         parser.error(f"--seconds must be positive, not {args.seconds}")
     if not os.path.isdir(args.dir):
         parser.error(f"--dir {args.dir}: not a directory")
     with tempfile.TemporaryDirectory(prefix="client-ceiling-", dir=args.dir) as scratch:
-        document = measure(scratch, args.seconds)
+        document = measure(scratch, args.seconds, args.receipts)
     document["targets"] = targets(document)
     print(render(document))
     if args.json:

@@ -143,11 +143,12 @@ class _Pending(ReceiptCount):
 
 
 def single_topic(url: str, seconds: float, result: ManyTopics) -> None:
-    """The side-by-side unbatched publish (one producer, 1000 pending) on this broker."""
+    """The side-by-side unbatched publish (one producer, 1000 pending) on this broker, each
+    receipt counted by a callback as `many_producers` counts them."""
     workload = Workload("magnetar", "unbatched publish")
     client = _client(url)
     try:
-        _publish(client, _topic("single", 0), False, seconds, workload)
+        _publish(client, _topic("single", 0), False, seconds, workload, "callback")
     finally:
         client.close()
     if workload.stalled:

@@ -4,7 +4,14 @@ against Magnetar and against the peer broker pulsar-lite in the same run, on the
 Workloads (1 KB messages, one producer or one consumer, a fresh topic per broker):
 
 * **batched publish**: `send_async`, client batching of up to 1000 messages or 1 ms,
-  1000 messages pending, blocking when full; messages/s counted from the receipts.
+  1000 messages pending, blocking when full. Receipts (`RECEIPTS`): by default ("flush") the
+  sends pass no callback; `flush()` at the end waits for the last receipt and the producer's
+  last receipted sequence id must be the last one sent, and messages/s is sends over the time
+  to that. With "callback" each send has a Python callback that counts its receipt, as an
+  application that handles each receipt would: that costs the official client some 30 us per
+  message (each callback takes the GIL from the sending thread; measured against the do-nothing
+  broker of `client_ceiling.py`), more than either broker spends, so that mode measures the
+  client's callbacks more than the broker.
 * **batched consume + ack**: `receive` + `acknowledge` of the backlog the batched publish left.
 * **unbatched publish**: the same without client batching.
 * **unbatched consume + ack**: the same on the unbatched backlog.
@@ -66,6 +73,7 @@ LATENCY_RATE_PER_S = 5000.0  # the publish-latency workload's steady send rate
 PACE_TICK_S = 0.001  # its sender sends what is due, then sleeps this long
 LATENCY_P99_ALLOWANCE_MS = 3.0  # the target: p99 <= this + the fdatasync p99
 LATENCY = "publish latency"
+RECEIPTS = ("flush", "callback")  # how the publish workloads learn of receipts (module comment)
 WORKLOADS = ("batched publish", "batched consume + ack", "unbatched publish",
              "unbatched consume + ack", "sync publish", LATENCY)
 BROKERS = ("magnetar", "pulsar-lite")
@@ -265,7 +273,11 @@ def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Produ
 
 
 def _publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
-             result: Workload) -> None:
+             result: Workload, receipts_by: str) -> None:
+    assert receipts_by in RECEIPTS
+    if receipts_by == "flush":
+        _publish_flushed(client, topic, batching, seconds, result)
+        return
     producer = _producer(client, topic, batching)
     payload = os.urandom(MESSAGE_BYTES)
     receipts = _Receipts()
@@ -279,6 +291,31 @@ def _publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
     result.finish(receipts.done, receipts.last_s - started, stalled=not complete)
     if receipts.failed:
         result.stalled = True
+    with contextlib.suppress(Exception):
+        producer.close()
+
+
+def _publish_flushed(client: pulsar.Client, topic: str, batching: bool, seconds: float,
+                     result: Workload) -> None:
+    """`_publish` with no callbacks: `flush()` waits for the last receipt (stalled: it timed
+    out, or the last receipted sequence id is short of the sends)."""
+    producer = _producer(client, topic, batching)
+    payload = os.urandom(MESSAGE_BYTES)
+    sent = 0
+    started = time.perf_counter()
+    stop_at = started + seconds
+    while time.perf_counter() < stop_at:
+        producer.send_async(payload, None)
+        sent += 1
+    stalled = False
+    try:
+        producer.flush()
+    except pulsar.PulsarException:
+        stalled = True
+    ended = time.perf_counter()
+    receipted = producer.last_sequence_id() + 1  # sequence ids count from 0
+    result.finish(min(receipted, sent), ended - started,
+                  stalled=stalled or receipted < sent)
     with contextlib.suppress(Exception):
         producer.close()
 
@@ -381,10 +418,12 @@ def _consume(client: pulsar.Client, topic: str, wanted: int, result: Workload) -
 
 
 def run_workloads(broker: str, url: str, broker_pid: int, seconds: float, consume_max: int,
-                  only: Sequence[str] = WORKLOADS) -> list[Workload]:
+                  only: Sequence[str] = WORKLOADS, receipts: str = RECEIPTS[0]
+                  ) -> list[Workload]:
     """The workloads `only` names (default: all) against the broker at `url` (process
-    `broker_pid`, for its CPU); one `Workload` each, in `WORKLOADS` order (a workload not run
-    has zeros)."""
+    `broker_pid`, for its CPU), the publish workloads learning of receipts as `receipts`
+    says (`RECEIPTS`); one `Workload` each, in `WORKLOADS` order (a workload not run has
+    zeros)."""
     results = {name: Workload(broker, name) for name in WORKLOADS}
     client = pulsar.Client(url, operation_timeout_seconds=30,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -405,7 +444,7 @@ def run_workloads(broker: str, url: str, broker_pid: int, seconds: float, consum
                 client.subscribe(topic, "backlog", consumer_type=pulsar.ConsumerType.Exclusive,
                                  initial_position=pulsar.InitialPosition.Earliest).close()
             with accounted(published.name):
-                _publish(client, topic, kind == "batched", seconds, published)
+                _publish(client, topic, kind == "batched", seconds, published, receipts)
             if consumed in only:
                 with accounted(consumed):
                     _consume(client, topic, min(consume_max, published.messages),
@@ -476,8 +515,10 @@ def render_side_by_side(document: dict[str, Any],
     headers = ["workload (1 KB)", "Magnetar msg/s", "pulsar-lite msg/s", "ratio", "x fsync",
                "Magnetar p50/p99 ms", "pulsar-lite p50/p99 ms",
                "Magnetar CPU us/msg", "pulsar-lite CPU us/msg"]
+    receipts = document["parameters"].get("side_by_side_receipts", "callback")
     return ("Side by side with pulsar-lite (same run, same disk; ratio = Magnetar / "
-            f"pulsar-lite; publish latency at {LATENCY_RATE_PER_S:,.0f} msg/s unbatched, "
+            f"pulsar-lite; publish receipts counted by {receipts}; publish latency at "
+            f"{LATENCY_RATE_PER_S:,.0f} msg/s unbatched, "
             f"target p99 <= {latency_target_ms(document):.2f} ms = "
             f"{LATENCY_P99_ALLOWANCE_MS:g} ms + the fdatasync p99; CPU: broker / official "
             "client microseconds per message, and in brackets the client's CPU seconds per "
