@@ -80,6 +80,7 @@ def _run_broker(root: str, scratch: str, seconds: float, consume_max: int,
             workloads))
     finally:
         broker.stop()
+        broker.discard_data()
 
 
 def _figure(run: Workload) -> str:

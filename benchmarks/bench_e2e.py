@@ -207,7 +207,7 @@ class BrokerProcess(ServerProcess):
         profiler = ([] if self.profile_path is None
                     else ["-m", "cProfile", "-o", os.path.abspath(self.profile_path)])
         command = [sys.executable, *profiler, "-m", "magnetar.broker.cli", "standalone",
-                   "--data-dir", os.path.join(self.directory, "data"), "--host", HOST,
+                   "--data-dir", os.path.join(self.directory, self.data_name), "--host", HOST,
                    "--port", str(self.port), "--http-port", "0"]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # As deployed, a restart finds its modules compiled (pip install, or any earlier start
@@ -246,6 +246,7 @@ def _running_broker(scratch: str, options: BenchOptions) -> Iterator[BrokerProce
         yield broker
     finally:
         broker.stop()
+        broker.discard_data()
 
 
 # -- one cell -------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import contextlib
 import importlib.util
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -161,6 +162,7 @@ class ServerProcess:
     `directory`; `start` builds its command and calls `_launch`, `stop` ends it by PID."""
 
     name = "the server"
+    data_name = "data"  # its data, under `directory` (`discard_data`)
 
     def __init__(self, directory: str, log_name: str):
         self.directory = directory
@@ -204,6 +206,13 @@ class ServerProcess:
         except OSError:
             return False
 
+    def discard_data(self) -> None:
+        """Delete the stopped server's data (its log stays). Between rounds: a round's
+        hundreds of MB left on the disk would still be written back during the next ones,
+        which then measured slower than the first."""
+        assert self.process is None or self.process.poll() is not None, "still running"
+        shutil.rmtree(os.path.join(self.directory, self.data_name), ignore_errors=True)
+
     def stop(self) -> None:
         """SIGTERM by PID and wait; SIGKILL if it does not exit within `STOP_DEADLINE_S`."""
         if self.process is None or self.process.poll() is not None:
@@ -220,6 +229,7 @@ class PulsarLiteProcess(ServerProcess):
     """pulsar-lite in a subprocess, its data and log in `directory`."""
 
     name = "pulsar-lite"
+    data_name = "db"
 
     def __init__(self, directory: str):
         super().__init__(directory, "pulsar-lite.log")
@@ -230,7 +240,8 @@ class PulsarLiteProcess(ServerProcess):
         with open(config, "w", encoding="utf-8") as out:
             out.write("[metrics]\nenabled = false\n")  # else it listens on 0.0.0.0:8080
         command = [pulsar_lite_binary(), "--config", config, "--addr", f"{HOST}:{self.port}",
-                   "--db-path", os.path.join(self.directory, "db"), "--log-level", "warn"]
+                   "--db-path", os.path.join(self.directory, self.data_name),
+                   "--log-level", "warn"]
         self._launch(command, cwd=self.directory)
 
 
@@ -242,6 +253,7 @@ def running_pulsar_lite(scratch: str) -> Iterator[PulsarLiteProcess]:
         yield peer
     finally:
         peer.stop()
+        peer.discard_data()
 
 
 # -- the workloads --------------------------------------------------------------------------
