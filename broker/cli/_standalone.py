@@ -90,8 +90,14 @@ SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 # (`storage/_gil.py`) -- before the waiter has woken up, the waiter waits again, until one
 # whole interval has passed and it forces a switch. A SEND's receipt needs three such
 # hand-overs (loop -> journal writer -> loop), so with 5 ms its latency tail was a few of
-# those: issue 14's publish latency p99. 0.5 ms bounds each forced switch at a tenth of that.
-GIL_SWITCH_INTERVAL_S: Final = 0.0005
+# those: issue 14's publish latency p99 (bench_ab, alternated rounds: p99 3.48 ms against 3.01
+# with 2 ms, p50 0.83 against 0.71). Shorter is not better: every forced switch also
+# interrupts the event loop in the middle of a read's SENDs, and since the storage's
+# background loops hand the GIL over by themselves (`storage/_gil.py`) the short interval
+# mostly did that. 2 ms against 0.5 ms, three bench_ab runs of 6 alternated rounds, idle
+# machine: batched publish 1.13x, 1.08x, 1.00x; unbatched 1.08x, 1.09x, 1.04x; publish
+# latency p99 2.64 against 2.61 ms, then 2.99 against 3.20 ms.
+GIL_SWITCH_INTERVAL_S: Final = 0.002
 # The broker process's first cyclic-GC threshold (`gc.set_threshold`; Python's default is 700
 # tracked allocations not yet freed). A collection holds the GIL for as long as it walks the
 # young objects; at 700, publishing 5,000 msg/s set off about 40 young collections a second
