@@ -203,8 +203,9 @@ class Connection:
         """Bytes received but not yet turned into events."""
         return len(self._buffer) - self._offset
 
-    def receive_data(self, data: bytes) -> None:
-        """Add bytes from the peer; `b""` means the peer closed its side.
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes from the peer (copied: the caller may reuse its buffer); `b""` means the
+        peer closed its side.
 
         Raises:
             LocalProtocolError: data arrives after the end of the stream was signalled.

@@ -202,7 +202,7 @@ class ConnectionHandler:
 
     # -- input -----------------------------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         """Process bytes from the client (`b""`: the client closed its side).
 
         A protocol violation closes this connection (logged); nothing is raised.

@@ -2,18 +2,22 @@
 
 Theory of operation
 -------------------
-`serve()` starts an asyncio server for a `BrokerService` and returns a `BrokerServer`. For each
-accepted connection one task runs `_serve_connection`: it reads whatever bytes arrive and hands
-them to that connection's `ConnectionHandler` (`_connection_handler.py`), which decodes frames,
-hands each to its command handler (producers, consumers, lookup and discovery), which call the
-service, and writes replies and deliveries through the stream writer. The task is the
-only reader of its socket; everything else the connection does happens in handler tasks or in
-dispatcher callbacks on the same event loop.
+`serve()` starts an asyncio server for a `BrokerService` and returns a `BrokerServer`. Each
+accepted connection gets a `_ClientProtocol` (an asyncio buffered protocol) and a
+`ConnectionHandler` (`_connection_handler.py`): the transport reads the socket straight into
+one scratch buffer the server shares among its connections (`recv_into`: no buffer is
+allocated per read, and the loop being single-threaded, each read is handed over before the
+next one), and the protocol hands those bytes to the handler, which decodes frames, hands each
+to its command handler (producers, consumers, lookup and discovery), which call the service,
+and writes replies and deliveries through the transport. Everything else the connection does
+happens in handler tasks or in dispatcher callbacks on the same event loop.
 
-Back-pressure. After each read the task waits while the handler has `pending_sends_max`
-SENDs without receipts (the client's publishes outrun storage), and while the socket's write
-buffer is above its high-water mark (the client does not read what we send). Either way the
-server simply stops reading that socket; other connections carry on.
+Back-pressure. After each read the protocol stops reading the socket while the handler has
+`pending_sends_max` SENDs without receipts (the client's publishes outrun storage) -- a small
+task resumes it once half of them are answered -- and while the socket's write buffer is
+above its high-water mark (the client does not read what we send; `pause_writing` to
+`resume_writing`). Either way the server simply stops reading that socket; other connections
+carry on.
 
 TLS. With an `ssl.SSLContext` (`_tls.py`) a second listener on `tls_port` serves the same
 protocol over TLS, with the same context, service and connection table; LOOKUP then answers
@@ -37,18 +41,18 @@ connection only; the listener and the other connections are untouched.
 
 Shutdown (`shutdown`): stop accepting; refuse new producers and consumers; stop reading from
 every connection; wait (bounded by `grace_s`) until the commands already received have finished,
-so every SEND that reached us is persisted and receipted; then close every connection. Closing
-the service and the storage is the caller's job (`_standalone.py`).
+so every SEND that reached us is persisted and receipted; then close every connection (a
+transport not closed within `CLOSE_WAIT_S_MAX` is aborted). Closing the service and the
+storage is the caller's job (`_standalone.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import resource
 import ssl
-from typing import Final
+from typing import Final, cast
 
 from magnetar.codec import base_command, encode_frame, pb
 
@@ -70,10 +74,9 @@ __all__ = ["SHUTDOWN_GRACE_S_DEFAULT", "BrokerServer", "serve"]
 
 log = logging.getLogger(__name__)
 
-RECEIVE_BYTES_MAX: Final = 256 * 1024  # one read from a socket
+RECEIVE_BYTES_MAX: Final = 256 * 1024  # one read from a socket (the shared scratch buffer)
 SHUTDOWN_GRACE_S_DEFAULT: Final = 10.0  # in-flight work is waited for at most this long
-CLOSE_WAIT_S_MAX: Final = 2.0  # then connection tasks that have not ended are cancelled
-REFUSAL_WRITE_S_MAX: Final = 1.0  # a refused connection's ERROR is written this long at most
+CLOSE_WAIT_S_MAX: Final = 2.0  # then transports that have not closed are aborted
 # A refused or closed connection is a WARNING the first time and every this many times after
 # (the rest DEBUG): a flood of them does not flood the log.
 LIMIT_WARNING_EVERY: Final = 1000
@@ -116,9 +119,9 @@ class BrokerServer:
                                      authz=authz)
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
-        # handler -> (its reading task, its writer)
-        self._connections: dict[ConnectionHandler,
-                                tuple[asyncio.Task[None], asyncio.StreamWriter]] = {}
+        self._connections: dict[ConnectionHandler, _ClientProtocol] = {}
+        # Every connection's reads land here first (see the module comment).
+        self._scratch = memoryview(bytearray(RECEIVE_BYTES_MAX))
         self._per_ip: dict[str, int] = {}  # open connections (refused ones not) per address
         self.counters = service.connections  # what /metrics shows of this server
         self.connections_max = _connections_max(service.config.broker_max_connections)
@@ -151,15 +154,15 @@ class BrokerServer:
         assert self._server is None, "already started"
         if self._ssl_context is not None:  # first: the plain port accepting means "ready"
             assert self.tls_port is not None
-            self._tls_server = await asyncio.start_server(
-                self._serve_connection, self.host, self.tls_port, ssl=self._ssl_context)
+            self._tls_server = await asyncio.get_running_loop().create_server(
+                self._new_protocol, self.host, self.tls_port, ssl=self._ssl_context)
             self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             self.context.advertised_url_tls = self._advertised_url_tls or advertised_url_for(
                 self._advertised_host, self.tls_port, "pulsar+ssl")
             log.info("TLS listening on %s:%d", self.host, self.tls_port)
         try:
-            self._server = await asyncio.start_server(self._serve_connection, self.host,
-                                                      self.port)
+            self._server = await asyncio.get_running_loop().create_server(
+                self._new_protocol, self.host, self.port)
         except BaseException:
             if self._tls_server is not None:
                 self._tls_server.close()
@@ -179,61 +182,56 @@ class BrokerServer:
             return f"Reached the maximum number of connections on address {address}"
         return None
 
-    async def _refuse(self, writer: asyncio.StreamWriter, peer: str, reason: str) -> None:
-        """ERROR NotAllowedError with request id -1, then close (Pulsar's refusal)."""
+    def _new_protocol(self) -> _ClientProtocol:
+        return _ClientProtocol(self)
+
+    def _refuse(self, transport: asyncio.Transport, peer: str, reason: str) -> None:
+        """ERROR NotAllowedError with request id -1, then close (Pulsar's refusal); the
+        transport writes what it holds before it closes."""
         self.counters.refused += 1
         level = logging.WARNING if _logged_in_full(self.counters.refused) else logging.DEBUG
         log.log(level, "refusing the connection of %s: %s (%d refused since start)", peer,
                 reason, self.counters.refused)
         error = pb.CommandError(request_id=REQUEST_ID_NONE, error=pb.NotAllowedError,
                                 message=reason)
-        with contextlib.suppress(ConnectionError, OSError):
-            writer.write(encode_frame(base_command(error)))
-            await asyncio.wait_for(writer.drain(), REFUSAL_WRITE_S_MAX)
-        writer.close()
-        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
-            await asyncio.wait_for(writer.wait_closed(), REFUSAL_WRITE_S_MAX)
+        transport.write(encode_frame(base_command(error)))
+        transport.close()
 
-    async def _serve_connection(self, reader: asyncio.StreamReader,
-                                writer: asyncio.StreamWriter) -> None:
-        peer = _peer_name(writer)
-        address = _peer_address(writer)
+    def _accepted(self, protocol: _ClientProtocol, transport: asyncio.Transport) -> None:
+        """A new connection: refused, or given its handler and counted."""
+        peer = _peer_name(transport)
+        address = _peer_address(transport)
         refusal = self._refusal(address)
         if refusal is not None:
-            await self._refuse(writer, peer, refusal)
+            self._refuse(transport, peer, refusal)
             return
-        handler = ConnectionHandler(self.context, writer.write, writer.close, peer,
-                                    write_parts=gathering_writer(writer.transport),
-                                    write_buffer_bytes=writer.transport.get_write_buffer_size,
-                                    drain=writer.drain,
+        handler = ConnectionHandler(self.context, transport.write, transport.close, peer,
+                                    write_parts=gathering_writer(transport),
+                                    write_buffer_bytes=transport.get_write_buffer_size,
+                                    drain=protocol.drain,
                                     tls_common_name=peer_common_name(
-                                        writer.get_extra_info("peercert")))
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[handler] = (task, writer)
+                                        transport.get_extra_info("peercert")))
+        protocol.handler, protocol.address = handler, address
+        self._connections[handler] = protocol
         self._per_ip[address] = self._per_ip.get(address, 0) + 1
         self.counters.active = len(self._connections)
         log.debug("connection from %s", peer)
-        counted = [0]  # this connection's share of `incomplete_frames_bytes`
-        try:
-            handler.start_keepalive()
-            await self._read_loop(handler, reader, writer, counted)
-        except (ConnectionError, OSError) as exc:
-            log.debug("connection from %s ended: %s", peer, exc)
-        except Exception:
-            log.exception("connection from %s failed", peer)
-        finally:
-            handler.connection_lost()
-            self._count_incomplete(counted, 0)
-            self._connections.pop(handler, None)
-            self.counters.active = len(self._connections)
-            left = self._per_ip.pop(address) - 1
-            assert left >= 0
-            if left:
-                self._per_ip[address] = left
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.wait_closed()
-            log.debug("connection from %s closed", peer)
+        handler.start_keepalive()
+
+    def _lost(self, protocol: _ClientProtocol) -> None:
+        """A connection's socket is gone: its handler closes, its counts are dropped."""
+        handler = protocol.handler
+        if handler is None:
+            return  # a refused connection
+        handler.connection_lost()
+        self._count_incomplete(protocol.counted, 0)
+        self._connections.pop(handler, None)
+        self.counters.active = len(self._connections)
+        left = self._per_ip.pop(protocol.address) - 1
+        assert left >= 0
+        if left:
+            self._per_ip[protocol.address] = left
+        log.debug("connection from %s closed", handler.peer)
 
     def _count_incomplete(self, counted: list[int], now: int) -> None:
         """Move one connection's share of `incomplete_frames_bytes` from `counted[0]` to
@@ -261,18 +259,6 @@ class BrokerServer:
         handler.close()
         self._count_incomplete(counted, 0)
 
-    async def _read_loop(self, handler: ConnectionHandler, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter, counted: list[int]) -> None:
-        while not handler.closed:
-            data = await reader.read(RECEIVE_BYTES_MAX)
-            handler.data_received(data)
-            if not data:
-                return
-            del data  # not held while waiting below
-            self._check_incomplete(handler, counted)
-            await handler.wait_send_room()
-            await writer.drain()
-
     async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S_DEFAULT) -> None:
         """Stop gracefully (see the module comment). Idempotent."""
         self.context.accepting = False
@@ -282,9 +268,8 @@ class BrokerServer:
         if self._tls_server is not None:
             self._tls_server.close()
         handlers = list(self._connections)
-        for _, writer in self._connections.values():
-            with contextlib.suppress(RuntimeError, AttributeError):
-                writer.transport.pause_reading()  # type: ignore[attr-defined]
+        for protocol in self._connections.values():
+            protocol.block_reading("shutdown")  # for good
         idle = [asyncio.ensure_future(handler.wait_idle()) for handler in handlers]
         if idle:
             _, late = await asyncio.wait(idle, timeout=grace_s)
@@ -294,16 +279,127 @@ class BrokerServer:
                 log.warning("%d connections still had work after %.1f s", len(late), grace_s)
         for handler in handlers:
             handler.close()
-        tasks = [task for task, _ in self._connections.values()]
-        if tasks:
-            _, stuck = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S_MAX)
-            for task in stuck:
-                task.cancel()
+        closing = {protocol.lost: protocol for protocol in self._connections.values()}
+        if closing:
+            _, stuck = await asyncio.wait(list(closing), timeout=CLOSE_WAIT_S_MAX)
+            for lost in stuck:
+                closing[lost].abort()
         if self._server is not None:
             await self._server.wait_closed()
         if self._tls_server is not None:
             await self._tls_server.wait_closed()
         log.info("server on port %d stopped", self.port)
+
+
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """One accepted connection's transport callbacks (see the module comment): reads into
+    the server's scratch buffer, hands them to the handler, and stops reading while any
+    reason to (`block_reading`) holds."""
+
+    def __init__(self, server: BrokerServer):
+        self.server = server
+        self.handler: ConnectionHandler | None = None  # None: refused (or not yet accepted)
+        self.address = ""
+        self.transport: asyncio.Transport | None = None
+        self.counted = [0]  # this connection's share of `incomplete_frames_bytes`
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._blocked: set[str] = set()  # why reading is paused: "sends", "writes", "shutdown"
+        self._writable: asyncio.Future[None] | None = None  # set while writing is paused
+        self._room_task: asyncio.Task[None] | None = None
+        self.read_pauses = 0  # times reading stopped (back-pressure; for stats and tests)
+
+    # -- transport callbacks ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's TCPTransport has the methods without the base class).
+        self.transport = cast(asyncio.Transport, transport)
+        self.server._accepted(self, self.transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        handler = self.handler
+        if handler is None:
+            return  # refused: what it sends is ignored until the close
+        try:
+            handler.data_received(self.server._scratch[:nbytes])
+            self.server._check_incomplete(handler, self.counted)
+            if handler.producers.pending_sends >= handler.ctx.pending_sends_max:
+                self._wait_for_send_room(handler)
+        except Exception:
+            log.exception("connection from %s failed", handler.peer)
+            handler.close()
+
+    def eof_received(self) -> bool:
+        if self.handler is not None:
+            self.handler.data_received(b"")
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self.handler is not None:
+            log.debug("connection from %s ended: %s", self.handler.peer, exc)
+        try:
+            self.server._lost(self)
+        finally:
+            if self._writable is not None and not self._writable.done():
+                self._writable.set_exception(ConnectionResetError("connection lost"))
+                self._writable.exception()  # retrieved: no waiter needs to see it
+            if self._room_task is not None:
+                self._room_task.cancel()
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+        self.block_reading("writes")
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+        self.unblock_reading("writes")
+
+    # -- back-pressure ---------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Until the socket's write buffer is below its low-water mark.
+
+        Raises:
+            ConnectionResetError: the connection was lost meanwhile.
+        """
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
+
+    def block_reading(self, reason: str) -> None:
+        if not self._blocked and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+            self.read_pauses += 1
+        self._blocked.add(reason)
+
+    def unblock_reading(self, reason: str) -> None:
+        if reason not in self._blocked:
+            return
+        self._blocked.discard(reason)
+        if not self._blocked and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wait_for_send_room(self, handler: ConnectionHandler) -> None:
+        """Stop reading until fewer than `pending_sends_max` SENDs wait for receipts."""
+        if self._room_task is not None:
+            return
+        self.block_reading("sends")
+
+        async def wait() -> None:
+            await handler.wait_send_room()
+            self._room_task = None
+            self.unblock_reading("sends")
+
+        self._room_task = asyncio.ensure_future(wait())
 
 
 def _connections_max(configured: int) -> int:
@@ -326,16 +422,16 @@ def _logged_in_full(count: int) -> bool:
     return count == 1 or count % LIMIT_WARNING_EVERY == 0
 
 
-def _peer_address(writer: asyncio.StreamWriter) -> str:
+def _peer_address(transport: asyncio.BaseTransport) -> str:
     """The client's address without the port (what `max_connections_per_ip` counts)."""
-    peer = writer.get_extra_info("peername")
+    peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and peer:
         return str(peer[0])
     return str(peer)
 
 
-def _peer_name(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
+def _peer_name(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"/{peer[0]}:{peer[1]}"
     return str(peer)

@@ -260,6 +260,26 @@ def test_the_server_serves_on_uvloop(tmp_path: Path) -> None:
         assert runner.run(scenario()) == list(range(50))
 
 
+async def test_reading_pauses_at_pending_sends_max_and_resumes(tmp_path: Path) -> None:
+    """A burst of SENDs far over `pending_sends_max` in one write: the server stops reading
+    the socket while that many wait for receipts and reads on once half are answered; every
+    SEND is receipted, in order."""
+    topic = "persistent://public/default/burst"
+    async with _serving(tmp_path, keepalive_interval_s=0, pending_sends_max=4) as (server, _):
+        client = await _AsyncClient.connect(server.port)
+        client.send(pb.CommandProducer(topic=topic, producer_id=0, request_id=0))
+        await client.expect(T.PRODUCER_SUCCESS)
+        for sequence_id in range(200):
+            metadata, payload = build_message(SingleMessage(b"x" * 1000, sequence_id=sequence_id),
+                                              producer_name="p", publish_time=1)
+            client.send(pb.CommandSend(producer_id=0, sequence_id=sequence_id), metadata, payload)
+        receipts = [(await client.expect(T.SEND_RECEIPT)).body.sequence_id for _ in range(200)]
+        assert receipts == list(range(200))
+        [protocol] = server._connections.values()
+        assert protocol.read_pauses > 0
+        await client.close()
+
+
 def test_server_error_codes() -> None:
     assert server_error(TopicNotFoundError("gone")) == (pb.TopicNotFound, "gone")
     assert server_error(LedgerNotFoundError("no ledger"))[0] == LedgerNotFoundError.code
