@@ -121,17 +121,25 @@ async def _eventually(condition: Callable[[], bool]) -> bool:
     return True
 
 
+async def _producer_sent(server: BrokerServer, topic: str, count: int,
+                         data: bytes) -> _AsyncClient:
+    """A client whose producer on `topic` has sent `count` messages of `data` (sequence ids
+    from 0) in one go, receipts not read yet."""
+    client = await _AsyncClient.connect(server.port)
+    client.send(pb.CommandProducer(topic=topic, producer_id=0, request_id=0))
+    await client.expect(T.PRODUCER_SUCCESS)
+    for sequence_id in range(count):
+        metadata, payload = build_message(SingleMessage(data, sequence_id=sequence_id),
+                                          producer_name="p", publish_time=1)
+        client.send(pb.CommandSend(producer_id=0, sequence_id=sequence_id), metadata, payload)
+    return client
+
+
 async def test_shutdown_receipts_every_send_it_persisted(tmp_path: Path) -> None:
     topic = "persistent://public/default/in-flight"
 
     async with _serving(tmp_path, keepalive_interval_s=0) as (server, service):
-        client = await _AsyncClient.connect(server.port)
-        client.send(pb.CommandProducer(topic=topic, producer_id=0, request_id=0))
-        await client.expect(T.PRODUCER_SUCCESS)
-        for sequence_id in range(300):
-            metadata, payload = build_message(SingleMessage(b"x" * 100, sequence_id=sequence_id),
-                                              producer_name="p", publish_time=1)
-            client.send(pb.CommandSend(producer_id=0, sequence_id=sequence_id), metadata, payload)
+        client = await _producer_sent(server, topic, 300, b"x" * 100)
         receipts = [(await client.expect(T.SEND_RECEIPT)).body.sequence_id]
         shutting = asyncio.ensure_future(server.shutdown(grace_s=DEADLINE_S))
         while isinstance(event := await client.event(), Frame):
@@ -242,15 +250,7 @@ def test_the_server_serves_on_uvloop(tmp_path: Path) -> None:
     async def scenario() -> list[int]:
         async with asyncio.timeout(DEADLINE_S), \
                 _serving(tmp_path, keepalive_interval_s=0, pending_sends_max=4) as (server, _):
-            client = await _AsyncClient.connect(server.port)
-            client.send(pb.CommandProducer(topic="persistent://public/default/uv",
-                                           producer_id=0, request_id=0))
-            await client.expect(T.PRODUCER_SUCCESS)
-            for sequence_id in range(50):
-                metadata, payload = build_message(SingleMessage(b"u", sequence_id=sequence_id),
-                                                  producer_name="p", publish_time=1)
-                client.send(pb.CommandSend(producer_id=0, sequence_id=sequence_id), metadata,
-                            payload)
+            client = await _producer_sent(server, "persistent://public/default/uv", 50, b"u")
             receipts = [(await client.expect(T.SEND_RECEIPT)).body.sequence_id
                         for _ in range(50)]
             await client.close()
@@ -266,13 +266,7 @@ async def test_reading_pauses_at_pending_sends_max_and_resumes(tmp_path: Path) -
     SEND is receipted, in order."""
     topic = "persistent://public/default/burst"
     async with _serving(tmp_path, keepalive_interval_s=0, pending_sends_max=4) as (server, _):
-        client = await _AsyncClient.connect(server.port)
-        client.send(pb.CommandProducer(topic=topic, producer_id=0, request_id=0))
-        await client.expect(T.PRODUCER_SUCCESS)
-        for sequence_id in range(200):
-            metadata, payload = build_message(SingleMessage(b"x" * 1000, sequence_id=sequence_id),
-                                              producer_name="p", publish_time=1)
-            client.send(pb.CommandSend(producer_id=0, sequence_id=sequence_id), metadata, payload)
+        client = await _producer_sent(server, topic, 200, b"x" * 1000)
         receipts = [(await client.expect(T.SEND_RECEIPT)).body.sequence_id for _ in range(200)]
         assert receipts == list(range(200))
         [protocol] = server._connections.values()
