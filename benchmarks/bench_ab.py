@@ -31,6 +31,7 @@ from bench_e2e import QUICK, BrokerProcess
 from e2e_peers import (
     LATENCY,
     LATENCY_P99_ALLOWANCE_MS,
+    RECEIPTS,
     WORKLOADS,
     ServerProcess,
     Workload,
@@ -69,7 +70,7 @@ class Run:
 
 
 def _run_broker(root: str, scratch: str, seconds: float, consume_max: int,
-                workloads: Sequence[str], event_loop: str | None) -> Run:
+                workloads: Sequence[str], event_loop: str | None, receipts: str) -> Run:
     broker = BrokerProcess(tempfile.mkdtemp(prefix="broker-", dir=scratch),
                            event_loop=event_loop, root=root)
     broker.start()
@@ -77,7 +78,7 @@ def _run_broker(root: str, scratch: str, seconds: float, consume_max: int,
         broker.wait_ready()
         return _measured(broker, lambda: run_workloads(
             os.path.basename(root) or root, broker.url, broker.pid, seconds, consume_max,
-            workloads))
+            workloads, receipts))
     finally:
         broker.stop()
         broker.discard_data()
@@ -135,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the before side's loop, if not --event-loop's (with --before "
                         "= --after, this compares the loops)")
     parser.add_argument("--no-peer", action="store_true", help="skip pulsar-lite")
+    parser.add_argument("--receipts", choices=RECEIPTS, default=RECEIPTS[0],
+                        help="how the publish workloads learn of receipts (as bench_e2e.py)")
     args = parser.parse_args(argv)
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     unknown = sorted(set(workloads) - set(WORKLOADS))
@@ -151,12 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 root = args.before if side == "before" else args.after
                 loop = args.before_event_loop if side == "before" else None
                 results[side].append(_run_broker(root, scratch, args.seconds, args.consume,
-                                                 workloads, loop or args.event_loop))
+                                                 workloads, loop or args.event_loop,
+                                                 args.receipts))
             if not args.no_peer:
                 with running_pulsar_lite(scratch) as peer:
                     results["pulsar-lite"].append(_measured(peer, lambda: run_workloads(
                         "pulsar-lite", peer.url, peer.pid, args.seconds, args.consume,
-                        workloads)))
+                        workloads, args.receipts)))
         if LATENCY in workloads:
             _run_limits(QUICK.storage, scratch, disk, "end")
     print(f"{args.rounds} rounds, {args.seconds:g} s each, event loop "
