@@ -51,6 +51,7 @@ _HIGHEST: Final = _SEND_FIELDS["highest_sequence_id"].number << 3
 _IGNORED_SEND_KEYS: Final = frozenset(  # read by nobody on a broker: walked past
     _SEND_FIELDS[name].number << 3 for name in ("is_chunk", "marker"))
 _INT32_MAX: Final = (1 << 31) - 1
+_new: Final = tuple.__new__
 
 _SCALAR, _STRING, _STRINGS, _KEY_VALUES = range(4)
 # The metadata fields a plain SEND may carry, and what to check in each. The broker's
@@ -213,7 +214,11 @@ def decode_plain_send(frame: bytes) -> Send | None:
     metadata = _plain_metadata(frame[pos + 4:meta_end])
     if metadata is None:
         return None
-    if checksum is not None and _crc32c(memoryview(frame)[pos:]) != checksum:
+    # A slice's copy (1 KB: a quarter of a microsecond) is cheaper than a memoryview's
+    # creation and slicing for the CRC's buffer argument.
+    if checksum is not None and _crc32c(frame[pos:]) != checksum:
         return None
-    return Send(producer_id, sequence_id, None if highest < 0 else highest, num_messages,
-                least, most, metadata, frame[command_end:], size - meta_end, checksum)
+    # tuple.__new__: `Send(...)` would run the NamedTuple's Python-level __new__.
+    return _new(Send, (producer_id, sequence_id, None if highest < 0 else highest,
+                       num_messages, least, most, metadata, frame[command_end:],
+                       size - meta_end, checksum))
