@@ -286,39 +286,31 @@ def _producer(client: pulsar.Client, topic: str, batching: bool) -> pulsar.Produ
 
 def _publish(client: pulsar.Client, topic: str, batching: bool, seconds: float,
              result: Workload, receipts_by: str) -> None:
+    """`send_async` for `seconds`, then the receipts as `receipts_by` says (`RECEIPTS`)."""
     assert receipts_by in RECEIPTS
-    if receipts_by == "flush":
-        _publish_flushed(client, topic, batching, seconds, result)
-        return
     producer = _producer(client, topic, batching)
     payload = os.urandom(MESSAGE_BYTES)
-    receipts = _Receipts()
+    receipts = _Receipts() if receipts_by == "callback" else None
+    callback = None if receipts is None else receipts.callback
     sent = 0
     started = time.perf_counter()
     stop_at = started + seconds
     while time.perf_counter() < stop_at:
-        producer.send_async(payload, receipts.callback)
+        producer.send_async(payload, callback)
         sent += 1
-    complete = receipts.wait_all_or_stall(sent)
-    result.finish(receipts.done, receipts.last_s - started, stalled=not complete)
-    if receipts.failed:
-        result.stalled = True
+    if receipts is None:
+        _flushed(producer, sent, started, result)
+    else:
+        complete = receipts.wait_all_or_stall(sent)
+        result.finish(receipts.done, receipts.last_s - started,
+                      stalled=not complete or bool(receipts.failed))
     with contextlib.suppress(Exception):
         producer.close()
 
 
-def _publish_flushed(client: pulsar.Client, topic: str, batching: bool, seconds: float,
-                     result: Workload) -> None:
-    """`_publish` with no callbacks: `flush()` waits for the last receipt (stalled: it timed
-    out, or the last receipted sequence id is short of the sends)."""
-    producer = _producer(client, topic, batching)
-    payload = os.urandom(MESSAGE_BYTES)
-    sent = 0
-    started = time.perf_counter()
-    stop_at = started + seconds
-    while time.perf_counter() < stop_at:
-        producer.send_async(payload, None)
-        sent += 1
+def _flushed(producer: pulsar.Producer, sent: int, started: float, result: Workload) -> None:
+    """Receipts without callbacks: `flush()` waits for the last one (stalled: it timed out,
+    or the last receipted sequence id is short of the sends)."""
     stalled = False
     try:
         producer.flush()
@@ -328,8 +320,6 @@ def _publish_flushed(client: pulsar.Client, topic: str, batching: bool, seconds:
     receipted = producer.last_sequence_id() + 1  # sequence ids count from 0
     result.finish(min(receipted, sent), ended - started,
                   stalled=stalled or receipted < sent)
-    with contextlib.suppress(Exception):
-        producer.close()
 
 
 def _sync_publish(client: pulsar.Client, topic: str, seconds: float, result: Workload) -> None:
