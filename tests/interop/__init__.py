@@ -13,16 +13,19 @@ whole interop suite against stored entries prefixed with broker entry metadata.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from google.protobuf.message import Message
 
@@ -42,9 +45,11 @@ T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 STARTUP_DEADLINE_S = 30.0  # from Popen to accepting connections
+PORT_ATTEMPTS_MAX = 3  # first starts, each with fresh ports after a collision
 STOP_DEADLINE_S = 20.0  # from the signal to the process's exit
 POLL_INTERVAL_S = 0.01  # between two looks while polling
 RECEIVE_BYTES_MAX = 65536
+HTTP_TIMEOUT_S = 10  # one admin HTTP request
 EXTRA_CONFIG = tuple(item for item in os.environ.get("MAGNETAR_INTEROP_BROKER_CONFIG",
                                                      "").split(";") if item.strip())
 
@@ -81,15 +86,40 @@ def wait_for(condition: Callable[[], T | None], deadline_s: float, what: str) ->
 @dataclass
 class BrokerProcess:
     """One `magnetar standalone` subprocess on a fixed port and data directory; it can be
-    stopped and started again on both (a restart)."""
+    stopped and started again on both (a restart).
+
+    Ports. A port left at 0 is picked here (`free_port`) before the first start. Such a pick
+    can collide: another process may bind the same port between the probe closing it and the
+    broker binding it. A broker that cannot bind exits, so the first start retries with fresh
+    picks (`PORT_ATTEMPTS_MAX`), and only then fails. A restart keeps its ports (clients
+    reconnect to them) and fails with the broker's log if one was taken meanwhile.
+
+    Readiness is the broker's own log line for each port it binds (`ready_patterns`), read
+    from this start's part of the log: a probe connection would also succeed if a stranger
+    held the port, and the test would then talk to the stranger."""
 
     data_dir: Path
     log_path: Path
-    port: int = field(default_factory=free_port)
+    port: int = 0
     config: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()  # more `magnetar standalone` options
     process: subprocess.Popen[bytes] | None = None
-    startup_s: float = 0.0  # from Popen to the first accepted connection, last start
+    startup_s: float = 0.0  # from Popen to the broker's last listening line, last start
+    picked_ports: set[str] = field(default_factory=set, init=False)  # fields chosen here
+    started_once: bool = field(default=False, init=False)
+
+    PORT_FIELDS: ClassVar[tuple[str, ...]] = ("port",)  # the fields that hold a port
+
+    def __post_init__(self) -> None:
+        for name in self.PORT_FIELDS:
+            if getattr(self, name) == 0:
+                self.picked_ports.add(name)
+        self.repick_ports()
+
+    def repick_ports(self) -> None:
+        """Choose a fresh port for each field picked here (first, or after a collision)."""
+        for name in self.picked_ports:
+            setattr(self, name, free_port())
 
     @property
     def url(self) -> str:
@@ -102,28 +132,57 @@ class BrokerProcess:
             args += ["--config", item]
         return args + list(self.extra_args)
 
+    def ready_patterns(self) -> list[re.Pattern[str]]:
+        """The log lines that show this broker listens on each of its known ports."""
+        return [re.compile(rf": listening on {re.escape(HOST)}:{self.port}, ")]
+
     def start(self) -> float:
-        """Start the process and wait until it accepts connections; returns the time that took."""
+        """Start the process and wait until it listens; returns the time that took.
+
+        Raises:
+            AssertionError: it exited first (with its log), or a deadline passed.
+        """
         assert self.process is None or self.process.poll() is not None, "already running"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with self.log_path.open("ab") as log:
+        for attempt in range(1, PORT_ATTEMPTS_MAX + 1):
             began = time.monotonic()
+            if self._spawn_until_ready():
+                self.startup_s = time.monotonic() - began
+                self.started_once = True
+                return self.startup_s
+            if self.started_once or not self.picked_ports or attempt == PORT_ATTEMPTS_MAX:
+                break
+            self.repick_ports()
+        assert self.process is not None
+        raise AssertionError(f"the broker exited with {self.process.returncode}:\n"
+                             f"{self.log_tail()}")
+
+    def _spawn_until_ready(self) -> bool:
+        """Run the broker until its ready lines appear (True) or until it exits because a
+        port was in use (False); any other exit or a timeout raises AssertionError."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(self.command(), cwd=REPO_ROOT, env=env,
                                             stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self._accepting, STARTUP_DEADLINE_S, f"the broker on port {self.port}")
-        self.startup_s = time.monotonic() - began
-        return self.startup_s
+        patterns = self.ready_patterns()
+        process = self.process
 
-    def _accepting(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"the broker exited with {self.process.returncode}:\n"
+        def outcome() -> str | None:
+            exited = process.poll() is not None  # (before reading: its last lines are in)
+            with self.log_path.open("rb") as log:
+                log.seek(offset)
+                text = log.read().decode(errors="replace")
+            if all(pattern.search(text) for pattern in patterns):
+                return "ready"
+            if not exited:
+                return None
+            if "address already in use" in text:
+                return "port taken"
+            raise AssertionError(f"the broker exited with {process.returncode}:\n"
                                  f"{self.log_tail()}")
-        try:
-            with socket.create_connection((HOST, self.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
+
+        return wait_for(outcome, STARTUP_DEADLINE_S,
+                        f"the broker on port {self.port} to listen") == "ready"
 
     def send_signal(self, signum: int) -> None:
         assert self.process is not None
@@ -150,6 +209,16 @@ class BrokerProcess:
         self.stop()
         return self.start()
 
+    def describe(self) -> str:
+        """The process's state, for a report: running, exited (with its status), or never
+        started."""
+        if self.process is None:
+            return "never started"
+        status = self.process.poll()
+        if status is None:
+            return f"running, pid {self.process.pid}, port {self.port}"
+        return f"exited with status {status}, port {self.port}"
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -162,6 +231,30 @@ class BrokerProcess:
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(AssertionError):
                 self.stop()
+
+
+@dataclass
+class HttpBrokerProcess(BrokerProcess):
+    """A standalone broker with its admin HTTP server on a known port (0: picked here)."""
+
+    http_port: int = 0
+
+    PORT_FIELDS: ClassVar[tuple[str, ...]] = ("port", "http_port")
+
+    def command(self) -> list[str]:
+        args = super().command()
+        args[args.index("--http-port") + 1] = str(self.http_port)
+        return args
+
+    def ready_patterns(self) -> list[re.Pattern[str]]:
+        """The binary port's line, and the admin API's (it starts after the binary port)."""
+        return [*super().ready_patterns(),
+                re.compile(rf"admin API listening on {re.escape(HOST)}:{self.http_port}\b")]
+
+    def get_json(self, path: str) -> Any:
+        url = f"http://{HOST}:{self.http_port}{path}"
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
+            return json.loads(response.read())
 
 
 class RawClient:

@@ -18,6 +18,7 @@ import pytest
 from . import BrokerProcess, RawClient
 
 OPERATION_TIMEOUT_S = 15
+BROKER_LOG_LINES_MAX = 60  # of each broker's log in a failed test's report
 
 
 def _start_broker(base: Path, config: tuple[str, ...]) -> BrokerProcess:
@@ -37,19 +38,50 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 BrokerFactory = Callable[..., BrokerProcess]
 
 
+class _PrivateBrokers:
+    """`broker_factory`'s value: starts brokers and remembers them (for cleanup, and for the
+    logs a failed test's report shows)."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory):
+        self._tmp_path_factory = tmp_path_factory
+        self.started: list[BrokerProcess] = []
+
+    def __call__(self, *config: str) -> BrokerProcess:
+        process = _start_broker(self._tmp_path_factory.mktemp("broker"), tuple(config))
+        self.started.append(process)
+        return process
+
+
 @pytest.fixture
 def broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerFactory]:
     """Start private brokers: `broker_factory("name=value", ...)` passes `--config` items."""
-    started: list[BrokerProcess] = []
-
-    def start(*config: str) -> BrokerProcess:
-        process = _start_broker(tmp_path_factory.mktemp("broker"), tuple(config))
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
+    brokers = _PrivateBrokers(tmp_path_factory)
+    yield brokers
+    for process in brokers.started:
         process.cleanup()
+
+
+def _brokers_of(item: pytest.Item) -> Iterator[tuple[str, BrokerProcess]]:
+    """The broker processes a test used: its fixtures' values, and a factory's brokers."""
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, BrokerProcess):
+            yield name, value
+        elif isinstance(value, _PrivateBrokers):
+            for index, process in enumerate(value.started):
+                yield f"{name}[{index}]", process
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report ends with the state and log tail of each broker it used: a
+    broker that died or refused something says why only there (CI keeps no other trace)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed:
+        for name, process in _brokers_of(item):
+            report.sections.append((f"broker {name}: {process.describe()}",
+                                    process.log_tail(BROKER_LOG_LINES_MAX)))
 
 
 def new_client(url: str) -> pulsar.Client:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import socket
 import ssl
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,8 @@ from cryptography.x509.oid import NameOID
 from magnetar.broker.security._jwt import encode_token
 from magnetar.codec import pb
 
-from . import HOST, STARTUP_DEADLINE_S, BrokerProcess, RawClient, free_port, wait_for
+from . import HOST, HTTP_TIMEOUT_S, HttpBrokerProcess, RawClient
 
-HTTP_TIMEOUT_S = 10
 SECRET = b"magnetar-interop-secret-key-32by"
 
 
@@ -37,33 +35,13 @@ def token(role: str = "alice", exp_in_s: float | None = None, key: bytes = SECRE
 
 
 @dataclass
-class SecureBrokerProcess(BrokerProcess):
+class SecureBrokerProcess(HttpBrokerProcess):
     """A standalone broker with extra flags (`extra`) and its admin API on a known port."""
 
     extra: tuple[str, ...] = ()
-    http_port: int = field(default_factory=free_port)
 
     def command(self) -> list[str]:
-        args = super().command()
-        args[args.index("--http-port") + 1] = str(self.http_port)
-        return args + list(self.extra)
-
-    def start(self) -> float:
-        """Start and wait until both the binary protocol and the admin API accept (the admin
-        server starts after the binary port listens)."""
-        began = time.monotonic()
-        super().start()
-        wait_for(self._admin_accepting, STARTUP_DEADLINE_S,
-                 f"the admin API on port {self.http_port}")
-        self.startup_s = time.monotonic() - began
-        return self.startup_s
-
-    def _admin_accepting(self) -> bool:
-        try:
-            with socket.create_connection((HOST, self.http_port), timeout=0.5):
-                return True
-        except OSError:
-            return False
+        return super().command() + list(self.extra)
 
     def http(self, path: str, bearer: str | None = None, *, base: str | None = None,
              context: ssl.SSLContext | None = None) -> tuple[int, Any]:

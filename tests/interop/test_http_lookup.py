@@ -12,9 +12,8 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from . import HOST
+from . import HOST, HTTP_TIMEOUT_S, HttpBrokerProcess
 from .conftest import new_client
-from .test_key_shared_interop import HTTP_TIMEOUT_S, HttpBrokerProcess
 
 RECEIVE_TIMEOUT_MS = 10_000
 

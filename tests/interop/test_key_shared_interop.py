@@ -6,10 +6,6 @@ fields (drainingHashes*, keyHashRangeArrays). The broker runs with an admin HTTP
 from __future__ import annotations
 
 import itertools
-import json
-import socket
-import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +14,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from . import HOST, STARTUP_DEADLINE_S, BrokerProcess, free_port, wait_for
+from . import HttpBrokerProcess
 from .conftest import new_client
 
 pytestmark = pytest.mark.interop
@@ -27,40 +23,6 @@ KEYS = 12
 PER_PHASE = 48
 POLL_MS = 100
 QUIET_ROUNDS = 2
-HTTP_TIMEOUT_S = 10
-
-
-@dataclass
-class HttpBrokerProcess(BrokerProcess):
-    """A standalone broker with its admin HTTP server on a known free port."""
-
-    http_port: int = field(default_factory=free_port)
-
-    def command(self) -> list[str]:
-        args = super().command()
-        args[args.index("--http-port") + 1] = str(self.http_port)
-        return args
-
-    def start(self) -> float:
-        """Start, and wait until the admin HTTP server accepts too (it starts after the
-        binary port)."""
-        began = time.monotonic()
-        super().start()
-        wait_for(self._http_accepting, STARTUP_DEADLINE_S, f"admin HTTP on {self.http_port}")
-        self.startup_s = time.monotonic() - began
-        return self.startup_s
-
-    def _http_accepting(self) -> bool:
-        try:
-            with socket.create_connection((HOST, self.http_port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    def get_json(self, path: str) -> Any:
-        url = f"http://{HOST}:{self.http_port}{path}"
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
-            return json.loads(response.read())
 
 
 @pytest.fixture(scope="module")

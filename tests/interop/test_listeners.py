@@ -24,10 +24,9 @@ import pytest
 
 from magnetar.codec import pb
 
-from . import HOST, BrokerProcess, RawClient, free_port, wait_for
+from . import HOST, HTTP_TIMEOUT_S, BrokerProcess, HttpBrokerProcess, RawClient, free_port, wait_for
 from .conftest import OPERATION_TIMEOUT_S
 from .security import SecureBrokerProcess, make_pki
-from .test_key_shared_interop import HTTP_TIMEOUT_S, HttpBrokerProcess
 
 pytestmark = pytest.mark.interop
 

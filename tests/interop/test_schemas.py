@@ -28,12 +28,11 @@ from pulsar.schema import (
     StringSchema,
 )
 
+from . import HTTP_TIMEOUT_S, HttpBrokerProcess
 from .conftest import new_client
-from .test_key_shared_interop import HttpBrokerProcess
 
 pytestmark = pytest.mark.interop
 
-HTTP_TIMEOUT_S = 10
 RECEIVE_TIMEOUT_MS = 10_000
 
 

@@ -16,9 +16,8 @@ import pytest
 
 from magnetar.codec import SingleMessage, build_message, pb
 
-from . import HOST, RawClient, wait_for
+from . import HOST, HTTP_TIMEOUT_S, HttpBrokerProcess, RawClient, wait_for
 from .conftest import new_client
-from .test_key_shared_interop import HTTP_TIMEOUT_S, HttpBrokerProcess
 
 pytestmark = pytest.mark.interop
 
