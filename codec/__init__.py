@@ -107,7 +107,7 @@ from ._message_frames import MessageFrameHeads, message_frame, message_frame_hea
 from ._message_id import EARLIEST, LATEST, MessageId
 from ._plain_batch import plain_batch_message, plain_batch_starts
 from ._proto import pulsar_api_pb2 as pb
-from ._receipts import send_receipt_frame
+from ._receipts import send_receipt_frame, send_receipt_frames
 from ._sends import PLAIN_METADATA_FIELDS, Send, decode_plain_send
 
 __all__ = [
@@ -194,6 +194,7 @@ __all__ = [
     "plain_batch_starts",
     "prefix_broker_entry_metadata",
     "send_receipt_frame",
+    "send_receipt_frames",
     "split_broker_entry_metadata",
     "split_into_chunks",
     "sticky_key",

@@ -12,6 +12,9 @@ only the fields in `PLAIN_METADATA_FIELDS`, none of which the broker's publish p
 For those, `decode_plain_send` walks the command's bytes itself, parses the metadata with
 the runtime and checks it in one pass over the fields it holds (plain ones only, the
 required ones present, every string UTF-8), verifies the checksum, and returns a `Send`.
+Metadata holding the three required fields alone, in number order -- what the official
+client writes for a lone message -- is recognised by its bytes instead of that pass
+(`_REQUIRED_ONLY_TAIL`), leaving only the producer name's UTF-8 to check.
 
 Everything else -- any other field or layout, a varint of ten bytes, metadata the runtime
 refuses or that is not plain, a string that is not UTF-8, a missing required field, a bad
@@ -24,6 +27,7 @@ same values, metadata and entry.
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Final, NamedTuple
 
@@ -71,6 +75,14 @@ _PLAIN_CHECKS: Final = {_META_FIELDS[name]: kind for name, kind in PLAIN_METADAT
 _REQUIRED: Final = frozenset(field for field in pb.MessageMetadata.DESCRIPTOR.fields
                              if field.is_required)
 assert _PLAIN_CHECKS.keys() >= _REQUIRED
+# The required fields' keys: the name (bytes), then the two varints, in number order.
+_NAME_KEY: Final = _META_FIELDS["producer_name"].number << 3 | 2
+_REQUIRED_ONLY_TAIL: Final = re.compile(  # after the name: sequence id, publish time, end
+    b"%c[\x80-\xff]{0,9}[\x00-\x7f]%c[\x80-\xff]{0,9}[\x00-\x7f]" % (
+        _META_FIELDS["sequence_id"].number << 3, _META_FIELDS["publish_time"].number << 3),
+    re.DOTALL)
+_required_only_tail: Final = _REQUIRED_ONLY_TAIL.fullmatch
+assert {field.name for field in _REQUIRED} == {"producer_name", "sequence_id", "publish_time"}
 assert _crc32c(b"123456789") == crc32c(b"123456789")  # the codec's one CRC, called directly
 
 
@@ -123,6 +135,12 @@ def _plain_metadata(data: bytes) -> pb.MessageMetadata | None:
         metadata.ParseFromString(data)
     except DecodeError:
         return None
+    # The shape every official client writes for a lone message: the required fields alone,
+    # once each, in number order (`_REQUIRED_ONLY_TAIL`), the name shorter than 128 bytes.
+    # Then only the name's UTF-8 is left to check, without walking `ListFields`.
+    if data[0] == _NAME_KEY and (name_bytes := data[1]) < 0x80 and \
+            _required_only_tail(data, 2 + name_bytes) is not None:
+        return metadata if type(metadata.producer_name) is str else None
     required = 0
     checks, str_ = _PLAIN_CHECKS, str
     for field, value in metadata.ListFields():

@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from magnetar.codec import ChecksumMismatch, Frame, Send, pb, send_receipt_frame
+from magnetar.codec import ChecksumMismatch, Frame, Send, pb, send_receipt_frames
 from magnetar.storage import latency_trace
 
 from .._errors import DiskFullError
@@ -485,16 +485,22 @@ class ProducerCommands:
         for state in states:
             queue = state.pending
             producer_id = state.producer_id
+            receipts: list[tuple[int, int, PublishResult]] = []  # for send_receipt_frames
             while queue and queue[0].done:
                 pending = queue.popleft()
                 answered += 1
                 result = pending.result
                 if result is None:
+                    if receipts:  # the receipts before it leave before it
+                        out += send_receipt_frames(producer_id, receipts)
+                        receipts = []
                     out += self._error_bytes(producer_id, pending)
-                elif not closed:  # the protobuf runtime's bytes, built faster
-                    out += send_receipt_frame(
-                        producer_id, pending.sequence_id, result[0], result[1],
-                        max(pending.highest_sequence_id, pending.sequence_id))
+                else:
+                    sequence_id, highest = pending.sequence_id, pending.highest_sequence_id
+                    receipts.append((sequence_id, sequence_id if highest < sequence_id
+                                     else highest, result))
+            if receipts and not closed:  # the protobuf runtime's bytes, built faster
+                out += send_receipt_frames(producer_id, receipts)
             if not queue and state.drained is not None:
                 state.drained.set()
         self.pending_sends -= answered

@@ -153,6 +153,35 @@ def test_a_string_that_is_not_utf8_is_left_to_the_ordinary_decode() -> None:
         decode_frame(frame)
 
 
+@settings(max_examples=100, deadline=None)
+@given(TEXT, IDS, U64, st.binary(max_size=20))
+def test_the_official_clients_metadata_shape_decodes_the_same(
+        name: str, sequence_id: int, publish_time: int, payload: bytes) -> None:
+    """The required fields alone, in number order: the shape the C++ client writes for a
+    lone message, which the plain decode checks by its bytes (`_REQUIRED_ONLY_TAIL`)."""
+    metadata = pb.MessageMetadata(producer_name=name, sequence_id=sequence_id,
+                                  publish_time=publish_time)
+    frame = send_frame(pb.CommandSend(producer_id=3, sequence_id=sequence_id % 2**22),
+                       encode_entry(metadata, payload))
+    plain = decode_plain_send(frame)
+    assert plain is not None
+    assert_same(plain, frame)
+
+
+@pytest.mark.parametrize("varint", [b"\xff" * 9 + b"\x01", b"\xff" * 9 + b"\x7f",
+                                    b"\x80" * 9 + b"\x00", b"\xff" * 10 + b"\x01"])
+def test_long_varints_in_the_official_shape_decode_as_the_runtime_says(varint: bytes) -> None:
+    for metadata in (b"\x0a\x01p\x10" + varint + b"\x18\x02",
+                     b"\x0a\x01p\x10\x01\x18" + varint):
+        frame = send_frame(pb.CommandSend(producer_id=1, sequence_id=2), raw_entry(metadata))
+        plain = decode_plain_send(frame)
+        if plain is not None:
+            assert_same(plain, frame)
+        else:
+            with pytest.raises(RemoteProtocolError):
+                decode_frame(frame)
+
+
 def test_a_missing_required_field_or_bad_checksum_is_left_to_the_ordinary_decode() -> None:
     no_publish_time = b"\x0a\x01p\x10\x01"
     frame = send_frame(pb.CommandSend(producer_id=1, sequence_id=2),
