@@ -190,7 +190,16 @@ class Publisher:
         duplicates; None for the rest) and the admitted SENDs."""
         outcomes: list[PublishResult | BaseException | None] = [None] * len(sends)
         admitted: list[_Admitted] = []
+        # When `_admits_all_at_once`, what holds for the whole run is checked once, and an
+        # entry of an allowed size is admitted as `_admit_send` would.
+        at_once = self._admits_all_at_once(producer)
+        limit = self.service.config.max_message_size_bytes + FRAME_PADDING_BYTES
         for index, (entry, sequence_id, highest, metadata) in enumerate(sends):
+            if at_once and metadata is not None and len(entry) <= limit:
+                admitted.append((index, entry, highest, not metadata.HasField("chunk_id") or
+                                 metadata.chunk_id == metadata.num_chunks_from_msg - 1,
+                                 metadata))
+                continue
             try:
                 verdict = self._admit_send(producer, entry, sequence_id, highest, metadata)
             except Exception as exc:
@@ -201,6 +210,15 @@ class Publisher:
             else:
                 admitted.append((index, *verdict))
         return outcomes, admitted
+
+    def _admits_all_at_once(self, producer: Producer) -> bool:
+        """Whether `_admit_many` may check its run's common conditions once: the producer
+        may publish (`_admit_send`'s first checks pass), and neither dedup, a delay limit
+        nor entry metadata looks at each entry."""
+        return (self.dedup is None and self.entry_metadata is None
+                and self.policies.delayed_delivery_max_delay_ms <= 0
+                and not producer.closed_on_full_disk and not self.fenced
+                and not producer.closed and self.producers.get(producer.name) is producer)
 
     def _finish_many(self, producer: Producer, sends: list[Send],
                      outcomes: list[PublishResult | BaseException | None],
