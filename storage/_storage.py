@@ -612,7 +612,9 @@ class Storage:
 
     def _check_writable(self) -> None:
         if self.failed is not None:
-            raise self.failed
+            # The one failure is raised to every caller from now on: each raise starts its
+            # traceback afresh, or the frames of every earlier raise would pile up on it.
+            raise self.failed.with_traceback(None)
         if self.closed:
             raise StorageClosedError(f"storage {self.data_dir} is closed")
 

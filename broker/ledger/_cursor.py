@@ -55,7 +55,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from magnetar.storage import Completion
+from magnetar.storage import Completion, StorageError
 
 from ._loader import Run, collect, runs_of
 from ._ml_records import cursor_key
@@ -636,7 +636,10 @@ class ManagedCursor:
         loop = asyncio.get_running_loop()
         version = self._version
         md = self.mark_delete_position
-        completion = self.ml.storage.metadata.apply_journaled([(self.key, self.record())])
+        try:
+            completion = self.ml.storage.metadata.apply_journaled([(self.key, self.record())])
+        except StorageError as error:  # failed or closed storage: nothing applied, and a
+            completion = Completion.failed(error)  # background write has nobody to raise to
         flight: asyncio.Future[None] = loop.create_future()
         self._flight = flight
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import traceback
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,10 @@ from magnetar.broker import (
     ProducerSpec,
     SubscribeSpec,
 )
-from magnetar.broker._errors import DiskFullError
+from magnetar.broker._errors import BrokerError, DiskFullError
 from magnetar.broker.http._metrics import render_metrics
 from magnetar.broker.http._stats import topic_stats
+from magnetar.broker.ledger._position import Position
 from magnetar.broker.topics._topic import Producer, PublishResult
 from magnetar.storage import Storage
 from magnetar.storage._entry_log import entry_log_name, split_location
@@ -311,5 +313,40 @@ async def test_deleting_a_topic_on_a_full_disk_frees_space_and_publishing_resume
         assert [r.body for r in sink.received] == expected
     finally:
         await admin.close()
+        await service.close()
+        storage.close()
+
+
+async def test_a_failed_storage_fails_a_cursors_background_write_quietly(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Once the storage failed (here a sync answered EIO), a change a cursor persists in the
+    background (a redelivery count: what a consumer's close clears) is a logged warning,
+    not an exception out of the consumer's close into the connection's; and the storage's
+    one failure, raised to every caller, does not pile up their tracebacks."""
+    fs = SimFileSystem(seed=5)
+    storage = Storage.open(tmp_path, fs=fs)
+    service = BrokerService(storage, BrokerConfig())
+    await service.start(maintenance=False)
+    try:
+        topic = await _subscribe(service, GOOD, RecordingSink())
+        producer = topic.add_producer(ProducerSpec("p1"))
+        first = await _publish_one(topic, producer, 0)
+        fs.fail_syncs(errno.EIO)
+        with pytest.raises(BrokerError):
+            await _publish_one(topic, producer, 1)
+        assert storage.failed is not None
+        cursor = topic.subscriptions["sub"].cursor
+        with caplog.at_level(logging.WARNING, logger="magnetar.broker.ledger._cursor"):
+            cursor.count_redelivery(Position(first.ledger_id, first.entry_id))
+            await wait_for(lambda: any("persisting failed" in r.getMessage()
+                                       for r in caplog.records))
+        assert cursor.writes_pending
+        depths = []
+        for _ in range(3):
+            with pytest.raises(type(storage.failed)) as caught:
+                storage.create_ledger()
+            depths.append(len(traceback.extract_tb(caught.value.__traceback__)))
+        assert depths[0] == depths[1] == depths[2]
+    finally:
         await service.close()
         storage.close()
