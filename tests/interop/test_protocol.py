@@ -282,6 +282,35 @@ def test_a_corrupt_send_fails_alone(raw: Connect, topic: str) -> None:
     assert connection.expect(T.SEND_RECEIPT).body.sequence_id == 1
 
 
+def test_a_corrupt_send_between_good_ones_of_one_read_is_answered_in_its_place(
+        raw: Connect, topic: str) -> None:
+    """Receipts leave in the order the SENDs came, an error among them in its place: the
+    receipts before it are written before it (one producer's receipts are built as a run)."""
+    connection = _connected(raw)
+    _producer(connection, topic)
+    frames = []
+    for sequence_id in range(5):
+        metadata, payload = build_message(SingleMessage(b"m%d" % sequence_id,
+                                                        sequence_id=sequence_id),
+                                          producer_name="raw", publish_time=1)
+        frame = bytearray(encode_frame(wrap(pb.CommandSend(producer_id=1,
+                                                           sequence_id=sequence_id)),
+                                       metadata, payload))
+        if sequence_id == 2:
+            frame[-1] ^= 0xFF
+        frames.append(bytes(frame))
+    connection.send_bytes(b"".join(frames))  # one write: most likely one read
+    answers = []
+    for _ in range(5):
+        event = connection.next_event()
+        assert isinstance(event, Frame), event
+        answers.append((event.command.type, (event.command.send_receipt if
+                        event.command.type == T.SEND_RECEIPT else
+                        event.command.send_error).sequence_id))
+    assert answers == [(T.SEND_RECEIPT, 0), (T.SEND_RECEIPT, 1), (T.SEND_ERROR, 2),
+                       (T.SEND_RECEIPT, 3), (T.SEND_RECEIPT, 4)]
+
+
 def test_garbage_closes_only_that_connection(raw: Connect, client: pulsar.Client,
                                              topic: str) -> None:
     bystander = _connected(raw)
