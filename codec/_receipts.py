@@ -94,7 +94,8 @@ def send_receipt_frames(producer_id: int,
     cache, pairs, highest_key = _VARINT_CACHE, _LOW_PAIRS, _HIGHEST
     pieces: list[bytes] = []
     head = middle = b""
-    template = (-1, 0, 0)  # ledger id, sequence and entry varint lengths of head and middle
+    # What head and middle were made for: the ledger id, the two varints' lengths.
+    template_ledger, template_sequence_bytes, template_entry_bytes = -1, 0, 0
     for sequence_id, highest, (ledger_id, entry_id) in receipts:
         if highest != sequence_id or not (0 <= sequence_id < _PAIRED_LIMIT
                                           and 0 <= entry_id < _PAIRED_LIMIT and ledger_id >= 0):
@@ -105,9 +106,11 @@ def send_receipt_frames(producer_id: int,
             pairs[sequence_id & 0x3FFF] + cache[sequence_id >> 14]
         entry = cache[entry_id] if entry_id < _VARINT_CACHE_LIMIT else \
             pairs[entry_id & 0x3FFF] + cache[entry_id >> 14]
-        if template != (ledger_id, len(sequence), len(entry)):
-            template = (ledger_id, len(sequence), len(entry))
-            head, middle = _receipt_template(producer_id, *template)
+        if ledger_id != template_ledger or len(sequence) != template_sequence_bytes or \
+                len(entry) != template_entry_bytes:
+            template_ledger, template_sequence_bytes, template_entry_bytes = \
+                ledger_id, len(sequence), len(entry)
+            head, middle = _receipt_template(producer_id, ledger_id, len(sequence), len(entry))
         pieces += (head, sequence, middle, entry, highest_key, sequence)
     return b"".join(pieces)
 

@@ -36,12 +36,8 @@ def token(role: str = "alice", exp_in_s: float | None = None, key: bytes = SECRE
 
 @dataclass
 class SecureBrokerProcess(HttpBrokerProcess):
-    """A standalone broker with extra flags (`extra`) and its admin API on a known port."""
-
-    extra: tuple[str, ...] = ()
-
-    def command(self) -> list[str]:
-        return super().command() + list(self.extra)
+    """A standalone broker with its admin API on a known port (security flags in
+    `extra_args`), and a GET on that API that reports the status."""
 
     def http(self, path: str, bearer: str | None = None, *, base: str | None = None,
              context: ssl.SSLContext | None = None) -> tuple[int, Any]:
@@ -66,7 +62,7 @@ def _decoded(raw: bytes) -> Any:
 
 def start_secure(base: Path, *extra: str, config: tuple[str, ...] = ()) -> SecureBrokerProcess:
     process = SecureBrokerProcess(base / "data", base / "broker.log", config=config,
-                                  extra=extra)
+                                  extra_args=extra)
     process.start()
     return process
 

@@ -5,6 +5,7 @@ changed behind the test's back, and a collision there fails with the broker's ow
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,14 +17,22 @@ from . import HOST, BrokerProcess, HttpBrokerProcess, RawClient
 pytestmark = pytest.mark.interop
 
 
-@pytest.fixture
-def stranger() -> Iterator[int]:
-    """A port some other program listens on (it accepts, and never answers)."""
+@contextlib.contextmanager
+def _listening(port: int) -> Iterator[int]:
+    """Another program listening on `port` (0: any free one); yields the port. It accepts,
+    and never answers."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((HOST, 0))
+        listener.bind((HOST, port))
         listener.listen()
         yield int(listener.getsockname()[1])
+
+
+@pytest.fixture
+def stranger() -> Iterator[int]:
+    """A port some other program listens on."""
+    with _listening(0) as port:
+        yield port
 
 
 def _handshake_works(process: BrokerProcess) -> bool:
@@ -71,12 +80,8 @@ def test_a_restart_keeps_its_port(tmp_path: Path) -> None:
         process.start()
         port = process.port
         process.stop()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as thief:
-            thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            thief.bind((HOST, port))
-            thief.listen()
-            with pytest.raises(AssertionError, match="address already in use"):
-                process.start()
+        with _listening(port), pytest.raises(AssertionError, match="address already in use"):
+            process.start()
         assert process.port == port
         process.start()  # the thief is gone: the same port again
         assert process.port == port

@@ -242,9 +242,10 @@ def test_listeners_with_tls_answer_both_urls(tmp_path: Path, topic: str) -> None
     ext = f"pulsar://{HOST}:{other}", f"pulsar+ssl://{HOST}:{other_tls}"
     listeners = ",".join([f"internal:{internal[0]}", f"internal:{internal[1]}",
                           f"ext:{ext[0]}", f"ext:{ext[1]}"])
-    process = SecureBrokerProcess(tmp_path / "data", tmp_path / "broker.log", port=port, extra=(
-        "--tls-port", str(tls_port), "--tls-cert-file", str(pki.server_cert), "--tls-key-file",
-        str(pki.server_key), "--advertised-listeners", listeners))
+    flags = ("--tls-port", str(tls_port), "--tls-cert-file", str(pki.server_cert),
+             "--tls-key-file", str(pki.server_key), "--advertised-listeners", listeners)
+    process = SecureBrokerProcess(tmp_path / "data", tmp_path / "broker.log", port=port,
+                                  extra_args=flags)
     process.start()
     try:
         reply = _lookup(port, topic, "ext")

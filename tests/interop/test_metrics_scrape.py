@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import HOST, BrokerProcess, free_port, wait_for
+from . import HOST, BrokerProcess, HttpBrokerProcess, wait_for
 from .conftest import new_client
 
 pytestmark = pytest.mark.interop
@@ -53,22 +53,11 @@ def topic_value(samples: Samples, name: str, topic: str, **extra: str) -> float:
 @pytest.fixture
 def metrics_broker(tmp_path: Path) -> Iterator[tuple[BrokerProcess, int]]:
     """A broker whose stats interval is 1 s, with its admin API on a known port."""
-    http_port = free_port()
-    process = BrokerProcess(tmp_path / "data", tmp_path / "broker.log",
-                            config=("stats_update_frequency_s=1",),
-                            extra_args=("--http-port", str(http_port)))
-    process.start()
-    wait_for(lambda: _answers(http_port), 30.0, "the admin API")
-    yield process, http_port
+    process = HttpBrokerProcess(tmp_path / "data", tmp_path / "broker.log",
+                                config=("stats_update_frequency_s=1",))
+    process.start()  # (ready once its log says the admin API listens)
+    yield process, process.http_port
     process.cleanup()
-
-
-def _answers(port: int) -> bool:
-    try:
-        scrape(port)
-        return True
-    except OSError:
-        return False
 
 
 class Load:
