@@ -32,7 +32,10 @@ bytes.
 Side by side (`e2e_peers.py`): the issue-14 workloads at 1 KB -- batched publish, batched
 consume + ack, unbatched publish, unbatched consume + ack, sync publish -- against this
 broker and against pulsar-lite (the `bench` extra's peer, its own binary) in the same run;
-ratios Magnetar / pulsar-lite, and sync publish over the raw fsync rate.
+ratios Magnetar / pulsar-lite, and sync publish over the raw fsync rate. `--rounds N` runs
+them N times, alternating (a fresh Magnetar, then a fresh pulsar-lite, per round): the table
+shows each broker's median round and every round is listed below it, since on a shared
+machine one round's ratio moves by tens of percent with the machine's speed.
 
 Many topics (`e2e_many_topics.py`, a broker of its own): 100 producers on 100 topics against
 one topic's unbatched rate, then the scale's number of topics created one by one with the
@@ -77,7 +80,9 @@ from e2e_peers import (
     STARTUP_DEADLINE_S,
     WORKLOADS,
     ServerProcess,
+    median_rounds,
     plot_side_by_side,
+    render_rounds,
     render_side_by_side,
     run_workloads,
     running_pulsar_lite,
@@ -150,6 +155,10 @@ class BenchOptions:
     many_topics: int | None = None  # overrides the scale's
     only_many_topics: bool = False  # the many-topics workloads alone
     receipts: str = RECEIPTS[0]  # how the side-by-side publish workloads count receipts
+    rounds: int = 1  # side-by-side rounds (each broker once per round, fresh; medians shown)
+
+    def __post_init__(self) -> None:
+        assert self.rounds >= 1
 
     def chosen_scale(self) -> E2EScale:
         scale = self.scale if self.scale is not None else QUICK if self.quick else FULL
@@ -184,7 +193,8 @@ class Cell:
 class _E2EResults:
     storage: _Results = field(default_factory=_Results)
     cells: list[Cell] = field(default_factory=list)
-    side_by_side: list[Any] = field(default_factory=list)  # e2e_peers.Workload
+    side_by_side: list[Any] = field(default_factory=list)  # e2e_peers.Workload, medians
+    side_by_side_rounds: list[list[Any]] = field(default_factory=list)  # every round's
     many_topics: Any = None  # e2e_many_topics.ManyTopics
 
 
@@ -382,8 +392,8 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
     cells = ([] if options.side_by_side_only or options.only_many_topics
              else [(size, batching) for size in MESSAGE_SIZES for batching in BATCHING])
     with (_quiet_storage_log(), _scratch_dir(options.directory) as scratch,
-          tqdm(total=len(cells) + 5, disable=not options.progress, file=sys.stderr,
-               unit="step") as bar):
+          tqdm(total=len(cells) + 2 * options.rounds + 3, disable=not options.progress,
+               file=sys.stderr, unit="step") as bar):
         bar.set_description("disk limits")
         _run_limits(scale.storage, scratch, results.storage, "start")
         bar.update()
@@ -414,25 +424,30 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
 
 def _run_single_topic(scratch: str, options: BenchOptions, scale: E2EScale,
                       cells: list[tuple[int, bool]], results: _E2EResults, bar: Any) -> None:
-    """The cells and the side-by-side workloads (Magnetar, then pulsar-lite)."""
-    with _running_broker(scratch, options) as broker:
-        for size, batching in cells:
-            bar.set_description(f"{size} B {_batching_name(batching)}")
-            results.cells.append(_run_cell(broker.url, scale, size, batching))
-            bar.update()
-        bar.set_description("side by side: Magnetar")
-        results.side_by_side += run_workloads("magnetar", broker.url, broker.pid,
-                                              scale.publish_seconds,
-                                              scale.consume_messages, options.workloads,
-                                              options.receipts)
+    """The cells (on one broker), then the side-by-side rounds: in each, the workloads
+    against a fresh Magnetar, then against a fresh pulsar-lite; `side_by_side` holds each
+    broker's median round of each workload (`median_rounds`)."""
+    if cells:
+        with _running_broker(scratch, options) as broker:
+            for size, batching in cells:
+                bar.set_description(f"{size} B {_batching_name(batching)}")
+                results.cells.append(_run_cell(broker.url, scale, size, batching))
+                bar.update()
+    for number in range(1, options.rounds + 1):
+        of = f" (round {number} of {options.rounds})" if options.rounds > 1 else ""
+        bar.set_description(f"side by side: Magnetar{of}")
+        with _running_broker(scratch, options) as broker:
+            ours = run_workloads("magnetar", broker.url, broker.pid, scale.publish_seconds,
+                                 scale.consume_messages, options.workloads, options.receipts)
         bar.update()
-    bar.set_description("side by side: pulsar-lite")
-    with running_pulsar_lite(scratch) as peer:
-        results.side_by_side += run_workloads("pulsar-lite", peer.url, peer.pid,
-                                              scale.publish_seconds,
-                                              scale.consume_messages, options.workloads,
-                                              options.receipts)
-    bar.update()
+        bar.set_description(f"side by side: pulsar-lite{of}")
+        with running_pulsar_lite(scratch) as peer:
+            theirs = run_workloads("pulsar-lite", peer.url, peer.pid, scale.publish_seconds,
+                                   scale.consume_messages, options.workloads,
+                                   options.receipts)
+        bar.update()
+        results.side_by_side_rounds.append(ours + theirs)
+    results.side_by_side = median_rounds(results.side_by_side_rounds)
 
 
 @contextlib.contextmanager
@@ -459,6 +474,7 @@ def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
             "message_sizes": list(MESSAGE_SIZES),
             "publish_in_flight": PUBLISH_IN_FLIGHT,
             "side_by_side_receipts": options.receipts,
+            "side_by_side_rounds": options.rounds,
             "latency_rate_fraction": LATENCY_RATE_FRACTION,
             "latency_rate_max_per_s": LATENCY_RATE_MAX_PER_S,
             "client": f"pulsar-client {_client_version()}",
@@ -474,6 +490,8 @@ def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
         "limits": dataclasses.asdict(limits),
         "cells": [dataclasses.asdict(c) for c in results.cells],
         "side_by_side": [dataclasses.asdict(w) for w in results.side_by_side],
+        "side_by_side_rounds": [[dataclasses.asdict(w) for w in workloads]
+                                for workloads in results.side_by_side_rounds],
         "many_topics": (None if results.many_topics is None
                         else dataclasses.asdict(results.many_topics)),
     }
@@ -518,6 +536,8 @@ def render_table(document: dict[str, Any]) -> str:
         parts.append("Official client through the broker\n" + _table(headers, rows, "llrrrrrrrrr"))
     if document["side_by_side"]:
         parts.append(render_side_by_side(document, _table))
+        if len(document.get("side_by_side_rounds", [])) > 1:
+            parts.append(render_rounds(document))
     if document["many_topics"] is not None:
         parts.append(render_many_topics(document, _table))
     return "\n\n".join(parts)
@@ -600,7 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"comma-separated side-by-side workloads (default: all of "
                         f"{', '.join(WORKLOADS)})")
     parser.add_argument("--profile", default=None,
-                        help="run the broker under cProfile and write its stats here")
+                        help="run the broker under cProfile and write its stats here (with "
+                             "--rounds, the last round's broker)")
     parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default=None,
                         help="the broker's event loop (default: its own default)")
     parser.add_argument("--receipts", choices=RECEIPTS, default=RECEIPTS[0],
@@ -608,6 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "flush (no callbacks; flush() waits for the last one) or "
                              "callback (a Python callback per send, which costs the official "
                              "client about 30 us per message); default flush")
+    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+                        help="side-by-side rounds: in each, the workloads against a fresh "
+                             "Magnetar, then a fresh pulsar-lite; the table shows each "
+                             "broker's median round, and every round is listed (a shared "
+                             "machine's speed drifts by tens of percent between minutes, so "
+                             "one round's ratio can be off by as much; default 1)")
     return parser
 
 
@@ -616,6 +643,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.many_topics is not None and args.many_topics < 0:
         parser.error(f"--many-topics: {args.many_topics} is negative")
+    if args.rounds < 1:
+        parser.error(f"--rounds: {args.rounds} is below 1")
     workloads = tuple(name.strip() for name in args.workloads.split(",") if name.strip())
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
@@ -627,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    workloads=workloads, profile_path=args.profile,
                                    event_loop=args.event_loop, many_topics=args.many_topics,
                                    only_many_topics=args.only_many_topics,
-                                   receipts=args.receipts))
+                                   receipts=args.receipts, rounds=args.rounds))
     return 0
 
 

@@ -464,6 +464,65 @@ def run_workloads(broker: str, url: str, broker_pid: int, seconds: float, consum
 
 # -- the report -----------------------------------------------------------------------------
 
+def median_rounds(rounds: Sequence[Sequence[Workload]]) -> list[Workload]:
+    """Each broker's median round of each workload, in the order of the first round: the
+    round whose rate is the median of that broker's rounds (the publish-latency workload's:
+    whose p99 is), taken whole, so that its CPU and latency figures stay one round's. With
+    an even number of rounds, the lower of the two middle rates (the higher of the two
+    middle p99s): never the better of two rounds."""
+    assert rounds
+    assert all(len(r) == len(rounds[0]) for r in rounds)
+    medians = []
+    for position, first in enumerate(rounds[0]):
+        runs = [r[position] for r in rounds]
+        assert all((w.broker, w.name) == (first.broker, first.name) for w in runs)
+        if first.name == LATENCY:
+            runs.sort(key=lambda w: -w.p99_ms)
+        else:
+            runs.sort(key=lambda w: w.per_s)
+        medians.append(runs[(len(runs) - 1) // 2])
+    return medians
+
+
+def rounds_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per workload, each round's figure for both brokers and their ratio (the publish-latency
+    workload: the p99s, and the ratio pulsar-lite / Magnetar, so that above 1 means Magnetar
+    did better in all rows alike)."""
+    rows = []
+    for name in WORKLOADS:
+        ours, peers = [], []
+        for workloads in document.get("side_by_side_rounds", []):
+            by_key = {(w["broker"], w["name"]): w for w in workloads}
+            ours.append(by_key[("magnetar", name)])
+            peers.append(by_key[("pulsar-lite", name)])
+        key = "p99_ms" if name == LATENCY else "per_s"
+        figures = [(o[key], p[key]) for o, p in zip(ours, peers, strict=True)]
+        ratios = [(p / o if name == LATENCY else o / p) if min(o, p) > 0 else None
+                  for o, p in figures]
+        rows.append({"workload": name, "figure": key, "magnetar": [o for o, _ in figures],
+                     "peer": [p for _, p in figures], "ratios": ratios})
+    return rows
+
+
+def render_rounds(document: dict[str, Any]) -> str:
+    """The rounds behind the side-by-side table's medians, one line per workload and broker."""
+    rounds = len(document.get("side_by_side_rounds", []))
+    lines = [f"Side by side, each of the {rounds} rounds (Magnetar, then pulsar-lite, each a "
+             "fresh server; the table above shows each broker's median round; ratio: "
+             "Magnetar / pulsar-lite, for latency pulsar-lite's p99 / Magnetar's)"]
+    for row in rounds_rows(document):
+        if not any(row["magnetar"]) and not any(row["peer"]):
+            continue  # a workload left out of the run
+        unit = "p99 ms" if row["figure"] == "p99_ms" else "msg/s"
+        form = "{:.2f}" if row["figure"] == "p99_ms" else "{:,.0f}"
+        lines.append(f"  {row['workload']} ({unit})")
+        lines.append("    Magnetar     " + "  ".join(form.format(x) for x in row["magnetar"]))
+        lines.append("    pulsar-lite  " + "  ".join(form.format(x) for x in row["peer"]))
+        lines.append("    ratio        " + "  ".join(
+            "-" if r is None else f"{r:.2f}" for r in row["ratios"]))
+    return "\n".join(lines)
+
+
 def side_by_side_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per workload: each broker's messages/s, Magnetar over pulsar-lite, and for sync
     publish Magnetar over the raw write+fdatasync rate."""

@@ -37,7 +37,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     out = tmp_path_factory.mktemp("bench-e2e")
     options = bench.BenchOptions(directory=str(out / "disk"), json_path=str(out / "e2e.json"),
                                  plot_path=str(out / "e2e.png"), progress=False,
-                                 scale=bench.TINY)
+                                 scale=bench.TINY, rounds=2)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         document = bench.run_e2e_benchmark(options)
@@ -120,6 +120,56 @@ def test_side_by_side_measures_both_brokers(tiny_run: TinyRun) -> None:
     assert "CPU us/msg" in printed
     for name in peers.WORKLOADS:
         assert f"  {name} " in printed
+
+
+def test_side_by_side_rounds_are_kept_and_the_table_shows_their_medians(
+        tiny_run: TinyRun) -> None:
+    """With two rounds, each broker did every workload in each; the side-by-side records are
+    each broker's median round (the lower rate of two), whole; every round is printed."""
+    _, document, _, printed = tiny_run
+    peers = sys.modules["e2e_peers"]
+    rounds = document["side_by_side_rounds"]
+    assert document["parameters"]["side_by_side_rounds"] == len(rounds) == 2
+    expected = {(b, n) for b in peers.BROKERS for n in peers.WORKLOADS}
+    for workloads in rounds:
+        assert {(w["broker"], w["name"]) for w in workloads} == expected
+    for median in document["side_by_side"]:
+        runs = [w for workloads in rounds for w in workloads
+                if (w["broker"], w["name"]) == (median["broker"], median["name"])]
+        assert median in runs
+        if median["name"] == peers.LATENCY:
+            assert median["p99_ms"] == max(w["p99_ms"] for w in runs)
+        else:
+            assert median["per_s"] == min(w["per_s"] for w in runs)
+    assert "each of the 2 rounds" in printed
+    for row in peers.rounds_rows(document):
+        line = "    Magnetar     " + "  ".join(
+            f"{x:.2f}" if row["figure"] == "p99_ms" else f"{x:,.0f}" for x in row["magnetar"])
+        assert line in printed
+
+
+def _workload(peers: ModuleType, broker: str, name: str, per_s: float,
+              p99_ms: float = 0.0) -> Any:
+    workload = peers.Workload(broker, name)
+    workload.per_s, workload.p99_ms = per_s, p99_ms
+    return workload
+
+
+def test_the_median_round_is_taken_whole_and_never_the_better_middle() -> None:
+    """Rates: the median of an odd count, the lower middle of an even one; latency: the
+    median p99, the higher middle of an even count. The record is the round's own."""
+    _load_bench()
+    peers = sys.modules["e2e_peers"]
+    name = "unbatched publish"
+    rates = [[_workload(peers, "magnetar", name, rate),
+              _workload(peers, "magnetar", peers.LATENCY, 0.0, p99)]
+             for rate, p99 in ((50.0, 3.0), (30.0, 9.0), (40.0, 1.0), (60.0, 2.0))]
+    medians = peers.median_rounds(rates)
+    assert medians[0] is rates[2][0]  # of 30, 40, 50, 60: the lower middle, 40
+    assert medians[1] is rates[0][1]  # p99 of 1, 2, 3, 9: the higher middle, 3
+    three = peers.median_rounds(rates[:3])
+    assert (three[0].per_s, three[1].p99_ms) == (40.0, 3.0)
+    assert peers.median_rounds(rates[:1]) == rates[0]
 
 
 def test_many_topics_are_measured(tiny_run: TinyRun) -> None:
