@@ -515,11 +515,13 @@ def render_rounds(document: dict[str, Any]) -> str:
             continue  # a workload left out of the run
         unit = "p99 ms" if row["figure"] == "p99_ms" else "msg/s"
         form = "{:.2f}" if row["figure"] == "p99_ms" else "{:,.0f}"
+        cells = {"Magnetar": [form.format(x) for x in row["magnetar"]],
+                 "pulsar-lite": [form.format(x) for x in row["peer"]],
+                 "ratio": ["-" if r is None else f"{r:.2f}" for r in row["ratios"]]}
+        width = max(len(cell) for column in cells.values() for cell in column)
         lines.append(f"  {row['workload']} ({unit})")
-        lines.append("    Magnetar     " + "  ".join(form.format(x) for x in row["magnetar"]))
-        lines.append("    pulsar-lite  " + "  ".join(form.format(x) for x in row["peer"]))
-        lines.append("    ratio        " + "  ".join(
-            "-" if r is None else f"{r:.2f}" for r in row["ratios"]))
+        lines += [f"    {label:12s} " + "  ".join(cell.rjust(width) for cell in column)
+                  for label, column in cells.items()]
     return "\n".join(lines)
 
 
