@@ -108,7 +108,7 @@ from ._message_id import EARLIEST, LATEST, MessageId
 from ._plain_batch import plain_batch_message, plain_batch_starts
 from ._proto import pulsar_api_pb2 as pb
 from ._receipts import send_receipt_frame, send_receipt_frames
-from ._sends import PLAIN_METADATA_FIELDS, Send, decode_plain_send
+from ._sends import PLAIN_METADATA_FIELDS, Send, decode_plain_send, decode_plain_send_in
 
 __all__ = [
     "BATCH_DELAY_MS_MAX_DEFAULT",
@@ -171,6 +171,7 @@ __all__ = [
     "decode_batch_payload",
     "decode_frame",
     "decode_plain_send",
+    "decode_plain_send_in",
     "decompress",
     "encode_batch_payload",
     "encode_entry",

@@ -56,7 +56,7 @@ from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._framer import FRAME_SIZE_BYTES_MAX_DEFAULT, decode_frame, encode_frame
 from ._frames import NEED_DATA, ChecksumMismatch, ConnectionClosed, Frame, NeedData
 from ._proto import pulsar_api_pb2 as pb
-from ._sends import Send, decode_plain_send
+from ._sends import Send, decode_plain_send_in
 
 __all__ = [
     "BROKER_TO_CLIENT_TYPES",
@@ -311,12 +311,12 @@ class Connection:
                 if end - pos - 4 < total:
                     break
                 start = pos + 4
-                data = bytes(view[start : start + total])
                 pos = self._offset = start + total
-                if plain_sends and (send := decode_plain_send(data)) is not None:
+                if plain_sends and (send := decode_plain_send_in(buffer, view, start,
+                                                                 pos)) is not None:
                     events.append(send)  # SEND: allowed from a client once CONNECTED
                     continue
-                event = decode_frame(data)
+                event = decode_frame(bytes(view[start:pos]))
                 kind = event.command.type
                 if kind not in allowed or kind in _HANDSHAKE_ONLY:
                     self._transition(_RECEIVED, kind)  # raises the reason

@@ -334,14 +334,15 @@ class ProducerCommands:
                       frame.metadata, batch_count_error(frame.metadata, len(frame.payload)))
 
     def on_plain_send(self, send: Send) -> None:
-        """`on_send` for a plain SEND (codec's `decode_plain_send`): its metadata holds no
-        batch count to refuse. The hot path: `_on_send`'s common case inlined."""
+        """`on_send` for a plain SEND (codec's `decode_plain_send`). The hot path:
+        `_on_send`'s common case, a lone message, inlined; a batch's count is checked in
+        `_on_send`."""
         state = self._producers.get(send.producer_id)
         if state is None or state.producer is None or send.txnid_least_bits or \
-                send.txnid_most_bits:
+                send.txnid_most_bits or send.metadata.HasField("num_messages_in_batch"):
             self._on_send(send.producer_id, send.sequence_id, send.highest_sequence_id,
                           bool(send.txnid_least_bits or send.txnid_most_bits), send.entry,
-                          send.metadata, None)
+                          send.metadata, batch_count_error(send.metadata, send.payload_bytes))
             return
         sequence_id, highest = send.sequence_id, send.highest_sequence_id
         if highest is None or highest < sequence_id:

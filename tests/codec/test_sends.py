@@ -19,6 +19,7 @@ from magnetar.codec import (
     base_command,
     decode_frame,
     decode_plain_send,
+    decode_plain_send_in,
     encode_entry,
     encode_frame,
     pb,
@@ -30,7 +31,7 @@ IDS = st.one_of(SMALL, U64)
 TEXT = st.text(max_size=12)
 # Fields outside the plain set, each of which makes a SEND not plain.
 NOT_PLAIN = {
-    "num_messages_in_batch": st.integers(-2, 5), "chunk_id": st.integers(0, 3),
+    "chunk_id": st.integers(0, 3),
     "num_chunks_from_msg": st.integers(1, 3), "deliver_at_time": st.integers(0, 2**40),
     "highest_sequence_id": IDS, "txnid_least_bits": U64, "marker_type": st.integers(0, 3),
     "encryption_algo": TEXT, "uuid": TEXT, "total_chunk_msg_size": st.integers(0, 99),
@@ -58,7 +59,7 @@ def metadatas(draw: st.DrawFn, plain: bool = False) -> pb.MessageMetadata:
                 "compression": st.sampled_from(list(pb.CompressionType.values())),
                 "uncompressed_size": st.integers(0, 2**32 - 1), "event_time": U64,
                 "schema_version": st.binary(max_size=5), "null_value": st.booleans(),
-                "replicated_from": TEXT}
+                "replicated_from": TEXT, "num_messages_in_batch": st.integers(-2, 2**31 - 1)}
     for name, values in optional.items():
         if draw(st.booleans()):
             setattr(metadata, name, draw(values))
@@ -154,13 +155,17 @@ def test_a_string_that_is_not_utf8_is_left_to_the_ordinary_decode() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(TEXT, IDS, U64, st.binary(max_size=20))
+@given(TEXT, IDS, U64, st.binary(max_size=20), st.none() | st.integers(-2**31, 2**31 - 1))
 def test_the_official_clients_metadata_shape_decodes_the_same(
-        name: str, sequence_id: int, publish_time: int, payload: bytes) -> None:
-    """The required fields alone, in number order: the shape the C++ client writes for a
-    lone message, which the plain decode checks by its bytes (`_REQUIRED_ONLY_TAIL`)."""
+        name: str, sequence_id: int, publish_time: int, payload: bytes,
+        batch: int | None) -> None:
+    """The required fields alone, in number order, then for a batch its count: the shape the
+    C++ client writes for a lone message and a batch, which the plain decode checks by its
+    bytes (`_OFFICIAL_TAIL`)."""
     metadata = pb.MessageMetadata(producer_name=name, sequence_id=sequence_id,
                                   publish_time=publish_time)
+    if batch is not None:
+        metadata.num_messages_in_batch = batch
     frame = send_frame(pb.CommandSend(producer_id=3, sequence_id=sequence_id % 2**22),
                        encode_entry(metadata, payload))
     plain = decode_plain_send(frame)
@@ -196,6 +201,28 @@ def test_a_missing_required_field_or_bad_checksum_is_left_to_the_ordinary_decode
     assert isinstance(decode_frame(corrupt), ChecksumMismatch)
 
 
+@settings(max_examples=100, deadline=None)
+@given(commands(), metadatas(), st.binary(max_size=40), st.booleans(),
+       st.binary(max_size=12), st.binary(max_size=12), st.integers(-3, 3))
+def test_a_frame_decoded_in_place_decodes_as_the_frame_alone(
+        send: pb.CommandSend, metadata: pb.MessageMetadata, payload: bytes, checksum: bool,
+        before: bytes, after: bytes, cut: int) -> None:
+    """`decode_plain_send_in` over a frame inside a larger buffer (other bytes before and
+    after it, as in a connection's receive buffer), its end possibly moved, says what
+    `decode_plain_send` says of exactly those bytes; the entry it keeps is a copy."""
+    frame = send_frame(send, encode_entry(metadata, payload, checksum=checksum))
+    end = max(len(before), len(before) + len(frame) + min(cut, len(after)))
+    buffer = bytearray(before + frame + after)
+    with memoryview(buffer) as view:
+        in_place = decode_plain_send_in(buffer, view, len(before), end)
+    assert in_place == decode_plain_send(bytes(buffer[len(before):end]))
+    if in_place is not None:
+        assert type(in_place.entry) is bytes
+        original = bytes(buffer)
+        buffer[:] = bytes(len(buffer))  # the Send keeps nothing of the buffer
+        assert in_place.entry == original[end - len(in_place.entry):end]
+
+
 def connected_broker(plain_sends: bool) -> Connection:
     broker = Connection(Role.BROKER, plain_sends=plain_sends)
     broker.receive_data(encode_frame(base_command(pb.CommandConnect(
@@ -209,12 +236,12 @@ def test_a_broker_connection_hands_plain_sends_out_only_when_asked() -> None:
     metadata = pb.MessageMetadata(producer_name="p", sequence_id=5, publish_time=2)
     plain = encode_frame(base_command(pb.CommandSend(producer_id=1, sequence_id=5)),
                          entry=encode_entry(metadata, b"a"))
-    batch = pb.MessageMetadata(producer_name="p", sequence_id=6, publish_time=2,
-                               num_messages_in_batch=1)
-    batched = encode_frame(base_command(pb.CommandSend(producer_id=1, sequence_id=6)),
-                           entry=encode_entry(batch, b"\x00\x00\x00\x02\x18\x01b"))
+    chunk = pb.MessageMetadata(producer_name="p", sequence_id=6, publish_time=2,
+                               chunk_id=0, num_chunks_from_msg=2, uuid="u")
+    chunked = encode_frame(base_command(pb.CommandSend(producer_id=1, sequence_id=6)),
+                           entry=encode_entry(chunk, b"b"))
     asked = connected_broker(plain_sends=True)
-    asked.receive_data(plain + batched)
+    asked.receive_data(plain + chunked)
     first, second = list(asked.events())
     assert isinstance(first, Send)
     assert first.sequence_id == 5
