@@ -193,8 +193,7 @@ class Cell:
 class _E2EResults:
     storage: _Results = field(default_factory=_Results)
     cells: list[Cell] = field(default_factory=list)
-    side_by_side: list[Any] = field(default_factory=list)  # e2e_peers.Workload, medians
-    side_by_side_rounds: list[list[Any]] = field(default_factory=list)  # every round's
+    side_by_side_rounds: list[list[Any]] = field(default_factory=list)  # e2e_peers.Workload
     many_topics: Any = None  # e2e_many_topics.ManyTopics
 
 
@@ -425,8 +424,7 @@ def run_e2e_benchmark(options: BenchOptions) -> dict[str, Any]:
 def _run_single_topic(scratch: str, options: BenchOptions, scale: E2EScale,
                       cells: list[tuple[int, bool]], results: _E2EResults, bar: Any) -> None:
     """The cells (on one broker), then the side-by-side rounds: in each, the workloads
-    against a fresh Magnetar, then against a fresh pulsar-lite; `side_by_side` holds each
-    broker's median round of each workload (`median_rounds`)."""
+    against a fresh Magnetar, then against a fresh pulsar-lite."""
     if cells:
         with _running_broker(scratch, options) as broker:
             for size, batching in cells:
@@ -447,7 +445,6 @@ def _run_single_topic(scratch: str, options: BenchOptions, scale: E2EScale,
                                    options.receipts)
         bar.update()
         results.side_by_side_rounds.append(ours + theirs)
-    results.side_by_side = median_rounds(results.side_by_side_rounds)
 
 
 @contextlib.contextmanager
@@ -466,6 +463,7 @@ def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
         cell.publish_vs_fsync = cell.publish_per_s / limits.fsync_append_per_s
         cell.publish_vs_bandwidth = cell.publish_mb_per_s / limits.sequential_mb_per_s
         cell.consume_vs_bandwidth = cell.consume_mb_per_s / limits.sequential_mb_per_s
+    rounds = results.side_by_side_rounds
     return {
         "benchmark": "e2e",
         "parameters": {
@@ -489,9 +487,11 @@ def _document(options: BenchOptions, scale: E2EScale, results: _E2EResults,
                     "load_before": list(load_before), "load_after": list(os.getloadavg())},
         "limits": dataclasses.asdict(limits),
         "cells": [dataclasses.asdict(c) for c in results.cells],
-        "side_by_side": [dataclasses.asdict(w) for w in results.side_by_side],
+        # Each broker's median round of each workload (`median_rounds`).
+        "side_by_side": ([dataclasses.asdict(w) for w in median_rounds(rounds)]
+                         if rounds else []),
         "side_by_side_rounds": [[dataclasses.asdict(w) for w in workloads]
-                                for workloads in results.side_by_side_rounds],
+                                for workloads in rounds],
         "many_topics": (None if results.many_topics is None
                         else dataclasses.asdict(results.many_topics)),
     }

@@ -488,15 +488,12 @@ def rounds_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
     """Per workload, each round's figure for both brokers and their ratio (the publish-latency
     workload: the p99s, and the ratio pulsar-lite / Magnetar, so that above 1 means Magnetar
     did better in all rows alike)."""
+    rounds = [{(w["broker"], w["name"]): w for w in workloads}
+              for workloads in document.get("side_by_side_rounds", [])]
     rows = []
     for name in WORKLOADS:
-        ours, peers = [], []
-        for workloads in document.get("side_by_side_rounds", []):
-            by_key = {(w["broker"], w["name"]): w for w in workloads}
-            ours.append(by_key[("magnetar", name)])
-            peers.append(by_key[("pulsar-lite", name)])
         key = "p99_ms" if name == LATENCY else "per_s"
-        figures = [(o[key], p[key]) for o, p in zip(ours, peers, strict=True)]
+        figures = [(r[("magnetar", name)][key], r[("pulsar-lite", name)][key]) for r in rounds]
         ratios = [(p / o if name == LATENCY else o / p) if min(o, p) > 0 else None
                   for o, p in figures]
         rows.append({"workload": name, "figure": key, "magnetar": [o for o, _ in figures],

@@ -142,9 +142,9 @@ def test_side_by_side_rounds_are_kept_and_the_table_shows_their_medians(
         else:
             assert median["per_s"] == min(w["per_s"] for w in runs)
     assert "each of the 2 rounds" in printed
-    lines = printed.splitlines()
+    magnetar = [line.split() for line in printed.splitlines()
+                if line.startswith("    Magnetar ")]
     for row in peers.rounds_rows(document):
-        magnetar = [line.split() for line in lines if line.startswith("    Magnetar ")]
         shown = [f"{x:.2f}" if row["figure"] == "p99_ms" else f"{x:,.0f}"
                  for x in row["magnetar"]]
         assert ["Magnetar", *shown] in magnetar
